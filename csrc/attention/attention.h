@@ -1,0 +1,71 @@
+// Softmax-free attention for operator learning: shared declarations and the device dispatch.
+//
+// Both attention types are one computation on three "prepared operands" of shape (B, H, N, d),
+// d = P + D, each one row-wise function of its input:
+//     hat(x)[b, h, n, :] = s[b, n] * [ pos[b, n, :] | LN_h(x[b, h, n, :]) ]
+// where LN_h is head h's affine layer norm (or the identity when the tensor has no norm) and the
+// row scale s is the quadrature weight for the key operand (1 for query and value). Then
+//     linear:    out = Q̂ (scale · K̂wᵀ V̂ ∘ M)
+//     quadratic: out = (scale · Q̂ K̂wᵀ ∘ M) V̂
+// with M the optional dropout mask. Galerkin is "linear" with norms on k, v and scale 1; Fourier
+// is either path with norms on q, k and scale 1/sqrt(d).
+//
+// The products are ATen batched GEMMs (BLAS on CPU, cuBLAS on CUDA). The row-wise preparation and
+// its backward are the fused kernels, one CPU twin in prepare_cpu.cpp and one CUDA twin.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace galerkin_ext {
+
+// One input of the attention and how it becomes its GEMM operand.
+struct OperandSpec {
+  const at::Tensor& x;                         // (B, H, N, D), any strides
+  const std::optional<at::Tensor>& pos;        // (B, N, P) or (N, P), contiguous
+  const std::optional<at::Tensor>& weight;     // (B, N) or (N,), contiguous; None = uniform 1/N
+  bool weighted;                               // scale rows by the quadrature weight
+  const std::optional<at::Tensor>& norm_weight;  // (H, D) contiguous, or None for no norm
+  const std::optional<at::Tensor>& norm_bias;    // (H, D) contiguous, present with norm_weight
+};
+
+// Gradients produced by the backward of one operand's preparation.
+struct OperandGrads {
+  at::Tensor& grad_x;                        // (B, H, N, D) contiguous, written
+  at::Tensor* grad_pos_acc;                  // pos-shaped, opmath dtype, accumulated; or null
+  at::Tensor* grad_weight_acc;               // weight-shaped, opmath dtype, accumulated; or null
+  at::Tensor* grad_norm_weight;              // (H, D), written when the operand has a norm
+  at::Tensor* grad_norm_bias;                // (H, D), written when the operand has a norm
+};
+
+// hat (B, H, N, d) contiguous and stats (B, H, N, 2) = (mean, rstd) in the opmath dtype are
+// written; stats rows are left untouched when the operand has no norm.
+void prepare_forward_cpu(const OperandSpec& spec, double eps, at::Tensor& hat, at::Tensor& stats);
+// grad_hat (B, H, N, d) contiguous is the gradient w.r.t. the prepared operand.
+void prepare_backward_cpu(const OperandSpec& spec, const at::Tensor& grad_hat,
+                          const at::Tensor& stats, OperandGrads& grads);
+
+#ifdef GALERKIN_EXT_WITH_CUDA
+void prepare_forward_cuda(const OperandSpec& spec, double eps, at::Tensor& hat, at::Tensor& stats);
+void prepare_backward_cuda(const OperandSpec& spec, const at::Tensor& grad_hat,
+                           const at::Tensor& stats, OperandGrads& grads);
+#endif
+
+inline void prepare_forward(const OperandSpec& spec, double eps, at::Tensor& hat,
+                            at::Tensor& stats) {
+#ifdef GALERKIN_EXT_WITH_CUDA
+  if (spec.x.is_cuda()) return prepare_forward_cuda(spec, eps, hat, stats);
+#endif
+  prepare_forward_cpu(spec, eps, hat, stats);
+}
+
+inline void prepare_backward(const OperandSpec& spec, const at::Tensor& grad_hat,
+                             const at::Tensor& stats, OperandGrads& grads) {
+#ifdef GALERKIN_EXT_WITH_CUDA
+  if (spec.x.is_cuda()) return prepare_backward_cuda(spec, grad_hat, stats, grads);
+#endif
+  prepare_backward_cpu(spec, grad_hat, stats, grads);
+}
+
+}  // namespace galerkin_ext

@@ -1,0 +1,215 @@
+// CPU twin of the fused operand preparation: per-head layer norm, coordinates in front, row
+// scale by the quadrature weight (forward), and its backward. One pass over each row.
+#include "attention.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace galerkin_ext {
+namespace {
+
+// Elements of work per parallel task, as ATen's own element-wise loops use.
+constexpr int64_t kGrainElements = 32768;
+
+// Raw pointers and strides of one OperandSpec, resolved once per call.
+template <typename scalar_t>
+struct Rows {
+  int64_t B, H, N, D, P;
+  int64_t sb, sh, sn, sd;  // strides of x
+  const scalar_t* x;
+  const scalar_t* pos;     // null when there are no coordinates
+  int64_t pos_sb;          // 0 when pos is shared over the batch
+  const scalar_t* weight;  // null when uniform
+  int64_t weight_sb;       // 0 when the weight is shared over the batch
+  bool weighted;
+  const scalar_t* gamma;   // null when the operand has no norm
+  const scalar_t* beta;
+
+  explicit Rows(const OperandSpec& s)
+      : B(s.x.size(0)), H(s.x.size(1)), N(s.x.size(2)), D(s.x.size(3)),
+        P(s.pos ? s.pos->size(-1) : 0),
+        sb(s.x.stride(0)), sh(s.x.stride(1)), sn(s.x.stride(2)), sd(s.x.stride(3)),
+        x(s.x.const_data_ptr<scalar_t>()),
+        pos(s.pos ? s.pos->const_data_ptr<scalar_t>() : nullptr),
+        pos_sb(s.pos && s.pos->dim() == 3 ? N * P : 0),
+        weight(s.weighted && s.weight ? s.weight->const_data_ptr<scalar_t>() : nullptr),
+        weight_sb(s.weight && s.weight->dim() == 2 ? N : 0),
+        weighted(s.weighted),
+        gamma(s.norm_weight ? s.norm_weight->const_data_ptr<scalar_t>() : nullptr),
+        beta(s.norm_bias ? s.norm_bias->const_data_ptr<scalar_t>() : nullptr) {}
+
+  const scalar_t* row(int64_t b, int64_t h, int64_t n) const {
+    return x + b * sb + h * sh + n * sn;
+  }
+  template <typename acc_t>
+  acc_t scale(int64_t b, int64_t n) const {
+    if (!weighted) return acc_t(1);
+    return weight ? acc_t(weight[b * weight_sb + n]) : acc_t(1) / acc_t(N);
+  }
+};
+
+template <typename scalar_t>
+void prepare_forward_impl(const OperandSpec& spec, double eps, at::Tensor& hat,
+                          at::Tensor& stats) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const Rows<scalar_t> r(spec);
+  const int64_t d = r.P + r.D;
+  scalar_t* out = hat.mutable_data_ptr<scalar_t>();
+  acc_t* st = stats.mutable_data_ptr<acc_t>();
+  const int64_t rows = r.B * r.H * r.N;
+  const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(d, 1));
+
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t n = i % r.N, h = (i / r.N) % r.H, b = i / (r.N * r.H);
+      const scalar_t* xr = r.row(b, h, n);
+      scalar_t* o = out + i * d;
+      const acc_t s = r.template scale<acc_t>(b, n);
+      if (r.pos) {
+        const scalar_t* p = r.pos + b * r.pos_sb + n * r.P;
+        for (int64_t j = 0; j < r.P; ++j) o[j] = static_cast<scalar_t>(acc_t(p[j]) * s);
+      }
+      o += r.P;
+      if (!r.gamma) {
+        for (int64_t j = 0; j < r.D; ++j) o[j] = static_cast<scalar_t>(acc_t(xr[j * r.sd]) * s);
+        continue;
+      }
+      // Two passes over a row that stays in cache: exact mean, then the biased variance.
+      acc_t sum = 0;
+      for (int64_t j = 0; j < r.D; ++j) sum += acc_t(xr[j * r.sd]);
+      const acc_t mean = sum / acc_t(r.D);
+      acc_t sq = 0;
+      for (int64_t j = 0; j < r.D; ++j) {
+        const acc_t c = acc_t(xr[j * r.sd]) - mean;
+        sq += c * c;
+      }
+      const acc_t rstd = acc_t(1) / std::sqrt(sq / acc_t(r.D) + acc_t(eps));
+      st[2 * i] = mean;
+      st[2 * i + 1] = rstd;
+      const scalar_t* g = r.gamma + h * r.D;
+      const scalar_t* bt = r.beta + h * r.D;
+      for (int64_t j = 0; j < r.D; ++j) {
+        const acc_t xhat = (acc_t(xr[j * r.sd]) - mean) * rstd;
+        o[j] = static_cast<scalar_t>((xhat * acc_t(g[j]) + acc_t(bt[j])) * s);
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void prepare_backward_impl(const OperandSpec& spec, const at::Tensor& grad_hat,
+                           const at::Tensor& stats, OperandGrads& grads) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const Rows<scalar_t> r(spec);
+  const int64_t d = r.P + r.D;
+  const scalar_t* gh = grad_hat.const_data_ptr<scalar_t>();
+  const acc_t* st = stats.const_data_ptr<acc_t>();
+  scalar_t* gx = grads.grad_x.mutable_data_ptr<scalar_t>();
+  acc_t* gpos = grads.grad_pos_acc ? grads.grad_pos_acc->mutable_data_ptr<acc_t>() : nullptr;
+  acc_t* gw = grads.grad_weight_acc ? grads.grad_weight_acc->mutable_data_ptr<acc_t>() : nullptr;
+  const bool norm = r.gamma != nullptr;
+
+  // Parallel over blocks of points: a block owns its rows of grad_pos and grad_weight for every
+  // batch and head, so the sums over heads (and over the batch for shared pos/weight) need no
+  // atomics. The norm-parameter gradients are summed per block, then over blocks.
+  const int64_t blocks = std::min<int64_t>(r.N, 4 * at::get_num_threads());
+  at::Tensor partial;
+  acc_t* part = nullptr;
+  if (norm) {
+    partial = at::zeros({blocks, 2, r.H, r.D}, stats.options());
+    part = partial.mutable_data_ptr<acc_t>();
+  }
+
+  at::parallel_for(0, blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+    for (int64_t blk = block_begin; blk < block_end; ++blk) {
+      const int64_t n0 = blk * r.N / blocks, n1 = (blk + 1) * r.N / blocks;
+      acc_t* dgamma = norm ? part + blk * 2 * r.H * r.D : nullptr;
+      acc_t* dbeta = norm ? dgamma + r.H * r.D : nullptr;
+      for (int64_t b = 0; b < r.B; ++b) {
+        for (int64_t h = 0; h < r.H; ++h) {
+          for (int64_t n = n0; n < n1; ++n) {
+            const int64_t i = (b * r.H + h) * r.N + n;
+            const scalar_t* g = gh + i * d;
+            const scalar_t* xr = r.row(b, h, n);
+            const acc_t s = r.template scale<acc_t>(b, n);
+            const acc_t mean = norm ? st[2 * i] : acc_t(0);
+            const acc_t rstd = norm ? st[2 * i + 1] : acc_t(1);
+            if (gpos) {
+              acc_t* gp = gpos + b * r.pos_sb + n * r.P;
+              for (int64_t j = 0; j < r.P; ++j) gp[j] += s * acc_t(g[j]);
+            }
+            if (gw) {
+              // d/dw of w·hat_unscaled: the unscaled row is recomputed, w may be zero.
+              acc_t dot = 0;
+              if (r.pos) {
+                const scalar_t* p = r.pos + b * r.pos_sb + n * r.P;
+                for (int64_t j = 0; j < r.P; ++j) dot += acc_t(g[j]) * acc_t(p[j]);
+              }
+              for (int64_t j = 0; j < r.D; ++j) {
+                acc_t y = acc_t(xr[j * r.sd]);
+                if (norm) y = (y - mean) * rstd * acc_t(r.gamma[h * r.D + j]) +
+                              acc_t(r.beta[h * r.D + j]);
+                dot += acc_t(g[r.P + j]) * y;
+              }
+              gw[b * r.weight_sb + n] += dot;
+            }
+            const scalar_t* gy = g + r.P;
+            scalar_t* dx = gx + i * r.D;
+            if (!norm) {
+              for (int64_t j = 0; j < r.D; ++j) dx[j] = static_cast<scalar_t>(s * acc_t(gy[j]));
+              continue;
+            }
+            // dx = rstd (γ∘dy − mean(γ∘dy) − x̂ mean(γ∘dy∘x̂)), dy = s · grad of the row.
+            const scalar_t* gam = r.gamma + h * r.D;
+            acc_t c1 = 0, c2 = 0;
+            for (int64_t j = 0; j < r.D; ++j) {
+              const acc_t dy = s * acc_t(gy[j]);
+              const acc_t xhat = (acc_t(xr[j * r.sd]) - mean) * rstd;
+              const acc_t gdy = dy * acc_t(gam[j]);
+              c1 += gdy;
+              c2 += gdy * xhat;
+              dgamma[h * r.D + j] += dy * xhat;
+              dbeta[h * r.D + j] += dy;
+            }
+            c1 /= acc_t(r.D);
+            c2 /= acc_t(r.D);
+            for (int64_t j = 0; j < r.D; ++j) {
+              const acc_t xhat = (acc_t(xr[j * r.sd]) - mean) * rstd;
+              dx[j] = static_cast<scalar_t>(rstd * (s * acc_t(gy[j]) * acc_t(gam[j]) - c1 -
+                                                    xhat * c2));
+            }
+          }
+        }
+      }
+    }
+  });
+
+  if (norm) {
+    const at::Tensor total = partial.sum(0);  // (2, H, D), summed in a fixed block order
+    grads.grad_norm_weight->copy_(total[0]);
+    grads.grad_norm_bias->copy_(total[1]);
+  }
+}
+
+}  // namespace
+
+void prepare_forward_cpu(const OperandSpec& spec, double eps, at::Tensor& hat,
+                         at::Tensor& stats) {
+  AT_DISPATCH_FLOATING_TYPES(spec.x.scalar_type(), "galerkin_ext_prepare_forward_cpu", [&] {
+    prepare_forward_impl<scalar_t>(spec, eps, hat, stats);
+  });
+}
+
+void prepare_backward_cpu(const OperandSpec& spec, const at::Tensor& grad_hat,
+                          const at::Tensor& stats, OperandGrads& grads) {
+  AT_DISPATCH_FLOATING_TYPES(spec.x.scalar_type(), "galerkin_ext_prepare_backward_cpu", [&] {
+    prepare_backward_impl<scalar_t>(spec, grad_hat, stats, grads);
+  });
+}
+
+}  // namespace galerkin_ext

@@ -1,0 +1,315 @@
+"""Fourier- and Galerkin-type attention as compiled PyTorch ops.
+
+Shapes: ``q, k, v (B, H, N, D)``; ``pos (B, N, P)`` or ``(N, P)`` concatenated in front of every
+head after the norm, so outputs are ``(B, H, N, D + P)``; ``weight (B, N)`` or ``(N,)``
+quadrature weights on the key/value side of the sum over points (default uniform ``1/N``; zero
+masks a point out); a norm is ``None`` or a ``(weight, bias)`` pair of shape ``(H, D)``, one
+affine layer norm per head over ``D``.
+
+The C++/CUDA op ``torch.ops.galerkin_ext.attention_forward`` does the fused per-head norm,
+coordinate concatenation and weighting and the batched GEMMs; ``attention_backward`` is its
+compiled backward. This module adds input validation, dropout masks, autograd and fake kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+Norm = tuple[Tensor, Tensor] | None
+
+_CPU_DTYPES = (torch.float32, torch.float64)
+_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def cuda_built() -> bool:
+    """Whether the extension was compiled with its CUDA kernels."""
+    return _C.cuda_built()
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+
+
+def galerkin_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    k_norm: Norm = None,
+    v_norm: Norm = None,
+    eps: float = 1e-5,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Galerkin-type attention ``Q̂ (K̂ᵀ W V̂)``, ``K̂ = [pos | LN_k(k)]``, ``V̂ = [pos | LN_v(v)]``.
+
+    Cost O(N d²). ``dropout_p`` drops entries of the ``d × d`` matrix ``K̂ᵀ W V̂`` when
+    ``training``. Returns ``(B, H, N, D + P)``.
+    """
+    _check_dropout(dropout_p, training)
+    out, _ = softmax_free_attention(
+        q, k, v, pos=pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps, scale=1.0,
+        quadratic=False, dropout_p=dropout_p if training else 0.0,
+    )
+    return out
+
+
+def fourier_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    q_norm: Norm = None,
+    k_norm: Norm = None,
+    eps: float = 1e-5,
+    scale: float | None = None,
+    path: str = "auto",
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Fourier-type attention ``(Q̂ K̂ᵀ W) V̂ · scale``, ``Q̂ = [pos | LN_q(q)]``, ``K̂ = [pos | LN_k(k)]``.
+
+    ``scale=None`` means ``1/sqrt(D + P)``. Without softmax the product reassociates exactly, so
+    ``path="linear"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O(N d²) and ``path="quadratic"`` materialises
+    the ``N × N`` matrix (needed for dropout on it). ``"auto"`` takes the linear path unless
+    dropout is active. Returns ``(B, H, N, D + P)``.
+    """
+    _check_dropout(dropout_p, training)
+    if path not in ("auto", "linear", "quadratic"):
+        raise ValueError(f"path: expected 'auto', 'linear' or 'quadratic', got {path!r}")
+    dropout_active = training and dropout_p > 0.0
+    if path == "linear" and dropout_active:
+        raise ValueError(
+            "path: dropout on the N×N attention matrix needs path='quadratic' (or 'auto'), "
+            "got path='linear' with training=True and dropout_p > 0"
+        )
+    quadratic = path == "quadratic" or dropout_active
+    out, _ = softmax_free_attention(
+        q, k, v, pos=pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps, scale=scale,
+        quadratic=quadratic, dropout_p=dropout_p if dropout_active else 0.0,
+    )
+    return out
+
+
+def softmax_free_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    q_norm: Norm = None,
+    k_norm: Norm = None,
+    v_norm: Norm = None,
+    eps: float = 1e-5,
+    scale: float | None = None,
+    quadratic: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """The general op behind both attention types; also returns the attention matrix.
+
+    With ``Q̂, K̂, V̂ = [pos | LN(·)]`` (a norm only where given) it computes
+    ``out = Q̂ A`` with ``A = scale · K̂ᵀ W V̂`` of shape ``(B, H, d, d)`` (``quadratic=False``), or
+    ``out = A V̂`` with ``A = scale · Q̂ K̂ᵀ W`` of shape ``(B, H, N, N)`` (``quadratic=True``).
+    ``dropout_p > 0`` applies inverted dropout to ``A`` (always: callers decide on training).
+    ``scale=None`` means ``1/sqrt(D + P)``. Returns ``(out (B, H, N, d), A)``; ``A`` is
+    differentiable too, for losses or visualisation.
+    """
+    _check_inputs(q, k, v, pos, weight, eps)
+    q_norm = _check_norm(q_norm, "q_norm", q)
+    k_norm = _check_norm(k_norm, "k_norm", q)
+    v_norm = _check_norm(v_norm, "v_norm", q)
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
+    batch, heads, n, dim = q.shape
+    width = dim + (pos.shape[-1] if pos is not None else 0)
+    if scale is None:
+        scale = 1.0 / math.sqrt(width)
+    elif not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
+    mask = None
+    if dropout_p > 0.0:
+        side = n if quadratic else width
+        keep = 1.0 - dropout_p
+        mask = torch.empty((batch, heads, side, side), dtype=q.dtype, device=q.device)
+        mask = mask.bernoulli_(keep).div_(keep)
+    out, attn, *_ = torch.ops.galerkin_ext.attention_forward(
+        q, k, v, pos, weight, *_norm_pair(q_norm), *_norm_pair(k_norm), *_norm_pair(v_norm),
+        mask, float(eps), float(scale), bool(quadratic),
+    )
+    return out, attn
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation: every message names the argument and what was expected.
+
+
+def _check_dropout(dropout_p: float, training: bool) -> None:
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
+    if not isinstance(training, bool):
+        raise TypeError(f"training: expected a bool, got {type(training).__name__}")
+
+
+def _check_norm(norm: Norm, name: str, q: Tensor) -> Norm:
+    if norm is None:
+        return None
+    if not isinstance(norm, (tuple, list)) or len(norm) != 2:
+        raise TypeError(f"{name}: expected None or a (weight, bias) pair of tensors, got {norm!r}")
+    heads, dim = q.shape[1], q.shape[3]
+    for i, p in enumerate(norm):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{name}[{i}]: expected a tensor, got {type(p).__name__}")
+        _check_tensor(p, f"{name}[{i}]", q)
+        if p.shape != (heads, dim):
+            raise ValueError(
+                f"{name}[{i}]: expected shape (H, D) = ({heads}, {dim}), got {tuple(p.shape)}"
+            )
+    return norm[0], norm[1]
+
+
+def _check_tensor(t: Tensor, name: str, q: Tensor) -> None:
+    if t.device != q.device:
+        raise ValueError(f"{name}: expected a tensor on {q.device} like q, got one on {t.device}")
+    if t.dtype != q.dtype:
+        raise TypeError(f"{name}: expected dtype {q.dtype} like q, got {t.dtype}")
+
+
+def _check_inputs(
+    q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, weight: Tensor | None, eps: float
+) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected shape (B, H, N, D), got {tuple(t.shape)}")
+    allowed = _CUDA_DTYPES if q.device.type == "cuda" else _CPU_DTYPES
+    if q.dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise TypeError(f"q: expected dtype {names} on {q.device.type}, got {q.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        _check_tensor(t, name, q)
+        if t.shape != q.shape:
+            raise ValueError(
+                f"{name}: expected shape (B, H, N, D) = {tuple(q.shape)} like q, got {tuple(t.shape)}"
+            )
+    if q.device.type == "cuda" and not cuda_built():
+        raise RuntimeError("q: CUDA tensor given but galerkin_ext was built without CUDA")
+    batch, heads, n, dim = q.shape
+    if n == 0:
+        raise ValueError("q: expected at least one point (N >= 1), got N = 0")
+    if dim == 0:
+        raise ValueError("q: expected at least one feature per head (D >= 1), got D = 0")
+    if pos is not None:
+        if not isinstance(pos, Tensor):
+            raise TypeError(f"pos: expected a tensor or None, got {type(pos).__name__}")
+        _check_tensor(pos, "pos", q)
+        if not (
+            (pos.dim() == 3 and pos.shape[:2] == (batch, n)) or (pos.dim() == 2 and pos.shape[0] == n)
+        ):
+            raise ValueError(
+                f"pos: expected shape (B, N, P) = ({batch}, {n}, P) or (N, P) = ({n}, P), "
+                f"got {tuple(pos.shape)}"
+            )
+    if weight is not None:
+        if not isinstance(weight, Tensor):
+            raise TypeError(f"weight: expected a tensor or None, got {type(weight).__name__}")
+        _check_tensor(weight, "weight", q)
+        if weight.shape not in ((batch, n), (n,)):
+            raise ValueError(
+                f"weight: expected shape (B, N) = ({batch}, {n}) or (N,) = ({n},), "
+                f"got {tuple(weight.shape)}"
+            )
+        if not _is_tracing(weight) and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
+            raise ValueError("weight: expected finite, non-negative quadrature weights")
+    if not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps: expected a finite float > 0, got {eps!r}")
+
+
+def _is_tracing(t: Tensor) -> bool:
+    """True where a data-dependent check would break tracing or CUDA-graph capture."""
+    if torch.compiler.is_compiling():
+        return True
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:
+    return (None, None) if norm is None else norm
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd and fake (meta) kernels of the compiled ops
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, _eps, scale, quadratic = inputs
+    _out, attn, q_hat, k_hat_w, v_hat, stats = output
+    ctx.save_for_backward(
+        q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn, q_hat, k_hat_w, v_hat,
+        stats,
+    )
+    ctx.scale, ctx.quadratic = scale, quadratic
+    ctx.mark_non_differentiable(q_hat, k_hat_w, v_hat, stats)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_attn, *_saved_grads):
+    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn, *saved = ctx.saved_tensors
+    if grad_out is None:  # only the attention matrix was used
+        grad_out = q.new_zeros(saved[0].shape)
+    needs = ctx.needs_input_grad
+    grads = torch.ops.galerkin_ext.attention_backward(
+        grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn,
+        *saved, ctx.scale, ctx.quadratic, pos is not None and needs[3],
+        weight is not None and needs[4],
+    )
+    present = (True, True, True, pos is not None and needs[3], weight is not None and needs[4],
+               qnw is not None, qnb is not None, knw is not None, knb is not None,
+               vnw is not None, vnb is not None)
+    return (*(g if ok else None for g, ok in zip(grads, present, strict=True)),
+            None, None, None, None)
+
+
+torch.library.register_autograd(
+    "galerkin_ext::attention_forward", _backward, setup_context=_setup_context
+)
+
+
+def _stats_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("galerkin_ext::attention_forward")
+def _attention_forward_fake(q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, eps,
+                            scale, quadratic):
+    batch, heads, n, dim = q.shape
+    width = dim + (pos.shape[-1] if pos is not None else 0)
+    side = n if quadratic else width
+    operand = (batch, heads, n, width)
+    return (q.new_empty(operand), q.new_empty((batch, heads, side, side)), q.new_empty(operand),
+            q.new_empty(operand), q.new_empty(operand),
+            q.new_empty((3, batch, heads, n, 2), dtype=_stats_dtype(q)))
+
+
+@torch.library.register_fake("galerkin_ext::attention_backward")
+def _attention_backward_fake(grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb, knw, knb, vnw,
+                             vnb, mask, attn, q_hat, k_hat_w, v_hat, stats, scale, quadratic,
+                             pos_grad, weight_grad):
+    empty = q.new_empty((0,))
+    heads, dim = q.shape[1], q.shape[3]
+    norm_grads = []
+    for norm_weight in (qnw, knw, vnw):
+        shape = (heads, dim) if norm_weight is not None else (0,)
+        norm_grads += [q.new_empty(shape), q.new_empty(shape)]
+    return [q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape),
+            q.new_empty(pos.shape) if pos_grad else empty,
+            q.new_empty(weight.shape) if weight_grad else empty, *norm_grads]

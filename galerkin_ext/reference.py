@@ -1,0 +1,91 @@
+"""Plain-PyTorch reference for the attention ops, written for clarity, not speed.
+
+It follows the original Galerkin Transformer code step by step: a Python loop of per-head layer
+norms, ``torch.cat`` of the coordinates in front of every head, then the matrix products. The
+tests use it in float64 as the oracle for the compiled ops, and ``benchmarks/attention.py`` times
+it as the "eager" baseline. Shapes and semantics are those of :mod:`galerkin_ext.ops`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Norm = tuple[Tensor, Tensor] | None
+
+
+def per_head_layer_norm(x: Tensor, norm: Norm, eps: float) -> Tensor:
+    """Layer norm over the last dim of ``x (B, H, N, D)`` with head h's ``(weight[h], bias[h])``."""
+    if norm is None:
+        return x
+    weight, bias = norm
+    heads = [
+        F.layer_norm(x[:, h], (x.shape[-1],), weight[h], bias[h], eps) for h in range(x.shape[1])
+    ]
+    return torch.stack(heads, dim=1)
+
+
+def concat_pos(x: Tensor, pos: Tensor | None) -> Tensor:
+    """``[pos | x]`` for every head: ``x (B, H, N, D)``, ``pos (B, N, P)`` or ``(N, P)``."""
+    if pos is None:
+        return x
+    batch, heads, n, _ = x.shape
+    pos = pos.expand(batch, n, pos.shape[-1]).unsqueeze(1).expand(batch, heads, n, -1)
+    return torch.cat([pos, x], dim=-1)
+
+
+def _weight_rows(x: Tensor, weight: Tensor | None) -> Tensor:
+    """``diag(w) x`` over the points; ``None`` means the uniform weight 1/N."""
+    if weight is None:
+        return x / x.shape[-2]
+    return x * weight.expand(x.shape[0], x.shape[-2])[:, None, :, None]
+
+
+def galerkin_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    k_norm: Norm = None,
+    v_norm: Norm = None,
+    eps: float = 1e-5,
+    dropout_mask: Tensor | None = None,
+) -> Tensor:
+    """``Q̂ (K̂ᵀ W V̂)``; ``dropout_mask (B, H, d, d)`` multiplies ``K̂ᵀ W V̂`` if given."""
+    q_hat = concat_pos(q, pos)
+    k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), pos)
+    v_hat = concat_pos(per_head_layer_norm(v, v_norm, eps), pos)
+    scores = k_hat.transpose(-2, -1) @ _weight_rows(v_hat, weight)
+    if dropout_mask is not None:
+        scores = scores * dropout_mask
+    return q_hat @ scores
+
+
+def fourier_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    q_norm: Norm = None,
+    k_norm: Norm = None,
+    eps: float = 1e-5,
+    scale: float | None = None,
+    dropout_mask: Tensor | None = None,
+) -> Tensor:
+    """``(Q̂ K̂ᵀ W) V̂ · scale`` through the N×N matrix; ``dropout_mask (B, H, N, N)`` multiplies it."""
+    q_hat = concat_pos(per_head_layer_norm(q, q_norm, eps), pos)
+    k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), pos)
+    v_hat = concat_pos(v, pos)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q_hat.shape[-1])
+    scores = q_hat @ _weight_rows(k_hat, weight).transpose(-2, -1) * scale
+    if dropout_mask is not None:
+        scores = scores * dropout_mask
+    return scores @ v_hat
