@@ -76,7 +76,8 @@ def fourier_attention(
     dropout_p: float = 0.0,
     training: bool = False,
 ) -> Tensor:
-    """Fourier-type attention ``(Q̂ K̂ᵀ W) V̂ · scale``, ``Q̂ = [pos | LN_q(q)]``, ``K̂ = [pos | LN_k(k)]``.
+    """Fourier-type attention ``(Q̂ K̂ᵀ W) V̂ · scale`` with ``Q̂ = [pos | LN_q(q)]``,
+    ``K̂ = [pos | LN_k(k)]``, ``V̂ = [pos | v]``.
 
     ``scale=None`` means ``1/sqrt(D + P)``. Without softmax the product reassociates exactly, so
     ``path="linear"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O(N d²) and ``path="quadratic"`` materialises
@@ -200,7 +201,8 @@ def _check_inputs(
         _check_tensor(t, name, q)
         if t.shape != q.shape:
             raise ValueError(
-                f"{name}: expected shape (B, H, N, D) = {tuple(q.shape)} like q, got {tuple(t.shape)}"
+                f"{name}: expected shape (B, H, N, D) = {tuple(q.shape)} like q, "
+                f"got {tuple(t.shape)}"
             )
     if q.device.type == "cuda" and not cuda_built():
         raise RuntimeError("q: CUDA tensor given but galerkin_ext was built without CUDA")
@@ -213,9 +215,8 @@ def _check_inputs(
         if not isinstance(pos, Tensor):
             raise TypeError(f"pos: expected a tensor or None, got {type(pos).__name__}")
         _check_tensor(pos, "pos", q)
-        if not (
-            (pos.dim() == 3 and pos.shape[:2] == (batch, n)) or (pos.dim() == 2 and pos.shape[0] == n)
-        ):
+        batched = pos.dim() == 3 and pos.shape[:2] == (batch, n)
+        if not (batched or (pos.dim() == 2 and pos.shape[0] == n)):
             raise ValueError(
                 f"pos: expected shape (B, N, P) = ({batch}, {n}, P) or (N, P) = ({n}, P), "
                 f"got {tuple(pos.shape)}"

@@ -79,7 +79,7 @@ def fourier_attention(
     scale: float | None = None,
     dropout_mask: Tensor | None = None,
 ) -> Tensor:
-    """``(Q̂ K̂ᵀ W) V̂ · scale`` through the N×N matrix; ``dropout_mask (B, H, N, N)`` multiplies it."""
+    """``(Q̂ K̂ᵀ W) V̂ · scale`` via the N×N matrix; ``dropout_mask (B, H, N, N)`` multiplies it."""
     q_hat = concat_pos(per_head_layer_norm(q, q_norm, eps), pos)
     k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), pos)
     v_hat = concat_pos(v, pos)

@@ -1,0 +1,80 @@
+"""Readers for the original benchmark ``.mat`` files (FNO's ``burgers_data_R10.mat``,
+``piececonst_r421_N1024_smooth{1,2}.mat``).
+
+MATLAB v5 files are read with :func:`scipy.io.loadmat`; v7.3 files are HDF5 and read with h5py,
+whose axes come out reversed (MATLAB is column-major), so they are transposed back.  Keys:
+Burgers ``a`` (initial conditions) and ``u`` (solutions at t = 1), shape ``(B, N)``; Darcy
+``coeff`` and ``sol``, shape ``(B, K, K)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import h5py
+import numpy as np
+import scipy.io
+
+__all__ = ["load_mat", "read_burgers_mat", "read_darcy_mat", "is_mat_v73"]
+
+
+def _check_path(path: object) -> Path:
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"path: no such file {str(p)!r}")
+    return p
+
+
+def is_mat_v73(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` is an HDF5-based (MATLAB v7.3) file."""
+    return bool(h5py.is_hdf5(_check_path(path)))
+
+
+def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """Load the variables ``keys`` from a MATLAB v5 or v7.3 file as float64 arrays.
+
+    Raises ``KeyError`` naming the missing variables and the ones present.
+    """
+    p = _check_path(path)
+    if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"keys must be a sequence of variable names, got {keys!r}")
+    if is_mat_v73(p):
+        with h5py.File(p, "r") as f:
+            missing = [k for k in keys if k not in f]
+            present = sorted(k for k in f if not k.startswith("#"))
+            if missing:
+                raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
+            return {k: np.asarray(f[k][...], dtype=np.float64).transpose() for k in keys}
+    try:
+        data = scipy.io.loadmat(p, variable_names=list(keys))
+    except (ValueError, OSError, NotImplementedError) as err:
+        raise ValueError(f"{str(p)!r} is not a readable MATLAB file: {err}") from err
+    missing = [k for k in keys if k not in data]
+    if missing:
+        present = sorted(v[0] for v in scipy.io.whosmat(p))
+        raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
+    return {k: np.asarray(data[k], dtype=np.float64) for k in keys}
+
+
+def read_burgers_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, u)`` of a Burgers ``.mat`` file, each of shape ``(B, N)``."""
+    d = load_mat(path, ("a", "u"))
+    a, u = d["a"], d["u"]
+    if a.ndim != 2 or a.shape != u.shape:
+        raise ValueError(f"{path!s}: expected a and u of equal shape (B, N), got {a.shape}, {u.shape}")
+    return a, u
+
+
+def read_darcy_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(coeff, sol)`` of a Darcy ``.mat`` file, each of shape ``(B, K, K)``."""
+    d = load_mat(path, ("coeff", "sol"))
+    a, u = d["coeff"], d["sol"]
+    if a.ndim != 3 or a.shape != u.shape or a.shape[1] != a.shape[2]:
+        raise ValueError(
+            f"{path!s}: expected coeff and sol of equal shape (B, K, K), got {a.shape}, {u.shape}"
+        )
+    return a, u

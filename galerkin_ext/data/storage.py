@@ -1,0 +1,349 @@
+"""HDF5 storage of generated data sets: schema, resumable chunked writing, checked reading.
+
+Schema (version 1) of a file written by :mod:`galerkin_ext.data.generate`:
+
+* dataset ``a``: the inputs, shape ``(n_samples, *grid)`` -- Burgers ``u0`` ``(n, N)`` float64;
+  Darcy coefficient ``(n, K, K)`` float32 (its values 3 and 12 are exact in float32).
+* dataset ``u``: the solutions, ``(n_samples, *grid)`` float64.
+* dataset ``completed``: ``(n_chunks,)`` uint8, 1 once chunk ``i`` (samples
+  ``[i * chunk_size, (i + 1) * chunk_size)``) has been written and flushed.
+* attributes: ``schema`` (``"galerkin_ext.data/1"``), ``generator`` (``"burgers"``/``"darcy"``),
+  ``parameters`` (JSON object of the generator's parameters), ``seed``, ``n_samples``,
+  ``chunk_size``, ``package_version``, and ``complete`` (true only after every chunk is done).
+
+A generation writes to ``FILE.partial`` and renames it to ``FILE`` only once it is complete, so
+``FILE`` never exists half-written; an interrupted run leaves ``FILE.partial`` with its
+``completed`` record, from which ``resume=True`` carries on.  Readers refuse files whose
+``complete`` flag or ``completed`` record says otherwise, and report unreadable (e.g. truncated)
+files as :class:`DataFileError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+__all__ = [
+    "SCHEMA",
+    "DataFileError",
+    "ChunkedWriter",
+    "partial_path",
+    "check_output_path",
+    "read_h5",
+    "inspect_h5",
+]
+
+SCHEMA = "galerkin_ext.data/1"
+_SUFFIXES = (".h5", ".hdf5")
+
+
+class DataFileError(RuntimeError):
+    """A data file is missing, unreadable, incomplete or not of the expected kind."""
+
+
+def partial_path(path: str | os.PathLike[str]) -> Path:
+    """Where an unfinished generation of ``path`` lives: ``path`` + ``.partial``."""
+    p = Path(path)
+    return p.with_name(p.name + ".partial")
+
+
+def check_output_path(path: object) -> Path:
+    """Validate an output path: ``str``/``PathLike`` ending in .h5/.hdf5, in an existing folder."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"out must be a path (str or os.PathLike), got {type(path).__name__}")
+    p = Path(path)
+    if p.suffix.lower() not in _SUFFIXES:
+        raise ValueError(f"out must name an HDF5 file ending in .h5 or .hdf5, got {str(p)!r}")
+    if p.is_dir():
+        raise ValueError(f"out must be a file path, but {str(p)!r} is a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise FileNotFoundError(f"out: the folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise PermissionError(f"out: the folder {str(parent)!r} is not writable")
+    return p
+
+
+def _open(path: Path, mode: str) -> h5py.File:
+    try:
+        return h5py.File(path, mode)
+    except OSError as err:
+        raise DataFileError(
+            f"{str(path)!r} is not a readable HDF5 file (corrupt or truncated?): {err}"
+        ) from err
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Shape (without the sample axis) and dtype of one stored array."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class ChunkedWriter:
+    """Write ``a``/``u`` chunk by chunk into ``FILE.partial``, then publish it as ``FILE``.
+
+    Use :meth:`open`, then :meth:`pending_chunks`, :meth:`write_chunk` for each, :meth:`finish`.
+    """
+
+    def __init__(self, path: Path, file: h5py.File, chunk_size: int, n_samples: int) -> None:
+        self.path = path
+        self.file = file
+        self.chunk_size = chunk_size
+        self.n_samples = n_samples
+
+    @classmethod
+    def open(
+        cls,
+        out: str | os.PathLike[str],
+        *,
+        generator: str,
+        parameters: dict[str, Any],
+        seed: int,
+        n_samples: int,
+        chunk_size: int,
+        arrays: dict[str, ArraySpec],
+        resume: bool = False,
+        overwrite: bool = False,
+    ) -> ChunkedWriter:
+        """Create (or, with ``resume``, reopen) the partial file for a generation.
+
+        Raises ``FileExistsError`` if ``out`` or its partial file exists and neither ``resume``
+        nor ``overwrite`` is set, and :class:`DataFileError` if a partial file to resume is
+        unreadable or was made with other parameters.  With ``resume`` and no partial file, a
+        new generation starts.
+        """
+        from .. import __version__
+
+        if resume and overwrite:
+            raise ValueError("resume and overwrite are mutually exclusive")
+        final = check_output_path(out)
+        part = partial_path(final)
+        if final.exists() and not overwrite:
+            if resume:
+                raise FileExistsError(
+                    f"{str(final)!r} already exists and is finished; nothing to resume "
+                    "(use overwrite to regenerate it)"
+                )
+            raise FileExistsError(f"{str(final)!r} already exists (use overwrite to replace it)")
+        if part.exists() and not (resume or overwrite):
+            raise FileExistsError(
+                f"an interrupted generation exists at {str(part)!r}; use resume to continue it "
+                "or overwrite to start again"
+            )
+        if overwrite:
+            part.unlink(missing_ok=True)
+        n_chunks = -(-n_samples // chunk_size)
+        attrs = {
+            "schema": SCHEMA,
+            "generator": generator,
+            "parameters": json.dumps(parameters, sort_keys=True),
+            "seed": seed,
+            "n_samples": n_samples,
+            "package_version": __version__,
+        }
+        if resume and part.exists():
+            f = _open(part, "r+")
+            try:
+                cls._check_resumable(f, part, attrs, arrays)
+                chunk_size = int(f.attrs["chunk_size"])  # the record is per stored chunk size
+            except BaseException:
+                f.close()
+                raise
+            return cls(final, f, chunk_size, n_samples)
+        f = h5py.File(part, "w")
+        try:
+            for key, value in attrs.items():
+                f.attrs[key] = value
+            f.attrs["chunk_size"] = chunk_size
+            f.attrs["complete"] = False
+            for name, spec in arrays.items():
+                shape = (n_samples, *spec.shape)
+                # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap.
+                f.create_dataset(name, shape=shape, dtype=spec.dtype, chunks=(1, *spec.shape))
+            f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0)
+            f.flush()
+        except BaseException:
+            f.close()
+            raise
+        return cls(final, f, chunk_size, n_samples)
+
+    @staticmethod
+    def _check_resumable(
+        f: h5py.File, part: Path, attrs: dict[str, Any], arrays: dict[str, ArraySpec]
+    ) -> None:
+        for key, value in attrs.items():
+            if key == "package_version":
+                continue
+            stored = f.attrs.get(key)
+            if isinstance(stored, bytes):
+                stored = stored.decode()
+            if isinstance(stored, np.generic):
+                stored = stored.item()
+            if stored != value:
+                raise DataFileError(
+                    f"cannot resume {str(part)!r}: its {key} is {stored!r}, but this run asks "
+                    f"for {value!r} (use overwrite to start again)"
+                )
+        for name, spec in arrays.items():
+            if name not in f or f[name].shape[1:] != spec.shape:
+                raise DataFileError(f"cannot resume {str(part)!r}: array {name!r} is missing or "
+                                    f"has another shape than {spec.shape}")
+        if "completed" not in f or "chunk_size" not in f.attrs:
+            raise DataFileError(f"cannot resume {str(part)!r}: it has no completed-chunk record")
+
+    def pending_chunks(self) -> list[tuple[int, int, int]]:
+        """``(chunk, start, stop)`` for every chunk not yet written, in order."""
+        done = self.file["completed"][...]
+        return [
+            (i, i * self.chunk_size, min(self.n_samples, (i + 1) * self.chunk_size))
+            for i in range(done.shape[0])
+            if not done[i]
+        ]
+
+    def n_done(self) -> int:
+        """Number of samples already written."""
+        pending = sum(stop - start for _, start, stop in self.pending_chunks())
+        return self.n_samples - pending
+
+    def write_chunk(self, chunk: int, arrays: dict[str, np.ndarray]) -> None:
+        """Store one chunk's arrays, flush, then mark it completed (and flush again)."""
+        start = chunk * self.chunk_size
+        stop = min(self.n_samples, start + self.chunk_size)
+        for name, value in arrays.items():
+            if value.shape[0] != stop - start:
+                raise ValueError(f"chunk {chunk} of {name!r} must have {stop - start} samples")
+            self.file[name][start:stop] = value
+        self.file.flush()  # the data are on disk before the record says so
+        self.file["completed"][chunk] = 1
+        self.file.flush()
+
+    def finish(self) -> Path:
+        """Mark complete, close and atomically rename ``FILE.partial`` to ``FILE``."""
+        if self.pending_chunks():
+            raise DataFileError("cannot finish: some chunks have not been written")
+        self.file.attrs["complete"] = True
+        part = Path(self.file.filename)
+        self.file.close()
+        os.replace(part, self.path)
+        return self.path
+
+    def close(self) -> None:
+        """Close the partial file without publishing it (after an interruption)."""
+        if self.file.id.valid:
+            self.file.close()
+
+
+def _attr(f: h5py.File, key: str) -> Any:
+    value = f.attrs[key]
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Metadata and completeness of a generated file (or its partial file), without the data.
+
+    Returns a dict with ``generator``, ``parameters`` (dict), ``seed``, ``n_samples``,
+    ``chunk_size``, ``package_version``, ``complete`` (bool), ``n_done`` (samples written) and
+    ``shapes`` (``{name: shape}``).  Raises :class:`DataFileError` for a file that is missing,
+    unreadable, or not written by this package.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataFileError(f"{str(p)!r} does not exist or is not a file")
+    with _open(p, "r") as f:
+        if f.attrs.get("schema") not in (SCHEMA, SCHEMA.encode()):
+            raise DataFileError(f"{str(p)!r} is not a galerkin_ext data file (no schema {SCHEMA})")
+        try:
+            done = f["completed"][...]
+            chunk = int(_attr(f, "chunk_size"))
+            n = int(_attr(f, "n_samples"))
+            n_done = int(sum(min(n, (i + 1) * chunk) - i * chunk for i in np.flatnonzero(done)))
+            info = {
+                "generator": _attr(f, "generator"),
+                "parameters": json.loads(_attr(f, "parameters")),
+                "seed": int(_attr(f, "seed")),
+                "n_samples": n,
+                "chunk_size": chunk,
+                "package_version": _attr(f, "package_version"),
+                "complete": bool(_attr(f, "complete")) and bool(done.all()),
+                "n_done": n_done,
+                "shapes": {k: tuple(f[k].shape) for k in ("a", "u")},
+            }
+        except (KeyError, OSError, ValueError) as err:
+            raise DataFileError(f"{str(p)!r} is damaged or lacks schema fields: {err}") from err
+    return info
+
+
+def _as_selection(idx: np.ndarray) -> slice | np.ndarray:
+    """A contiguous run of indices as a slice: h5py reads slices much faster than lists."""
+    if idx[-1] - idx[0] + 1 == idx.size:
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
+
+
+def read_h5(
+    path: str | os.PathLike[str],
+    indices: Sequence[int] | np.ndarray | slice | None = None,
+    *,
+    stride: int = 1,
+    keys: Sequence[str] = ("a", "u"),
+    block: int = 64,
+) -> dict[str, np.ndarray]:
+    """Read samples of a complete generated file, optionally subsampling every grid axis.
+
+    Args:
+        path: a finished file (a ``.partial`` or incomplete file raises :class:`DataFileError`).
+        indices: which samples (default all); a slice or increasing integer indices.
+        stride: keep every ``stride``-th grid point along each spatial axis.
+        keys: arrays to read, from ``"a"`` and ``"u"``.
+        block: samples read at once (bounds the memory of full-resolution reads).
+
+    Returns:
+        ``{key: array of shape (n_selected, *subsampled_grid)}`` in the stored dtypes.
+    """
+    info = inspect_h5(path)
+    if not info["complete"]:
+        raise DataFileError(
+            f"{str(path)!r} is incomplete ({info['n_done']} of {info['n_samples']} samples "
+            "written); finish it with resume"
+        )
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
+    for key in keys:
+        if key not in ("a", "u"):
+            raise ValueError(f"keys must be among ('a', 'u'), got {key!r}")
+    n = info["n_samples"]
+    if indices is None:
+        idx = np.arange(n)
+    elif isinstance(indices, slice):
+        idx = np.arange(n)[indices]
+    else:
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError("indices must be a 1-D sequence of integers or a slice")
+        if idx.size and (idx.min() < 0 or idx.max() >= n or np.any(np.diff(idx) <= 0)):
+            raise ValueError(f"indices must be increasing and within [0, {n}), got {idx}")
+    out: dict[str, np.ndarray] = {}
+    with _open(Path(path), "r") as f:
+        for key in keys:
+            ds = f[key]
+            sub = (slice(None, None, stride),) * (ds.ndim - 1)
+            parts = [ds[_as_selection(idx[i : i + block])][(slice(None), *sub)]
+                     for i in range(0, idx.size, block)]
+            if parts:
+                out[key] = np.concatenate(parts)
+            else:
+                out[key] = np.empty((0, *ds[(0, *sub)].shape), dtype=ds.dtype)
+    return out

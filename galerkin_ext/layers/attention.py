@@ -1,0 +1,300 @@
+"""``SimpleAttention``: the paper's multi-head attention with coordinates in every head.
+
+Shapes: ``x (B, N, d_model)`` tokens, ``pos (B, N, P)`` or ``(N, P)`` coordinates with
+``P = pos_dim``, ``weight (B, N)`` or ``(N,)`` quadrature weights (default uniform ``1/N``).
+Per head ``D = d_model // n_head`` features; with coordinates each head is ``d = D + P`` wide.
+
+* ``fourier``  ``(Q̂ K̂ᵀ W) V̂ / sqrt(d)``, norm on Q, K — compiled op (:mod:`galerkin_ext.ops`).
+* ``galerkin`` ``Q̂ (K̂ᵀ W V̂)``, norm on K, V — compiled op.
+* ``softmax``  ``softmax(Q̂ K̂ᵀ / sqrt(d) + log w) V̂``, norm on Q, K — PyTorch SDPA.
+* ``linear``   ``softmax_feat(Q̂) (softmax_pts(K̂)ᵀ W V̂)``, norm on K, V — plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import ops
+from ._checks import (
+    check_choice,
+    check_int,
+    check_nonnegative_float,
+    check_probability,
+    check_tensor,
+)
+
+ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
+NORM_SCHEMES = ("attn", "layer", "instance", None)
+# The original code calls F.dropout(attn) with its default p on every forward, even in eval().
+REFERENCE_DROPOUT_P = 0.5
+
+# Which of Q, K, V carry the per-head norm: the paper normalises the two tensors whose product
+# is taken over the points (K and V for Galerkin-type, Q and K for Fourier-type attention).
+_NORMED = {"fourier": ("q", "k"), "softmax": ("q", "k"), "galerkin": ("k", "v"),
+           "linear": ("k", "v")}
+
+
+class SimpleAttention(nn.Module):
+    """Multi-head self-attention of the Galerkin Transformer with coordinates in every head.
+
+    Args:
+        d_model: token width; ``n_head`` must divide it.
+        n_head: number of heads ``H``.
+        attention_type: ``'fourier'``, ``'galerkin'``, ``'softmax'`` or ``'linear'``.
+        pos_dim: coordinate dims ``P`` concatenated in front of every head after the norm
+            (0 = none). With ``P > 0`` an output projection ``Linear(H (D + P), d_model)`` maps
+            the heads back to ``d_model``, and ``forward`` requires ``pos``.
+        norm: ``'attn'`` (the paper's scheme: per-head affine layer norm inside the attention on
+            K, V for galerkin/linear, on Q, K for fourier/softmax), ``'instance'`` (per-head
+            affine instance norm over the points on the same tensors), ``'layer'`` (the norm is
+            on the residual stream, see :class:`~galerkin_ext.layers.EncoderLayer`; nothing
+            inside the attention) or ``None``.
+        attn_dropout: dropout on the attention matrix, in training only.
+        eps: epsilon of the norms.
+        xavier_init: gain of the ``xavier_uniform_`` init of the Q, K, V projections.
+        diagonal_weight: added to their diagonal (the paper's diagonal-dominant init).
+        reference_dropout: compatibility mode reproducing the original code, which drops the
+            attention matrix with ``p = 0.5`` on every forward, in ``eval()`` too, whatever
+            ``attn_dropout`` says. Off by default.
+
+    Parameters: ``query``, ``key``, ``value`` (``Linear(d_model, d_model)``), for
+    ``norm='attn'``/``'instance'`` ``{q,k,v}_norm_weight``/``_bias`` of shape ``(H, D)``, and
+    ``out_proj`` when ``pos_dim > 0``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        attention_type: str = "galerkin",
+        pos_dim: int = 0,
+        norm: str | None = "attn",
+        attn_dropout: float = 0.0,
+        eps: float = 1e-5,
+        xavier_init: float = 1e-2,
+        diagonal_weight: float = 1e-2,
+        reference_dropout: bool = False,
+    ) -> None:
+        super().__init__()
+        check_int(d_model, "d_model")
+        check_int(n_head, "n_head")
+        if d_model % n_head:
+            raise ValueError(f"n_head: expected a divisor of d_model = {d_model}, got {n_head}")
+        check_choice(attention_type, "attention_type", ATTENTION_TYPES)
+        check_int(pos_dim, "pos_dim", minimum=0)
+        check_choice(norm, "norm", NORM_SCHEMES)
+        if not isinstance(reference_dropout, bool):
+            raise TypeError(f"reference_dropout: expected a bool, got {reference_dropout!r}")
+        self.d_model, self.n_head, self.d_head, self.pos_dim = d_model, n_head, d_model // n_head, pos_dim
+        self.attention_type, self.norm = attention_type, norm
+        self.attn_dropout = check_probability(attn_dropout, "attn_dropout")
+        self.eps = check_nonnegative_float(eps, "eps", positive=True)
+        self.reference_dropout = reference_dropout
+
+        self.query, self.key, self.value = (nn.Linear(d_model, d_model) for _ in range(3))
+        gain = check_nonnegative_float(xavier_init, "xavier_init", positive=True)
+        diagonal = check_nonnegative_float(diagonal_weight, "diagonal_weight")
+        with torch.no_grad():
+            for linear in (self.query, self.key, self.value):
+                nn.init.xavier_uniform_(linear.weight, gain=gain)
+                linear.weight += diagonal * torch.eye(d_model)
+                nn.init.zeros_(linear.bias)
+
+        self.normed = _NORMED[attention_type] if norm in ("attn", "instance") else ()
+        for name in self.normed:
+            # Same init as nn.LayerNorm / nn.InstanceNorm1d(affine=True): identity affine map.
+            self.register_parameter(f"{name}_norm_weight",
+                                    nn.Parameter(torch.ones(n_head, self.d_head)))
+            self.register_parameter(f"{name}_norm_bias",
+                                    nn.Parameter(torch.zeros(n_head, self.d_head)))
+        self.out_proj = nn.Linear(n_head * (self.d_head + pos_dim), d_model) if pos_dim else None
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_head={self.n_head}, "
+                f"attention_type={self.attention_type!r}, pos_dim={self.pos_dim}, "
+                f"norm={self.norm!r}, attn_dropout={self.attn_dropout}, eps={self.eps}, "
+                f"reference_dropout={self.reference_dropout}")
+
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor | None = None,
+        weight: Tensor | None = None,
+        *,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend over the ``N`` points.
+
+        Args:
+            x: ``(B, N, d_model)``.
+            pos: ``(B, N, pos_dim)`` or ``(N, pos_dim)``; required iff ``pos_dim > 0``.
+            weight: ``(B, N)`` or ``(N,)`` non-negative quadrature weights; ``None`` = ``1/N``.
+            return_attention: also return the attention matrix (after dropout), per head:
+                ``(B, H, N, N)`` for fourier/softmax, ``(B, H, d, d)`` for galerkin/linear.
+
+        Returns:
+            ``(B, N, d_model)``, or ``(output, attention)`` with ``return_attention``.
+        """
+        check_tensor(x, "x", 3, "(B, N, d_model)")
+        batch, n, width = x.shape
+        if width != self.d_model:
+            raise ValueError(f"x: expected shape (B, N, d_model) with d_model = {self.d_model}, "
+                             f"got {tuple(x.shape)}")
+        self._check_pos(pos, x)
+        if weight is not None:
+            _check_weight(weight, x)
+
+        q, k, v = (proj(x).view(batch, n, self.n_head, self.d_head).transpose(1, 2)
+                   for proj in (self.query, self.key, self.value))
+        norms: dict[str, tuple[Tensor, Tensor]] = {}
+        if self.norm == "attn":
+            norms = {name: self._norm_params(name) for name in self.normed}
+        elif self.norm == "instance":
+            tensors = {"q": q, "k": k, "v": v}
+            for name in self.normed:
+                tensors[name] = _instance_norm(tensors[name], *self._norm_params(name),
+                                               self.eps, weight)
+            q, k, v = tensors["q"], tensors["k"], tensors["v"]
+
+        if self.reference_dropout:
+            dropout_p = REFERENCE_DROPOUT_P
+        else:
+            dropout_p = self.attn_dropout if self.training else 0.0
+
+        if self.attention_type in ("fourier", "galerkin"):
+            fourier = self.attention_type == "fourier"
+            # The N×N matrix is only needed to return it or to drop entries of it; otherwise the
+            # op reassociates Fourier attention into the O(N d²) product.
+            out, attn = ops.softmax_free_attention(
+                q, k, v, pos=pos, weight=weight, q_norm=norms.get("q"), k_norm=norms.get("k"),
+                v_norm=norms.get("v"), eps=self.eps, scale=None if fourier else 1.0,
+                quadratic=fourier and (return_attention or dropout_p > 0.0),
+                dropout_p=dropout_p,
+            )
+        elif self.attention_type == "softmax":
+            out, attn = _softmax_attention(q, k, v, pos, weight, norms, self.eps, dropout_p,
+                                           return_attention)
+        else:
+            out, attn = _linear_attention(q, k, v, pos, weight, norms, self.eps, dropout_p)
+
+        out = out.transpose(1, 2).reshape(batch, n, -1)
+        if self.out_proj is not None:
+            out = self.out_proj(out)
+        return (out, attn) if return_attention else out
+
+    def _norm_params(self, name: str) -> tuple[Tensor, Tensor]:
+        return getattr(self, f"{name}_norm_weight"), getattr(self, f"{name}_norm_bias")
+
+    def _check_pos(self, pos: Tensor | None, x: Tensor) -> None:
+        batch, n, _ = x.shape
+        doc = f"({batch}, {n}, {self.pos_dim}) or ({n}, {self.pos_dim})"
+        if self.pos_dim == 0:
+            if pos is not None:
+                raise ValueError("pos: expected None because pos_dim = 0; build the attention "
+                                 "with pos_dim > 0 to use coordinates")
+            return
+        if pos is None:
+            raise ValueError(f"pos: expected coordinates of shape {doc} (pos_dim = "
+                             f"{self.pos_dim}), got None")
+        if not isinstance(pos, Tensor):
+            raise TypeError(f"pos: expected a tensor of shape {doc}, got {type(pos).__name__}")
+        if tuple(pos.shape) not in ((batch, n, self.pos_dim), (n, self.pos_dim)):
+            raise ValueError(f"pos: expected shape {doc}, got {tuple(pos.shape)}")
+        if pos.dtype != x.dtype or pos.device != x.device:
+            raise TypeError(f"pos: expected dtype {x.dtype} on {x.device} like x, "
+                            f"got {pos.dtype} on {pos.device}")
+
+
+def _check_weight(weight: object, x: Tensor) -> None:
+    batch, n, _ = x.shape
+    doc = f"({batch}, {n}) or ({n},)"
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"weight: expected a tensor of shape {doc}, got {type(weight).__name__}")
+    if tuple(weight.shape) not in ((batch, n), (n,)):
+        raise ValueError(f"weight: expected shape {doc}, got {tuple(weight.shape)}")
+    if weight.dtype != x.dtype or weight.device != x.device:
+        raise TypeError(f"weight: expected dtype {x.dtype} on {x.device} like x, "
+                        f"got {weight.dtype} on {weight.device}")
+    # A data-dependent check: skipped while tracing, where it would break the graph.
+    if not torch.compiler.is_compiling() and not bool(
+        torch.all(torch.isfinite(weight) & (weight >= 0))
+    ):
+        raise ValueError("weight: expected finite, non-negative quadrature weights")
+
+
+def _layer_norm(x: Tensor, norm: tuple[Tensor, Tensor] | None, eps: float) -> Tensor:
+    """Per-head affine layer norm over the features of ``x (B, H, N, D)``; params ``(H, D)``."""
+    if norm is None:
+        return x
+    weight, bias = norm
+    return F.layer_norm(x, x.shape[-1:], eps=eps) * weight[:, None] + bias[:, None]
+
+
+def _instance_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                   quadrature: Tensor | None) -> Tensor:
+    """Per-head affine instance norm of ``x (B, H, N, D)``: each feature column over the points.
+
+    The moments use the quadrature weights when given, so masked points (weight 0) do not leak
+    into the statistics; uniform weights give ``nn.InstanceNorm1d``'s biased moments.
+    """
+    if quadrature is None:
+        mean = x.mean(dim=-2, keepdim=True)
+        var = x.var(dim=-2, unbiased=False, keepdim=True)
+    else:
+        w = quadrature.expand(x.shape[0], x.shape[-2])
+        w = (w / w.sum(dim=-1, keepdim=True))[:, None, :, None]
+        mean = (w * x).sum(dim=-2, keepdim=True)
+        var = (w * (x - mean).square()).sum(dim=-2, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + eps) * weight[:, None] + bias[:, None]
+
+
+def _concat_pos(x: Tensor, pos: Tensor | None) -> Tensor:
+    """``[pos | x]`` in every head of ``x (B, H, N, D)``."""
+    if pos is None:
+        return x
+    batch, heads, n, _ = x.shape
+    pos = pos.expand(batch, n, pos.shape[-1])[:, None].expand(batch, heads, n, -1)
+    return torch.cat([pos, x], dim=-1)
+
+
+def _dropout(attn: Tensor, p: float) -> Tensor:
+    # The caller already decided whether dropout is active (training or compatibility mode).
+    return F.dropout(attn, p, training=True) if p > 0.0 else attn
+
+
+def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
+                       weight: Tensor | None, norms: dict[str, tuple[Tensor, Tensor]],
+                       eps: float, dropout_p: float,
+                       return_attention: bool) -> tuple[Tensor, Tensor | None]:
+    q_hat = _concat_pos(_layer_norm(q, norms.get("q"), eps), pos)
+    k_hat = _concat_pos(_layer_norm(k, norms.get("k"), eps), pos)
+    v_hat = _concat_pos(v, pos)
+    # Quadrature weights enter as softmax(QKᵀ/sqrt(d) + log w): w = 0 masks a key out and
+    # uniform weights shift every logit equally, i.e. change nothing.
+    bias = None if weight is None else weight.log().expand(q.shape[0], -1)[:, None, None, :]
+    if not return_attention:
+        return F.scaled_dot_product_attention(q_hat, k_hat, v_hat, attn_mask=bias,
+                                              dropout_p=dropout_p), None
+    logits = q_hat @ k_hat.transpose(-2, -1) / math.sqrt(q_hat.shape[-1])
+    if bias is not None:
+        logits = logits + bias
+    attn = _dropout(logits.softmax(dim=-1), dropout_p)
+    return attn @ v_hat, attn
+
+
+def _linear_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
+                      weight: Tensor | None, norms: dict[str, tuple[Tensor, Tensor]],
+                      eps: float, dropout_p: float) -> tuple[Tensor, Tensor]:
+    q_hat = _concat_pos(q, pos).softmax(dim=-1)
+    k_hat = _concat_pos(_layer_norm(k, norms.get("k"), eps), pos).softmax(dim=-2)
+    v_hat = _concat_pos(_layer_norm(v, norms.get("v"), eps), pos)
+    if weight is None:
+        v_hat = v_hat / v_hat.shape[-2]
+    else:
+        v_hat = v_hat * weight.expand(q.shape[0], -1)[:, None, :, None]
+    attn = _dropout(k_hat.transpose(-2, -1) @ v_hat, dropout_p)
+    return q_hat @ attn, attn

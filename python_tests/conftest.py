@@ -1,0 +1,23 @@
+"""Shared fixtures. Random inputs are fresh every run; the seed is printed in the header and can
+be fixed with GALERKIN_TEST_SEED=<int> to reproduce a failure."""
+
+import os
+import random
+import zlib
+
+import pytest
+import torch
+
+SEED = int(os.environ.get("GALERKIN_TEST_SEED", random.SystemRandom().randrange(2**31)))
+
+
+def pytest_report_header(config):
+    return f"galerkin_ext test seed: GALERKIN_TEST_SEED={SEED}"
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    """A generator seeded from the session seed and the test's id: fresh per run, reproducible."""
+    g = torch.Generator()
+    g.manual_seed(SEED ^ zlib.crc32(request.node.nodeid.encode()))
+    return g

@@ -1,0 +1,441 @@
+"""The compiled attention ops against the float64 reference, their gradients, and their errors."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from galerkin_ext import ops, reference
+
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class Case:
+    B: int
+    H: int
+    N: int
+    D: int
+    P: int = 0
+    shared_pos: bool = False
+    weight: str = "uniform"  # uniform | shared | batched (both with some zeros)
+    norms: bool = True
+    layout: str = "contiguous"  # contiguous | projected (B,N,H,D) view | sliced
+
+    def __str__(self) -> str:
+        return (f"B{self.B}H{self.H}N{self.N}D{self.D}P{self.P}{'s' if self.shared_pos else ''}"
+                f"-{self.weight}-{'norm' if self.norms else 'nonorm'}-{self.layout}")
+
+
+CASES = [
+    Case(1, 1, 1, 1),
+    Case(2, 1, 1, 3, P=1, weight="batched"),
+    Case(1, 2, 7, 5, P=2, layout="projected"),
+    Case(3, 3, 33, 7, P=1, shared_pos=True, weight="shared", layout="sliced"),
+    Case(2, 4, 65, 16, P=2, weight="batched", layout="projected"),
+    Case(2, 2, 19, 9, P=0, weight="shared", norms=False),
+    Case(1, 1, 130, 33, P=2, shared_pos=True, layout="sliced"),
+    Case(4, 1, 257, 4, P=1, norms=False, weight="batched", layout="projected"),
+]
+
+
+def _tensor(shape, layout: str, gen: torch.Generator, dtype, requires_grad=False):
+    """A (B, H, N, D) tensor in one of the layouts a user's projections produce."""
+    B, H, N, D = shape
+    if layout == "projected":  # view(B, N, H, D).transpose(1, 2), as after a Linear
+        t = torch.randn(B, N, H, D, generator=gen, dtype=dtype).transpose(1, 2)
+    elif layout == "sliced":  # every other feature of a wider tensor
+        t = torch.randn(B, H, N, 2 * D, generator=gen, dtype=dtype)[..., ::2]
+    else:
+        t = torch.randn(B, H, N, D, generator=gen, dtype=dtype)
+    return t.requires_grad_(requires_grad)
+
+
+def make_inputs(case: Case, gen: torch.Generator, dtype=F64, requires_grad=False) -> dict:
+    shape = (case.B, case.H, case.N, case.D)
+    q, k, v = (_tensor(shape, case.layout, gen, dtype, requires_grad) for _ in range(3))
+    pos = None
+    if case.P:
+        pos_shape = (case.N, case.P) if case.shared_pos else (case.B, case.N, case.P)
+        pos = torch.rand(pos_shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    weight = None
+    if case.weight != "uniform":
+        w_shape = (case.N,) if case.weight == "shared" else (case.B, case.N)
+        weight = torch.rand(w_shape, generator=gen, dtype=dtype)
+        if requires_grad:  # finite differences must stay in the valid range w >= 0
+            weight = weight + 0.5
+        else:  # some points masked out
+            weight = weight * (torch.rand(w_shape, generator=gen) > 0.3)
+        weight = (weight / case.N).requires_grad_(requires_grad)
+
+    def norm():
+        if not case.norms:
+            return None
+        w = 1 + 0.3 * torch.randn(case.H, case.D, generator=gen, dtype=dtype)
+        b = 0.3 * torch.randn(case.H, case.D, generator=gen, dtype=dtype)
+        return w.requires_grad_(requires_grad), b.requires_grad_(requires_grad)
+
+    return dict(q=q, k=k, v=v, pos=pos, weight=weight, n1=norm(), n2=norm())
+
+
+def galerkin(x, impl=ops, **kw):
+    return impl.galerkin_attention(x["q"], x["k"], x["v"], pos=x["pos"], weight=x["weight"],
+                                   k_norm=x["n1"], v_norm=x["n2"], eps=1e-5, **kw)
+
+
+def fourier(x, impl=ops, **kw):
+    return impl.fourier_attention(x["q"], x["k"], x["v"], pos=x["pos"], weight=x["weight"],
+                                  q_norm=x["n1"], k_norm=x["n2"], eps=1e-5, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward against the reference
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_galerkin_matches_reference(case, gen):
+    x = make_inputs(case, gen)
+    out = galerkin(x)
+    assert out.shape == (case.B, case.H, case.N, case.D + case.P)
+    torch.testing.assert_close(out, galerkin(x, reference), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["auto", "linear", "quadratic"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_fourier_matches_reference(case, path, gen):
+    x = make_inputs(case, gen)
+    out = fourier(x, path=path)
+    assert out.shape == (case.B, case.H, case.N, case.D + case.P)
+    torch.testing.assert_close(out, fourier(x, reference), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", CASES[2:6], ids=str)
+def test_float32_close_to_float64_reference(case, gen):
+    x64 = make_inputs(case, gen)
+    x32 = {key: _cast(val, torch.float32) for key, val in x64.items()}
+    for fn in (galerkin, fourier):
+        out = fn(x32)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), fn(x64, reference), rtol=1e-4, atol=1e-5)
+
+
+def _cast(val, dtype):
+    if val is None:
+        return None
+    if isinstance(val, tuple):
+        return tuple(t.to(dtype) for t in val)
+    return val.to(dtype)
+
+
+def test_fourier_paths_agree_at_scale(gen):
+    x = make_inputs(Case(2, 4, 1000, 32, P=2, weight="batched"), gen, dtype=torch.float32)
+    linear, quadratic = fourier(x, path="linear"), fourier(x, path="quadratic")
+    torch.testing.assert_close(linear, quadratic, rtol=1e-4, atol=1e-5)
+
+
+def test_custom_scale_and_eps(gen):
+    x = make_inputs(Case(2, 2, 11, 6, P=1), gen)
+    for scale in (1.0, 0.25):
+        out = fourier(x, scale=scale)
+        torch.testing.assert_close(out, fourier(x, reference, scale=scale), rtol=1e-12, atol=0)
+    x["q"] = x["q"] * 1e-4  # eps matters when the row variance is comparable
+    kw = dict(pos=x["pos"], k_norm=x["n1"], v_norm=x["n2"], eps=1e-7)
+    torch.testing.assert_close(
+        ops.galerkin_attention(x["k"], x["q"], x["v"], **kw),
+        reference.galerkin_attention(x["k"], x["q"], x["v"], **kw), rtol=1e-10, atol=1e-12)
+
+
+def test_zero_weight_masks_points_out(gen):
+    """Points with w = 0 change nothing: padding a batch with junk is exact."""
+    case = Case(1, 2, 10, 4, P=1)
+    x = make_inputs(case, gen)
+    weight = torch.full((10,), 1 / 6, dtype=F64)
+    weight[6:] = 0
+    full = ops.galerkin_attention(x["q"], x["k"], x["v"], pos=x["pos"], weight=weight,
+                                  k_norm=x["n1"], v_norm=x["n2"])
+    junk = {key: x[key].clone() for key in ("k", "v")}
+    for t in junk.values():
+        t[:, :, 6:] = 1e6
+    padded = ops.galerkin_attention(x["q"], junk["k"], junk["v"], pos=x["pos"], weight=weight,
+                                    k_norm=x["n1"], v_norm=x["n2"])
+    torch.testing.assert_close(full, padded, rtol=1e-12, atol=1e-12)
+    short = ops.galerkin_attention(x["q"][:, :, :6], x["k"][:, :, :6], x["v"][:, :, :6],
+                                   pos=x["pos"][:, :6], k_norm=x["n1"], v_norm=x["n2"])
+    torch.testing.assert_close(full[:, :, :6], short, rtol=1e-12, atol=1e-12)
+
+
+def test_attention_matrix(gen):
+    x = make_inputs(Case(2, 2, 9, 3, P=2), gen)
+    args = (x["q"], x["k"], x["v"])
+    out, attn = ops.softmax_free_attention(*args, pos=x["pos"], k_norm=x["n1"], v_norm=x["n2"],
+                                           scale=1.0)
+    assert attn.shape == (2, 2, 5, 5)
+    k_hat = reference.concat_pos(reference.per_head_layer_norm(x["k"], x["n1"], 1e-5), x["pos"])
+    v_hat = reference.concat_pos(reference.per_head_layer_norm(x["v"], x["n2"], 1e-5), x["pos"])
+    torch.testing.assert_close(attn, k_hat.transpose(-2, -1) @ v_hat / 9, rtol=1e-12, atol=0)
+    out, attn = ops.softmax_free_attention(*args, pos=x["pos"], q_norm=x["n1"], k_norm=x["n2"],
+                                           quadratic=True)
+    assert attn.shape == (2, 2, 9, 9)
+    torch.testing.assert_close(attn @ reference.concat_pos(x["v"], x["pos"]), out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dropout on the attention matrix
+
+
+@pytest.mark.parametrize("quadratic", [False, True])
+def test_dropout_mask_matches_reference(quadratic, gen):
+    case = Case(2, 2, 13, 5, P=1, weight="batched")
+    x = make_inputs(case, gen)
+    side = case.N if quadratic else case.D + case.P
+    mask = (torch.rand(2, 2, side, side, generator=gen) > 0.4).double() / 0.6
+    if quadratic:
+        expected = fourier(x, reference, dropout_mask=mask)
+        scale = 1 / math.sqrt(case.D + case.P)
+    else:
+        expected = galerkin(x, reference, dropout_mask=mask)
+        scale = 1.0
+    got = torch.ops.galerkin_ext.attention_forward(*_op_args(x, quadratic, mask, scale))[0]
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [galerkin, fourier], ids=["galerkin", "fourier"])
+def test_dropout_only_in_training_and_unbiased(fn, gen):
+    x = make_inputs(Case(1, 1, 16, 4, P=1), gen)
+    clean = fn(x)
+    torch.testing.assert_close(fn(x, dropout_p=0.3, training=False), clean, rtol=0, atol=0)
+    torch.manual_seed(1)
+    a = fn(x, dropout_p=0.3, training=True)
+    torch.manual_seed(1)
+    b = fn(x, dropout_p=0.3, training=True)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)  # reproducible under a seed
+    assert not torch.allclose(a, clean)
+    mean = torch.stack([fn(x, dropout_p=0.3, training=True) for _ in range(3000)]).mean(0)
+    assert (mean - clean).norm() < 0.05 * clean.norm()  # inverted dropout keeps the mean
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradients
+
+
+GRAD_CASES = [
+    Case(2, 2, 5, 3, P=2, weight="batched", layout="projected"),
+    Case(1, 3, 4, 2, P=1, shared_pos=True, weight="shared"),
+    Case(2, 1, 1, 3, P=1),
+    Case(1, 2, 6, 4, norms=False, layout="sliced"),
+]
+
+
+def _grad_inputs(x):
+    names = [key for key in ("q", "k", "v", "pos", "weight") if x[key] is not None]
+    tensors = [x[key] for key in names]
+    for norm in (x["n1"], x["n2"]):
+        if norm is not None:
+            tensors += list(norm)
+    return names, tensors
+
+
+def _as_fn(fn, x, names, **kw):
+    def call(*tensors):
+        y = dict(x)
+        y.update(zip(names, tensors[: len(names)], strict=True))
+        rest = list(tensors[len(names):])
+        if x["n1"] is not None:
+            y["n1"] = (rest.pop(0), rest.pop(0))
+        if x["n2"] is not None:
+            y["n2"] = (rest.pop(0), rest.pop(0))
+        return fn(y, **kw)
+    return call
+
+
+@pytest.mark.parametrize("variant", ["galerkin", "fourier-linear", "fourier-quadratic"])
+@pytest.mark.parametrize("case", GRAD_CASES, ids=str)
+def test_gradcheck(case, variant, gen):
+    x = make_inputs(case, gen, requires_grad=True)
+    names, tensors = _grad_inputs(x)
+    if variant == "galerkin":
+        call = _as_fn(galerkin, x, names)
+    else:
+        call = _as_fn(fourier, x, names, path=variant.split("-")[1])
+    assert torch.autograd.gradcheck(call, tensors, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("quadratic", [False, True])
+def test_gradcheck_through_attention_matrix_and_dropout(quadratic, gen):
+    case = Case(2, 2, 5, 3, P=1, weight="batched")
+    x = make_inputs(case, gen, requires_grad=True)
+    side = case.N if quadratic else case.D + case.P
+    mask = (torch.rand(2, 2, side, side, generator=gen) > 0.5).double() * 2
+
+    def call(q, k, v, pos, w):
+        out, attn = torch.ops.galerkin_ext.attention_forward(
+            q, k, v, pos, w, None, None, *x["n1"], *x["n2"], mask, 1e-5, 0.7, quadratic)[:2]
+        return out.sin().sum() + (attn * attn).sum()
+
+    assert torch.autograd.gradcheck(call, [x[key] for key in ("q", "k", "v", "pos", "weight")])
+
+
+def test_gradients_match_reference_float32(gen):
+    """Also covers the weight gradient at w = 0, where finite differences cannot go."""
+    case = Case(2, 4, 300, 16, P=2, weight="batched", layout="projected")
+    x32 = make_inputs(case, gen, dtype=torch.float32)
+    assert (x32["weight"] == 0).any()
+    _, leaves = _grad_inputs(x32)
+    for t in leaves:
+        t.requires_grad_()
+    x64 = {key: _detached64(val) for key, val in x32.items()}
+    for fn in (galerkin, fourier):
+        names, t32 = _grad_inputs(x32)
+        _, t64 = _grad_inputs(x64)
+        upstream = torch.randn(case.B, case.H, case.N, case.D + case.P, generator=gen)
+        g32 = torch.autograd.grad(fn(x32), t32, upstream)
+        g64 = torch.autograd.grad(fn(x64, reference), t64, upstream.double())
+        for a, b in zip(g32, g64, strict=True):
+            torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-4 * b.abs().max())
+
+
+def _detached64(val):
+    if val is None:
+        return None
+    if isinstance(val, tuple):
+        return tuple(_detached64(t) for t in val)
+    return val.detach().double().requires_grad_()
+
+
+def test_no_grad_where_not_required(gen):
+    x = make_inputs(Case(1, 2, 6, 3, P=1, weight="shared"), gen)
+    x["q"].requires_grad_()
+    out = galerkin(x)
+    (gq,) = torch.autograd.grad(out.sum(), [x["q"]])
+    assert gq.shape == x["q"].shape and x["pos"].grad is None and x["weight"].grad is None
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library.opcheck and torch.compile
+
+
+def _op_args(x, quadratic, mask=None, scale=0.5):
+    """Positional arguments of the raw op: norms on (q, k) if quadratic (Fourier), else (k, v)."""
+    n1, n2 = x["n1"], x["n2"]
+    norms = (*n1, *n2, None, None) if quadratic else (None, None, *n1, *n2)
+    return (x["q"], x["k"], x["v"], x["pos"], x["weight"], *norms, mask, 1e-5, scale, quadratic)
+
+
+@pytest.mark.parametrize("quadratic", [False, True])
+@pytest.mark.parametrize("case", [GRAD_CASES[0], GRAD_CASES[1]], ids=str)
+def test_opcheck_forward(case, quadratic, gen):
+    x = make_inputs(case, gen, dtype=torch.float32, requires_grad=True)
+    torch.library.opcheck(torch.ops.galerkin_ext.attention_forward, _op_args(x, quadratic))
+
+
+@pytest.mark.parametrize("quadratic", [False, True])
+def test_opcheck_backward(quadratic, gen):
+    case = GRAD_CASES[0]
+    x = make_inputs(case, gen, dtype=torch.float32)
+    args = _op_args(x, quadratic)
+    out, attn, *saved = torch.ops.galerkin_ext.attention_forward(*args)
+    grad_out = torch.randn(out.shape, generator=gen)
+    grad_attn = torch.randn(attn.shape, generator=gen)
+    bwd_args = (grad_out, grad_attn, *args[:12], attn, *saved, 0.5, quadratic, True, True)
+    torch.library.opcheck(torch.ops.galerkin_ext.attention_backward, bwd_args)
+
+
+def test_torch_compile_fullgraph(gen):
+    case = Case(2, 2, 24, 8, P=2, weight="batched")
+    x = make_inputs(case, gen, dtype=torch.float32, requires_grad=True)
+
+    def both(x):
+        g = galerkin(x)
+        f = fourier(x)
+        return (g * f).sum(-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(both, fullgraph=True)
+    expected, got = both(x), compiled(x)
+    torch.testing.assert_close(got, expected)
+    names, tensors = _grad_inputs(x)
+    for a, b in zip(torch.autograd.grad(got.sum(), tensors),
+                    torch.autograd.grad(expected.sum(), tensors), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: the message names the argument
+
+
+def _good(gen):
+    x = make_inputs(Case(2, 2, 5, 3, P=1, weight="batched"), gen, dtype=torch.float32)
+    return dict(q=x["q"], k=x["k"], v=x["v"], pos=x["pos"], weight=x["weight"], k_norm=x["n1"],
+                v_norm=x["n2"])
+
+
+BAD = {
+    "q rank 3": (lambda a: a.update(q=a["q"][0]), "q", ValueError),
+    "k other N": (lambda a: a.update(k=a["k"][:, :, :4]), "k", ValueError),
+    "v other D": (lambda a: a.update(v=torch.randn(2, 2, 5, 4)), "v", ValueError),
+    "k other B": (lambda a: a.update(k=torch.randn(1, 2, 5, 3)), "k", ValueError),
+    "k other H": (lambda a: a.update(k=torch.randn(2, 3, 5, 3)), "k", ValueError),
+    "pos wrong N": (lambda a: a.update(pos=torch.rand(2, 4, 1)), "pos", ValueError),
+    "pos wrong B": (lambda a: a.update(pos=torch.rand(3, 5, 1)), "pos", ValueError),
+    "pos rank 1": (lambda a: a.update(pos=torch.rand(5)), "pos", ValueError),
+    "weight wrong length": (lambda a: a.update(weight=torch.rand(4)), "weight", ValueError),
+    "weight negative": (lambda a: a.update(weight=-torch.rand(5)), "weight", ValueError),
+    "weight nan": (lambda a: a.update(weight=torch.full((5,), math.nan)), "weight", ValueError),
+    "weight inf": (lambda a: a.update(weight=torch.full((2, 5), math.inf)), "weight", ValueError),
+    "norm wrong shape": (lambda a: a.update(k_norm=(torch.ones(2, 4), torch.zeros(2, 4))),
+                         "k_norm[0]", ValueError),
+    "norm not a pair": (lambda a: a.update(v_norm=torch.ones(2, 3)), "v_norm", TypeError),
+    "norm bias dtype": (lambda a: a.update(v_norm=(torch.ones(2, 3), torch.zeros(2, 3).double())),
+                        "v_norm[1]", TypeError),
+    "mixed devices": (lambda a: a.update(k=a["k"].to("meta")), "k", ValueError),
+    "mixed dtypes": (lambda a: a.update(v=a["v"].double()), "v", TypeError),
+    "pos dtype": (lambda a: a.update(pos=a["pos"].double()), "pos", TypeError),
+    "integer dtype": (lambda a: a.update(q=a["q"].int(), k=a["k"].int(), v=a["v"].int()), "q",
+                      TypeError),
+    "half on CPU": (lambda a: a.update(q=a["q"].half(), k=a["k"].half(), v=a["v"].half()), "q",
+                    TypeError),
+    "empty N": (lambda a: a.update(q=torch.randn(2, 2, 0, 3), k=torch.randn(2, 2, 0, 3),
+                                   v=torch.randn(2, 2, 0, 3), pos=None, weight=None), "q",
+                ValueError),
+    "not a tensor": (lambda a: a.update(v=[[1.0]]), "v", TypeError),
+    "eps zero": (lambda a: a.update(eps=0.0), "eps", ValueError),
+    "dropout_p 1": (lambda a: a.update(dropout_p=1.0), "dropout_p", ValueError),
+    "dropout_p negative": (lambda a: a.update(dropout_p=-0.1), "dropout_p", ValueError),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_names_argument(name, gen):
+    mutate, argument, error = BAD[name]
+    kwargs = _good(gen)
+    mutate(kwargs)
+    q, k, v = kwargs.pop("q"), kwargs.pop("k"), kwargs.pop("v")
+    with pytest.raises(error, match=f"^{re.escape(argument)}"):
+        ops.galerkin_attention(q, k, v, **kwargs)
+
+
+def test_fourier_specific_errors(gen):
+    x = _good(gen)
+    q, k, v = x["q"], x["k"], x["v"]
+    with pytest.raises(ValueError, match="^path"):
+        ops.fourier_attention(q, k, v, path="fast")
+    with pytest.raises(ValueError, match="^path: dropout"):
+        ops.fourier_attention(q, k, v, path="linear", dropout_p=0.1, training=True)
+    with pytest.raises(ValueError, match="^scale"):
+        ops.fourier_attention(q, k, v, scale=math.inf)
+    with pytest.raises(ValueError, match="^q_norm"):
+        ops.fourier_attention(q, k, v, q_norm=(torch.ones(3, 2), torch.zeros(3, 2)))
+    # linear path without dropout in training is fine
+    ops.fourier_attention(q, k, v, path="linear", dropout_p=0.1, training=False)
+
+
+def test_op_checks_shapes_when_called_directly(gen):
+    x = make_inputs(Case(2, 2, 5, 3, P=1), gen, dtype=torch.float32)
+    args = list(_op_args(x, False))
+    args[11] = torch.ones(2, 2, 3, 3)  # dropout mask must be (B, H, d, d) = (2, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="dropout_mask"):
+        torch.ops.galerkin_ext.attention_forward(*args)
