@@ -99,7 +99,7 @@ def solve_burgers(
         n_steps: number of ETDRK4 steps (default :func:`default_n_steps`, ``dt <= 1e-3``).
         solve_resolution: if given (``4 <= M <= N``), advance only the first ``M // 2`` Fourier
             modes (a grid of ``M`` points) and zero-pad the result back to ``N`` points.
-            Accurate when ``u(t_end)`` is resolved on ``M`` points (``M = 1024`` for the SPEC's data).
+            Accurate when ``u(t_end)`` is resolved on ``M`` points (``M = 1024`` for SPEC data).
 
     Returns:
         ``u(., t_end)`` with the shape of ``u0``: a NumPy float64 array for NumPy input, else a
@@ -119,7 +119,9 @@ def solve_burgers(
         raise ValueError("u0 must be finite (found NaN or inf)")
     nu = check_positive_float("nu", nu)
     t_end = check_positive_float("t_end", t_end)
-    m = n if solve_resolution is None else check_positive_int("solve_resolution", solve_resolution, 4)
+    m = n
+    if solve_resolution is not None:
+        m = check_positive_int("solve_resolution", solve_resolution, 4)
     if m > n:
         raise ValueError(f"solve_resolution must be <= the number of points N={n}, got {m}")
     if n_steps is None:

@@ -19,10 +19,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import darcy as _darcy
+from ._validation import check_positive_float, check_positive_int, check_seed
 from .burgers import solve_burgers
 from .random_fields import sample_darcy_coefficient, sample_periodic_grf_1d
 from .storage import ArraySpec, ChunkedWriter
-from ._validation import check_positive_float, check_positive_int, check_seed
 
 __all__ = ["generate_burgers", "generate_darcy"]
 
@@ -173,7 +173,7 @@ def generate_darcy(
 
     def compute(start: int, stop: int) -> dict[str, np.ndarray]:
         tasks = [(seed, i, resolution, params) for i in range(start, stop)]
-        results = list(pool.map(_darcy_task, tasks) if pool is not None else map(_darcy_task, tasks))
+        results = list((pool.map if pool is not None else map)(_darcy_task, tasks))
         return {
             "a": np.stack([r[0] for r in results]).astype(np.float32),
             "u": np.stack([r[1] for r in results]),

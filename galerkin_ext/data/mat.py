@@ -65,7 +65,9 @@ def read_burgers_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarr
     d = load_mat(path, ("a", "u"))
     a, u = d["a"], d["u"]
     if a.ndim != 2 or a.shape != u.shape:
-        raise ValueError(f"{path!s}: expected a and u of equal shape (B, N), got {a.shape}, {u.shape}")
+        raise ValueError(
+            f"{path!s}: expected a and u of equal shape (B, N), got {a.shape}, {u.shape}"
+        )
     return a, u
 
 

@@ -54,7 +54,10 @@ class Denormalizer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, *shape)`` → ``x · scale + shift``, same shape."""
-        if torch.broadcast_shapes(x.shape, self.scale.shape) != x.shape:
+        stats = self.scale.shape
+        if len(stats) > x.dim() or any(
+            s not in (1, d) for s, d in zip(reversed(stats), reversed(x.shape))
+        ):
             raise ValueError(f"x: expected a shape the statistics {tuple(self.scale.shape)} "
                              f"broadcast to, got {tuple(x.shape)}; were they fitted at another "
                              "resolution?")
