@@ -125,6 +125,9 @@ def softmax_free_attention(
     ``scale=None`` means ``1/sqrt(D + P)``. Returns ``(out (B, H, N, d), A)``; ``A`` is
     differentiable too, for losses or visualisation.
     """
+    if isinstance(q, Tensor) and torch.is_autocast_enabled(q.device.type):
+        q, k, v, pos, weight, q_norm, k_norm, v_norm = _autocast(
+            q, k, v, pos, weight, q_norm, k_norm, v_norm)
     _check_inputs(q, k, v, pos, weight, eps)
     q_norm = _check_norm(q_norm, "q_norm", q)
     k_norm = _check_norm(k_norm, "k_norm", q)
@@ -148,6 +151,24 @@ def softmax_free_attention(
         mask, float(eps), float(scale), bool(quadratic),
     )
     return out, attn
+
+
+def _autocast(q, k, v, pos, weight, *norms):
+    """Under autocast the op runs like a matmul: in the autocast dtype on CUDA (statistics and
+    accumulation stay float32 inside), in float32 on CPU, where the kernels have no half types.
+    Norm parameters, kept float32 by the user's model, are cast along with the activations."""
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if device == "cuda" else torch.float32
+
+    def cast(t):
+        if isinstance(t, Tensor) and t.is_floating_point():
+            return t.to(dtype)
+        if isinstance(t, (tuple, list)):
+            return tuple(cast(p) for p in t)
+        return t
+
+    with torch.autocast(device, enabled=False):
+        return tuple(cast(t) for t in (q, k, v, pos, weight, *norms))
 
 
 # ----------------------------------------------------------------------------------------------

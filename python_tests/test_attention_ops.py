@@ -439,3 +439,15 @@ def test_op_checks_shapes_when_called_directly(gen):
     args[11] = torch.ones(2, 2, 3, 3)  # dropout mask must be (B, H, d, d) = (2, 2, 4, 4)
     with pytest.raises(RuntimeError, match="dropout_mask"):
         torch.ops.galerkin_ext.attention_forward(*args)
+
+
+def test_autocast_casts_like_matmul(gen):
+    """bf16 activations from autocast Linears meet float32 norm parameters: no dtype error."""
+    x = make_inputs(Case(2, 2, 9, 4, P=1, weight="batched"), gen, dtype=torch.float32)
+    bf16 = {key: x[key].bfloat16() for key in ("q", "k", "v")}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ops.galerkin_attention(bf16["q"], bf16["k"], bf16["v"], pos=x["pos"],
+                                     weight=x["weight"], k_norm=x["n1"], v_norm=x["n2"])
+    assert out.dtype == torch.float32
+    expected = galerkin({**x, **{key: t.float() for key, t in bf16.items()}})
+    torch.testing.assert_close(out, expected)

@@ -3,6 +3,7 @@
 #include "attention.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 namespace galerkin_ext {
@@ -78,6 +79,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_forward(
     const OptTensor& k_norm_weight, const OptTensor& k_norm_bias,
     const OptTensor& v_norm_weight, const OptTensor& v_norm_bias, const OptTensor& dropout_mask,
     double eps, double scale, bool quadratic) {
+  // The op picks its own precision: the GEMMs inside must not be re-cast by autocast.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   check_inputs(q, k, v, pos_in, weight_in);
   check_norm(q_norm_weight, q_norm_bias, q, "q_norm");
   check_norm(k_norm_weight, k_norm_bias, q, "k_norm");
@@ -123,6 +126,7 @@ std::vector<Tensor> attention_backward(
     const OptTensor& dropout_mask, const Tensor& attn, const Tensor& q_hat, const Tensor& k_hat_w,
     const Tensor& v_hat, const Tensor& stats, double scale, bool quadratic, bool pos_grad,
     bool weight_grad) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   check_inputs(q, k, v, pos_in, weight_in);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
   const OptTensor pos = contiguous(pos_in), weight = contiguous(weight_in);
@@ -139,18 +143,6 @@ std::vector<Tensor> attention_backward(
   if (grad_attn) d_attn.add_(grad_attn->reshape({B * H, side, side}));
   if (dropout_mask) d_attn.mul_(dropout_mask->reshape({B * H, side, side}));
   if (scale != 1.0) d_attn.mul_(scale);
-  // d_attn is now the gradient of the unscaled, undropped product.
-  Tensor dq_hat, dk_hat_w, dv_hat;
-  if (quadratic) {  // attn = Q̂ K̂wᵀ: the N×N matrix is read, never rebuilt.
-    dv_hat = at::bmm(a.transpose(1, 2), g);
-    dq_hat = at::bmm(d_attn, kh);
-    dk_hat_w = at::bmm(d_attn.transpose(1, 2), qh);
-  } else {  // attn = K̂wᵀ V̂
-    dq_hat = at::bmm(g, a.transpose(1, 2));
-    dk_hat_w = at::bmm(vh, d_attn.transpose(1, 2));
-    dv_hat = at::bmm(kh, d_attn);
-  }
-
   const auto acc = q.options().dtype(opmath_dtype(q));
   Tensor grad_pos_acc = pos_grad ? at::zeros(pos->sizes(), acc) : Tensor();
   Tensor grad_weight_acc = weight_grad ? at::zeros(weight->sizes(), acc) : Tensor();
@@ -170,9 +162,18 @@ std::vector<Tensor> attention_backward(
     prepare_backward({x, pos, weight, weighted, contiguous(nw), contiguous(nb)},
                      d_hat.view({B, H, N, d}), stats.select(0, slot), grads);
   };
-  back(q, false, q_norm_weight, q_norm_bias, dq_hat, 0);
-  back(k, true, k_norm_weight, k_norm_bias, dk_hat_w, 1);
-  back(v, false, v_norm_weight, v_norm_bias, dv_hat, 2);
+  // d_attn is now the gradient of the unscaled, undropped product. Each operand's gradient is
+  // consumed by its fused backward at once, so only one (B, H, N, d) temporary is alive.
+  const Tensor d_attn_t = d_attn.transpose(1, 2);
+  if (quadratic) {  // attn = Q̂ K̂wᵀ: the N×N matrix is read, never rebuilt
+    back(q, false, q_norm_weight, q_norm_bias, at::bmm(d_attn, kh), 0);
+    back(k, true, k_norm_weight, k_norm_bias, at::bmm(d_attn_t, qh), 1);
+    back(v, false, v_norm_weight, v_norm_bias, at::bmm(a.transpose(1, 2), g), 2);
+  } else {  // attn = K̂wᵀ V̂
+    back(q, false, q_norm_weight, q_norm_bias, at::bmm(g, a.transpose(1, 2)), 0);
+    back(k, true, k_norm_weight, k_norm_bias, at::bmm(vh, d_attn_t), 1);
+    back(v, false, v_norm_weight, v_norm_bias, at::bmm(kh, d_attn), 2);
+  }
   result[3] = pos_grad ? grad_pos_acc.to(q.scalar_type()) : at::empty({0}, q.options());
   result[4] = weight_grad ? grad_weight_acc.to(q.scalar_type()) : at::empty({0}, q.options());
   for (int64_t i = 5; i < 11; ++i) {

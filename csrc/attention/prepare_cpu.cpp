@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace galerkin_ext {
 namespace {
@@ -43,8 +44,15 @@ struct Rows {
         gamma(s.norm_weight ? s.norm_weight->const_data_ptr<scalar_t>() : nullptr),
         beta(s.norm_bias ? s.norm_bias->const_data_ptr<scalar_t>() : nullptr) {}
 
-  const scalar_t* row(int64_t b, int64_t h, int64_t n) const {
-    return x + b * sb + h * sh + n * sn;
+  // Copies row (b, h, n) of x into dst, converted to the accumulation type.
+  template <typename acc_t>
+  void load(int64_t b, int64_t h, int64_t n, acc_t* dst) const {
+    const scalar_t* src = x + b * sb + h * sh + n * sn;
+    if (sd == 1) {
+      for (int64_t j = 0; j < D; ++j) dst[j] = acc_t(src[j]);
+    } else {
+      for (int64_t j = 0; j < D; ++j) dst[j] = acc_t(src[j * sd]);
+    }
   }
   template <typename acc_t>
   acc_t scale(int64_t b, int64_t n) const {
@@ -65,9 +73,10 @@ void prepare_forward_impl(const OperandSpec& spec, double eps, at::Tensor& hat,
   const int64_t grain = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(d, 1));
 
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> row(r.D);  // the input row in unit stride, whatever its layout
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n = i % r.N, h = (i / r.N) % r.H, b = i / (r.N * r.H);
-      const scalar_t* xr = r.row(b, h, n);
+      r.load(b, h, n, row.data());
       scalar_t* o = out + i * d;
       const acc_t s = r.template scale<acc_t>(b, n);
       if (r.pos) {
@@ -76,26 +85,22 @@ void prepare_forward_impl(const OperandSpec& spec, double eps, at::Tensor& hat,
       }
       o += r.P;
       if (!r.gamma) {
-        for (int64_t j = 0; j < r.D; ++j) o[j] = static_cast<scalar_t>(acc_t(xr[j * r.sd]) * s);
+        for (int64_t j = 0; j < r.D; ++j) o[j] = static_cast<scalar_t>(row[j] * s);
         continue;
       }
       // Two passes over a row that stays in cache: exact mean, then the biased variance.
       acc_t sum = 0;
-      for (int64_t j = 0; j < r.D; ++j) sum += acc_t(xr[j * r.sd]);
+      for (int64_t j = 0; j < r.D; ++j) sum += row[j];
       const acc_t mean = sum / acc_t(r.D);
       acc_t sq = 0;
-      for (int64_t j = 0; j < r.D; ++j) {
-        const acc_t c = acc_t(xr[j * r.sd]) - mean;
-        sq += c * c;
-      }
+      for (int64_t j = 0; j < r.D; ++j) sq += (row[j] - mean) * (row[j] - mean);
       const acc_t rstd = acc_t(1) / std::sqrt(sq / acc_t(r.D) + acc_t(eps));
       st[2 * i] = mean;
       st[2 * i + 1] = rstd;
       const scalar_t* g = r.gamma + h * r.D;
       const scalar_t* bt = r.beta + h * r.D;
       for (int64_t j = 0; j < r.D; ++j) {
-        const acc_t xhat = (acc_t(xr[j * r.sd]) - mean) * rstd;
-        o[j] = static_cast<scalar_t>((xhat * acc_t(g[j]) + acc_t(bt[j])) * s);
+        o[j] = static_cast<scalar_t>(((row[j] - mean) * rstd * acc_t(g[j]) + acc_t(bt[j])) * s);
       }
     }
   });
@@ -126,62 +131,62 @@ void prepare_backward_impl(const OperandSpec& spec, const at::Tensor& grad_hat,
   }
 
   at::parallel_for(0, blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+    std::vector<acc_t> xhat(r.D), dy(r.D);  // one row in unit stride
     for (int64_t blk = block_begin; blk < block_end; ++blk) {
       const int64_t n0 = blk * r.N / blocks, n1 = (blk + 1) * r.N / blocks;
       acc_t* dgamma = norm ? part + blk * 2 * r.H * r.D : nullptr;
       acc_t* dbeta = norm ? dgamma + r.H * r.D : nullptr;
       for (int64_t b = 0; b < r.B; ++b) {
         for (int64_t h = 0; h < r.H; ++h) {
+          const scalar_t* gam = norm ? r.gamma + h * r.D : nullptr;
+          const scalar_t* bet = norm ? r.beta + h * r.D : nullptr;
           for (int64_t n = n0; n < n1; ++n) {
             const int64_t i = (b * r.H + h) * r.N + n;
             const scalar_t* g = gh + i * d;
-            const scalar_t* xr = r.row(b, h, n);
             const acc_t s = r.template scale<acc_t>(b, n);
-            const acc_t mean = norm ? st[2 * i] : acc_t(0);
-            const acc_t rstd = norm ? st[2 * i + 1] : acc_t(1);
+            // x̂ (the normalised row, or the row itself without a norm) and dy = s · grad.
+            r.load(b, h, n, xhat.data());
+            if (norm) {
+              const acc_t mean = st[2 * i], rstd = st[2 * i + 1];
+              for (int64_t j = 0; j < r.D; ++j) xhat[j] = (xhat[j] - mean) * rstd;
+            }
+            for (int64_t j = 0; j < r.D; ++j) dy[j] = s * acc_t(g[r.P + j]);
             if (gpos) {
               acc_t* gp = gpos + b * r.pos_sb + n * r.P;
               for (int64_t j = 0; j < r.P; ++j) gp[j] += s * acc_t(g[j]);
             }
             if (gw) {
-              // d/dw of w·hat_unscaled: the unscaled row is recomputed, w may be zero.
+              // d/dw of w · row: the unscaled row is rebuilt, as w may be zero.
               acc_t dot = 0;
               if (r.pos) {
                 const scalar_t* p = r.pos + b * r.pos_sb + n * r.P;
                 for (int64_t j = 0; j < r.P; ++j) dot += acc_t(g[j]) * acc_t(p[j]);
               }
               for (int64_t j = 0; j < r.D; ++j) {
-                acc_t y = acc_t(xr[j * r.sd]);
-                if (norm) y = (y - mean) * rstd * acc_t(r.gamma[h * r.D + j]) +
-                              acc_t(r.beta[h * r.D + j]);
+                const acc_t y = norm ? xhat[j] * acc_t(gam[j]) + acc_t(bet[j]) : xhat[j];
                 dot += acc_t(g[r.P + j]) * y;
               }
               gw[b * r.weight_sb + n] += dot;
             }
-            const scalar_t* gy = g + r.P;
             scalar_t* dx = gx + i * r.D;
             if (!norm) {
-              for (int64_t j = 0; j < r.D; ++j) dx[j] = static_cast<scalar_t>(s * acc_t(gy[j]));
+              for (int64_t j = 0; j < r.D; ++j) dx[j] = static_cast<scalar_t>(dy[j]);
               continue;
             }
-            // dx = rstd (γ∘dy − mean(γ∘dy) − x̂ mean(γ∘dy∘x̂)), dy = s · grad of the row.
-            const scalar_t* gam = r.gamma + h * r.D;
+            // dx = rstd (γ∘dy − mean(γ∘dy) − x̂ mean(γ∘dy∘x̂))
+            const acc_t rstd = st[2 * i + 1];
             acc_t c1 = 0, c2 = 0;
             for (int64_t j = 0; j < r.D; ++j) {
-              const acc_t dy = s * acc_t(gy[j]);
-              const acc_t xhat = (acc_t(xr[j * r.sd]) - mean) * rstd;
-              const acc_t gdy = dy * acc_t(gam[j]);
+              const acc_t gdy = dy[j] * acc_t(gam[j]);
               c1 += gdy;
-              c2 += gdy * xhat;
-              dgamma[h * r.D + j] += dy * xhat;
-              dbeta[h * r.D + j] += dy;
+              c2 += gdy * xhat[j];
+              dgamma[h * r.D + j] += dy[j] * xhat[j];
+              dbeta[h * r.D + j] += dy[j];
             }
             c1 /= acc_t(r.D);
             c2 /= acc_t(r.D);
             for (int64_t j = 0; j < r.D; ++j) {
-              const acc_t xhat = (acc_t(xr[j * r.sd]) - mean) * rstd;
-              dx[j] = static_cast<scalar_t>(rstd * (s * acc_t(gy[j]) * acc_t(gam[j]) - c1 -
-                                                    xhat * c2));
+              dx[j] = static_cast<scalar_t>(rstd * (dy[j] * acc_t(gam[j]) - c1 - xhat[j] * c2));
             }
           }
         }
