@@ -61,13 +61,6 @@ def check_tensor(x: object, name: str, ndim: int, shape_doc: str) -> Tensor:
     return x
 
 
-def check_last_dim(x: Tensor, name: str, size: int, shape_doc: str) -> None:
-    """Raise unless ``x.shape[-1] == size``."""
-    if x.shape[-1] != size:
-        raise ValueError(f"{name}: expected shape {shape_doc} with last dim {size}, "
-                         f"got {tuple(x.shape)}")
-
-
 def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], dim: int) -> Tensor:
     """Accept a grid shared by the batch ``(*points, dim)`` or per sample ``(B, *points, dim)``.
 

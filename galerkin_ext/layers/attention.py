@@ -59,7 +59,8 @@ class SimpleAttention(nn.Module):
         diagonal_weight: added to their diagonal (the paper's diagonal-dominant init).
         reference_dropout: compatibility mode reproducing the original code, which drops the
             attention matrix with ``p = 0.5`` on every forward, in ``eval()`` too, whatever
-            ``attn_dropout`` says. Off by default.
+            ``attn_dropout`` says; for Fourier attention that materialises the ``N × N``
+            matrix, as the reference did. Off by default.
 
     Parameters: ``query``, ``key``, ``value`` (``Linear(d_model, d_model)``), for
     ``norm='attn'``/``'instance'`` ``{q,k,v}_norm_weight``/``_bias`` of shape ``(H, D)``, and
@@ -89,7 +90,8 @@ class SimpleAttention(nn.Module):
         check_choice(norm, "norm", NORM_SCHEMES)
         if not isinstance(reference_dropout, bool):
             raise TypeError(f"reference_dropout: expected a bool, got {reference_dropout!r}")
-        self.d_model, self.n_head, self.d_head, self.pos_dim = d_model, n_head, d_model // n_head, pos_dim
+        self.d_model, self.n_head, self.pos_dim = d_model, n_head, pos_dim
+        self.d_head = d_model // n_head
         self.attention_type, self.norm = attention_type, norm
         self.attn_dropout = check_probability(attn_dropout, "attn_dropout")
         self.eps = check_nonnegative_float(eps, "eps", positive=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ._checks import check_int, check_nonnegative_float, check_probability, make_activation
+from ._checks import check_int, check_probability, make_activation
 from .attention import SimpleAttention
 
 
@@ -76,8 +76,7 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(d_model, 2 * d_model if dim_feedforward is None else dim_feedforward,
                                activation, dropout if ffn_dropout is None else ffn_dropout)
         self.dropout2 = nn.Dropout(dropout)
-        if norm == "layer":
-            eps = check_nonnegative_float(eps, "eps", positive=True)
+        if norm == "layer":  # eps was validated by SimpleAttention
             self.norm1: nn.Module = nn.LayerNorm(d_model, eps=eps)
             self.norm2: nn.Module = nn.LayerNorm(d_model, eps=eps)
         else:

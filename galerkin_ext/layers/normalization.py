@@ -56,7 +56,7 @@ class Denormalizer(nn.Module):
         """``x (B, *shape)`` → ``x · scale + shift``, same shape."""
         stats = self.scale.shape
         if len(stats) > x.dim() or any(
-            s not in (1, d) for s, d in zip(reversed(stats), reversed(x.shape))
+            s not in (1, d) for s, d in zip(reversed(stats), reversed(x.shape), strict=False)
         ):
             raise ValueError(f"x: expected a shape the statistics {tuple(self.scale.shape)} "
                              f"broadcast to, got {tuple(x.shape)}; were they fitted at another "

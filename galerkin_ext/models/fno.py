@@ -39,7 +39,8 @@ class FNO1d(nn.Module):
         )
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
-        """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` → ``(B, n, out_channels)``."""
+        """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` →
+        ``(B, n, out_channels)``."""
         return self.net(x, grid)
 
 

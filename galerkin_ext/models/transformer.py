@@ -29,7 +29,8 @@ def _encoder(num_layers: int, **layer_kwargs: object) -> nn.ModuleList:
 
 
 def zero_boundary(x: Tensor) -> Tensor:
-    """Set the outermost ring of ``x (B, n, n, C)`` to zero (homogeneous Dirichlet data)."""
+    """Set the outermost ring of ``x (B, n1, n2, C)`` to zero (homogeneous Dirichlet data)."""
+    check_tensor(x, "x", 4, "(B, n1, n2, C)")
     return F.pad(x[:, 1:-1, 1:-1], (0, 0, 1, 1, 1, 1))
 
 
@@ -102,7 +103,8 @@ class SimpleTransformer1d(nn.Module):
         )
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
-        """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` → ``(B, n, out_channels)``."""
+        """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` →
+        ``(B, n, out_channels)``."""
         check_tensor(x, "x", 3, "(B, n, in_channels)")
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected shape (B, n, in_channels) with in_channels = "
@@ -210,6 +212,10 @@ class SimpleTransformer2d(nn.Module):
         up_sizes = (self.sizes.up_middle, fine) if output_grid == "fine" else (coarse, coarse)
         self.upsampler = CiNNUpsampler(d_model, d_model, up_sizes,
                                        activation=upsampler_activation, dropout=upsampler_dropout)
+        out_size = fine if output_grid == "fine" else coarse
+        if decoder == "spectral" and isinstance(modes, int) and out_size < 2 * modes:
+            raise ValueError(f"modes: expected at most {out_size // 2} for the {out_size}×"
+                             f"{out_size} output grid of the spectral decoder, got {modes}")
         if decoder == "spectral":
             self.decoder: nn.Module = SpectralRegressor(
                 d_model, freq_dim, out_channels, modes, num_layers=num_decoder_layers,

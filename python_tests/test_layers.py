@@ -1,0 +1,482 @@
+"""Tests of galerkin_ext.layers: attention (against a plain-PyTorch composition of the same math),
+encoder layer, spectral convolutions (against an explicit DFT), decoders, CiNN, denormaliser."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from galerkin_ext import reference
+from galerkin_ext.layers import (
+    ATTENTION_TYPES,
+    CiNNDownsampler,
+    CiNNUpsampler,
+    Denormalizer,
+    EncoderLayer,
+    FeedForward,
+    PointwiseRegressor,
+    SimpleAttention,
+    SpectralConv1d,
+    SpectralConv2d,
+    SpectralRegressor,
+    cinn_sizes,
+)
+
+NORMS = ("attn", "layer", "instance", None)
+
+
+def _randomise(module: torch.nn.Module, gen: torch.Generator) -> None:
+    """Random values in every parameter, so that norms' affine maps and biases matter."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
+
+
+def _plain_attention(attn: SimpleAttention, x, pos, weight):
+    """The same math written out with torch primitives and galerkin_ext.reference."""
+    b, n, _ = x.shape
+    h, d = attn.n_head, attn.d_head
+    q, k, v = ((x @ lin.weight.T + lin.bias).reshape(b, n, h, d).permute(0, 2, 1, 3)
+               for lin in (attn.query, attn.key, attn.value))
+    normed = {"fourier": "qk", "softmax": "qk", "galerkin": "kv", "linear": "kv"}[
+        attn.attention_type]
+    params = {t: (getattr(attn, f"{t}_norm_weight"), getattr(attn, f"{t}_norm_bias"))
+              for t in normed} if attn.norm in ("attn", "instance") else {}
+    if attn.norm == "instance":  # per head, every feature column over the points
+        tensors = {"q": q, "k": k, "v": v}
+        for t, (w, bias) in params.items():
+            if weight is None:  # nn.InstanceNorm1d's biased moments
+                tensors[t] = torch.stack([
+                    F.instance_norm(tensors[t][:, i].transpose(1, 2), weight=w[i],
+                                    bias=bias[i], eps=attn.eps).transpose(1, 2)
+                    for i in range(h)], dim=1)
+            else:  # moments of the quadrature rule
+                p = (weight / weight.sum(-1, keepdim=True)).reshape(-1, 1, n, 1)
+                mean = (p * tensors[t]).sum(2, keepdim=True)
+                var = (p * (tensors[t] - mean) ** 2).sum(2, keepdim=True)
+                tensors[t] = (tensors[t] - mean) / torch.sqrt(var + attn.eps) * w[:, None] \
+                    + bias[:, None]
+        q, k, v = tensors["q"], tensors["k"], tensors["v"]
+        params = {}
+    if attn.attention_type == "galerkin":
+        out = reference.galerkin_attention(q, k, v, pos=pos, weight=weight,
+                                           k_norm=params.get("k"), v_norm=params.get("v"),
+                                           eps=attn.eps)
+    elif attn.attention_type == "fourier":
+        out = reference.fourier_attention(q, k, v, pos=pos, weight=weight,
+                                          q_norm=params.get("q"), k_norm=params.get("k"),
+                                          eps=attn.eps)
+    else:
+        ln = reference.per_head_layer_norm
+        if attn.attention_type == "softmax":
+            qh = reference.concat_pos(ln(q, params.get("q"), attn.eps), pos)
+            kh = reference.concat_pos(ln(k, params.get("k"), attn.eps), pos)
+            vh = reference.concat_pos(v, pos)
+            logits = qh @ kh.transpose(-1, -2) / math.sqrt(qh.shape[-1])
+            if weight is not None:
+                logits = logits + torch.log(weight).reshape(-1, 1, 1, n)
+            out = torch.softmax(logits, dim=-1) @ vh
+        else:
+            qh = torch.softmax(reference.concat_pos(q, pos), dim=-1)
+            kh = torch.softmax(reference.concat_pos(ln(k, params.get("k"), attn.eps), pos), dim=-2)
+            vh = reference.concat_pos(ln(v, params.get("v"), attn.eps), pos)
+            w = torch.full((n,), 1.0 / n, dtype=x.dtype) if weight is None else weight
+            out = qh @ (kh.transpose(-1, -2) @ (vh * w.reshape(-1, 1, n, 1)))
+    out = out.permute(0, 2, 1, 3).reshape(b, n, -1)
+    return out if attn.out_proj is None else out @ attn.out_proj.weight.T + attn.out_proj.bias
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+@pytest.mark.parametrize("norm", NORMS)
+def test_attention_matches_plain_pytorch(attention_type, norm, gen):
+    attn = SimpleAttention(12, 3, attention_type, pos_dim=2, norm=norm, attn_dropout=0.3,
+                           eps=1e-5).double().eval()
+    _randomise(attn, gen)
+    x = torch.randn(2, 7, 12, generator=gen, dtype=torch.float64)
+    pos = torch.rand(7, 2, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(attn(x, pos), _plain_attention(attn, x, pos, None))
+    # Per-sample coordinates and quadrature weights, one of them zero (a masked point).
+    pos_b = torch.rand(2, 7, 2, generator=gen, dtype=torch.float64)
+    weight = torch.rand(2, 7, generator=gen, dtype=torch.float64)
+    weight[:, 3] = 0.0
+    torch.testing.assert_close(attn(x, pos_b, weight), _plain_attention(attn, x, pos_b, weight))
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_attention_without_coordinates(attention_type, gen):
+    attn = SimpleAttention(8, 2, attention_type, pos_dim=0).double()
+    _randomise(attn, gen)
+    x = torch.randn(3, 5, 8, generator=gen, dtype=torch.float64)
+    assert attn.out_proj is None
+    torch.testing.assert_close(attn(x), _plain_attention(attn, x, None, None))
+
+
+# Not "linear": its softmax of K over the points includes weight-0 points by design.
+@pytest.mark.parametrize("attention_type", ["fourier", "galerkin", "softmax"])
+def test_instance_norm_uses_quadrature_weights(attention_type, gen):
+    """A point with weight 0 changes neither the statistics nor the other outputs."""
+    attn = SimpleAttention(8, 2, attention_type, pos_dim=1, norm="instance").double()
+    _randomise(attn, gen)
+    x = torch.randn(1, 6, 8, generator=gen, dtype=torch.float64)
+    pos = torch.rand(6, 1, generator=gen, dtype=torch.float64)
+    weight = torch.full((6,), 0.2, dtype=torch.float64)
+    weight[-1] = 0.0
+    x2 = x.clone()
+    x2[:, -1] += 10.0
+    out1, out2 = attn(x, pos, weight), attn(x2, pos, weight)
+    torch.testing.assert_close(out1[:, :-1], out2[:, :-1])
+
+
+def test_attention_parameters_and_init():
+    attn = SimpleAttention(96, 4, "galerkin", pos_dim=2, xavier_init=1e-2, diagonal_weight=0.5)
+    assert attn.k_norm_weight.shape == attn.v_norm_bias.shape == (4, 24)
+    assert not hasattr(attn, "q_norm_weight")
+    assert torch.equal(attn.k_norm_weight, torch.ones(4, 24))
+    assert torch.equal(attn.k_norm_bias, torch.zeros(4, 24))
+    assert attn.out_proj.in_features == 4 * (24 + 2)
+    for lin in (attn.query, attn.key, attn.value):
+        assert torch.equal(lin.bias, torch.zeros(96))
+        off = lin.weight - 0.5 * torch.eye(96)
+        bound = 1e-2 * math.sqrt(6 / (96 + 96))  # xavier_uniform_ bound
+        assert off.abs().max() <= bound and off.abs().max() > bound / 2
+    fourier = SimpleAttention(96, 4, "fourier", pos_dim=1)
+    assert hasattr(fourier, "q_norm_weight") and not hasattr(fourier, "v_norm_weight")
+    for norm in ("layer", None):
+        assert sum(p.numel() for p in SimpleAttention(96, 4, norm=norm).parameters()) == \
+            3 * (96 * 96 + 96)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_dropout_only_in_training(attention_type, gen):
+    attn = SimpleAttention(8, 2, attention_type, pos_dim=1, attn_dropout=0.5)
+    x = torch.randn(2, 16, 8, generator=gen)
+    pos = torch.linspace(0, 1, 16)[:, None]
+    attn.eval()
+    out = attn(x, pos)
+    torch.testing.assert_close(attn(x, pos), out, rtol=0, atol=0)
+    attn.train()
+    torch.manual_seed(0)
+    assert not torch.allclose(attn(x, pos), out)
+    # p = 0 in training is the eval output.
+    attn.attn_dropout = 0.0
+    torch.testing.assert_close(attn(x, pos), out)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_reference_dropout_mode(attention_type, gen):
+    """The compatibility mode drops half of the attention matrix in eval() too."""
+    attn = SimpleAttention(8, 2, attention_type, pos_dim=1, attn_dropout=0.0,
+                           reference_dropout=True).eval()
+    x = torch.randn(2, 16, 8, generator=gen)
+    pos = torch.linspace(0, 1, 16)[:, None]
+    _, matrix = attn(x, pos, return_attention=True)
+    zero_fraction = (matrix == 0).float().mean().item()
+    assert 0.35 < zero_fraction < 0.65
+    plain = SimpleAttention(8, 2, attention_type, pos_dim=1).eval()
+    plain.load_state_dict(attn.state_dict())
+    assert not torch.allclose(attn(x, pos), plain(x, pos))
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_return_attention(attention_type, gen):
+    attn = SimpleAttention(12, 3, attention_type, pos_dim=2).double().eval()
+    _randomise(attn, gen)
+    x = torch.randn(2, 9, 12, generator=gen, dtype=torch.float64)
+    pos = torch.rand(2, 9, 2, generator=gen, dtype=torch.float64)
+    out, matrix = attn(x, pos, return_attention=True)
+    side = 9 if attention_type in ("fourier", "softmax") else 4 + 2
+    assert matrix.shape == (2, 3, side, side)
+    torch.testing.assert_close(out, attn(x, pos))
+    if attention_type == "softmax":
+        torch.testing.assert_close(matrix.sum(-1), torch.ones(2, 3, 9, dtype=torch.float64))
+
+
+def test_attention_gradients_flow_to_every_parameter(gen):
+    for attention_type in ATTENTION_TYPES:
+        attn = SimpleAttention(8, 2, attention_type, pos_dim=1)
+        x = torch.randn(2, 6, 8, generator=gen, requires_grad=True)
+        attn(x, torch.rand(6, 1, generator=gen)).square().sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()
+        for name, p in attn.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, (attention_type, name)
+
+
+def test_attention_errors():
+    with pytest.raises(ValueError, match="n_head"):
+        SimpleAttention(10, 3)
+    with pytest.raises(ValueError, match="attention_type"):
+        SimpleAttention(8, 2, "cosine")
+    with pytest.raises(ValueError, match="norm"):
+        SimpleAttention(8, 2, norm="batch")
+    with pytest.raises(ValueError, match="attn_dropout"):
+        SimpleAttention(8, 2, attn_dropout=1.0)
+    with pytest.raises(ValueError, match="eps"):
+        SimpleAttention(8, 2, eps=0.0)
+    with pytest.raises(ValueError, match="pos_dim"):
+        SimpleAttention(8, 2, pos_dim=-1)
+    with pytest.raises(TypeError, match="reference_dropout"):
+        SimpleAttention(8, 2, reference_dropout=1)
+    attn = SimpleAttention(8, 2, pos_dim=2)
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, N, d_model\)"):
+        attn(torch.randn(2, 5, 6), torch.rand(5, 2))
+    with pytest.raises(ValueError, match="x: expected shape"):
+        attn(torch.randn(5, 8), torch.rand(5, 2))
+    with pytest.raises(ValueError, match="pos: expected coordinates"):
+        attn(x)
+    with pytest.raises(ValueError, match="pos: expected shape"):
+        attn(x, torch.rand(5, 3))
+    with pytest.raises(TypeError, match="pos: expected dtype"):
+        attn(x, torch.rand(5, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="weight: expected shape"):
+        attn(x, torch.rand(5, 2), torch.rand(4))
+    with pytest.raises(ValueError, match="weight: expected finite, non-negative"):
+        attn(x, torch.rand(5, 2), -torch.rand(5))
+    with pytest.raises(ValueError, match="pos: expected None"):
+        SimpleAttention(8, 2)(x, torch.rand(5, 2))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_encoder_layer_is_post_norm_residual(norm, gen):
+    layer = EncoderLayer(8, 2, "galerkin", pos_dim=1, dim_feedforward=16, norm=norm,
+                         dropout=0.1).double().eval()
+    _randomise(layer, gen)
+    x = torch.randn(2, 6, 8, generator=gen, dtype=torch.float64)
+    pos = torch.rand(6, 1, generator=gen, dtype=torch.float64)
+    ln1 = layer.norm1 if norm == "layer" else (lambda t: t)
+    ln2 = layer.norm2 if norm == "layer" else (lambda t: t)
+    h = ln1(x + layer.attn(x, pos))
+    expected = ln2(h + layer.ffn.linear2(torch.relu(layer.ffn.linear1(h))))
+    torch.testing.assert_close(layer(x, pos), expected)
+    out, matrix = layer(x, pos, return_attention=True)
+    torch.testing.assert_close(out, expected)
+    assert matrix.shape == (2, 2, 5, 5)
+    has_ln = isinstance(layer.norm1, torch.nn.LayerNorm)
+    assert has_ln == (norm == "layer")
+    assert layer.attn.norm == norm
+
+
+def test_encoder_layer_dropouts():
+    layer = EncoderLayer(8, 2, dropout=0.2)
+    assert layer.attn.attn_dropout == 0.2 and layer.ffn.dropout.p == 0.2
+    assert layer.dropout1.p == layer.dropout2.p == 0.2
+    layer = EncoderLayer(8, 2, dropout=0.2, ffn_dropout=0.0, attn_dropout=0.1)
+    assert layer.attn.attn_dropout == 0.1 and layer.ffn.dropout.p == 0.0
+    with pytest.raises(ValueError, match="dropout"):
+        EncoderLayer(8, 2, dropout=-0.1)
+    with pytest.raises(ValueError, match="activation"):
+        FeedForward(8, 16, activation="tanh")
+    with pytest.raises(ValueError, match="dim_feedforward"):
+        FeedForward(8, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spectral convolutions against an explicit DFT
+
+
+def _dft_1d(x, weight, modes):
+    """Keep modes < `modes` of the orthonormal DFT, multiply, and sum the real inverse series."""
+    n = x.shape[1]
+    j = torch.arange(n, dtype=torch.float64)
+    k = torch.arange(modes, dtype=torch.float64)
+    basis = torch.exp(-2j * math.pi * j[:, None] * k[None, :] / n) / math.sqrt(n)  # (n, modes)
+    x_hat = torch.einsum("bjc,jk->bck", x.to(torch.complex128), basis)
+    w = torch.complex(weight[..., 0], weight[..., 1])
+    out_hat = torch.einsum("bik,iok->bok", x_hat, w)
+    c = torch.full((modes,), 2.0, dtype=torch.float64)
+    c[0] = 1.0  # Hermitian symmetry: every mode but k = 0 stands for itself and its conjugate
+    return torch.einsum("bok,jk->bjo", out_hat * c, basis.conj()).real
+
+
+def test_spectral_conv1d_matches_explicit_dft(gen):
+    conv = SpectralConv1d(3, 4, modes=5, activation=None).double()
+    _randomise(conv, gen)
+    x = torch.randn(2, 17, 3, generator=gen, dtype=torch.float64)
+    expected = _dft_1d(x, conv.weight, 5) + conv.linear(x)
+    torch.testing.assert_close(conv(x), expected)
+    silu = SpectralConv1d(3, 4, modes=5).double()
+    silu.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(silu(x), F.silu(expected))
+
+
+def test_spectral_conv2d_matches_explicit_dft(gen):
+    m, n1, n2 = 3, 8, 11
+    conv = SpectralConv2d(2, 3, modes=m, activation=None).double()
+    _randomise(conv, gen)
+    x = torch.randn(2, n1, n2, 2, generator=gen, dtype=torch.float64)
+    k1 = torch.tensor(list(range(m)) + list(range(n1 - m, n1)), dtype=torch.float64)
+    k2 = torch.arange(m, dtype=torch.float64)
+    j1, j2 = torch.arange(n1, dtype=torch.float64), torch.arange(n2, dtype=torch.float64)
+    e1 = torch.exp(-2j * math.pi * j1[:, None] * k1[None] / n1)  # (n1, 2m)
+    e2 = torch.exp(-2j * math.pi * j2[:, None] * k2[None] / n2)  # (n2, m)
+    norm = math.sqrt(n1 * n2)
+    x_hat = torch.einsum("bxyc,xk,yl->bckl", x.to(torch.complex128), e1, e2) / norm
+    w = torch.cat([conv.weight_pos, conv.weight_neg], dim=2)  # first axis: low then high
+    out_hat = torch.einsum("bikl,iokl->bokl", x_hat, torch.complex(w[..., 0], w[..., 1]))
+    c = torch.full((m,), 2.0, dtype=torch.float64)
+    c[0] = 1.0
+    y = torch.einsum("bokl,xk,yl->bxyo", out_hat * c, e1.conj(), e2.conj()).real / norm
+    torch.testing.assert_close(conv(x), y + conv.linear(x))
+
+
+def test_spectral_shapes_resolutions_and_errors(gen):
+    conv1 = SpectralConv1d(2, 5, modes=4)
+    for n in (6, 7, 64):
+        assert conv1(torch.randn(3, n, 2, generator=gen)).shape == (3, n, 5)
+    with pytest.raises(ValueError, match="modes = 4"):
+        conv1(torch.randn(1, 5, 2))
+    with pytest.raises(ValueError, match="in_channels = 2"):
+        conv1(torch.randn(1, 16, 3))
+    conv2 = SpectralConv2d(2, 5, modes=4)
+    assert conv2(torch.randn(2, 8, 6, 2, generator=gen)).shape == (2, 8, 6, 5)
+    with pytest.raises(ValueError, match="too coarse"):
+        conv2(torch.randn(1, 7, 16, 2))
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, n1, n2, in_channels\)"):
+        conv2(torch.randn(8, 8, 2))
+    with pytest.raises(ValueError, match="modes"):
+        SpectralConv1d(2, 2, modes=0)
+    with pytest.raises(ValueError, match="activation"):
+        SpectralConv2d(2, 2, modes=2, activation="elu")
+
+
+def test_spectral_init_scale():
+    """Xavier-normal with the reference gains: std = gain * sqrt(2 / (fan_in + fan_out))."""
+    conv = SpectralConv1d(48, 48, modes=16)
+    fan = 48 * 16 * 2
+    expected = 1 / (48 * 48) * math.sqrt(2 / (2 * fan))
+    assert abs(conv.weight.std().item() / expected - 1) < 0.05
+    conv2 = SpectralConv2d(32, 32, modes=12)
+    fan = 32 * 12 * 12 * 2
+    expected = math.sqrt(64) / (32 * 32) * math.sqrt(2 / (2 * fan))
+    for w in (conv2.weight_pos, conv2.weight_neg):
+        assert abs(w.std().item() / expected - 1) < 0.05
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoders
+
+
+def test_spectral_regressor(gen):
+    reg = SpectralRegressor(6, 8, 2, modes=3, num_layers=3, spatial_dim=2, spatial_fc=True,
+                            last_activation=False).double()
+    x = torch.randn(2, 9, 10, 6, generator=gen, dtype=torch.float64)
+    grid = torch.rand(9, 10, 2, generator=gen, dtype=torch.float64)
+    h = reg.input.fc(torch.cat([x, grid.expand(2, 9, 10, 2)], dim=-1))
+    for layer in reg.spectral:
+        h = layer(h)
+    assert isinstance(reg.spectral[-1].activation, torch.nn.Identity)
+    assert isinstance(reg.spectral[0].activation, torch.nn.SiLU)
+    assert reg.mlp[0].out_features == 2 * 2 * 8  # default dim_feedforward
+    torch.testing.assert_close(reg(x, grid), reg.mlp(h))
+    torch.testing.assert_close(reg(x, grid.expand(2, 9, 10, 2)), reg(x, grid))
+    one_d = SpectralRegressor(5, 4, 1, modes=2, spatial_dim=1)
+    assert one_d.spectral[0].linear.in_features == 5
+    assert one_d(torch.randn(2, 8, 5)).shape == (2, 8, 1)
+    with pytest.raises(ValueError, match="grid: expected None"):
+        one_d(torch.randn(2, 8, 5), torch.rand(8, 1))
+    with pytest.raises(ValueError, match="grid: expected the coordinates"):
+        reg(x)
+    with pytest.raises(ValueError, match="grid: expected shape"):
+        reg(x, torch.rand(9, 9, 2))
+    with pytest.raises(ValueError, match="spatial_dim"):
+        SpectralRegressor(5, 4, 1, modes=2, spatial_dim=3)
+
+
+def test_pointwise_regressor(gen):
+    reg = PointwiseRegressor(6, 8, 3, num_layers=2, spatial_dim=2, spatial_fc=True,
+                             dropout=0.5).double().eval()
+    x = torch.randn(2, 4, 4, 6, generator=gen, dtype=torch.float64)
+    grid = torch.rand(2, 4, 4, 2, generator=gen, dtype=torch.float64)
+    h = reg.input.fc(torch.cat([x, grid], dim=-1))
+    for block in reg.layers:
+        h = F.silu(block[0](h))
+    torch.testing.assert_close(reg(x, grid), reg.out(h))
+    plain = PointwiseRegressor(6, 8, 3, num_layers=1, spatial_dim=2)
+    assert plain.layers[0][0].in_features == 6 and plain(torch.randn(1, 3, 3, 6)).shape == (
+        1, 3, 3, 3)
+    with pytest.raises(ValueError, match="num_layers"):
+        PointwiseRegressor(6, 8, 3, num_layers=0)
+    with pytest.raises(TypeError, match="spatial_fc"):
+        PointwiseRegressor(6, 8, 3, spatial_fc=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# CiNN
+
+
+@pytest.mark.parametrize(
+    ("fine", "coarse", "down_middle", "up_middle"),
+    [(211, 61, 113, 113), (141, 43, 78, 77), (85, 29, 50, 49), (141, 36, 71, 71),
+     (211, 71, 123, 122)],
+)
+def test_cinn_sizes_of_the_paper(fine, coarse, down_middle, up_middle):
+    assert cinn_sizes(fine, coarse) == (fine, down_middle, coarse, up_middle)
+
+
+def test_cinn_sizes_elsewhere_and_errors():
+    assert cinn_sizes(100, 25) == (100, 50, 25, 50)
+    assert cinn_sizes(16, 16) == (16, 16, 16, 16)
+    with pytest.raises(ValueError, match="coarse: expected at most fine"):
+        cinn_sizes(20, 30)
+    with pytest.raises(ValueError, match="fine"):
+        cinn_sizes(1, 1)
+
+
+def test_cinn_down_and_up(gen):
+    down = CiNNDownsampler(2, 10, (9, 5), activation="relu").double().eval()
+    x = torch.randn(2, 17, 17, 2, generator=gen, dtype=torch.float64)
+    out = down(x)
+    assert out.shape == (2, 5, 5, 10) and (out >= 0).all()  # ends with a ReLU
+    assert [b[0].out_channels for b in down.branches] == [3, 3, 4]
+    assert all(not b[0].bias for b in [down.lift, *down.branches])
+    # The same computation spelled out (channels-first).
+    h = F.relu(down.lift[0](x.permute(0, 3, 1, 2)))
+    h = F.relu(F.interpolate(h, size=(9, 9), mode="bilinear", align_corners=True))
+    parts = []
+    for branch in down.branches:
+        h = F.relu(branch[0](h))
+        parts.append(h)
+    h = F.relu(F.interpolate(torch.cat(parts, 1), size=(5, 5), mode="bilinear",
+                             align_corners=True))
+    torch.testing.assert_close(out, h.permute(0, 2, 3, 1))
+
+    up = CiNNUpsampler(10, 4, (9, 17), activation="silu").double().eval()
+    y = up(out)
+    assert y.shape == (2, 17, 17, 4)
+    h = F.interpolate(out.permute(0, 3, 1, 2), size=(9, 9), mode="bilinear", align_corners=True)
+    h = F.silu(F.silu(up.conv[0][0](h)))  # the reference applies the activation twice
+    h = F.interpolate(h, size=(17, 17), mode="bilinear", align_corners=True)
+    torch.testing.assert_close(y, h.permute(0, 2, 3, 1))
+    with pytest.raises(ValueError, match="out_channels"):
+        CiNNDownsampler(1, 2, (4, 3))
+    with pytest.raises(ValueError, match="sizes"):
+        CiNNUpsampler(4, 4, (4,))
+    with pytest.raises(ValueError, match="in_channels = 2"):
+        down(torch.randn(1, 9, 9, 3, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Denormalizer
+
+
+def test_denormalizer(gen):
+    denorm = Denormalizer()
+    x = torch.randn(2, 4, 4, 1, generator=gen)
+    torch.testing.assert_close(denorm(x), x)
+    mean, std = torch.randn(4, 4, 1, generator=gen), torch.rand(4, 4, 1, generator=gen)
+    denorm.set_statistics(mean, std, eps=1e-5)
+    torch.testing.assert_close(denorm(x), x * (std + 1e-5) + mean)
+    fresh = Denormalizer()
+    fresh.load_state_dict(denorm.state_dict())  # resizes the 0-dim buffers
+    torch.testing.assert_close(fresh(x), denorm(x))
+    with pytest.raises(ValueError, match="another resolution"):
+        denorm(torch.randn(2, 5, 5, 1))
+    with pytest.raises(ValueError, match="std: expected the shape of mean"):
+        denorm.set_statistics(mean, std[0])
+    with pytest.raises(ValueError, match="std >= 0"):
+        denorm.set_statistics(mean, -std)
+    with pytest.raises(TypeError, match="mean"):
+        denorm.set_statistics([0.0], std)

@@ -1,0 +1,248 @@
+"""Tests of galerkin_ext.models: the paper's configurations, shapes at every resolution,
+state_dict round trips and torch.compile."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from galerkin_ext.layers import SimpleAttention
+from galerkin_ext.models import (
+    FNO1d,
+    FNO2d,
+    SimpleTransformer1d,
+    SimpleTransformer2d,
+    available_models,
+    build_model,
+    zero_boundary,
+)
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def grid_1d(n: int) -> torch.Tensor:
+    return torch.linspace(0, 1, n)[:, None]
+
+
+def grid_2d(n: int) -> torch.Tensor:
+    """``(n, n, 2)`` node coordinates, ``grid[i, j] = (x_j, y_i)`` as in the reference data."""
+    x = torch.linspace(0, 1, n)
+    return torch.stack(torch.meshgrid(x, x, indexing="xy"), dim=-1)
+
+
+@pytest.mark.parametrize(
+    ("name", "count"),
+    [("burgers", 530_305), ("darcy", 2_220_829), ("darcy_inverse", 2_383_873),
+     ("fno1d", 549_569), ("fno2d", 2_368_001)],
+)
+def test_parameter_counts_of_the_paper(name, count):
+    assert n_params(build_model(name)) == count
+
+
+def test_parameter_counts_do_not_depend_on_resolution_or_attention():
+    for kwargs in ({"fine": 211, "coarse": 61}, {"fine": 85, "coarse": 29},
+                   {"attention_type": "fourier"}, {"attention_type": "softmax"}):
+        assert n_params(build_model("darcy", **kwargs)) == 2_220_829
+    assert n_params(build_model("darcy_inverse", fine=211, coarse=71)) == 2_383_873
+    # "regular Ln": two residual LayerNorms instead of the two per-head norms, same count.
+    assert n_params(build_model("burgers", norm="layer")) == 530_305
+    assert n_params(build_model("burgers", norm=None)) == 530_305 - 4 * 2 * 2 * 96
+
+
+def test_build_model_configurations():
+    assert set(available_models()) == {"burgers", "darcy", "darcy_inverse", "fno1d", "fno2d"}
+    burgers = build_model("burgers", attention_type="galerkin", norm="layer", num_layers=2,
+                          d_model=32, n_head=2, dim_feedforward=40)
+    assert isinstance(burgers, SimpleTransformer1d) and len(burgers.encoder) == 2
+    attn = burgers.encoder[0].attn
+    assert (attn.attention_type, attn.norm, attn.n_head, attn.d_model) == ("galerkin", "layer",
+                                                                            2, 32)
+    assert burgers.encoder[0].ffn.linear1.out_features == 40
+    darcy = build_model("darcy")
+    assert isinstance(darcy, SimpleTransformer2d)
+    assert darcy.encoder[0].attn.eps == 1e-7 and darcy.encoder[0].attn.attn_dropout == 0.05
+    assert darcy.sizes == (141, 78, 43, 77) and darcy.boundary == "dirichlet"
+    assert darcy.upsampler.sizes == (77, 141)
+    # The reference's epsilon rule: Galerkin on fine grids >= 211 uses 1e-5.
+    assert build_model("darcy", fine=211, coarse=61).encoder[0].attn.eps == 1e-5
+    assert build_model("darcy", fine=211, coarse=61,
+                       attention_type="fourier").encoder[0].attn.eps == 1e-7
+    assert build_model("darcy", fine=211, coarse=61, eps=1e-6).encoder[0].attn.eps == 1e-6
+    # Softmax and linear attention get the reference's encoder dropout 0.1.
+    softmax = build_model("darcy", attention_type="softmax")
+    assert softmax.encoder[0].attn.attn_dropout == 0.1 and softmax.encoder[0].dropout1.p == 0.1
+    assert softmax.encoder[0].ffn.dropout.p == 0.05
+    assert build_model("burgers", attention_type="linear",
+                       encoder_dropout=0.0).encoder[0].attn.attn_dropout == 0.0
+    inverse = build_model("darcy_inverse")
+    assert inverse.sizes == (141, 71, 36, 71) and inverse.upsampler.sizes == (36, 36)
+    assert inverse.boundary == "free" and inverse.output_grid == "coarse"
+    assert isinstance(build_model("fno1d"), FNO1d) and isinstance(build_model("fno2d"), FNO2d)
+
+
+def test_build_model_errors():
+    with pytest.raises(ValueError, match="name: expected one of"):
+        build_model("navier_stokes")
+    with pytest.raises(TypeError, match=r"\['n_heads'\] are not arguments of SimpleTransformer1d"):
+        build_model("burgers", n_heads=2)
+    with pytest.raises(ValueError, match="attention_type"):
+        build_model("darcy", attention_type="cosine")
+    with pytest.raises(ValueError, match="coarse: expected at most fine"):
+        build_model("darcy", fine=85, coarse=90)
+    with pytest.raises(ValueError, match="decoder"):
+        build_model("darcy", decoder="conv")
+    with pytest.raises(ValueError, match="modes: expected at most 10"):
+        build_model("darcy", fine=21, coarse=9)
+    with pytest.raises(ValueError, match="x: expected shape"):
+        zero_boundary(torch.randn(4, 4))
+
+
+def test_burgers_same_weights_at_every_resolution(gen):
+    model = build_model("burgers").eval()
+    for n in (512, 2048, 8192):
+        x = torch.randn(2, n, 1, generator=gen)
+        with torch.no_grad():
+            out = model(x, grid_1d(n))
+            assert out.shape == (2, n, 1) and torch.isfinite(out).all()
+            torch.testing.assert_close(model(x, grid_1d(n).expand(2, n, 1)), out)
+    with pytest.raises(ValueError, match="grid: expected shape"):
+        model(torch.randn(2, 64, 1), grid_1d(65))
+    with pytest.raises(ValueError, match="in_channels = 1"):
+        model(torch.randn(2, 64, 2), grid_1d(64))
+
+
+@pytest.mark.parametrize(("fine", "coarse"), [(85, 29), (141, 43), (211, 61)])
+def test_darcy_shapes_and_boundary(fine, coarse, gen):
+    model = build_model("darcy", fine=fine, coarse=coarse).eval()
+    seen = []
+    model.encoder[0].attn.register_forward_pre_hook(lambda module, args: seen.append(args[1]))
+    x = torch.randn(1, fine, fine, 1, generator=gen)
+    with torch.no_grad():
+        out = model(x, grid_2d(fine))
+    assert out.shape == (1, fine, fine, 1)
+    # Zero Dirichlet ring, and a non-trivial interior.
+    ring = torch.ones(fine, fine, dtype=torch.bool)
+    ring[1:-1, 1:-1] = False
+    assert (out[0, ring] == 0).all() and (out[0, ~ring] != 0).all()
+    # The attention sees the coarse grid's coordinates, one token per coarse node, row-major.
+    torch.testing.assert_close(seen[0], grid_2d(coarse).reshape(coarse * coarse, 2))
+
+
+@pytest.mark.parametrize(("fine", "coarse"), [(141, 36), (211, 71)])
+def test_inverse_outputs_on_the_coarse_grid(fine, coarse, gen):
+    model = build_model("darcy_inverse", fine=fine, coarse=coarse).eval()
+    x = torch.randn(2, fine, fine, 1, generator=gen)
+    with torch.no_grad():
+        out = model(x, grid_2d(fine))
+        assert out.shape == (2, coarse, coarse, 1) and (out[:, 0] != 0).all()  # no zero ring
+        torch.testing.assert_close(model(x, grid_2d(fine).expand(2, fine, fine, 2)), out)
+
+
+def test_2d_model_input_errors():
+    model = build_model("darcy", fine=29, coarse=11, d_model=12, n_head=2, num_layers=1)
+    with pytest.raises(ValueError, match=r"x: expected shape \(B, 29, 29, 1\) \(fine = 29\)"):
+        model(torch.randn(1, 31, 31, 1), grid_2d(31))
+    with pytest.raises(ValueError, match="x: expected shape"):
+        model(torch.randn(29, 29, 1), grid_2d(29))
+    with pytest.raises(ValueError, match="grid: expected shape"):
+        model(torch.randn(2, 29, 29, 1), grid_2d(29)[..., :1])
+    with pytest.raises(TypeError, match="grid: expected a tensor"):
+        model(torch.randn(2, 29, 29, 1), None)
+
+
+def test_denormalisation_inside_the_model(gen):
+    model = build_model("darcy", fine=29, coarse=11, d_model=12, n_head=2, num_layers=1).eval()
+    x, grid = torch.randn(2, 29, 29, 1, generator=gen), grid_2d(29)
+    with torch.no_grad():
+        plain = model(x, grid)
+        mean = torch.randn(29, 29, 1, generator=gen)
+        std = torch.rand(29, 29, 1, generator=gen)
+        model.denormalizer.set_statistics(mean, std)
+        out = model(x, grid)
+    expected = plain * (std + 1e-5) + mean
+    expected[:, [0, -1]] = 0
+    expected[:, :, [0, -1]] = 0
+    torch.testing.assert_close(out, expected)
+
+
+def test_models_are_deterministic_in_eval_and_random_in_training(gen):
+    model = build_model("darcy_inverse", fine=29, coarse=11, d_model=12, n_head=2, num_layers=1)
+    x, grid = torch.randn(2, 29, 29, 1, generator=gen), grid_2d(29)
+    model.eval()
+    with torch.no_grad():
+        out = model(x, grid)
+        torch.testing.assert_close(model(x, grid), out, rtol=0, atol=0)
+        model.train()
+        assert not torch.allclose(model(x, grid), out)
+
+
+# Small versions of every model (fast on CPU) and inputs for them.
+_SMALL = {
+    "burgers": ({"d_model": 16, "n_head": 2, "num_layers": 2, "dim_feedforward": 24,
+                 "freq_dim": 8, "modes": 4}, (32,)),
+    "darcy": ({"fine": 29, "coarse": 11, "d_model": 12, "n_head": 2, "num_layers": 2,
+               "attention_type": "fourier"}, (29, 29)),
+    "darcy_inverse": ({"fine": 29, "coarse": 11, "d_model": 12, "n_head": 2, "num_layers": 1},
+                      (29, 29)),
+    "fno1d": ({"width": 8, "modes": 4}, (32,)),
+    "fno2d": ({"width": 8, "modes": 4}, (16, 16)),
+}
+
+
+def _small(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    kwargs, spatial = _SMALL[name]
+    grid = grid_1d(spatial[0]) if len(spatial) == 1 else grid_2d(spatial[0])
+    return build_model(name, **kwargs), (torch.randn(2, *spatial, 1), grid)
+
+
+def test_state_dict_round_trip_with_weights_only():
+    for name in _SMALL:
+        model, inputs = _small(name)
+        model.eval()
+        if hasattr(model, "denormalizer"):
+            shape = model(*inputs).shape[1:]
+            model.denormalizer.set_statistics(torch.randn(shape), torch.rand(shape))
+        buffer = io.BytesIO()
+        torch.save(model.state_dict(), buffer)
+        buffer.seek(0)
+        state = torch.load(buffer, weights_only=True)
+        fresh = build_model(name, **_SMALL[name][0]).eval()  # other random weights...
+        with torch.no_grad():
+            assert not torch.allclose(fresh(*inputs), model(*inputs))
+            fresh.load_state_dict(state)  # ...until the saved ones are loaded
+            torch.testing.assert_close(fresh(*inputs), model(*inputs), rtol=0, atol=0)
+
+
+# Inductor falls back to eager kernels for the complex products of the spectral layers.
+@pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex")
+@pytest.mark.parametrize("name", ["burgers", "darcy"])
+def test_torch_compile_matches_eager(name):
+    torch._dynamo.reset()
+    model, inputs = _small(name)
+    model.eval()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_gradients_reach_every_parameter():
+    for name in _SMALL:
+        model, inputs = _small(name)
+        model.train()
+        model(*inputs).square().mean().backward()
+        missing = [n for n, p in model.named_parameters() if p.grad is None or
+                   not torch.isfinite(p.grad).all()]
+        assert not missing, (name, missing)
+
+
+def test_layers_are_reusable_in_user_models(gen):
+    """The attention works as a plain nn.Module inside someone else's network."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8))
+    attn = SimpleAttention(8, 2, "galerkin", pos_dim=0)
+    x = torch.randn(4, 10, 3, generator=gen)
+    assert attn(net(x)).shape == (4, 10, 8)
