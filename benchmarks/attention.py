@@ -1,0 +1,290 @@
+"""Time and memory of the attention ops against the original-style formulas, side by side.
+
+    python benchmarks/attention.py --out benchmarks/results/attention_cpu.json
+    python benchmarks/attention.py --device cuda --impls ours,eager,compiled --sweep --out ...
+
+Implementations (``impl`` in the JSON):
+  ours      galerkin_ext.ops (Fourier with path="auto", i.e. the linear path)
+  eager     galerkin_ext.reference, computed the way the original code does: a Python loop of
+            per-head layer norms, torch.cat of the coordinates, then the matmuls (Fourier through
+            the N×N matrix)
+  compiled  the same reference under torch.compile
+
+Repetitions are interleaved over implementations and reported as medians. ``fwd_gbps`` is the
+forward's effective bandwidth: the bytes that must move (read q, k, v, pos; write the output)
+over the time, to compare with ``copy_gbps``, a copy measured in the same run. Peak memory is the
+memory above the baseline during one forward+backward: torch.cuda.max_memory_allocated on CUDA;
+on CPU the peak resident set (VmHWM, reset through /proc/self/clear_refs) with glibc's mmap
+threshold fixed so that freed tensors go back to the OS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from galerkin_ext import ops, reference
+
+SHAPES = {  # name: (B, H, N, D, P)
+    "burgers": (4, 1, 8192, 96, 1),
+    "darcy_coarse": (4, 4, 43 * 43, 32, 2),
+    "large": (4, 4, 65536, 32, 2),
+}
+SWEEP = [(4, 4, 2**e, 32, 2) for e in range(6, 17)]  # B·H·N from 2^10 to 2^20 tokens
+_MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--impls", default="ours,eager", help="comma list of ours, eager, compiled")
+    p.add_argument("--ops", default="galerkin,fourier", help="comma list of galerkin, fourier")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
+    p.add_argument("--sweep", action="store_true", help="add the N sweep of SWEEP")
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement")
+    args = p.parse_args()
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            p.error(f"--shapes: unknown shape {name!r}; expected some of {', '.join(SHAPES)}")
+    for impl in args.impls.split(","):
+        if impl not in ("ours", "eager", "compiled"):
+            p.error(f"--impls: unknown implementation {impl!r}")
+    for op in args.ops.split(","):
+        if op not in ("galerkin", "fourier"):
+            p.error(f"--ops: unknown op {op!r}")
+    if args.reps < 1:
+        p.error("--reps: expected at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------
+# Workloads
+
+
+def make_inputs(shape, device, dtype, gen):
+    B, H, N, D, P = shape
+
+    def randn(*s, grad=True):
+        t = torch.randn(*s, generator=gen, dtype=torch.float32).to(device, dtype)
+        return t.requires_grad_(grad)
+
+    q, k, v = randn(B, H, N, D), randn(B, H, N, D), randn(B, H, N, D)
+    pos = torch.rand(B, N, P, generator=gen).to(device, dtype)
+    norms = [(1 + 0.1 * randn(H, D, grad=False), 0.1 * randn(H, D, grad=False)) for _ in "ab"]
+    for w, b in norms:
+        w.requires_grad_()
+        b.requires_grad_()
+    return dict(q=q, k=k, v=v, pos=pos, norm_a=norms[0], norm_b=norms[1])
+
+
+def make_fn(op: str, impl: str):
+    module = ops if impl == "ours" else reference
+    if op == "galerkin":
+        def fn(x):
+            return module.galerkin_attention(x["q"], x["k"], x["v"], pos=x["pos"],
+                                             k_norm=x["norm_a"], v_norm=x["norm_b"])
+    else:
+        def fn(x):
+            return module.fourier_attention(x["q"], x["k"], x["v"], pos=x["pos"],
+                                            q_norm=x["norm_a"], k_norm=x["norm_b"])
+    return torch.compile(fn) if impl == "compiled" else fn
+
+
+def forward_bytes(shape, element_size: int) -> int:
+    """Bytes a forward must move at least: read q, k, v, pos; write (B, H, N, D + P)."""
+    B, H, N, D, P = shape
+    return element_size * (3 * B * H * N * D + B * N * P + B * H * N * (D + P))
+
+
+def quadratic_bytes(shape, element_size: int) -> int:
+    B, H, N, _, _ = shape
+    return 3 * B * H * N * N * element_size  # scores, the scaled copy, and its gradient
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurement
+
+
+class Device:
+    def __init__(self, name: str):
+        self.name = name
+        self.cuda = name == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def free_bytes(self) -> int:
+        if self.cuda:
+            return torch.cuda.mem_get_info()[0]
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+
+    def peak_mb(self, work) -> float:
+        """Memory above the baseline at the peak of ``work()``, in MiB."""
+        self.sync()
+        if self.cuda:
+            torch.cuda.empty_cache()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            work()
+            self.sync()
+            return (torch.cuda.max_memory_allocated() - base) / 2**20
+        base = _proc_status_kb("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident set
+        work()
+        return (_proc_status_kb("VmHWM") - base) / 1024
+
+    def copy_gbps(self) -> float:
+        """Read + write bandwidth of a 256 MiB tensor copy, median of 5."""
+        src = torch.empty(2**26, dtype=torch.float32, device=self.name).uniform_()
+        dst = torch.empty_like(src)
+        times = []
+        for _ in range(6):
+            self.sync()
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            self.sync()
+            times.append(time.perf_counter() - t0)
+        return 2 * src.nbytes / statistics.median(times[1:]) / 1e9
+
+
+def _proc_status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{key} not found in /proc/self/status")
+
+
+def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> list[dict]:
+    x = make_inputs(shape, dev.name, dtype, gen)
+    leaves = [x["q"], x["k"], x["v"], *x["norm_a"], *x["norm_b"]]
+    B, H, N, D, P = shape
+    grad = torch.randn(B, H, N, D + P, generator=gen).to(dev.name, dtype)
+    element = torch.empty((), dtype=dtype).element_size()
+    runnable, skipped = {}, {}
+    for impl in impls:
+        needed = quadratic_bytes(shape, element) if op == "fourier" and impl != "ours" else 0
+        if needed > 0.6 * dev.free_bytes():
+            skipped[impl] = f"needs about {needed / 2**30:.0f} GiB for the N×N matrices"
+        else:
+            runnable[impl] = make_fn(op, impl)
+
+    def fwd(fn):
+        with torch.no_grad():
+            fn(x)
+
+    def fwd_bwd(fn):
+        torch.autograd.grad(fn(x), leaves, grad)
+
+    for fn in runnable.values():  # warm-up (and compilation)
+        fwd(fn)
+        fwd_bwd(fn)
+    times = {impl: {"fwd": [], "fwd_bwd": []} for impl in runnable}
+    for _ in range(reps):  # interleaved, so drift affects every implementation alike
+        for impl, fn in runnable.items():
+            for kind, work in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+                dev.sync()
+                t0 = time.perf_counter()
+                work(fn)
+                dev.sync()
+                times[impl][kind].append(time.perf_counter() - t0)
+    rows = []
+    for impl in impls:
+        row = dict(op=op, impl=impl, B=B, H=H, N=N, D=D, P=P, dtype=str(dtype).split(".")[1])
+        if impl in skipped:
+            row.update(fwd_ms=None, fwd_bwd_ms=None, peak_mem_mb=None, fwd_gbps=None,
+                       skipped=skipped[impl])
+        else:
+            fn = runnable[impl]
+            fwd_s = statistics.median(times[impl]["fwd"])
+            row.update(
+                fwd_ms=1e3 * fwd_s,
+                fwd_bwd_ms=1e3 * statistics.median(times[impl]["fwd_bwd"]),
+                peak_mem_mb=dev.peak_mb(lambda fn=fn: fwd_bwd(fn)),
+                fwd_gbps=forward_bytes(shape, element) / fwd_s / 1e9,
+            )
+        rows.append(row)
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    header = f"{'op':9s} {'impl':9s} {'B':>2s} {'H':>2s} {'N':>7s} {'D':>3s} {'P':>2s} " \
+             f"{'fwd ms':>9s} {'fwd+bwd ms':>11s} {'peak MiB':>9s} {'fwd GB/s':>9s} {'speedup':>8s}"
+    print(header)
+    base = {}
+    for r in rows:
+        if r["impl"] == "eager" and r["fwd_bwd_ms"]:
+            base[(r["op"], r["N"], r["D"], r["H"])] = r["fwd_bwd_ms"]
+    for r in rows:
+        if r["fwd_ms"] is None:
+            print(f"{r['op']:9s} {r['impl']:9s} {r['B']:2d} {r['H']:2d} {r['N']:7d} {r['D']:3d} "
+                  f"{r['P']:2d}   skipped: {r['skipped']}")
+            continue
+        ref = base.get((r["op"], r["N"], r["D"], r["H"]))
+        speedup = f"{ref / r['fwd_bwd_ms']:7.2f}x" if ref else "       -"
+        print(f"{r['op']:9s} {r['impl']:9s} {r['B']:2d} {r['H']:2d} {r['N']:7d} {r['D']:3d} "
+              f"{r['P']:2d} {r['fwd_ms']:9.3f} {r['fwd_bwd_ms']:11.3f} {r['peak_mem_mb']:9.1f} "
+              f"{r['fwd_gbps']:9.2f} {speedup}")
+    print("speedup: fwd+bwd time of eager over this row's, same op and shape")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.device == "cpu" and os.environ.get(_MMAP_ENV) is None:
+        # Re-run with a fixed mmap threshold so that the resident set follows live tensors.
+        os.environ[_MMAP_ENV] = str(2**16)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    dev = Device(args.device)
+    dtype = getattr(torch, args.dtype)
+    impls = args.impls.split(",")
+    shapes = [SHAPES[name] for name in args.shapes.split(",")] + (SWEEP if args.sweep else [])
+    gen = torch.Generator().manual_seed(0)
+    copy_gbps = dev.copy_gbps()
+    print(f"device: {_device_name(dev)}; torch {torch.__version__}; threads "
+          f"{torch.get_num_threads()}; copy {copy_gbps:.1f} GB/s")
+    rows = []
+    for shape in shapes:
+        for op in args.ops.split(","):
+            rows += bench_shape(dev, op, shape, impls, dtype, args.reps, gen)
+    print_rows(rows)
+    result = dict(
+        device=_device_name(dev),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        command=" ".join(["python", *sys.argv]),
+        copy_gbps=copy_gbps,
+        threads=torch.get_num_threads(),
+        rows=rows,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+
+
+def _device_name(dev: Device) -> str:
+    if dev.cuda:
+        return torch.cuda.get_device_name()
+    with open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), "cpu")
+    return f"{model} ({os.cpu_count()} cores)"
+
+
+if __name__ == "__main__":
+    main()
