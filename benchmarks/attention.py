@@ -14,8 +14,9 @@ Repetitions are interleaved over implementations and reported as medians. ``fwd_
 forward's effective bandwidth: the bytes that must move (read q, k, v, pos; write the output)
 over the time, to compare with ``copy_gbps``, a copy measured in the same run. Peak memory is the
 memory above the baseline during one forward+backward: torch.cuda.max_memory_allocated on CUDA;
-on CPU the peak resident set (VmHWM, reset through /proc/self/clear_refs) with glibc's mmap
-threshold fixed so that freed tensors go back to the OS.
+on CPU the peak resident set (VmHWM, reset through /proc/self/clear_refs) of a child process
+whose glibc mmap threshold is fixed, so that freed tensors go back to the OS there (timings run
+with the normal allocator).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,9 +43,9 @@ SWEEP = [(4, 4, 2**e, 32, 2) for e in range(6, 17)]  # B·H·N from 2^10 to 2^20
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--out", type=Path, help="JSON file to write (required)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--impls", default="ours,eager", help="comma list of ours, eager, compiled")
@@ -51,7 +53,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
     p.add_argument("--sweep", action="store_true", help="add the N sweep of SWEEP")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement")
-    args = p.parse_args()
+    # Internal: measure the CPU peak memory of one (op, impl, shape) in a child process.
+    p.add_argument("--peak-child", nargs=8, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.peak_child:
+        return args
+    if args.out is None:
+        p.error("--out: the JSON file to write is required")
     for name in args.shapes.split(","):
         if name not in SHAPES:
             p.error(f"--shapes: unknown shape {name!r}; expected some of {', '.join(SHAPES)}")
@@ -132,21 +140,17 @@ class Device:
             info = dict(line.split(":", 1) for line in f)
         return int(info["MemAvailable"].split()[0]) * 1024
 
-    def peak_mb(self, work) -> float:
+    def peak_mb(self, work, child_args: list[str]) -> float:
         """Memory above the baseline at the peak of ``work()``, in MiB."""
+        if not self.cuda:
+            return _cpu_peak_in_child(child_args)
         self.sync()
-        if self.cuda:
-            torch.cuda.empty_cache()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            work()
-            self.sync()
-            return (torch.cuda.max_memory_allocated() - base) / 2**20
-        base = _proc_status_kb("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current resident set
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
         work()
-        return (_proc_status_kb("VmHWM") - base) / 1024
+        self.sync()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
 
     def copy_gbps(self) -> float:
         """Read + write bandwidth of a 256 MiB tensor copy, median of 5."""
@@ -162,6 +166,26 @@ class Device:
         return 2 * src.nbytes / statistics.median(times[1:]) / 1e9
 
 
+def _cpu_peak_in_child(child_args: list[str]) -> float:
+    env = dict(os.environ, **{_MMAP_ENV: str(2**16)})
+    cmd = [sys.executable, os.path.abspath(__file__), "--peak-child", *child_args]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def _cpu_peak_child(op: str, impl: str, shape: list[str], dtype: str) -> None:
+    """In the child: one warm-up, then the peak resident set of one forward+backward."""
+    x, leaves, grad = _workload(tuple(int(v) for v in shape), "cpu", getattr(torch, dtype),
+                                torch.Generator().manual_seed(0))
+    fn = make_fn(op, impl)
+    torch.autograd.grad(fn(x), leaves, grad)
+    base = _proc_status_kb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident set
+    torch.autograd.grad(fn(x), leaves, grad)
+    print((_proc_status_kb("VmHWM") - base) / 1024)
+
+
 def _proc_status_kb(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -170,11 +194,18 @@ def _proc_status_kb(key: str) -> int:
     raise RuntimeError(f"{key} not found in /proc/self/status")
 
 
-def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> list[dict]:
-    x = make_inputs(shape, dev.name, dtype, gen)
+def _workload(shape, device, dtype, gen):
+    """Inputs, the leaves to differentiate, and the upstream gradient of one measurement."""
+    x = make_inputs(shape, device, dtype, gen)
     leaves = [x["q"], x["k"], x["v"], *x["norm_a"], *x["norm_b"]]
     B, H, N, D, P = shape
-    grad = torch.randn(B, H, N, D + P, generator=gen).to(dev.name, dtype)
+    grad = torch.randn(B, H, N, D + P, generator=gen).to(device, dtype)
+    return x, leaves, grad
+
+
+def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> list[dict]:
+    x, leaves, grad = _workload(shape, dev.name, dtype, gen)
+    B, H, N, D, P = shape
     element = torch.empty((), dtype=dtype).element_size()
     runnable, skipped = {}, {}
     for impl in impls:
@@ -215,7 +246,8 @@ def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> li
             row.update(
                 fwd_ms=1e3 * fwd_s,
                 fwd_bwd_ms=1e3 * statistics.median(times[impl]["fwd_bwd"]),
-                peak_mem_mb=dev.peak_mb(lambda fn=fn: fwd_bwd(fn)),
+                peak_mem_mb=dev.peak_mb(lambda fn=fn: fwd_bwd(fn),
+                                        [op, impl, *map(str, shape), row["dtype"]]),
                 fwd_gbps=forward_bytes(shape, element) / fwd_s / 1e9,
             )
         rows.append(row)
@@ -245,10 +277,10 @@ def print_rows(rows: list[dict]) -> None:
 
 def main() -> None:
     args = parse_args()
-    if args.device == "cpu" and os.environ.get(_MMAP_ENV) is None:
-        # Re-run with a fixed mmap threshold so that the resident set follows live tensors.
-        os.environ[_MMAP_ENV] = str(2**16)
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+    if args.peak_child:
+        op, impl, *shape, dtype = args.peak_child
+        _cpu_peak_child(op, impl, shape, dtype)
+        return
     dev = Device(args.device)
     dtype = getattr(torch, args.dtype)
     impls = args.impls.split(",")

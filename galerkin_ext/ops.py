@@ -332,6 +332,10 @@ def _attention_backward_fake(grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb
     for norm_weight in (qnw, knw, vnw):
         shape = (heads, dim) if norm_weight is not None else (0,)
         norm_grads += [q.new_empty(shape), q.new_empty(shape)]
-    return [q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape),
+    # q, k and v get views (B, H, N, D) of (B, H, N, D + P) buffers, as the real kernel returns.
+    batch, n = q.shape[0], q.shape[2]
+    width = dim + (pos.shape[-1] if pos is not None else 0)
+    qkv = [q.new_empty((batch, heads, n, width))[..., width - dim:] for _ in range(3)]
+    return [*qkv,
             q.new_empty(pos.shape) if pos_grad else empty,
             q.new_empty(weight.shape) if weight_grad else empty, *norm_grads]

@@ -3,10 +3,15 @@ be fixed with GALERKIN_TEST_SEED=<int> to reproduce a failure."""
 
 import os
 import random
+import tempfile
 import zlib
 
-import pytest
-import torch
+# A private inductor cache: the on-disk FX-graph cache does not key on custom ops' fake kernels,
+# so graphs compiled against an older build of this package could be reused.
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="galerkin_ext_inductor_")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 SEED = int(os.environ.get("GALERKIN_TEST_SEED", random.SystemRandom().randrange(2**31)))
 

@@ -147,23 +147,25 @@ std::vector<Tensor> attention_backward(
   Tensor grad_pos_acc = pos_grad ? at::zeros(pos->sizes(), acc) : Tensor();
   Tensor grad_weight_acc = weight_grad ? at::zeros(weight->sizes(), acc) : Tensor();
   std::vector<Tensor> result(11);
+  const int64_t P = d - D;
   auto back = [&](const Tensor& x, bool weighted, const OptTensor& nw, const OptTensor& nb,
-                  const Tensor& d_hat, int64_t slot) {
-    Tensor& grad_x = result[slot] = at::empty({B, H, N, D}, q.options());
+                  Tensor d_hat, int64_t slot) {
     Tensor& gnw = result[5 + 2 * slot];
     Tensor& gnb = result[6 + 2 * slot];
     if (nw) {
       gnw = at::empty({H, D}, q.options());
       gnb = at::empty({H, D}, q.options());
     }
-    OperandGrads grads{grad_x, pos_grad ? &grad_pos_acc : nullptr,
+    OperandGrads grads{pos_grad ? &grad_pos_acc : nullptr,
                        weighted && weight_grad ? &grad_weight_acc : nullptr,
                        nw ? &gnw : nullptr, nw ? &gnb : nullptr};
-    prepare_backward({x, pos, weight, weighted, contiguous(nw), contiguous(nb)},
-                     d_hat.view({B, H, N, d}), stats.select(0, slot), grads);
+    d_hat = d_hat.view({B, H, N, d});
+    prepare_backward({x, pos, weight, weighted, contiguous(nw), contiguous(nb)}, d_hat,
+                     stats.select(0, slot), grads);
+    result[slot] = d_hat.narrow(-1, P, D);  // the backward left grad_x there, in place
   };
-  // d_attn is now the gradient of the unscaled, undropped product. Each operand's gradient is
-  // consumed by its fused backward at once, so only one (B, H, N, d) temporary is alive.
+  // d_attn is now the gradient of the unscaled, undropped product. Each operand's gradient
+  // becomes its input's gradient in place, so the backward allocates no further buffers.
   const Tensor d_attn_t = d_attn.transpose(1, 2);
   if (quadratic) {  // attn = Q̂ K̂wᵀ: the N×N matrix is read, never rebuilt
     back(q, false, q_norm_weight, q_norm_bias, at::bmm(d_attn, kh), 0);

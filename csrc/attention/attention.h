@@ -30,9 +30,8 @@ struct OperandSpec {
   const std::optional<at::Tensor>& norm_bias;    // (H, D) contiguous, present with norm_weight
 };
 
-// Gradients produced by the backward of one operand's preparation.
+// Gradients produced by the backward of one operand's preparation, besides grad_x.
 struct OperandGrads {
-  at::Tensor& grad_x;                        // (B, H, N, D) contiguous, written
   at::Tensor* grad_pos_acc;                  // pos-shaped, opmath dtype, accumulated; or null
   at::Tensor* grad_weight_acc;               // weight-shaped, opmath dtype, accumulated; or null
   at::Tensor* grad_norm_weight;              // (H, D), written when the operand has a norm
@@ -42,13 +41,15 @@ struct OperandGrads {
 // hat (B, H, N, d) contiguous and stats (B, H, N, 2) = (mean, rstd) in the opmath dtype are
 // written; stats rows are left untouched when the operand has no norm.
 void prepare_forward_cpu(const OperandSpec& spec, double eps, at::Tensor& hat, at::Tensor& stats);
-// grad_hat (B, H, N, d) contiguous is the gradient w.r.t. the prepared operand.
-void prepare_backward_cpu(const OperandSpec& spec, const at::Tensor& grad_hat,
+// grad_hat (B, H, N, d) contiguous is the gradient w.r.t. the prepared operand. It is turned into
+// grad_x in place: afterwards grad_hat[..., P:] holds the gradient w.r.t. x, so no second
+// operand-sized buffer is needed (its first P columns are left as they were).
+void prepare_backward_cpu(const OperandSpec& spec, at::Tensor& grad_hat,
                           const at::Tensor& stats, OperandGrads& grads);
 
 #ifdef GALERKIN_EXT_WITH_CUDA
 void prepare_forward_cuda(const OperandSpec& spec, double eps, at::Tensor& hat, at::Tensor& stats);
-void prepare_backward_cuda(const OperandSpec& spec, const at::Tensor& grad_hat,
+void prepare_backward_cuda(const OperandSpec& spec, at::Tensor& grad_hat,
                            const at::Tensor& stats, OperandGrads& grads);
 #endif
 
@@ -60,7 +61,7 @@ inline void prepare_forward(const OperandSpec& spec, double eps, at::Tensor& hat
   prepare_forward_cpu(spec, eps, hat, stats);
 }
 
-inline void prepare_backward(const OperandSpec& spec, const at::Tensor& grad_hat,
+inline void prepare_backward(const OperandSpec& spec, at::Tensor& grad_hat,
                              const at::Tensor& stats, OperandGrads& grads) {
 #ifdef GALERKIN_EXT_WITH_CUDA
   if (spec.x.is_cuda()) return prepare_backward_cuda(spec, grad_hat, stats, grads);

@@ -107,17 +107,17 @@ void prepare_forward_impl(const OperandSpec& spec, double eps, at::Tensor& hat,
 }
 
 template <typename scalar_t>
-void prepare_backward_impl(const OperandSpec& spec, const at::Tensor& grad_hat,
+void prepare_backward_impl(const OperandSpec& spec, at::Tensor& grad_hat,
                            const at::Tensor& stats, OperandGrads& grads) {
   using acc_t = at::opmath_type<scalar_t>;
   const Rows<scalar_t> r(spec);
   const int64_t d = r.P + r.D;
-  const scalar_t* gh = grad_hat.const_data_ptr<scalar_t>();
+  scalar_t* gh = grad_hat.mutable_data_ptr<scalar_t>();
   const acc_t* st = stats.const_data_ptr<acc_t>();
-  scalar_t* gx = grads.grad_x.mutable_data_ptr<scalar_t>();
   acc_t* gpos = grads.grad_pos_acc ? grads.grad_pos_acc->mutable_data_ptr<acc_t>() : nullptr;
   acc_t* gw = grads.grad_weight_acc ? grads.grad_weight_acc->mutable_data_ptr<acc_t>() : nullptr;
   const bool norm = r.gamma != nullptr;
+  if (!norm && !r.weighted && !gpos) return;  // grad_x is grad_hat[..., P:] as it stands
 
   // Parallel over blocks of points: a block owns its rows of grad_pos and grad_weight for every
   // batch and head, so the sums over heads (and over the batch for shared pos/weight) need no
@@ -142,7 +142,7 @@ void prepare_backward_impl(const OperandSpec& spec, const at::Tensor& grad_hat,
           const scalar_t* bet = norm ? r.beta + h * r.D : nullptr;
           for (int64_t n = n0; n < n1; ++n) {
             const int64_t i = (b * r.H + h) * r.N + n;
-            const scalar_t* g = gh + i * d;
+            scalar_t* g = gh + i * d;  // read whole, then overwritten by grad_x at g + P
             const acc_t s = r.template scale<acc_t>(b, n);
             // x̂ (the normalised row, or the row itself without a norm) and dy = s · grad.
             r.load(b, h, n, xhat.data());
@@ -168,7 +168,7 @@ void prepare_backward_impl(const OperandSpec& spec, const at::Tensor& grad_hat,
               }
               gw[b * r.weight_sb + n] += dot;
             }
-            scalar_t* dx = gx + i * r.D;
+            scalar_t* dx = g + r.P;
             if (!norm) {
               for (int64_t j = 0; j < r.D; ++j) dx[j] = static_cast<scalar_t>(dy[j]);
               continue;
@@ -210,7 +210,7 @@ void prepare_forward_cpu(const OperandSpec& spec, double eps, at::Tensor& hat,
   });
 }
 
-void prepare_backward_cpu(const OperandSpec& spec, const at::Tensor& grad_hat,
+void prepare_backward_cpu(const OperandSpec& spec, at::Tensor& grad_hat,
                           const at::Tensor& stats, OperandGrads& grads) {
   AT_DISPATCH_FLOATING_TYPES(spec.x.scalar_type(), "galerkin_ext_prepare_backward_cpu", [&] {
     prepare_backward_impl<scalar_t>(spec, grad_hat, stats, grads);

@@ -47,18 +47,17 @@ void prepare_forward_cuda(const OperandSpec& spec, double eps, at::Tensor& hat,
                                        c10::cuda::getCurrentCUDAStream()));
 }
 
-void prepare_backward_cuda(const OperandSpec& spec, const at::Tensor& grad_hat,
+void prepare_backward_cuda(const OperandSpec& spec, at::Tensor& grad_hat,
                            const at::Tensor& stats, OperandGrads& grads) {
   const c10::cuda::CUDAGuard guard(spec.x.device());
   const int64_t B = spec.x.size(0), H = spec.x.size(1), N = spec.x.size(2), D = spec.x.size(3);
   at::Tensor partial;  // per-block sums of the norm-parameter gradients: (blocks, H, 2, D)
   if (spec.norm_weight) partial = at::empty({cuda::backward_blocks(B, N), H, 2, D}, stats.options());
   const cuda::PrepareGrads raw{
-      grads.grad_x.mutable_data_ptr(),
       grads.grad_pos_acc ? grads.grad_pos_acc->mutable_data_ptr() : nullptr,
       grads.grad_weight_acc ? grads.grad_weight_acc->mutable_data_ptr() : nullptr,
       partial.defined() ? partial.mutable_data_ptr() : nullptr};
-  C10_CUDA_CHECK(cuda::prepare_backward(make_args(spec), grad_hat.const_data_ptr(),
+  C10_CUDA_CHECK(cuda::prepare_backward(make_args(spec), grad_hat.mutable_data_ptr(),
                                         stats.const_data_ptr(), raw,
                                         c10::cuda::getCurrentCUDAStream()));
   if (spec.norm_weight) {

@@ -115,10 +115,11 @@ __global__ void prepare_forward_kernel(Rows<T> r, double eps, T* __restrict__ ha
 
 // Block (blockIdx.x, h) handles kBackwardRowsPerBlock consecutive (b, n) rows of head h, one
 // warp per row; norm-parameter gradients are summed in shared memory, then written per block.
+// grad_x overwrites the row's last D entries in place: each lane reads an entry before it writes
+// it, and the row sums are complete (warp reductions) before the first write.
 template <typename T>
-__global__ void prepare_backward_kernel(Rows<T> r, const T* __restrict__ grad_hat,
+__global__ void prepare_backward_kernel(Rows<T> r, T* __restrict__ grad_hat,
                                         const typename Acc<T>::type* __restrict__ stats,
-                                        T* __restrict__ grad_x,
                                         typename Acc<T>::type* __restrict__ grad_pos,
                                         typename Acc<T>::type* __restrict__ grad_weight,
                                         typename Acc<T>::type* __restrict__ norm_partial) {
@@ -138,7 +139,7 @@ __global__ void prepare_backward_kernel(Rows<T> r, const T* __restrict__ grad_ha
   for (int64_t bn = first + warp; bn < last; bn += kWarpsPerBlock) {
     const int64_t b = bn / r.a.N, n = bn % r.a.N;
     const int64_t i = (b * r.a.H + h) * r.a.N + n;
-    const T* g = grad_hat + i * d;
+    T* g = grad_hat + i * d;
     const T* xr = r.row(b, h, n);
     const A s = r.scale(b, n);
     const A mean = norm ? stats[2 * i] : A(0), rstd = norm ? stats[2 * i + 1] : A(1);
@@ -160,7 +161,7 @@ __global__ void prepare_backward_kernel(Rows<T> r, const T* __restrict__ grad_ha
       dot = warp_sum(dot);
       if (lane == 0) atomicAdd(grad_weight + b * r.a.weight_stride_b + n, dot);
     }
-    T* dx = grad_x + i * D;
+    T* dx = g + P;
     if (!norm) {
       for (int64_t j = lane; j < D; j += kWarp) dx[j] = from_acc<T>(s * to_acc<A>(g[P + j]));
       continue;
@@ -204,17 +205,19 @@ cudaError_t forward_typed(const PrepareArgs& args, double eps, void* hat, void* 
 }
 
 template <typename T>
-cudaError_t backward_typed(const PrepareArgs& args, const void* grad_hat, const void* stats,
+cudaError_t backward_typed(const PrepareArgs& args, void* grad_hat, const void* stats,
                            const PrepareGrads& grads, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   const int64_t blocks = backward_blocks(args.B, args.N);
   if (blocks == 0 || args.H == 0) return cudaSuccess;
+  // Without norm, weight or pos gradient, grad_x already stands in grad_hat[..., P:].
+  if (!args.gamma && !args.weighted && !grads.grad_pos) return cudaSuccess;
   const size_t shared = args.gamma ? 2 * args.D * sizeof(A) : 0;
   if (shared > 48 * 1024) return cudaErrorInvalidConfiguration;  // D > 6144 (3072 in double)
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(args.H));
   prepare_backward_kernel<T><<<grid, kWarpsPerBlock * kWarp, shared, stream>>>(
-      Rows<T>{args}, static_cast<const T*>(grad_hat), static_cast<const A*>(stats),
-      static_cast<T*>(grads.grad_x), static_cast<A*>(grads.grad_pos),
+      Rows<T>{args}, static_cast<T*>(grad_hat), static_cast<const A*>(stats),
+      static_cast<A*>(grads.grad_pos),
       static_cast<A*>(grads.grad_weight), static_cast<A*>(grads.norm_partial));
   return cudaGetLastError();
 }
@@ -232,7 +235,7 @@ cudaError_t prepare_forward(const PrepareArgs& args, double eps, void* hat, void
   return cudaErrorInvalidValue;
 }
 
-cudaError_t prepare_backward(const PrepareArgs& args, const void* grad_hat, const void* stats,
+cudaError_t prepare_backward(const PrepareArgs& args, void* grad_hat, const void* stats,
                              const PrepareGrads& grads, cudaStream_t stream) {
   switch (args.kind) {
     case ScalarKind::Float: return backward_typed<float>(args, grad_hat, stats, grads, stream);

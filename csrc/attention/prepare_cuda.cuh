@@ -40,14 +40,14 @@ inline int64_t backward_blocks(int64_t B, int64_t N) {
 }
 
 struct PrepareGrads {
-  void* grad_x;        // (B, H, N, D) contiguous, written
   void* grad_pos;      // pos-shaped accumulator, added to (atomically), or null
   void* grad_weight;   // weight-shaped accumulator, added to (atomically), or null
   void* norm_partial;  // (backward_blocks(B, N), H, 2, D) accumulators, written; null w/o norm
 };
 
-// grad_hat: (B, H, N, P + D) contiguous, the gradient w.r.t. the prepared operand.
-cudaError_t prepare_backward(const PrepareArgs& args, const void* grad_hat, const void* stats,
+// grad_hat: (B, H, N, P + D) contiguous, the gradient w.r.t. the prepared operand; turned into
+// the gradient w.r.t. x in place, in its last D columns.
+cudaError_t prepare_backward(const PrepareArgs& args, void* grad_hat, const void* stats,
                              const PrepareGrads& grads, cudaStream_t stream);
 
 }  // namespace galerkin_ext::cuda
