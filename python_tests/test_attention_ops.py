@@ -4,93 +4,22 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 import pytest
 import torch
+from attention_cases import (
+    CASES,
+    F64,
+    Case,
+    cast,
+    fourier,
+    galerkin,
+    grad_inputs,
+    make_inputs,
+    op_args,
+)
 
 from galerkin_ext import ops, reference
-
-F64 = torch.float64
-
-
-@dataclass(frozen=True)
-class Case:
-    B: int
-    H: int
-    N: int
-    D: int
-    P: int = 0
-    shared_pos: bool = False
-    weight: str = "uniform"  # uniform | shared | batched (both with some zeros)
-    norms: bool = True
-    layout: str = "contiguous"  # contiguous | projected (B,N,H,D) view | sliced
-
-    def __str__(self) -> str:
-        return (f"B{self.B}H{self.H}N{self.N}D{self.D}P{self.P}{'s' if self.shared_pos else ''}"
-                f"-{self.weight}-{'norm' if self.norms else 'nonorm'}-{self.layout}")
-
-
-CASES = [
-    Case(1, 1, 1, 1),
-    Case(2, 1, 1, 3, P=1, weight="batched"),
-    Case(1, 2, 7, 5, P=2, layout="projected"),
-    Case(3, 3, 33, 7, P=1, shared_pos=True, weight="shared", layout="sliced"),
-    Case(2, 4, 65, 16, P=2, weight="batched", layout="projected"),
-    Case(2, 2, 19, 9, P=0, weight="shared", norms=False),
-    Case(1, 1, 130, 33, P=2, shared_pos=True, layout="sliced"),
-    Case(4, 1, 257, 4, P=1, norms=False, weight="batched", layout="projected"),
-]
-
-
-def _tensor(shape, layout: str, gen: torch.Generator, dtype, requires_grad=False):
-    """A (B, H, N, D) tensor in one of the layouts a user's projections produce."""
-    B, H, N, D = shape
-    if layout == "projected":  # view(B, N, H, D).transpose(1, 2), as after a Linear
-        t = torch.randn(B, N, H, D, generator=gen, dtype=dtype).transpose(1, 2)
-    elif layout == "sliced":  # every other feature of a wider tensor
-        t = torch.randn(B, H, N, 2 * D, generator=gen, dtype=dtype)[..., ::2]
-    else:
-        t = torch.randn(B, H, N, D, generator=gen, dtype=dtype)
-    return t.requires_grad_(requires_grad)
-
-
-def make_inputs(case: Case, gen: torch.Generator, dtype=F64, requires_grad=False) -> dict:
-    shape = (case.B, case.H, case.N, case.D)
-    q, k, v = (_tensor(shape, case.layout, gen, dtype, requires_grad) for _ in range(3))
-    pos = None
-    if case.P:
-        pos_shape = (case.N, case.P) if case.shared_pos else (case.B, case.N, case.P)
-        pos = torch.rand(pos_shape, generator=gen, dtype=dtype).requires_grad_(requires_grad)
-    weight = None
-    if case.weight != "uniform":
-        w_shape = (case.N,) if case.weight == "shared" else (case.B, case.N)
-        weight = torch.rand(w_shape, generator=gen, dtype=dtype)
-        if requires_grad:  # finite differences must stay in the valid range w >= 0
-            weight = weight + 0.5
-        else:  # some points masked out
-            weight = weight * (torch.rand(w_shape, generator=gen) > 0.3)
-        weight = (weight / case.N).requires_grad_(requires_grad)
-
-    def norm():
-        if not case.norms:
-            return None
-        w = 1 + 0.3 * torch.randn(case.H, case.D, generator=gen, dtype=dtype)
-        b = 0.3 * torch.randn(case.H, case.D, generator=gen, dtype=dtype)
-        return w.requires_grad_(requires_grad), b.requires_grad_(requires_grad)
-
-    return dict(q=q, k=k, v=v, pos=pos, weight=weight, n1=norm(), n2=norm())
-
-
-def galerkin(x, impl=ops, **kw):
-    return impl.galerkin_attention(x["q"], x["k"], x["v"], pos=x["pos"], weight=x["weight"],
-                                   k_norm=x["n1"], v_norm=x["n2"], eps=1e-5, **kw)
-
-
-def fourier(x, impl=ops, **kw):
-    return impl.fourier_attention(x["q"], x["k"], x["v"], pos=x["pos"], weight=x["weight"],
-                                  q_norm=x["n1"], k_norm=x["n2"], eps=1e-5, **kw)
-
 
 # ----------------------------------------------------------------------------------------------
 # Forward against the reference
@@ -116,19 +45,11 @@ def test_fourier_matches_reference(case, path, gen):
 @pytest.mark.parametrize("case", CASES[2:6], ids=str)
 def test_float32_close_to_float64_reference(case, gen):
     x64 = make_inputs(case, gen)
-    x32 = {key: _cast(val, torch.float32) for key, val in x64.items()}
+    x32 = {key: cast(val, torch.float32) for key, val in x64.items()}
     for fn in (galerkin, fourier):
         out = fn(x32)
         assert out.dtype == torch.float32
         torch.testing.assert_close(out.double(), fn(x64, reference), rtol=1e-4, atol=1e-5)
-
-
-def _cast(val, dtype):
-    if val is None:
-        return None
-    if isinstance(val, tuple):
-        return tuple(t.to(dtype) for t in val)
-    return val.to(dtype)
 
 
 def test_fourier_paths_agree_at_scale(gen):
@@ -199,7 +120,7 @@ def test_dropout_mask_matches_reference(quadratic, gen):
     else:
         expected = galerkin(x, reference, dropout_mask=mask)
         scale = 1.0
-    got = torch.ops.galerkin_ext.attention_forward(*_op_args(x, quadratic, mask, scale))[0]
+    got = torch.ops.galerkin_ext.attention_forward(*op_args(x, quadratic, mask, scale))[0]
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -230,15 +151,6 @@ GRAD_CASES = [
 ]
 
 
-def _grad_inputs(x):
-    names = [key for key in ("q", "k", "v", "pos", "weight") if x[key] is not None]
-    tensors = [x[key] for key in names]
-    for norm in (x["n1"], x["n2"]):
-        if norm is not None:
-            tensors += list(norm)
-    return names, tensors
-
-
 def _as_fn(fn, x, names, **kw):
     def call(*tensors):
         y = dict(x)
@@ -256,7 +168,7 @@ def _as_fn(fn, x, names, **kw):
 @pytest.mark.parametrize("case", GRAD_CASES, ids=str)
 def test_gradcheck(case, variant, gen):
     x = make_inputs(case, gen, requires_grad=True)
-    names, tensors = _grad_inputs(x)
+    names, tensors = grad_inputs(x)
     if variant == "galerkin":
         call = _as_fn(galerkin, x, names)
     else:
@@ -284,13 +196,13 @@ def test_gradients_match_reference_float32(gen):
     case = Case(2, 4, 300, 16, P=2, weight="batched", layout="projected")
     x32 = make_inputs(case, gen, dtype=torch.float32)
     assert (x32["weight"] == 0).any()
-    _, leaves = _grad_inputs(x32)
+    _, leaves = grad_inputs(x32)
     for t in leaves:
         t.requires_grad_()
     x64 = {key: _detached64(val) for key, val in x32.items()}
     for fn in (galerkin, fourier):
-        names, t32 = _grad_inputs(x32)
-        _, t64 = _grad_inputs(x64)
+        names, t32 = grad_inputs(x32)
+        _, t64 = grad_inputs(x64)
         upstream = torch.randn(case.B, case.H, case.N, case.D + case.P, generator=gen)
         g32 = torch.autograd.grad(fn(x32), t32, upstream)
         g64 = torch.autograd.grad(fn(x64, reference), t64, upstream.double())
@@ -318,25 +230,18 @@ def test_no_grad_where_not_required(gen):
 # torch.library.opcheck and torch.compile
 
 
-def _op_args(x, quadratic, mask=None, scale=0.5):
-    """Positional arguments of the raw op: norms on (q, k) if quadratic (Fourier), else (k, v)."""
-    n1, n2 = x["n1"], x["n2"]
-    norms = (*n1, *n2, None, None) if quadratic else (None, None, *n1, *n2)
-    return (x["q"], x["k"], x["v"], x["pos"], x["weight"], *norms, mask, 1e-5, scale, quadratic)
-
-
 @pytest.mark.parametrize("quadratic", [False, True])
 @pytest.mark.parametrize("case", [GRAD_CASES[0], GRAD_CASES[1]], ids=str)
 def test_opcheck_forward(case, quadratic, gen):
     x = make_inputs(case, gen, dtype=torch.float32, requires_grad=True)
-    torch.library.opcheck(torch.ops.galerkin_ext.attention_forward, _op_args(x, quadratic))
+    torch.library.opcheck(torch.ops.galerkin_ext.attention_forward, op_args(x, quadratic))
 
 
 @pytest.mark.parametrize("quadratic", [False, True])
 def test_opcheck_backward(quadratic, gen):
     case = GRAD_CASES[0]
     x = make_inputs(case, gen, dtype=torch.float32)
-    args = _op_args(x, quadratic)
+    args = op_args(x, quadratic)
     out, attn, *saved = torch.ops.galerkin_ext.attention_forward(*args)
     grad_out = torch.randn(out.shape, generator=gen)
     grad_attn = torch.randn(attn.shape, generator=gen)
@@ -357,7 +262,7 @@ def test_torch_compile_fullgraph(gen):
     compiled = torch.compile(both, fullgraph=True)
     expected, got = both(x), compiled(x)
     torch.testing.assert_close(got, expected)
-    names, tensors = _grad_inputs(x)
+    names, tensors = grad_inputs(x)
     for a, b in zip(torch.autograd.grad(got.sum(), tensors),
                     torch.autograd.grad(expected.sum(), tensors), strict=True):
         torch.testing.assert_close(a, b)
@@ -435,7 +340,7 @@ def test_fourier_specific_errors(gen):
 
 def test_op_checks_shapes_when_called_directly(gen):
     x = make_inputs(Case(2, 2, 5, 3, P=1), gen, dtype=torch.float32)
-    args = list(_op_args(x, False))
+    args = list(op_args(x, False))
     args[11] = torch.ones(2, 2, 3, 3)  # dropout mask must be (B, H, d, d) = (2, 2, 4, 4)
     with pytest.raises(RuntimeError, match="dropout_mask"):
         torch.ops.galerkin_ext.attention_forward(*args)

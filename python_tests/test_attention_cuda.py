@@ -1,0 +1,172 @@
+"""The CUDA kernels against the float64 reference, CPU parity, gradients, opcheck, CUDA graphs.
+
+Skipped where there is no GPU or the extension was built without CUDA. Outputs are "poisoned":
+the caching allocator's free blocks are filled with NaN first, so an element a kernel forgets
+to write shows up as NaN instead of as a lucky zero.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_cases import CASES, Case, cast, fourier, galerkin, grad_inputs, op_args
+from attention_cases import make_inputs as make_cpu_inputs
+
+from galerkin_ext import ops, reference
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and ops.cuda_built()),
+    reason="needs a CUDA device and galerkin_ext built with CUDA",
+)
+
+# Relative tolerances per dtype against the float64 reference (TF32 stays off in these tests).
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2,
+             torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def poison_cuda_cache(megabytes: int = 256) -> None:
+    """Leave NaN-filled free blocks in the caching allocator for the next allocations to reuse."""
+    blocks = [torch.full((2**18,), float("nan"), device="cuda") for _ in range(megabytes)]
+    del blocks
+
+
+def to_cuda(x: dict, dtype) -> dict:
+    out = {}
+    for key, val in x.items():
+        val = cast(val, dtype)
+        if isinstance(val, tuple):
+            out[key] = tuple(t.cuda() for t in val)
+        else:
+            out[key] = val.cuda() if val is not None else None
+    return out
+
+
+def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double().cpu() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
+@pytest.mark.parametrize("case", CASES + [Case(2, 3, 200, 33, P=2, weight="batched",
+                                               layout="projected")], ids=str)
+def test_forward_matches_float64_reference(case, dtype, gen):
+    x64 = make_cpu_inputs(case, gen)
+    x = to_cuda(x64, dtype)
+    for fn, paths in ((galerkin, [{}]), (fourier, [{"path": "linear"}, {"path": "quadratic"}])):
+        expected = fn(x64, reference)
+        for kw in paths:
+            poison_cuda_cache()
+            out = fn(x, **kw)
+            assert out.dtype == dtype and out.is_cuda
+            assert torch.isfinite(out).all(), "unwritten (poisoned) or overflowed entries"
+            assert rel_err(out, expected) <= TOLERANCE[dtype], (fn.__name__, kw)
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
+def test_backward_matches_float64_reference(dtype, gen):
+    case = Case(2, 4, 301, 33, P=2, weight="batched", layout="projected")
+    x64 = make_cpu_inputs(case, gen, requires_grad=False)
+    x = to_cuda(x64, dtype)
+    for inputs in (x64, x):
+        for t in grad_inputs(inputs)[1]:
+            t.requires_grad_()
+    for fn in (galerkin, fourier):
+        upstream = torch.randn(case.B, case.H, case.N, case.D + case.P, generator=gen,
+                               dtype=torch.float64)
+        expected = torch.autograd.grad(fn(x64, reference), grad_inputs(x64)[1], upstream)
+        poison_cuda_cache()
+        got = torch.autograd.grad(fn(x), grad_inputs(x)[1], upstream.to("cuda", dtype))
+        for g, e in zip(got, expected, strict=True):
+            assert torch.isfinite(g).all()
+            assert rel_err(g, e) <= 5 * TOLERANCE[dtype]
+
+
+def test_cpu_cuda_parity_float32(gen):
+    case = Case(3, 2, 517, 16, P=1, shared_pos=True, weight="shared", layout="sliced")
+    x = make_cpu_inputs(case, gen, dtype=torch.float32)
+    xc = to_cuda(x, torch.float32)
+    for fn in (galerkin, fourier):
+        torch.testing.assert_close(fn(xc).cpu(), fn(x), rtol=1e-5, atol=1e-6)
+
+
+def test_half_precision_sums_over_many_points_do_not_overflow(gen):
+    """N = 2^17 points of O(1) values: the weighted sums stay O(1) in float16."""
+    case = Case(1, 2, 2**17, 16, P=1)
+    x = to_cuda(make_cpu_inputs(case, gen, dtype=torch.float32), torch.float16)
+    out = galerkin(x)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("variant", ["galerkin", "fourier-linear", "fourier-quadratic"])
+def test_gradcheck_float64_cuda(variant, gen):
+    case = Case(2, 2, 5, 3, P=2, weight="batched", layout="projected")
+    x = to_cuda(make_cpu_inputs(case, gen, requires_grad=False), torch.float64)
+    names, tensors = grad_inputs(x)
+    for t in tensors:
+        t.requires_grad_()
+
+    def call(*leaves):
+        y = dict(x)
+        y.update(zip(names, leaves[: len(names)], strict=True))
+        rest = list(leaves[len(names):])
+        y["n1"], y["n2"] = (rest[0], rest[1]), (rest[2], rest[3])
+        if variant == "galerkin":
+            return galerkin(y)
+        return fourier(y, path=variant.split("-")[1])
+
+    assert torch.autograd.gradcheck(call, tensors, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("quadratic", [False, True])
+def test_opcheck_cuda(quadratic, gen):
+    case = Case(2, 2, 9, 5, P=1, weight="batched")
+    x = to_cuda(make_cpu_inputs(case, gen, requires_grad=False), torch.float32)
+    for t in grad_inputs(x)[1]:
+        t.requires_grad_()
+    torch.library.opcheck(torch.ops.galerkin_ext.attention_forward, op_args(x, quadratic))
+
+
+def test_cuda_graph_capture_and_replay(gen):
+    case = Case(2, 4, 257, 32, P=2)
+    x = to_cuda(make_cpu_inputs(case, gen), torch.float32)
+    static = {key: x[key] for key in ("q", "k", "v")}
+    for t in static.values():
+        t.requires_grad_()
+    upstream = torch.randn(case.B, case.H, case.N, case.D + case.P, device="cuda")
+
+    def step():
+        y = {**x, **static}
+        out = galerkin(y) + fourier(y)
+        return torch.autograd.grad(out, list(static.values()), upstream)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the graph (allocator pools, lazy init)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = step()
+    for _ in range(2):
+        for t in static.values():
+            with torch.no_grad():
+                t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, expected in zip(grads, step(), strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_compile_cuda(gen):
+    case = Case(2, 2, 64, 16, P=2, weight="batched")
+    x = to_cuda(make_cpu_inputs(case, gen), torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda y: galerkin(y) + fourier(y), fullgraph=True)
+    torch.testing.assert_close(compiled(x), galerkin(x) + fourier(x))
