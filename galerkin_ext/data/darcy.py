@@ -17,6 +17,9 @@ Batches are spread over worker processes (one sample per task).
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from functools import lru_cache
@@ -27,8 +30,15 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ._validation import check_positive_int
+from .random_fields import sample_darcy_coefficient
 
-__all__ = ["assemble_darcy_matrix", "solve_darcy", "darcy_executor", "default_workers"]
+__all__ = [
+    "assemble_darcy_matrix",
+    "solve_darcy",
+    "darcy_executor",
+    "default_workers",
+    "sample_and_solve",
+]
 
 
 def default_workers() -> int:
@@ -99,10 +109,43 @@ def _solve_task(args: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     return _solve_one(*args)
 
 
+def sample_and_solve(
+    args: tuple[int, int, int, dict[str, float]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Worker task of the generator: coefficient sample ``index`` and its solution.
+
+    ``args = (seed, index, resolution, params)`` with ``params`` holding ``alpha``, ``tau``,
+    ``high``, ``low`` and ``f``; returns ``(a, u)``, each ``(K, K)``.  Sampling here, in the
+    worker, spreads it over the cores too.
+    """
+    seed, index, resolution, p = args
+    a = sample_darcy_coefficient(
+        1, resolution, seed=seed, start=index, alpha=p["alpha"], tau=p["tau"],
+        high=p["high"], low=p["low"],
+    )[0]
+    return a, _solve_one(a, np.full(a.shape, p["f"]))
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Worker initialiser: leave once the parent is gone (a killed parent would orphan us)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def darcy_executor(workers: int | None = None) -> Executor:
     """A process pool for the solver (spawned, so it is safe after torch/threads are loaded)."""
     workers = default_workers() if workers is None else check_positive_int("workers", workers)
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=get_context("spawn"),
+        initializer=_exit_with_parent,
+        initargs=(os.getpid(),),
+    )
 
 
 def _map_solve(
@@ -117,16 +160,14 @@ def _map_solve(
 def _as_batch(a: object, f: object) -> tuple[np.ndarray, np.ndarray, bool, object]:
     """Validate and broadcast ``a`` to ``(B, K, K)`` and ``f`` alike; remember the input kind."""
     like = None
-    try:
-        import torch  # optional: accept tensors without making torch a hard import here
-
+    # A tensor can only be passed if torch is already imported: no need to import it here.
+    torch = sys.modules.get("torch")
+    if torch is not None:
         if isinstance(a, torch.Tensor):
             like = a
             a = a.detach().cpu().numpy()
         if isinstance(f, torch.Tensor):
             f = f.detach().cpu().numpy()
-    except ImportError:  # pragma: no cover - torch is a declared dependency
-        pass
     if not isinstance(a, np.ndarray):
         raise TypeError(f"a must be a numpy.ndarray or torch.Tensor, got {type(a).__name__}")
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
@@ -196,7 +237,5 @@ def solve_darcy(
     if single:
         u = u[0]
     if like is not None:
-        import torch
-
-        return torch.from_numpy(u).to(like.device)
+        return sys.modules["torch"].from_numpy(u).to(like.device)
     return u

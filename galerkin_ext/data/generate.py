@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from . import darcy as _darcy
 from ._validation import check_positive_float, check_positive_int, check_seed
 from .burgers import solve_burgers
-from .random_fields import sample_darcy_coefficient, sample_periodic_grf_1d
+from .darcy import sample_and_solve as _darcy_task
+from .random_fields import sample_periodic_grf_1d
 from .storage import ArraySpec, ChunkedWriter
 
 __all__ = ["generate_burgers", "generate_darcy"]
@@ -105,16 +106,6 @@ def generate_burgers(
         return {"a": u0, "u": u1.cpu().numpy()}
 
     return _run(writer, compute, progress, "burgers")
-
-
-def _darcy_task(args: tuple[int, int, int, dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
-    """Worker: sample coefficient ``index`` and solve it (sampling in the worker spreads it too)."""
-    seed, index, resolution, p = args
-    a = sample_darcy_coefficient(
-        1, resolution, seed=seed, start=index, alpha=p["alpha"], tau=p["tau"],
-        high=p["high"], low=p["low"],
-    )[0]
-    return a, _darcy._solve_one(a, np.full(a.shape, p["f"]))
 
 
 def generate_darcy(

@@ -1,0 +1,60 @@
+"""Data for the three experiments of the Galerkin Transformer paper (SPEC §4).
+
+Modules (imported lazily, so the solver worker processes stay light):
+
+* :mod:`.random_fields` -- seeded Gaussian random fields (Burgers ``u0``, Darcy coefficients);
+* :mod:`.burgers` -- :func:`solve_burgers`, pseudo-spectral ETDRK4, CPU or GPU;
+* :mod:`.darcy` -- :func:`solve_darcy`, 5-point finite differences, sparse direct solve;
+* :mod:`.storage` -- the HDF5 schema, resumable chunked writing and checked reading;
+* :mod:`.generate` -- :func:`generate_burgers`, :func:`generate_darcy`;
+* :mod:`.datasets` -- PyTorch datasets (Burgers, Darcy forward and inverse), normaliser;
+* :mod:`.mat` -- readers for the original ``.mat`` benchmark files.
+
+Command line: ``python -m galerkin_ext.data generate {burgers,darcy} --out FILE.h5 ...`` and
+``python -m galerkin_ext.data info FILE.h5``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "solve_burgers": "burgers",
+    "solve_darcy": "darcy",
+    "assemble_darcy_matrix": "darcy",
+    "sample_periodic_grf_1d": "random_fields",
+    "sample_neumann_grf_2d": "random_fields",
+    "sample_darcy_coefficient": "random_fields",
+    "threshold_coefficient": "random_fields",
+    "generate_burgers": "generate",
+    "generate_darcy": "generate",
+    "read_h5": "storage",
+    "inspect_h5": "storage",
+    "DataFileError": "storage",
+    "BurgersDataset": "datasets",
+    "DarcyDataset": "datasets",
+    "DarcyInverseDataset": "datasets",
+    "UnitGaussianNormalizer": "datasets",
+    "central_gradient_1d": "datasets",
+    "central_gradient_2d": "datasets",
+    "block_average": "datasets",
+    "load_mat": "mat",
+    "read_burgers_mat": "mat",
+    "read_darcy_mat": "mat",
+}
+_SUBMODULES = ("random_fields", "burgers", "darcy", "storage", "generate", "datasets", "mat")
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,442 @@
+"""PyTorch datasets for the three experiments (SPEC §4-5) and their helpers.
+
+Every item is a dict of float tensors (``dtype``, default float32); a ``DataLoader`` batches them
+into a dict with a leading batch axis.  Layouts (``n`` fine points per axis, ``nc`` coarse):
+
+* :class:`BurgersDataset` (grid ``x_j = j / n`` on the periodic ``[0, 1)``, subsampled by
+  ``8192 / n``): ``x`` ``(n, 1)`` initial condition, ``grid`` ``(n, 1)``, ``target`` ``(n, 1)``
+  solution at t = 1, ``target_grad`` ``(n, 1)`` its periodic central difference (for the H^1
+  term).  Data are not normalised.
+* :class:`DarcyDataset` (nodes ``x_i = i / (n - 1)``, subsampled by ``(K - 1) / (n - 1)``):
+  ``x`` ``(n, n, 1)`` coefficient after the pointwise unit-Gaussian normaliser,
+  ``coeff`` ``(n, n, 1)`` raw coefficient (weights the H^1 term), ``grid`` ``(n, n, 2)`` with
+  ``grid[i, j] = (x_i, y_j)``, ``pos`` ``(nc, nc, 2)`` the coarse grid of the attention layers,
+  ``target`` ``(n, n, 1)`` raw solution, ``target_grad`` ``(n, n, 2)`` its central differences
+  ``(d/dx, d/dy)`` at interior nodes, zero on the boundary ring.  ``target_normalizer`` (fitted
+  on the training targets) is what the model uses to de-normalise its output.
+* :class:`DarcyInverseDataset`: ``x`` ``(n, n, 1)`` normalised solution plus static noise
+  ``noise * N(0, 1)``, ``grid`` ``(n, n, 2)``, ``pos`` ``(nc, nc, 2)``, ``target`` ``(nc, nc, 1)``
+  coefficient block-averaged from the stored resolution to the coarse grid
+  (:func:`block_average`).
+
+Splits: ``"train"`` = the first ``n_train`` samples, ``"valid"`` = the last ``n_valid``.  The
+normalisers are fitted on the training samples of the same source unless given.  A source is a
+file written by :mod:`.generate` (``.h5``), an original ``.mat`` file, or a pair ``(a, u)`` of
+arrays.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from . import mat as _mat
+from ._validation import check_positive_float, check_positive_int, check_seed
+from .random_fields import sample_rng
+from .storage import DataFileError, inspect_h5, read_h5
+
+__all__ = [
+    "UnitGaussianNormalizer",
+    "central_gradient_1d",
+    "central_gradient_2d",
+    "block_average",
+    "uniform_grid_1d",
+    "uniform_grid_2d",
+    "BurgersDataset",
+    "DarcyDataset",
+    "DarcyInverseDataset",
+    "DARCY_COARSE",
+    "INVERSE_COARSE",
+]
+
+#: Coarse (attention) grid for each fine Darcy resolution (SPEC §3, CiNN sizes).
+DARCY_COARSE = {211: 61, 141: 43, 85: 29}
+#: Coarse target grid for each fine inverse-problem resolution (SPEC §4).
+INVERSE_COARSE = {141: 36, 211: 71}
+
+_STREAM_NOISE = 3  # random stream of the inverse problem's static noise
+
+Source = str | os.PathLike[str] | tuple[np.ndarray, np.ndarray]
+
+
+class UnitGaussianNormalizer(torch.nn.Module):
+    """Pointwise ``(x - mean) / (std + eps)`` with mean/population std over the sample axis.
+
+    ``mean`` and ``std`` are buffers of the per-sample shape, so the normaliser moves with
+    ``.to(device)`` and is saved in a model's ``state_dict``.
+    """
+
+    def __init__(self, data: torch.Tensor | np.ndarray, eps: float = 1e-5) -> None:
+        super().__init__()
+        x = torch.as_tensor(np.asarray(data) if not isinstance(data, torch.Tensor) else data)
+        if x.ndim < 1 or x.shape[0] < 1 or not x.is_floating_point():
+            raise ValueError(
+                "data must be a floating array of shape (n_samples, ...) with n_samples >= 1, "
+                f"got shape {tuple(x.shape)} and dtype {x.dtype}"
+            )
+        self.eps = check_positive_float("eps", eps, allow_zero=True)
+        x = x.to(torch.float64)
+        self.register_buffer("mean", x.mean(dim=0))
+        self.register_buffer("std", x.std(dim=0, correction=0))  # population std (SPEC §4)
+
+    def _check(self, x: torch.Tensor) -> None:
+        shape = tuple(self.mean.shape)
+        if tuple(x.shape[x.ndim - len(shape) :]) != shape:
+            raise ValueError(f"x must end with the fitted shape {shape}, got {tuple(x.shape)}")
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` of shape ``(..., *sample_shape)``; keeps ``x``'s dtype."""
+        self._check(x)
+        return ((x - self.mean) / (self.std + self.eps)).to(x.dtype)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Undo :meth:`encode`; keeps ``x``'s dtype."""
+        self._check(x)
+        return (x * (self.std + self.eps) + self.mean).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Same as :meth:`encode`."""
+        return self.encode(x)
+
+
+def central_gradient_1d(u: torch.Tensor, h: float) -> torch.Tensor:
+    """Periodic central difference ``(u[j+1] - u[j-1]) / (2h)`` along the last axis; same shape."""
+    if not isinstance(u, torch.Tensor) or u.ndim < 1:
+        raise TypeError("u must be a torch.Tensor with at least one axis")
+    h = check_positive_float("h", h)
+    return (torch.roll(u, -1, dims=-1) - torch.roll(u, 1, dims=-1)) / (2 * h)
+
+
+def central_gradient_2d(u: torch.Tensor, h: float) -> torch.Tensor:
+    """Central differences of ``u`` of shape ``(..., n, n)`` -> ``(..., n, n, 2)``.
+
+    Component 0 is ``d/dx`` (first grid axis), 1 is ``d/dy``; interior nodes only, zero on the
+    boundary ring (where a central difference does not exist).
+    """
+    if not isinstance(u, torch.Tensor) or u.ndim < 2 or min(u.shape[-2:]) < 3:
+        raise ValueError("u must be a torch.Tensor of shape (..., n, n) with n >= 3")
+    h = check_positive_float("h", h)
+    grad = u.new_zeros((*u.shape, 2))
+    grad[..., 1:-1, 1:-1, 0] = (u[..., 2:, 1:-1] - u[..., :-2, 1:-1]) / (2 * h)
+    grad[..., 1:-1, 1:-1, 1] = (u[..., 1:-1, 2:] - u[..., 1:-1, :-2]) / (2 * h)
+    return grad
+
+
+def _block_weights(k: int, nc: int) -> np.ndarray:
+    """``(nc, k)`` averaging weights of the fine nodes around each coarse node (see below)."""
+    s = (k - 1) // (nc - 1)
+    offset = np.arange(k)[None, :] - s * np.arange(nc)[:, None]
+    w = np.where(2 * np.abs(offset) < s, 1.0, 0.0) + np.where(2 * np.abs(offset) == s, 0.5, 0.0)
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def block_average(a: np.ndarray, coarse: int) -> np.ndarray:
+    """Average ``a`` of shape ``(..., K, K)`` onto ``coarse`` nodes per axis.
+
+    ``s = (K - 1) / (coarse - 1)`` must be an integer.  Coarse node ``J`` sits on fine node
+    ``s J`` and averages the fine nodes within ``s / 2`` of it (half weight for nodes at
+    exactly ``s / 2``, i.e. trapezoidal control volumes of width ``s h``), clipped at the
+    boundary.  Returns ``(..., coarse, coarse)``.
+    """
+    a = np.asarray(a)
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"a must have shape (..., K, K), got {a.shape}")
+    coarse = check_positive_int("coarse", coarse, 2)
+    k = a.shape[-1]
+    if coarse > k or (k - 1) % (coarse - 1):
+        raise ValueError(f"coarse - 1 must divide K - 1 = {k - 1}, got coarse = {coarse}")
+    w = _block_weights(k, coarse)
+    return np.einsum("Ii,...ij,Jj->...IJ", w, a, w)
+
+
+def uniform_grid_1d(n: int) -> torch.Tensor:
+    """Periodic grid ``x_j = j / n``, shape ``(n, 1)``, float64."""
+    n = check_positive_int("n", n)
+    return (torch.arange(n, dtype=torch.float64) / n)[:, None]
+
+
+def uniform_grid_2d(n: int) -> torch.Tensor:
+    """Nodes ``(x_i, y_j) = (i, j) / (n - 1)``, shape ``(n, n, 2)``, float64."""
+    n = check_positive_int("n", n, 2)
+    x = torch.linspace(0, 1, n, dtype=torch.float64)
+    return torch.stack(torch.meshgrid(x, x, indexing="ij"), dim=-1)
+
+
+def _source_info(source: Source, mat_keys: tuple[str, str]) -> tuple[str, int, tuple[int, ...]]:
+    """Kind (``"h5"``/``"mat"``/``"arrays"``), number of samples and grid shape of a source."""
+    if isinstance(source, tuple):
+        if len(source) != 2:
+            raise ValueError("source must be a path or a pair (a, u) of arrays")
+        a, u = (np.asarray(x) for x in source)
+        if a.shape != u.shape or a.ndim < 2:
+            raise ValueError(
+                f"source arrays a and u must share a shape (B, ...), got {a.shape}, {u.shape}"
+            )
+        return "arrays", a.shape[0], a.shape[1:]
+    if not isinstance(source, str | os.PathLike):
+        raise TypeError(
+            f"source must be a path or a pair (a, u) of arrays, got {type(source).__name__}"
+        )
+    p = Path(source)
+    if not p.is_file():
+        raise FileNotFoundError(f"source: no such file {str(p)!r}")
+    if h5py.is_hdf5(p):
+        with h5py.File(p, "r") as f:
+            ours = "schema" in f.attrs
+        if ours:
+            info = inspect_h5(p)
+            return "h5", info["n_samples"], info["shapes"]["a"][1:]
+    if p.suffix.lower() == ".mat":
+        return "mat", -1, ()
+    raise DataFileError(f"source {str(p)!r} is neither a galerkin_ext .h5 file nor a .mat file")
+
+
+def _read_mat(path: str | os.PathLike[str], keys: tuple[str, str]) -> tuple[np.ndarray, ...]:
+    return _mat.read_burgers_mat(path) if keys == ("a", "u") else _mat.read_darcy_mat(path)
+
+
+def _load(
+    source: Source,
+    mat_keys: tuple[str, str],
+    indices: np.ndarray,
+    reduce: dict[str, Callable[[np.ndarray], np.ndarray]],
+) -> dict[str, np.ndarray]:
+    """Read ``a``/``u`` at ``indices``, applying ``reduce[key]`` block by block (bounded memory)."""
+    kind, _, _ = _source_info(source, mat_keys)
+    if kind == "h5":
+        out: dict[str, list[np.ndarray]] = {k: [] for k in reduce}
+        for lo in range(0, indices.size, 64):
+            sel = indices[lo : lo + 64]
+            block = read_h5(source, sel, keys=tuple(reduce))  # type: ignore[arg-type]
+            for key, fn in reduce.items():
+                out[key].append(fn(block[key].astype(np.float64)))
+        return {k: np.concatenate(v) for k, v in out.items()}
+    if kind == "mat":
+        a, u = _read_mat(source, mat_keys)  # type: ignore[arg-type]
+    else:
+        a, u = (np.asarray(x, dtype=np.float64) for x in source)  # type: ignore[union-attr]
+    arrays = {"a": a, "u": u}
+    if indices.size and indices.max() >= a.shape[0]:
+        raise ValueError(f"source has {a.shape[0]} samples, fewer than the split needs")
+    return {k: fn(arrays[k][indices]) for k, fn in reduce.items()}
+
+
+def _n_samples(source: Source, mat_keys: tuple[str, str]) -> int:
+    kind, n, _ = _source_info(source, mat_keys)
+    if kind == "mat":
+        n = _read_mat(source, mat_keys)[0].shape[0]  # type: ignore[arg-type]
+    return n
+
+
+def _split_indices(n: int, split: str, n_train: int, n_valid: int) -> np.ndarray:
+    if split not in ("train", "valid"):
+        raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
+    n_train = check_positive_int("n_train", n_train)
+    n_valid = check_positive_int("n_valid", n_valid)
+    want = n_train if split == "train" else n_valid
+    if want > n:
+        raise ValueError(f"the source has {n} samples, fewer than n_{split} = {want}")
+    return np.arange(n_train) if split == "train" else np.arange(n - n_valid, n)
+
+
+def _stride(k: int, n: int, periodic: bool) -> int:
+    if periodic:
+        if n > k or k % n:
+            raise ValueError(f"resolution must divide the stored {k} points, got {n}")
+        return k // n
+    if n > k or n < 3 or (k - 1) % (n - 1):
+        raise ValueError(f"resolution - 1 must divide the stored {k} - 1 intervals, got {n}")
+    return (k - 1) // (n - 1)
+
+
+class BurgersDataset(Dataset):
+    """Burgers pairs ``u0 -> u(., 1)`` subsampled to ``resolution`` points (8192 -> 2048/512)."""
+
+    def __init__(
+        self,
+        source: Source,
+        split: str = "train",
+        resolution: int = 2048,
+        *,
+        n_train: int = 1024,
+        n_valid: int = 100,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        resolution = check_positive_int("resolution", resolution, 3)
+        n = _n_samples(source, ("a", "u"))
+        idx = _split_indices(n, split, n_train, n_valid)
+        first = _load(source, ("a", "u"), idx[:1], {"a": lambda x: x})["a"]
+        stride = _stride(first.shape[-1], resolution, periodic=True)
+        sub = {"a": lambda x: x[:, ::stride], "u": lambda x: x[:, ::stride]}
+        data = _load(source, ("a", "u"), idx, sub)
+        self.resolution = resolution
+        self.x = torch.from_numpy(data["a"]).to(dtype)[..., None]
+        self.target = torch.from_numpy(data["u"]).to(dtype)[..., None]
+        self.grid = uniform_grid_1d(resolution).to(dtype)
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        target = self.target[i]
+        grad = central_gradient_1d(target[:, 0], 1.0 / self.resolution)[:, None]
+        return {"x": self.x[i], "grid": self.grid, "target": target, "target_grad": grad}
+
+
+def _needs_fit(n: int, split: str, n_train: int, n_valid: int, given: Any, name: str) -> bool:
+    """Whether a normaliser must be fitted here (on the first ``n_train`` samples)."""
+    if given is not None:
+        if not isinstance(given, UnitGaussianNormalizer):
+            raise TypeError(f"{name} must be a UnitGaussianNormalizer, got {type(given).__name__}")
+        return False
+    if split == "valid" and n_train + n_valid > n:
+        # e.g. an original evaluation .mat file: its first samples are not the training set.
+        raise ValueError(
+            f"{name} must be given (from the training dataset) for a 'valid' split of a source "
+            f"whose {n} samples do not hold n_train + n_valid = {n_train + n_valid} samples"
+        )
+    return True
+
+
+class DarcyDataset(Dataset):
+    """Darcy forward problem ``a -> u`` at ``resolution`` (421 -> 211/141/85), see module doc."""
+
+    def __init__(
+        self,
+        source: Source,
+        split: str = "train",
+        resolution: int = 141,
+        *,
+        coarse_resolution: int | None = None,
+        n_train: int = 1024,
+        n_valid: int = 100,
+        input_normalizer: UnitGaussianNormalizer | None = None,
+        target_normalizer: UnitGaussianNormalizer | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        resolution = check_positive_int("resolution", resolution, 3)
+        nc = coarse_resolution if coarse_resolution is not None else DARCY_COARSE.get(resolution)
+        if nc is None:
+            raise ValueError(
+                f"coarse_resolution must be given for resolution {resolution} "
+                f"(defaults exist for {sorted(DARCY_COARSE)})"
+            )
+        nc = check_positive_int("coarse_resolution", nc, 2)
+        keys = ("coeff", "sol")
+        n = _n_samples(source, keys)
+        idx = _split_indices(n, split, n_train, n_valid)
+        k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
+        s = _stride(k, resolution, periodic=False)
+        sub = {"a": lambda x: x[:, ::s, ::s], "u": lambda x: x[:, ::s, ::s]}
+        data = _load(source, keys, idx, sub)
+        fit_in = _needs_fit(n, split, n_train, n_valid, input_normalizer, "input_normalizer")
+        fit_t = _needs_fit(n, split, n_train, n_valid, target_normalizer, "target_normalizer")
+        if fit_in or fit_t:
+            train = data if split == "train" else _load(source, keys, np.arange(n_train), sub)
+            if input_normalizer is None:
+                input_normalizer = UnitGaussianNormalizer(train["a"])
+            if target_normalizer is None:
+                target_normalizer = UnitGaussianNormalizer(train["u"])
+        # A copy: Module.to() works in place and must not change the caller's normaliser.
+        self.input_normalizer = copy.deepcopy(input_normalizer).to(dtype)
+        self.target_normalizer = copy.deepcopy(target_normalizer).to(dtype)
+        self.resolution = resolution
+        self.coeff = torch.from_numpy(data["a"]).to(dtype)
+        self.target = torch.from_numpy(data["u"]).to(dtype)
+        self.x = self.input_normalizer.encode(self.coeff)
+        self.grid = uniform_grid_2d(resolution).to(dtype)
+        self.pos = uniform_grid_2d(nc).to(dtype)
+
+    def __len__(self) -> int:
+        return self.coeff.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        target = self.target[i]
+        return {
+            "x": self.x[i, ..., None],
+            "coeff": self.coeff[i, ..., None],
+            "grid": self.grid,
+            "pos": self.pos,
+            "target": target[..., None],
+            "target_grad": central_gradient_2d(target, 1.0 / (self.resolution - 1)),
+        }
+
+
+class DarcyInverseDataset(Dataset):
+    """Inverse problem ``u + noise -> a`` (coarse), see module doc; noise is fixed per sample."""
+
+    def __init__(
+        self,
+        source: Source,
+        split: str = "train",
+        resolution: int = 141,
+        *,
+        coarse_resolution: int | None = None,
+        noise: float = 0.0,
+        noise_seed: int = 0,
+        n_train: int = 1024,
+        n_valid: int = 100,
+        input_normalizer: UnitGaussianNormalizer | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        resolution = check_positive_int("resolution", resolution, 3)
+        nc = coarse_resolution if coarse_resolution is not None else INVERSE_COARSE.get(resolution)
+        if nc is None:
+            raise ValueError(
+                f"coarse_resolution must be given for resolution {resolution} "
+                f"(defaults exist for {sorted(INVERSE_COARSE)})"
+            )
+        nc = check_positive_int("coarse_resolution", nc, 2)
+        noise = check_positive_float("noise", noise, allow_zero=True)
+        noise_seed = check_seed("noise_seed", noise_seed)
+        keys = ("coeff", "sol")
+        n = _n_samples(source, keys)
+        idx = _split_indices(n, split, n_train, n_valid)
+        k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
+        s = _stride(k, resolution, periodic=False)
+        if (k - 1) % (nc - 1):
+            raise ValueError(
+                f"coarse_resolution - 1 must divide the stored {k} - 1 intervals, got {nc}"
+            )
+        sub_u = {"u": lambda x: x[:, ::s, ::s]}
+        data = _load(source, keys, idx, {**sub_u, "a": lambda x: block_average(x, nc)})
+        if _needs_fit(n, split, n_train, n_valid, input_normalizer, "input_normalizer"):
+            if split == "train":
+                train_u = data["u"]
+            else:
+                train_u = _load(source, keys, np.arange(n_train), sub_u)["u"]
+            input_normalizer = UnitGaussianNormalizer(train_u)
+        # A copy: Module.to() works in place and must not change the caller's normaliser.
+        self.input_normalizer = copy.deepcopy(input_normalizer).to(dtype)
+        x = self.input_normalizer.encode(torch.from_numpy(data["u"]))
+        if noise > 0:
+            # Static noise: drawn once per sample from (noise_seed, global index).
+            eps = np.stack([
+                sample_rng(noise_seed, _STREAM_NOISE, int(i)).standard_normal(x.shape[1:])
+                for i in idx
+            ])
+            x = x + noise * torch.from_numpy(eps)
+        self.noise = noise
+        self.x = x.to(dtype)
+        self.target = torch.from_numpy(data["a"]).to(dtype)
+        self.grid = uniform_grid_2d(resolution).to(dtype)
+        self.pos = uniform_grid_2d(nc).to(dtype)
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {
+            "x": self.x[i, ..., None],
+            "grid": self.grid,
+            "pos": self.pos,
+            "target": self.target[i, ..., None],
+        }

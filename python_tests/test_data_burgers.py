@@ -1,0 +1,113 @@
+"""Burgers solver: exact Cole-Hopf solutions, truncated solve, input handling."""
+
+import numpy as np
+import pytest
+import torch
+
+from galerkin_ext.data.burgers import etdrk4_coefficients, solve_burgers
+from galerkin_ext.data.random_fields import sample_periodic_grf_1d
+
+NU = 0.1
+
+
+def cole_hopf(x: np.ndarray, t: float, modes: list[tuple[float, float]], c0: float = 1.0):
+    """u = -2 nu phi_x / phi with phi = c0 + sum_k b_k e^{-nu (2 pi k)^2 t} cos(2 pi k x + th_k)."""
+    phi = np.full_like(x, c0)
+    dphi = np.zeros_like(x)
+    for k, (b, th) in enumerate(modes, start=1):
+        decay = b * np.exp(-NU * (2 * np.pi * k) ** 2 * t)
+        phi += decay * np.cos(2 * np.pi * k * x + th)
+        dphi -= decay * 2 * np.pi * k * np.sin(2 * np.pi * k * x + th)
+    assert phi.min() > 0
+    return -2 * NU * dphi / phi
+
+
+CASES = [
+    [(0.6, 0.3), (0.25, 1.0), (0.1, 2.0)],
+    [(0.9, 0.0)],  # steep: |u0| up to 2.6
+    [(0.3, 0.1), (0.3, 2.0), (0.2, 0.5), (0.15, 1.0)],
+]
+
+
+def test_cole_hopf_exact_solutions_1024_points():
+    x = np.arange(1024) / 1024
+    u0 = np.stack([cole_hopf(x, 0.0, m) for m in CASES])
+    exact = np.stack([cole_hopf(x, 1.0, m) for m in CASES])
+    u = solve_burgers(u0, nu=NU, t_end=1.0)
+    rel = np.linalg.norm(u - exact, axis=1) / np.linalg.norm(exact, axis=1)
+    assert rel.max() <= 1e-8, rel
+
+
+def test_fourth_order_in_time():
+    x = np.arange(256) / 256
+    u0 = cole_hopf(x, 0.0, CASES[0])
+    exact = cole_hopf(x, 0.5, CASES[0])
+    errs = [np.abs(solve_burgers(u0, NU, 0.5, n_steps=s) - exact).max() for s in (25, 50)]
+    assert 12 < errs[0] / errs[1] < 20  # 2^4 = 16
+
+
+def test_truncated_solve_matches_full_solve():
+    u0 = sample_periodic_grf_1d(1, 2048, seed=3)
+    full = solve_burgers(u0, n_steps=200)
+    trunc = solve_burgers(u0, n_steps=200, solve_resolution=512)
+    # Only the GRF's modes >= 256 (amplitude ~1e-6, damped within ~1e-5 time) differ.
+    assert np.abs(trunc - full).max() / np.abs(full).max() < 1e-10
+
+
+def test_torch_input_keeps_type_shape_dtype():
+    x = np.arange(128) / 128
+    u0 = cole_hopf(x, 0.0, CASES[0])
+    ref = solve_burgers(u0[None], n_steps=200)
+    out = solve_burgers(torch.tensor(u0, dtype=torch.float32), n_steps=200)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.shape == (128,)
+    np.testing.assert_allclose(out.numpy(), ref[0], atol=1e-6)
+    out64 = solve_burgers(torch.from_numpy(u0[None]), n_steps=200)
+    assert out64.dtype == torch.float64
+    np.testing.assert_allclose(out64.numpy(), ref, rtol=0, atol=1e-15)
+
+
+def test_batch_rows_are_independent():
+    u0 = sample_periodic_grf_1d(3, 256, seed=1)
+    batch = solve_burgers(u0, n_steps=100)
+    single = solve_burgers(u0[1:2], n_steps=100)
+    np.testing.assert_allclose(batch[1:2], single, atol=1e-14)
+
+
+def test_etdrk4_coefficients_limits():
+    lin = torch.tensor([0.0, -1e-12, -1.0, -1e6], dtype=torch.float64)
+    e, e2, q, f1, f2, f3 = etdrk4_coefficients(lin, 0.1)
+    # At L = 0 the scheme is classical RK4: Q = h/2, f1 = h/6, f2 = h/6, f3 = h/6.
+    np.testing.assert_allclose([q[0], f1[0], f2[0], f3[0]], [0.05, 0.1 / 6, 0.1 / 6, 0.1 / 6],
+                               rtol=1e-13)
+    np.testing.assert_allclose(q[1], 0.05, rtol=1e-10)
+    z = -0.1
+    np.testing.assert_allclose(q[2], 0.1 * (np.exp(z / 2) - 1) / z, rtol=1e-13)
+    assert torch.isfinite(torch.stack([q, f1, f2, f3])).all() and e[3] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        ({"u0": np.zeros((2, 2, 8))}, ValueError, "shape"),
+        ({"u0": np.zeros((1, 2))}, ValueError, "at least 4"),
+        ({"u0": np.full((1, 8), np.nan)}, ValueError, "finite"),
+        ({"u0": [0.0] * 8}, TypeError, "numpy.ndarray or torch.Tensor"),
+        ({"u0": np.zeros((1, 8)), "nu": 0.0}, ValueError, "nu"),
+        ({"u0": np.zeros((1, 8)), "t_end": -1.0}, ValueError, "t_end"),
+        ({"u0": np.zeros((1, 8)), "solve_resolution": 16}, ValueError, "solve_resolution"),
+        ({"u0": np.zeros((1, 8)), "n_steps": 0}, ValueError, "n_steps"),
+        ({"u0": np.zeros((1, 8), dtype=complex)}, TypeError, "real"),
+    ],
+)
+def test_bad_input(kwargs, err, match):
+    with pytest.raises(err, match=match):
+        solve_burgers(**kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_matches_cpu():
+    u0 = torch.from_numpy(sample_periodic_grf_1d(4, 1024, seed=0))
+    cpu = solve_burgers(u0, n_steps=200)
+    gpu = solve_burgers(u0.cuda(), n_steps=200)
+    assert gpu.is_cuda
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-12, rtol=0)

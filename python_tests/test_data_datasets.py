@@ -1,0 +1,177 @@
+"""PyTorch datasets: layouts, subsampling, splits, normalisers, gradients, inverse problem."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from galerkin_ext.data import generate as gen
+from galerkin_ext.data.datasets import (
+    BurgersDataset,
+    DarcyDataset,
+    DarcyInverseDataset,
+    UnitGaussianNormalizer,
+    block_average,
+    central_gradient_2d,
+)
+
+
+def burgers_arrays(n=12, k=64):
+    x = np.arange(k) / k
+    amp = np.arange(1, n + 1)[:, None]
+    return amp * np.sin(2 * np.pi * x), amp * np.cos(2 * np.pi * x)
+
+
+def darcy_arrays(n=10, k=25):
+    rng = np.random.default_rng(0)
+    x = np.linspace(0, 1, k)
+    xx, yy = np.meshgrid(x, x, indexing="ij")
+    a = rng.choice([3.0, 12.0], size=(n, k, k))
+    u = rng.random((n, 1, 1)) * (xx * (1 - xx) * yy * (1 - yy))[None]
+    return a, u
+
+
+def test_burgers_dataset_layout_and_split():
+    a, u = burgers_arrays()
+    ds = BurgersDataset((a, u), "train", 16, n_train=8, n_valid=3)
+    assert len(ds) == 8
+    item = ds[2]
+    assert {k: tuple(v.shape) for k, v in item.items()} == {
+        "x": (16, 1), "grid": (16, 1), "target": (16, 1), "target_grad": (16, 1)}
+    assert item["x"].dtype == torch.float32
+    np.testing.assert_allclose(item["grid"][:, 0].numpy(), np.arange(16) / 16)
+    np.testing.assert_allclose(item["x"][:, 0].numpy(), a[2, ::4], rtol=1e-6)
+    # Periodic central difference of 3 cos(2 pi x): -3 sin(2 pi x) sin(2 pi h) / h exactly.
+    h = 1 / 16
+    exact = -3 * np.sin(2 * np.pi * np.arange(16) * h) * np.sin(2 * np.pi * h) / h
+    np.testing.assert_allclose(item["target_grad"][:, 0].numpy(), exact, atol=1e-5)
+    valid = BurgersDataset((a, u), "valid", 64, n_train=8, n_valid=3)
+    np.testing.assert_allclose(valid[0]["target"][:, 0].numpy(), u[9], rtol=1e-6)
+    batch = next(iter(DataLoader(ds, batch_size=4)))
+    assert batch["x"].shape == (4, 16, 1)
+
+
+def test_burgers_dataset_bad_arguments():
+    a, u = burgers_arrays()
+    with pytest.raises(ValueError, match="resolution must divide"):
+        BurgersDataset((a, u), resolution=24, n_train=4, n_valid=2)
+    with pytest.raises(ValueError, match="split"):
+        BurgersDataset((a, u), "test", 16, n_train=4, n_valid=2)
+    with pytest.raises(ValueError, match="n_train"):
+        BurgersDataset((a, u), "train", 16, n_train=40, n_valid=2)
+    with pytest.raises(ValueError, match="share a shape"):
+        BurgersDataset((a, u[:, :8]), n_train=4, n_valid=2)
+    with pytest.raises(TypeError, match="source"):
+        BurgersDataset(42, n_train=4, n_valid=2)
+
+
+def test_darcy_dataset_layout_normaliser_and_gradient():
+    a, u = darcy_arrays()
+    ds = DarcyDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                      dtype=torch.float64)
+    item = ds[1]
+    assert {k: tuple(v.shape) for k, v in item.items()} == {
+        "x": (13, 13, 1), "coeff": (13, 13, 1), "grid": (13, 13, 2), "pos": (7, 7, 2),
+        "target": (13, 13, 1), "target_grad": (13, 13, 2)}
+    np.testing.assert_array_equal(item["coeff"][..., 0].numpy(), a[1, ::2, ::2])
+    np.testing.assert_allclose(item["grid"][3, 5].numpy(), [0.25, 5 / 12])
+    x = torch.stack([ds[i]["x"] for i in range(6)])
+    np.testing.assert_allclose(x.mean(0).numpy(), 0, atol=1e-12)
+    std = x.std(0, correction=0).numpy()
+    assert np.all((np.abs(std - 1) < 1e-3) | (std == 0))  # std == 0 where a is constant
+    back = ds.input_normalizer.decode(ds.input_normalizer.encode(ds.coeff))
+    torch.testing.assert_close(back, ds.coeff)
+    # Central differences of a quadratic are exact at interior nodes; the ring is zero.
+    g = np.linspace(0, 1, 13)
+    gx, gy = np.meshgrid(g, g, indexing="ij")
+    c = u[1, 12, 12] / 0.0625  # u[1] = c x (1 - x) y (1 - y)
+    exact_x = c * (1 - 2 * gx) * gy * (1 - gy)
+    np.testing.assert_allclose(item["target_grad"][1:-1, 1:-1, 0].numpy(),
+                               exact_x[1:-1, 1:-1], atol=1e-10)
+    assert item["target_grad"][0].abs().max() == 0
+    valid = DarcyDataset((a, u), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3)
+    torch.testing.assert_close(valid.input_normalizer.mean, ds.input_normalizer.mean.float())
+    assert len(valid) == 3
+
+
+def test_central_gradient_2d_is_exact_for_quadratics():
+    g = torch.linspace(0, 1, 9, dtype=torch.float64)
+    x, y = torch.meshgrid(g, g, indexing="ij")
+    grad = central_gradient_2d(x**2 + 3 * x * y, 1 / 8)
+    torch.testing.assert_close(grad[1:-1, 1:-1, 0], (2 * x + 3 * y)[1:-1, 1:-1])
+    torch.testing.assert_close(grad[1:-1, 1:-1, 1], (3 * x)[1:-1, 1:-1])
+
+
+def test_block_average():
+    k = 25
+    g = np.linspace(0, 1, k)
+    xx, yy = np.meshgrid(g, g, indexing="ij")
+    lin = 2 * xx + yy
+    for nc in (7, 5, 13):  # strides 4 (even: half-weight ends), 6, 2
+        avg = block_average(lin, nc)
+        gc = np.linspace(0, 1, nc)
+        cx, cy = np.meshgrid(gc, gc, indexing="ij")
+        np.testing.assert_allclose(avg[1:-1, 1:-1], (2 * cx + cy)[1:-1, 1:-1], atol=1e-12)
+        np.testing.assert_allclose(block_average(np.full((3, k, k), 7.0), nc), 7.0)
+    step = np.where(xx < 0.5 - 1e-9, 3.0, 12.0)
+    avg = block_average(step, 7)  # coarse node at x = 0.5 averages 3,3,12,12,12 (half ends)
+    np.testing.assert_allclose(avg[3, 3], (0.5 * 3 + 3 + 12 + 12 + 0.5 * 12) / 4)
+    with pytest.raises(ValueError, match="divide"):
+        block_average(lin, 6)
+
+
+def test_inverse_dataset_noise_and_targets():
+    a, u = darcy_arrays()
+    clean = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                                dtype=torch.float64)
+    noisy = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                                noise=0.1, noise_seed=3, dtype=torch.float64)
+    again = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                                noise=0.1, noise_seed=3, dtype=torch.float64)
+    item = clean[2]
+    assert {k: tuple(v.shape) for k, v in item.items()} == {
+        "x": (13, 13, 1), "grid": (13, 13, 2), "pos": (7, 7, 2), "target": (7, 7, 1)}
+    np.testing.assert_allclose(item["target"][..., 0].numpy(), block_average(a[2], 7))
+    diff = torch.stack([noisy[i]["x"] - clean[i]["x"] for i in range(6)])
+    assert abs(diff.std().item() - 0.1) < 0.01
+    torch.testing.assert_close(noisy[4]["x"], again[4]["x"])  # static noise
+    valid = DarcyInverseDataset((a, u), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                                input_normalizer=clean.input_normalizer, noise=0.1)
+    assert len(valid) == 3
+    with pytest.raises(TypeError, match="input_normalizer"):
+        DarcyInverseDataset((a, u), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                            input_normalizer="nope")
+    with pytest.raises(ValueError, match="coarse_resolution"):
+        DarcyInverseDataset((a, u), "train", 13, n_train=6, n_valid=3)
+
+
+def test_normalizer_validation():
+    with pytest.raises(ValueError, match="n_samples"):
+        UnitGaussianNormalizer(torch.zeros(0, 3))
+    norm = UnitGaussianNormalizer(torch.randn(5, 4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="fitted shape"):
+        norm.encode(torch.zeros(4, 3))
+
+
+def test_datasets_from_generated_files(tmp_path):
+    b = gen.generate_burgers(tmp_path / "b.h5", 6, 128, solve_resolution=64, n_steps=40,
+                             chunk_size=3, progress=False)
+    ds = BurgersDataset(b, "valid", 32, n_train=4, n_valid=2)
+    assert ds[0]["x"].shape == (32, 1)
+    d = gen.generate_darcy(tmp_path / "d.h5", 6, 25, chunk_size=3, workers=1, progress=False)
+    fwd = DarcyDataset(d, "train", 13, coarse_resolution=7, n_train=4, n_valid=2)
+    inv = DarcyInverseDataset(d, "valid", 13, coarse_resolution=5, n_train=4, n_valid=2)
+    assert fwd[3]["target"].abs().max() > 0 and inv[1]["target"].shape == (5, 5, 1)
+    assert set(np.unique(fwd.coeff.numpy())) <= {3.0, 12.0}
+
+
+def test_valid_split_of_a_separate_file_needs_the_training_normaliser():
+    a, u = darcy_arrays()
+    train = DarcyDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3)
+    with pytest.raises(ValueError, match="input_normalizer must be given"):
+        DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3)
+    valid = DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                         input_normalizer=train.input_normalizer,
+                         target_normalizer=train.target_normalizer, dtype=torch.float64)
+    assert valid.input_normalizer.mean.dtype == torch.float64
+    assert train.input_normalizer.mean.dtype == torch.float32  # the given one is untouched

@@ -1,0 +1,85 @@
+"""Original .mat files: MATLAB v5 (scipy) and v7.3 (HDF5) round trips, and datasets on them."""
+
+import h5py
+import numpy as np
+import pytest
+import scipy.io
+import torch
+
+from galerkin_ext.data.datasets import BurgersDataset, DarcyDataset
+from galerkin_ext.data.mat import is_mat_v73, load_mat, read_burgers_mat, read_darcy_mat
+
+
+def write_v73(path, **arrays):
+    """Write like MATLAB -v7.3: HDF5 with a 512-byte user block, column-major (reversed) axes."""
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for key, value in arrays.items():
+            f.create_dataset(key, data=np.asarray(value).transpose())
+    with open(path, "r+b") as fh:
+        fh.write(b"MATLAB 7.3 MAT-file".ljust(128, b" "))
+
+
+@pytest.fixture
+def darcy_arrays():
+    rng = np.random.default_rng(0)
+    return rng.choice([3.0, 12.0], size=(6, 9, 9)), rng.random((6, 9, 9))
+
+
+def test_v5_round_trip(tmp_path, darcy_arrays):
+    rng = np.random.default_rng(1)
+    a, u = rng.random((5, 16)), rng.random((5, 16))
+    scipy.io.savemat(tmp_path / "b.mat", {"a": a, "u": u})
+    assert not is_mat_v73(tmp_path / "b.mat")
+    ra, ru = read_burgers_mat(tmp_path / "b.mat")
+    np.testing.assert_array_equal(ra, a)
+    np.testing.assert_array_equal(ru, u)
+    coeff, sol = darcy_arrays
+    scipy.io.savemat(tmp_path / "d.mat", {"coeff": coeff, "sol": sol, "Kcoeff": coeff})
+    rc, rs = read_darcy_mat(tmp_path / "d.mat")
+    np.testing.assert_array_equal(rc, coeff)
+    np.testing.assert_array_equal(rs, sol)
+
+
+def test_v73_round_trip(tmp_path, darcy_arrays):
+    coeff, sol = darcy_arrays
+    write_v73(tmp_path / "d.mat", coeff=coeff, sol=sol)
+    assert is_mat_v73(tmp_path / "d.mat")
+    rc, rs = read_darcy_mat(tmp_path / "d.mat")
+    assert rc.shape == (6, 9, 9)
+    np.testing.assert_array_equal(rc, coeff)
+    np.testing.assert_array_equal(rs, sol)
+    a = np.arange(12.0).reshape(3, 4)
+    write_v73(tmp_path / "b.mat", a=a, u=2 * a)
+    ra, ru = read_burgers_mat(tmp_path / "b.mat")
+    np.testing.assert_array_equal(ra, a)
+    np.testing.assert_array_equal(ru, 2 * a)
+
+
+def test_missing_keys_and_bad_files(tmp_path):
+    scipy.io.savemat(tmp_path / "x.mat", {"a": np.zeros((2, 4))})
+    with pytest.raises(KeyError, match=r"lacks \['u'\].*holds \['a'\]"):
+        read_burgers_mat(tmp_path / "x.mat")
+    write_v73(tmp_path / "y.mat", coeff=np.zeros((2, 3, 3)))
+    with pytest.raises(KeyError, match="sol"):
+        read_darcy_mat(tmp_path / "y.mat")
+    (tmp_path / "z.mat").write_bytes(b"garbage" * 40)
+    with pytest.raises(ValueError, match="not a readable MATLAB file"):
+        load_mat(tmp_path / "z.mat", ["a"])
+    with pytest.raises(FileNotFoundError):
+        load_mat(tmp_path / "none.mat", ["a"])
+    scipy.io.savemat(tmp_path / "w.mat", {"a": np.zeros((2, 4)), "u": np.zeros((2, 5))})
+    with pytest.raises(ValueError, match="equal shape"):
+        read_burgers_mat(tmp_path / "w.mat")
+
+
+def test_datasets_read_mat_files(tmp_path, darcy_arrays):
+    rng = np.random.default_rng(2)
+    a, u = rng.random((6, 32)), rng.random((6, 32))
+    write_v73(tmp_path / "b.mat", a=a, u=u)
+    ds = BurgersDataset(tmp_path / "b.mat", "valid", 8, n_train=4, n_valid=2)
+    np.testing.assert_allclose(ds[1]["x"][:, 0].numpy(), a[5, ::4], rtol=1e-7)
+    coeff, sol = darcy_arrays
+    scipy.io.savemat(tmp_path / "d.mat", {"coeff": coeff, "sol": sol})
+    dd = DarcyDataset(tmp_path / "d.mat", "train", 5, coarse_resolution=3, n_train=4, n_valid=2,
+                      dtype=torch.float64)
+    np.testing.assert_array_equal(dd[3]["target"][..., 0].numpy(), sol[3, ::2, ::2])

@@ -1,0 +1,169 @@
+"""Generators, HDF5 schema, resume after interruption, corrupt files, command line."""
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from galerkin_ext.data import generate as gen
+from galerkin_ext.data.__main__ import main
+from galerkin_ext.data.burgers import solve_burgers
+from galerkin_ext.data.darcy import solve_darcy
+from galerkin_ext.data.random_fields import sample_periodic_grf_1d
+from galerkin_ext.data.storage import DataFileError, inspect_h5, partial_path, read_h5
+
+SMALL = {"resolution": 128, "solve_resolution": 64, "n_steps": 50, "progress": False}
+
+
+def burgers(path, n=10, chunk=4, **kw):
+    return gen.generate_burgers(path, n, chunk_size=chunk, **{**SMALL, **kw})
+
+
+def test_burgers_file_schema_and_content(tmp_path):
+    out = burgers(tmp_path / "b.h5", seed=5)
+    assert out == tmp_path / "b.h5" and not partial_path(out).exists()
+    info = inspect_h5(out)
+    assert info["complete"] and info["n_done"] == 10 and info["generator"] == "burgers"
+    assert info["seed"] == 5 and info["parameters"]["nu"] == 0.1
+    assert info["shapes"] == {"a": (10, 128), "u": (10, 128)}
+    with h5py.File(out) as f:
+        assert f.attrs["schema"] == "galerkin_ext.data/1"
+        assert json.loads(f.attrs["parameters"])["solve_resolution"] == 64
+        assert f.attrs["package_version"] == "0.1.0"
+        assert f["completed"][...].tolist() == [1, 1, 1]
+    data = read_h5(out)
+    u0 = sample_periodic_grf_1d(10, 128, seed=5)
+    np.testing.assert_array_equal(data["a"], u0)
+    np.testing.assert_allclose(
+        data["u"], solve_burgers(u0, n_steps=50, solve_resolution=64), atol=1e-15
+    )
+    sub = read_h5(out, [1, 4, 5], stride=4, keys=("u",))
+    np.testing.assert_array_equal(sub["u"], data["u"][[1, 4, 5], ::4])
+
+
+def test_determinism_independent_of_chunking(tmp_path):
+    a = read_h5(burgers(tmp_path / "a.h5", chunk=4))
+    b = read_h5(burgers(tmp_path / "b.h5", chunk=3))
+    c = read_h5(burgers(tmp_path / "c.h5", chunk=4, seed=1))
+    np.testing.assert_array_equal(a["a"], b["a"])
+    np.testing.assert_array_equal(a["u"], b["u"])
+    assert not np.array_equal(a["a"], c["a"])
+
+
+def _attrs(path):
+    with h5py.File(path) as f:
+        return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
+
+
+def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
+    reference = burgers(tmp_path / "ref.h5")
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return solve_burgers(*args, **kwargs)
+
+    out = tmp_path / "x.h5"
+    monkeypatch.setattr(gen, "solve_burgers", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        burgers(out)
+    monkeypatch.undo()
+    assert not out.exists()
+    part = partial_path(out)
+    info = inspect_h5(part)
+    assert not info["complete"] and info["n_done"] == 4
+    with pytest.raises(DataFileError, match="incomplete"):
+        read_h5(part)
+    with pytest.raises(FileExistsError, match="resume"):
+        burgers(out)
+    with pytest.raises(DataFileError, match="seed"):
+        burgers(out, seed=9, resume=True)
+    burgers(out, resume=True)
+    assert not part.exists()
+    a, b = read_h5(reference), read_h5(out)
+    np.testing.assert_array_equal(a["a"], b["a"])
+    np.testing.assert_array_equal(a["u"], b["u"])
+    assert _attrs(reference) == _attrs(out)
+
+
+def test_existing_file_and_bad_paths(tmp_path):
+    out = burgers(tmp_path / "b.h5", n=2, chunk=2)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        burgers(out, n=2)
+    with pytest.raises(FileExistsError, match="nothing to resume"):
+        burgers(out, n=2, resume=True)
+    burgers(out, n=3, chunk=2, overwrite=True)
+    assert inspect_h5(out)["n_samples"] == 3
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        burgers(tmp_path / "missing" / "b.h5")
+    with pytest.raises(ValueError, match=".h5"):
+        burgers(tmp_path / "b.txt")
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        burgers(tmp_path / "c.h5", resume=True, overwrite=True)
+
+
+def test_dir_named_like_output(tmp_path):
+    (tmp_path / "dir.h5").mkdir()
+    with pytest.raises(ValueError, match="directory"):
+        burgers(tmp_path / "dir.h5")
+
+
+def test_truncated_and_foreign_files_are_rejected(tmp_path):
+    out = burgers(tmp_path / "b.h5", n=8)
+    size = os.path.getsize(out)
+    with open(out, "r+b") as fh:
+        fh.truncate(size // 2)
+    with pytest.raises(DataFileError, match="corrupt or truncated"):
+        read_h5(out)
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"not an hdf5 file at all")
+    with pytest.raises(DataFileError, match="corrupt or truncated"):
+        inspect_h5(junk)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["a"] = np.zeros(3)
+    with pytest.raises(DataFileError, match="not a galerkin_ext data file"):
+        read_h5(other)
+    with pytest.raises(DataFileError, match="does not exist"):
+        read_h5(tmp_path / "nope.h5")
+
+
+def test_darcy_generation_with_workers(tmp_path):
+    out = gen.generate_darcy(tmp_path / "d.h5", 5, 17, seed=2, chunk_size=2, workers=2,
+                             progress=False)
+    serial = gen.generate_darcy(tmp_path / "s.h5", 5, 17, seed=2, chunk_size=5, workers=1,
+                                progress=False)
+    d, s = read_h5(out), read_h5(serial)
+    assert d["a"].dtype == np.float32 and d["u"].dtype == np.float64
+    np.testing.assert_array_equal(d["a"], s["a"])
+    np.testing.assert_array_equal(d["u"], s["u"])
+    assert set(np.unique(d["a"])) <= {3.0, 12.0}
+    np.testing.assert_allclose(d["u"], solve_darcy(d["a"].astype(np.float64), workers=1),
+                               rtol=0, atol=1e-15)
+    assert inspect_h5(out)["parameters"]["resolution"] == 17
+
+
+def test_cli_generate_info_and_errors(tmp_path, capsys):
+    out = tmp_path / "c.h5"
+    args = ["generate", "burgers", "--n-samples", "3", "--resolution", "64",
+            "--solve-resolution", "64", "--n-steps", "20", "--seed", "4", "--out", str(out)]
+    assert main(args + ["--no-progress"]) == 0
+    assert inspect_h5(out)["seed"] == 4
+    assert main(args + ["--no-progress"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert main(args + ["--no-progress", "--overwrite"]) == 0
+    assert main(["info", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out.split("wrote")[-1].split("\n", 1)[1])["n_done"] == 3
+    assert main(["generate", "darcy", "--out", str(tmp_path / "no" / "d.h5")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "bad.h5").write_bytes(b"\0" * 100)
+    assert main(["info", str(tmp_path / "bad.h5")]) == 1
+    assert "corrupt" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "burgers", "--out", str(out), "--n-samples", "0"])
+    with pytest.raises(SystemExit):
+        main(["generate", "burgers", "--out", str(out), "--resume", "--overwrite"])
