@@ -9,6 +9,10 @@ Implementations (``impl`` in the JSON):
             per-head layer norms, torch.cat of the coordinates, then the matmuls (Fourier through
             the N×N matrix)
   compiled  the same reference under torch.compile
+  original  the original package (galerkin-transformer 0.2.1, pip install --no-deps): its
+            per-head nn.LayerNorm modules, pos.repeat + torch.cat, and its attention() /
+            linear_attention() functions, with the always-on F.dropout(p=0.5) on the attention
+            matrix that its SimpleAttention passes (so it does that extra work, as users' runs do)
 
 Repetitions are interleaved over implementations and reported as medians. ``fwd_gbps`` is the
 forward's effective bandwidth: the bytes that must move (read q, k, v, pos; write the output)
@@ -22,6 +26,7 @@ with the normal allocator).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -48,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="JSON file to write (required)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--impls", default="ours,eager", help="comma list of ours, eager, compiled")
+    p.add_argument("--impls", default="ours,eager",
+                   help="comma list of ours, eager, compiled, original")
     p.add_argument("--ops", default="galerkin,fourier", help="comma list of galerkin, fourier")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
     p.add_argument("--sweep", action="store_true", help="add the N sweep of SWEEP")
@@ -64,8 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if name not in SHAPES:
             p.error(f"--shapes: unknown shape {name!r}; expected some of {', '.join(SHAPES)}")
     for impl in args.impls.split(","):
-        if impl not in ("ours", "eager", "compiled"):
+        if impl not in ("ours", "eager", "compiled", "original"):
             p.error(f"--impls: unknown implementation {impl!r}")
+        if impl == "original" and _original_layers_path() is None:
+            p.error("--impls original: galerkin-transformer is not installed "
+                    "(pip install --no-deps galerkin-transformer==0.2.1)")
     for op in args.ops.split(","):
         if op not in ("galerkin", "fourier"):
             p.error(f"--ops: unknown op {op!r}")
@@ -96,7 +105,44 @@ def make_inputs(shape, device, dtype, gen):
     return dict(q=q, k=k, v=v, pos=pos, norm_a=norms[0], norm_b=norms[1])
 
 
-def make_fn(op: str, impl: str):
+def _original_layers_path() -> Path | None:
+    spec = importlib.util.find_spec("galerkin_transformer")  # does not run its __init__
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "layers.py"
+    return path if path.exists() else None
+
+
+def make_original_fn(op: str, shape, device: str):
+    """The original package's attention path, loaded by file: its __init__ needs plotting deps."""
+    spec = importlib.util.spec_from_file_location("original_layers", _original_layers_path())
+    layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layers)
+    _, H, _, D, _ = shape
+    norms = [layers.SimpleAttention._get_layernorm(D, H, eps=1e-5).to(device) for _ in "ab"]
+    dropout = torch.nn.Dropout()  # its presence triggers F.dropout(p_attn), as in the original
+
+    def per_head(norm, t):
+        return torch.stack([n(t[:, i]) for i, n in enumerate(norm)], dim=1)
+
+    def fn(x):
+        q, k, v = x["q"], x["k"], x["v"]
+        if op == "galerkin":
+            k, v = per_head(norms[0], k), per_head(norms[1], v)
+        else:
+            q, k = per_head(norms[0], q), per_head(norms[1], k)
+        pos = x["pos"].to(q.dtype).unsqueeze(1).repeat([1, H, 1, 1])
+        q, k, v = (torch.cat([pos, t], dim=-1) for t in (q, k, v))
+        if op == "galerkin":
+            return layers.linear_attention(q, k, v, attention_type="galerkin", dropout=dropout)[0]
+        return layers.attention(q, k, v, attention_type="fourier", dropout=dropout)[0]
+
+    return fn
+
+
+def make_fn(op: str, impl: str, shape, device: str):
+    if impl == "original":
+        return make_original_fn(op, shape, device)
     module = ops if impl == "ours" else reference
     if op == "galerkin":
         def fn(x):
@@ -177,12 +223,12 @@ def _cpu_peak_child(op: str, impl: str, shape: list[str], dtype: str) -> None:
     """In the child: one warm-up, then the peak resident set of one forward+backward."""
     x, leaves, grad = _workload(tuple(int(v) for v in shape), "cpu", getattr(torch, dtype),
                                 torch.Generator().manual_seed(0))
-    fn = make_fn(op, impl)
-    torch.autograd.grad(fn(x), leaves, grad)
+    fn = make_fn(op, impl, tuple(int(v) for v in shape), "cpu")
+    torch.autograd.grad(fn(x), leaves, grad, allow_unused=True)
     base = _proc_status_kb("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current resident set
-    torch.autograd.grad(fn(x), leaves, grad)
+    torch.autograd.grad(fn(x), leaves, grad, allow_unused=True)
     print((_proc_status_kb("VmHWM") - base) / 1024)
 
 
@@ -209,18 +255,20 @@ def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> li
     element = torch.empty((), dtype=dtype).element_size()
     runnable, skipped = {}, {}
     for impl in impls:
-        needed = quadratic_bytes(shape, element) if op == "fourier" and impl != "ours" else 0
+        quadratic = op == "fourier" and impl != "ours"
+        needed = quadratic_bytes(shape, element) * (4 / 3 if impl == "original" else 1) \
+            if quadratic else 0  # the original also keeps its dropout mask
         if needed > 0.6 * dev.free_bytes():
             skipped[impl] = f"needs about {needed / 2**30:.0f} GiB for the N×N matrices"
         else:
-            runnable[impl] = make_fn(op, impl)
+            runnable[impl] = make_fn(op, impl, shape, dev.name)
 
     def fwd(fn):
         with torch.no_grad():
             fn(x)
 
-    def fwd_bwd(fn):
-        torch.autograd.grad(fn(x), leaves, grad)
+    def fwd_bwd(fn):  # "original" uses its own norm parameters, hence allow_unused
+        torch.autograd.grad(fn(x), leaves, grad, allow_unused=True)
 
     for fn in runnable.values():  # warm-up (and compilation)
         fwd(fn)
