@@ -33,9 +33,11 @@ def no_tf32():
 
 
 def poison_cuda_cache(megabytes: int = 256) -> None:
-    """Leave NaN-filled free blocks in the caching allocator for the next allocations to reuse."""
-    blocks = [torch.full((2**18,), float("nan"), device="cuda") for _ in range(megabytes)]
-    del blocks
+    """Leave NaN-filled free blocks in the caching allocator for the next allocations to reuse:
+    one large block (split for allocations over 1 MiB) and many small-pool blocks."""
+    large = torch.full((megabytes * 2**18,), float("nan"), device="cuda")
+    small = [torch.full((2**16,), float("nan"), device="cuda") for _ in range(64)]
+    del large, small
 
 
 def to_cuda(x: dict, dtype) -> dict:
