@@ -1,0 +1,74 @@
+"""Training for the paper's experiments (SPEC §5): the trainer, checkpoints, data parallelism,
+and what the example scripts in ``examples/`` share.
+
+* :class:`Trainer`, :class:`TrainConfig`, :func:`evaluate`, :func:`predict`
+  (:mod:`.trainer`);
+* :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`write_json`, :func:`write_csv`,
+  :class:`CheckpointError` (:mod:`.checkpoint`; atomic, ``weights_only``-loadable);
+* :func:`setup_distributed`, :func:`cleanup_distributed`, :class:`DistributedContext`
+  (:mod:`.distributed`; ``torchrun`` + DDP);
+* :func:`experiment_parser`, :func:`resolve_config`, :func:`cached_data`, :func:`plot_1d`,
+  :func:`plot_2d`, :func:`write_metrics` (:mod:`.experiment`).
+"""
+
+from .checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    atomic_write,
+    load_checkpoint,
+    save_checkpoint,
+    write_csv,
+    write_json,
+)
+from .distributed import (
+    DistributedContext,
+    cleanup_distributed,
+    resolve_device,
+    setup_distributed,
+)
+from .experiment import (
+    ATTENTION_TYPES,
+    cached_data,
+    default_cache_dir,
+    experiment_parser,
+    plot_1d,
+    plot_2d,
+    resolve_config,
+    write_metrics,
+)
+from .trainer import (
+    NonFiniteLossError,
+    TrainConfig,
+    Trainer,
+    default_forward,
+    evaluate,
+    predict,
+)
+
+__all__ = [
+    "ATTENTION_TYPES",
+    "CHECKPOINT_FORMAT",
+    "CheckpointError",
+    "DistributedContext",
+    "NonFiniteLossError",
+    "TrainConfig",
+    "Trainer",
+    "atomic_write",
+    "cached_data",
+    "cleanup_distributed",
+    "default_cache_dir",
+    "default_forward",
+    "evaluate",
+    "experiment_parser",
+    "load_checkpoint",
+    "plot_1d",
+    "plot_2d",
+    "predict",
+    "resolve_config",
+    "resolve_device",
+    "save_checkpoint",
+    "setup_distributed",
+    "write_csv",
+    "write_json",
+    "write_metrics",
+]

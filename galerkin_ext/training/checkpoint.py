@@ -1,0 +1,150 @@
+"""Atomic files and checked checkpoints.
+
+Checkpoints are plain dicts of tensors, numbers, strings, lists and dicts, so they load with
+``torch.load(path, weights_only=True)`` (no pickled code runs).  Every file here is written to a
+temporary file in the same folder and renamed over the target with :func:`os.replace`, which is
+atomic on POSIX and Windows: a reader (or a run killed mid-write) never sees a half-written file.
+
+Checkpoint schema (``format`` = :data:`CHECKPOINT_FORMAT`):
+
+* ``kind``: ``'last'`` (everything needed to resume) or ``'best'`` (the best model);
+* ``epoch``: completed epochs; ``model``: the model's ``state_dict``; ``config``: JSON-like dict;
+* ``'best'`` also: ``metric`` (evaluation relative L2 at that epoch);
+* ``'last'`` also: ``optimizer``, ``scheduler``, ``rng`` (one dict of torch RNG states per
+  process), ``best_metric``, ``best_epoch``, ``history`` (list of per-epoch dicts),
+  ``train_seconds``, ``world_size``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointError",
+    "atomic_write",
+    "load_checkpoint",
+    "save_checkpoint",
+    "write_csv",
+    "write_json",
+]
+
+CHECKPOINT_FORMAT = "galerkin_ext.training/1"
+_REQUIRED = {
+    "best": ("epoch", "model", "config", "metric"),
+    "last": ("epoch", "model", "config", "optimizer", "scheduler", "rng", "best_metric",
+             "best_epoch", "history", "train_seconds", "world_size"),
+}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, corrupt, or not a galerkin_ext training checkpoint."""
+
+
+def _check_path(path: object, name: str = "path") -> Path:
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(path).__name__}")
+    return Path(path)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
+    """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``.
+
+    The data are flushed and fsync-ed before the rename, so after a crash ``path`` holds either
+    its old content or the complete new one.  Returns ``path`` as a :class:`~pathlib.Path`.
+    """
+    p = _check_path(path)
+    if not callable(write):
+        raise TypeError(f"write: expected a callable taking a binary file, got {write!r}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
+    """Write ``data`` as indented JSON, atomically."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"data: expected a mapping, got {type(data).__name__}")
+    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=True) + "\n"
+    return atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``rows`` (dicts; the header is the union of their keys in order) as CSV, atomically."""
+    if isinstance(rows, str | bytes) or not all(isinstance(r, Mapping) for r in rows):
+        raise TypeError("rows: expected a sequence of mappings")
+    fields: dict[str, None] = {}
+    for row in rows:
+        fields.update(dict.fromkeys(row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic_write(path, lambda f: f.write(buf.getvalue().encode()))
+
+
+def save_checkpoint(path: str | os.PathLike[str], kind: str, **content: Any) -> Path:
+    """Save a checkpoint of ``kind`` ``'last'`` or ``'best'`` atomically (schema: module doc)."""
+    if kind not in _REQUIRED:
+        raise ValueError(f"kind: expected one of {sorted(_REQUIRED)}, got {kind!r}")
+    missing = [k for k in _REQUIRED[kind] if k not in content]
+    if missing:
+        raise ValueError(f"content: a {kind!r} checkpoint needs {missing}")
+    state = {"format": CHECKPOINT_FORMAT, "kind": kind, **content}
+    return atomic_write(path, lambda f: torch.save(state, f))
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], kind: str | None = None, map_location: Any = "cpu"
+) -> dict[str, Any]:
+    """Load and check a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
+
+    Args:
+        path: the ``.pt`` file.
+        kind: ``'last'``, ``'best'`` or ``None`` (either).
+        map_location: as for :func:`torch.load` (default: CPU).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: the file is truncated/corrupt, not a galerkin_ext checkpoint, of another
+            kind, or lacks a field of its kind.
+    """
+    p = _check_path(path)
+    if kind is not None and kind not in _REQUIRED:
+        raise ValueError(f"kind: expected one of {sorted(_REQUIRED)} or None, got {kind!r}")
+    if not p.is_file():
+        raise FileNotFoundError(f"path: no checkpoint file {str(p)!r}")
+    try:
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises many types for damaged files (zip, pickle, EOF)
+        raise CheckpointError(
+            f"{str(p)!r} is not a readable checkpoint (corrupt or truncated?): {err}"
+        ) from err
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{str(p)!r} is not a galerkin_ext training checkpoint "
+                              f"(expected format {CHECKPOINT_FORMAT!r})")
+    found = state.get("kind")
+    if found not in _REQUIRED or (kind is not None and found != kind):
+        raise CheckpointError(f"{str(p)!r} is a {found!r} checkpoint, expected {kind!r}")
+    missing = [k for k in _REQUIRED[found] if k not in state]
+    if missing:
+        raise CheckpointError(f"{str(p)!r} lacks the fields {missing} of a {found!r} checkpoint")
+    return state

@@ -1,0 +1,107 @@
+"""Device choice and multi-process data parallelism (``torchrun`` + ``DistributedDataParallel``).
+
+Launch a script with ``torchrun --nproc_per_node=K script.py ...``: torchrun sets ``RANK``,
+``WORLD_SIZE`` and ``LOCAL_RANK``, and :func:`setup_distributed` joins the process group (NCCL on
+CUDA, each process on ``cuda:LOCAL_RANK``; gloo on CPU).  Without torchrun it returns a
+single-process context and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistributedContext", "resolve_device", "setup_distributed", "cleanup_distributed"]
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """``None``/``'auto'`` → CUDA if available, else CPU; otherwise a checked ``torch.device``."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device: expected e.g. 'cpu', 'cuda', 'cuda:1' or 'auto', "
+                         f"got {device!r}") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available "
+                         f"(this torch {torch.__version__} build or machine has no GPU)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected a CPU or CUDA device, got {device!r}")
+    return dev
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """Where this process sits: ``rank`` of ``world_size`` processes, on ``device``."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def enabled(self) -> bool:
+        """True when running under a process group of more than one process."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that writes files and shows progress."""
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        """Wait for every process (no-op in a single process)."""
+        if self.enabled:
+            dist.barrier()
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the processes, in place, and return it."""
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}: expected an integer, "
+                         f"got {value!r}") from None
+
+
+def setup_distributed(device: str | torch.device | None = None) -> DistributedContext:
+    """Join the ``torchrun`` process group if there is one and pick this process's device.
+
+    ``device`` as in :func:`resolve_device`; under torchrun a CUDA device becomes
+    ``cuda:LOCAL_RANK``.  Call :func:`cleanup_distributed` at the end of the script.
+    """
+    dev = resolve_device(device)
+    world = _env_int("WORLD_SIZE", 1)
+    if world <= 1:
+        return DistributedContext(device=dev)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    if dev.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
+                               f"CUDA devices are visible; use --nproc_per_node <= that")
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
+                                rank=rank, world_size=world)
+    return DistributedContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def cleanup_distributed(ctx: DistributedContext) -> None:
+    """Leave the process group (no-op in a single process)."""
+    if not isinstance(ctx, DistributedContext):
+        raise TypeError(f"ctx: expected a DistributedContext, got {type(ctx).__name__}")
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

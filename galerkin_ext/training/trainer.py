@@ -1,0 +1,478 @@
+"""The training loop of the paper's protocol (SPEC §5), with exact resume and data parallelism.
+
+:class:`Trainer` runs Adam (no weight decay) with a OneCycle learning rate stepped per batch,
+gradient-norm clipping, an evaluation (mean per-sample relative L2) after every epoch, and keeps
+in ``out_dir``:
+
+* ``last.pt`` -- everything to resume exactly (model, optimiser, scheduler, every process's RNG
+  states, epoch, history), written atomically after each epoch;
+* ``best.pt`` -- the model of the epoch with the lowest evaluation error;
+* ``metrics.csv`` -- one row per epoch (rewritten atomically from the history);
+* ``tensorboard/`` -- with ``TrainConfig.tensorboard`` (needs the ``tensorboard`` package).
+
+Resuming after any interruption (even ``kill -9`` mid-epoch) restarts the interrupted epoch from
+``last.pt``; the shuffling order comes from ``(seed, epoch)`` and dropout from the restored RNG
+states, so the resumed run computes exactly what the uninterrupted one would have.
+
+Batches are dicts from the datasets of :mod:`galerkin_ext.data.datasets`; ``forward(model,
+batch)`` maps one to the prediction (default :func:`default_forward`) and ``loss_fn(pred,
+target, target_grad, coeff)`` returns ``(loss, parts)`` like
+:class:`~galerkin_ext.losses.OperatorLoss`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from tqdm.auto import tqdm
+
+from ..losses import relative_l2
+from .checkpoint import load_checkpoint, save_checkpoint, write_csv
+from .distributed import DistributedContext
+
+__all__ = [
+    "NonFiniteLossError",
+    "TrainConfig",
+    "Trainer",
+    "default_forward",
+    "evaluate",
+    "predict",
+]
+
+Batch = dict[str, Tensor]
+Forward = Callable[[nn.Module, Batch], Tensor]
+_PRECISIONS = ("fp32", "bf16")
+# Settings that may change between a run and its resumption (they do not change the numbers).
+_RESUMABLE_CHANGES = ("eval_batch_size", "num_workers", "progress", "tensorboard")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss or gradient became NaN/inf; the last good checkpoint is kept."""
+
+
+def _check_number(value: object, name: str, low: float, *, integer: bool = False,
+                  strict: bool = True, high: float = math.inf) -> None:
+    kind = int if integer else (int, float)
+    ok = not isinstance(value, bool) and isinstance(value, kind) and math.isfinite(value)
+    if not ok or not ((value > low if strict else value >= low) and value <= high):
+        what = "an int" if integer else "a finite float"
+        bounds = f"{'>' if strict else '>='} {low}" + (f" and <= {high}" if high < math.inf else "")
+        raise ValueError(f"{name}: expected {what} {bounds}, got {value!r}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings; defaults are the paper's 2-D protocol (SPEC §5).
+
+    Attributes:
+        epochs: passes over the training set.
+        batch_size: global batch size, split evenly over the ``torchrun`` processes.
+        max_lr, div_factor, final_div_factor, pct_start: the OneCycle schedule (Adam's learning
+            rate starts at ``max_lr / div_factor`` and ends at that over ``final_div_factor``).
+        grad_clip: maximum gradient 2-norm.
+        eval_batch_size: batch size of the evaluation (per process).
+        precision: ``'fp32'`` or ``'bf16'`` (autocast of the forward pass, CUDA only; the loss,
+            the evaluation and the weights stay float32).
+        seed: seeds the shuffling (with the epoch) and the RNG of each process (with its rank).
+        num_workers: DataLoader worker processes.
+        progress: show a tqdm bar (rank 0 only).
+        tensorboard: also log to ``out_dir/tensorboard`` (needs the ``tensorboard`` package).
+    """
+
+    epochs: int = 100
+    batch_size: int = 4
+    max_lr: float = 1e-3
+    div_factor: float = 1e4
+    final_div_factor: float = 1e4
+    pct_start: float = 0.3
+    grad_clip: float = 0.999
+    eval_batch_size: int = 16
+    precision: str = "fp32"
+    seed: int = 0
+    num_workers: int = 0
+    progress: bool = True
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        _check_number(self.epochs, "epochs", 1, integer=True, strict=False)
+        _check_number(self.batch_size, "batch_size", 1, integer=True, strict=False)
+        _check_number(self.eval_batch_size, "eval_batch_size", 1, integer=True, strict=False)
+        _check_number(self.max_lr, "max_lr", 0)
+        _check_number(self.div_factor, "div_factor", 0)
+        _check_number(self.final_div_factor, "final_div_factor", 0)
+        _check_number(self.pct_start, "pct_start", 0, high=1.0)
+        _check_number(self.grad_clip, "grad_clip", 0)
+        _check_number(self.seed, "seed", 0, integer=True, strict=False)
+        _check_number(self.num_workers, "num_workers", 0, integer=True, strict=False)
+        if self.precision not in _PRECISIONS:
+            raise ValueError(f"precision: expected one of {_PRECISIONS}, got {self.precision!r}")
+        for name in ("progress", "tensorboard"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+
+
+def default_forward(model: nn.Module, batch: Batch) -> Tensor:
+    """``model(batch['x'], batch['grid'][0])``: the datasets give every sample the same grid,
+    so one copy of it is passed (the models broadcast it, which is cheaper than a batch)."""
+    return model(batch["x"], batch["grid"][0])
+
+
+def _to(batch: Mapping[str, Tensor], device: torch.device) -> Batch:
+    if not isinstance(batch, Mapping) or "x" not in batch or "target" not in batch:
+        raise TypeError("batch: expected a dict of tensors with at least 'x' and 'target' "
+                        "(the datasets of galerkin_ext.data.datasets)")
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _check_dataset(dataset: object, name: str) -> Dataset:
+    if not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__") or len(dataset) < 1:
+        raise ValueError(f"{name}: expected a non-empty torch Dataset with __len__, "
+                         f"got {type(dataset).__name__}")
+    return dataset
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _loader(dataset: Dataset, batch_size: int, device: torch.device, **kwargs: Any) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda", **kwargs)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    *,
+    device: torch.device | str = "cpu",
+    batch_size: int = 16,
+    forward: Forward = default_forward,
+    ctx: DistributedContext | None = None,
+) -> float:
+    """Mean per-sample relative L2 error of ``forward(model, batch)`` against ``batch['target']``.
+
+    The model's outputs are compared as they are: the paper's models de-normalise inside, so
+    this is the error in physical units.  Under ``torchrun`` pass ``ctx``: each process
+    evaluates a disjoint share and the result is the mean over the whole ``dataset``.
+    Float32, no autocast; ``model`` is put in ``eval()`` mode.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    _check_dataset(dataset, "dataset")
+    _check_number(batch_size, "batch_size", 1, integer=True, strict=False)
+    ctx = ctx or DistributedContext(device=torch.device(device))
+    dev = ctx.device if ctx.enabled else torch.device(device)
+    shard = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of errors, count)
+    for batch in _loader(shard, batch_size, dev, shuffle=False):
+        batch = _to(batch, dev)
+        err = relative_l2(forward(model, batch), batch["target"], reduction="none")
+        total += torch.stack([err.double().sum(), torch.tensor(err.numel(), device=dev)])
+    ctx.all_reduce_sum(total)
+    return float(total[0] / total[1])
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    dataset: Dataset,
+    indices: Sequence[int],
+    *,
+    device: torch.device | str = "cpu",
+    forward: Forward = default_forward,
+) -> tuple[Tensor, Batch]:
+    """Predictions for ``dataset[indices]`` (e.g. for plots): ``(pred, batch)`` on the CPU."""
+    _check_dataset(dataset, "dataset")
+    if not indices or any(
+        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(dataset)
+        for i in indices
+    ):
+        raise ValueError(f"indices: expected a non-empty list of ints in [0, {len(dataset)}), "
+                         f"got {indices!r}")
+    items = [dataset[i] for i in indices]
+    batch = _to({k: torch.stack([it[k] for it in items]) for k in items[0]}, torch.device(device))
+    model.eval()
+    pred = forward(model, batch)
+    return pred.float().cpu(), {k: v.cpu() for k, v in batch.items()}
+
+
+def _rng_state(device: torch.device) -> dict[str, Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Trainer:
+    """Train ``model`` on ``train_set``, evaluating on ``eval_set`` after every epoch.
+
+    Args:
+        model: the network (on any device; it is moved to ``ctx.device``).
+        loss_fn: ``loss_fn(pred, target, target_grad, coeff) -> (loss, parts)``, e.g.
+            :class:`~galerkin_ext.losses.OperatorLoss` (``target_grad``/``coeff`` are ``None``
+            when the batch has no such key).
+        train_set, eval_set: datasets of dicts (see module doc).
+        config: :class:`TrainConfig`.
+        out_dir: folder of the checkpoints and logs (created).
+        ctx: from :func:`~galerkin_ext.training.setup_distributed` (default: one CPU process).
+        forward: ``forward(model, batch) -> pred`` (default :func:`default_forward`).
+        run_config: JSON-like dict stored in the checkpoints next to ``config`` (e.g. the
+            example's model and data settings), so a checkpoint documents its run.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[..., tuple[Tensor, Mapping[str, Tensor]]],
+        train_set: Dataset,
+        eval_set: Dataset,
+        config: TrainConfig,
+        out_dir: str | Path,
+        *,
+        ctx: DistributedContext | None = None,
+        forward: Forward = default_forward,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        if not callable(loss_fn) or not callable(forward):
+            raise TypeError("loss_fn and forward must be callables")
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config: expected a TrainConfig, got {type(config).__name__}")
+        if run_config is not None and not isinstance(run_config, Mapping):
+            raise TypeError(f"run_config: expected a dict, got {type(run_config).__name__}")
+        self.ctx = ctx if ctx is not None else DistributedContext()
+        if not isinstance(self.ctx, DistributedContext):
+            raise TypeError(f"ctx: expected a DistributedContext, got {type(ctx).__name__}")
+        if config.precision == "bf16" and not (
+            self.ctx.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        ):
+            raise ValueError(f"precision: 'bf16' needs a CUDA device with bfloat16 support, "
+                             f"got device {self.ctx.device}")
+        if config.batch_size % self.ctx.world_size:
+            raise ValueError(f"batch_size: the global batch {config.batch_size} must be "
+                             f"divisible by the {self.ctx.world_size} processes")
+        self.train_set = _check_dataset(train_set, "train_set")
+        self.eval_set = _check_dataset(eval_set, "eval_set")
+        per_rank = config.batch_size // self.ctx.world_size
+        if len(train_set) // self.ctx.world_size < per_rank:
+            raise ValueError(f"train_set: {len(train_set)} samples are fewer than one batch of "
+                             f"{config.batch_size}")
+        self.config, self.loss_fn, self.forward = config, loss_fn, forward
+        self.out_dir = Path(out_dir)
+        self.run_config = dict(run_config or {})
+        self.model = model.to(self.ctx.device)
+        self.sampler = DistributedSampler(
+            train_set, num_replicas=self.ctx.world_size, rank=self.ctx.rank, shuffle=True,
+            seed=config.seed, drop_last=True,
+        )
+        self.loader = _loader(train_set, per_rank, self.ctx.device, sampler=self.sampler,
+                              drop_last=True, num_workers=config.num_workers)
+        self.steps_per_epoch = len(self.loader)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.max_lr)
+        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            self.optimizer, max_lr=config.max_lr, epochs=config.epochs,
+            steps_per_epoch=self.steps_per_epoch, div_factor=config.div_factor,
+            final_div_factor=config.final_div_factor, pct_start=config.pct_start,
+        )
+        self.tb_writer = self._tensorboard() if config.tensorboard and self.ctx.is_main else None
+
+    # -- files ----------------------------------------------------------------------------
+
+    @property
+    def last_path(self) -> Path:
+        """``out_dir/last.pt``: the state to resume from."""
+        return self.out_dir / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        """``out_dir/best.pt``: the best model so far."""
+        return self.out_dir / "best.pt"
+
+    def _tensorboard(self) -> Any:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            raise RuntimeError("tensorboard=True (--tensorboard) needs the tensorboard package: "
+                               "pip install tensorboard") from err
+        return SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+
+    def _full_config(self) -> dict[str, Any]:
+        return {**self.run_config, "train": dataclasses.asdict(self.config)}
+
+    def _check_resumable(self, stored: Mapping[str, Any], world_size: int) -> None:
+        old, new = stored.get("train", {}), dataclasses.asdict(self.config)
+        changed = sorted(k for k in new if k not in _RESUMABLE_CHANGES and old.get(k) != new[k])
+        if changed:
+            raise ValueError(
+                f"cannot resume from {str(self.last_path)!r}: the training settings {changed} "
+                f"differ from the checkpoint's ({ {k: old.get(k) for k in changed} }); use the "
+                f"same settings or another out_dir"
+            )
+        if world_size != self.ctx.world_size:
+            raise ValueError(
+                f"cannot resume from {str(self.last_path)!r} exactly: it was written by "
+                f"{world_size} processes, this run has {self.ctx.world_size}"
+            )
+
+    def _gather_rng(self) -> list[dict[str, Tensor]]:
+        state = _rng_state(self.ctx.device)
+        if not self.ctx.enabled:
+            return [state]
+        states: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(states, {k: v.cpu() for k, v in state.items()})
+        return states
+
+    # -- training -------------------------------------------------------------------------
+
+    def _step(self, model: nn.Module, batch: Batch, epoch: int, step: int) -> Tensor:
+        """One optimiser step; returns ``[loss, rel_l2, rel_h1]`` averaged over processes."""
+        autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
+                    if self.config.precision == "bf16" else nullcontext())
+        with autocast:
+            pred = self.forward(model, batch)
+        loss, parts = self.loss_fn(pred, batch["target"], batch.get("target_grad"),
+                                   batch.get("coeff"))
+        stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(),
+                             parts.get("rel_h1", torch.zeros((), device=loss.device)).float()])
+        self.ctx.all_reduce_sum(stats).div_(self.ctx.world_size)
+        where = f"epoch {epoch + 1}, step {step + 1}"
+        if not math.isfinite(float(stats[0])):
+            self._stop(f"training loss is {float(stats[0])} at {where}")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip)
+        if not math.isfinite(float(norm)):
+            self._stop(f"gradient norm is {float(norm)} at {where}")
+        self.optimizer.step()
+        self.scheduler.step()
+        return stats
+
+    def _stop(self, what: str) -> None:
+        kept = (f"the last good checkpoint {str(self.last_path)!r} is kept"
+                if self.last_path.is_file() else "no checkpoint was written yet")
+        raise NonFiniteLossError(f"non-finite values: {what}; the run is stopped and {kept}. "
+                                 f"Try a lower max_lr, fp32 precision, or check the data.")
+
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        """Train for ``config.epochs`` epochs (continuing from ``last.pt`` if ``resume`` and it
+        exists), then load the best epoch's weights into ``self.model``.
+
+        Returns ``{'best_metric', 'best_epoch', 'epochs', 'train_seconds', 'history'}``;
+        ``history`` is a list of per-epoch dicts (``epoch``, ``train_loss``, ``train_rel_l2``,
+        ``train_rel_h1``, ``eval_rel_l2``, ``lr``, ``seconds``).
+
+        Raises:
+            NonFiniteLossError: the loss or gradient became NaN/inf (nothing is overwritten).
+            CheckpointError: ``last.pt`` is corrupt.
+        """
+        if not isinstance(resume, bool):
+            raise TypeError(f"resume: expected a bool, got {resume!r}")
+        cfg, ctx = self.config, self.ctx
+        history: list[dict[str, Any]] = []
+        start, best_metric, best_epoch, train_seconds = 0, math.inf, 0, 0.0
+        if resume and self.last_path.is_file():
+            state = load_checkpoint(self.last_path, "last", map_location=ctx.device)
+            self._check_resumable(state["config"], state["world_size"])
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            _set_rng_state(state["rng"][ctx.rank], ctx.device)
+            start, history = state["epoch"], list(state["history"])
+            best_metric, best_epoch = state["best_metric"], state["best_epoch"]
+            train_seconds = state["train_seconds"]
+        else:
+            if ctx.is_main and self.last_path.is_file():
+                print(f"note: starting afresh; {self.last_path} will be overwritten "
+                      f"(pass resume=True / --resume to continue it)")
+            torch.manual_seed(cfg.seed + ctx.rank)  # dropout differs between processes
+        model: nn.Module = self.model
+        if ctx.enabled:
+            ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            model = DistributedDataParallel(self.model, device_ids=ids)
+        bar = tqdm(total=cfg.epochs * self.steps_per_epoch, initial=start * self.steps_per_epoch,
+                   unit="step", disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
+        try:
+            for epoch in range(start, cfg.epochs):
+                row = self._epoch(model, epoch, bar)
+                if not math.isfinite(row["eval_rel_l2"]):
+                    self._stop(f"evaluation error is {row['eval_rel_l2']} after epoch {epoch + 1}")
+                history.append(row)
+                train_seconds += row["seconds"]
+                improved = row["eval_rel_l2"] < best_metric
+                if improved:
+                    best_metric, best_epoch = row["eval_rel_l2"], epoch + 1
+                rng = self._gather_rng()
+                if ctx.is_main:
+                    # best.pt before last.pt: a crash between the two never leaves last.pt
+                    # pointing to a best model that was not saved.
+                    if improved:
+                        save_checkpoint(self.best_path, "best", epoch=epoch + 1,
+                                        model=self.model.state_dict(), metric=best_metric,
+                                        config=self._full_config())
+                    save_checkpoint(
+                        self.last_path, "last", epoch=epoch + 1, model=self.model.state_dict(),
+                        optimizer=self.optimizer.state_dict(),
+                        scheduler=self.scheduler.state_dict(), rng=rng,
+                        best_metric=best_metric, best_epoch=best_epoch, history=history,
+                        train_seconds=train_seconds, world_size=ctx.world_size,
+                        config=self._full_config(),
+                    )
+                    write_csv(self.out_dir / "metrics.csv", history)
+                    if self.tb_writer is not None:
+                        for key, value in row.items():
+                            if key != "epoch":
+                                self.tb_writer.add_scalar(f"epoch/{key}", value, epoch + 1)
+                        self.tb_writer.flush()
+                bar.set_postfix(epoch=epoch + 1, loss=f"{row['train_loss']:.3e}",
+                                eval=f"{row['eval_rel_l2']:.3e}", best=f"{best_metric:.3e}")
+        finally:
+            bar.close()
+            if self.tb_writer is not None:
+                self.tb_writer.close()
+        ctx.barrier()  # best.pt is complete before any process reads it
+        best = load_checkpoint(self.best_path, "best", map_location=ctx.device)
+        self.model.load_state_dict(best["model"])
+        return {"best_metric": best_metric, "best_epoch": best_epoch, "epochs": cfg.epochs,
+                "train_seconds": train_seconds, "history": history}
+
+    def _epoch(self, model: nn.Module, epoch: int, bar: Any) -> dict[str, Any]:
+        """Train one epoch, evaluate, return the history row."""
+        t0 = time.perf_counter()
+        model.train()
+        self.sampler.set_epoch(epoch)  # the shuffling order depends on (seed, epoch) only
+        total = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
+        for step, batch in enumerate(self.loader):
+            stats = self._step(model, _to(batch, self.ctx.device), epoch, step)
+            total += stats
+            bar.update(1)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{float(stats[0]):.3e}",
+                            lr=f"{self.scheduler.get_last_lr()[0]:.2e}", refresh=False)
+            if self.tb_writer is not None:
+                self.tb_writer.add_scalar("step/loss", float(stats[0]),
+                                          epoch * self.steps_per_epoch + step + 1)
+        mean = (total / self.steps_per_epoch).tolist()
+        eval_err = evaluate(self.model, self.eval_set, batch_size=self.config.eval_batch_size,
+                            forward=self.forward, ctx=self.ctx, device=self.ctx.device)
+        return {"epoch": epoch + 1, "train_loss": mean[0], "train_rel_l2": mean[1],
+                "train_rel_h1": mean[2], "eval_rel_l2": eval_err,
+                "lr": self.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - t0}

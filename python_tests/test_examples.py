@@ -1,0 +1,178 @@
+"""End-to-end runs of the example scripts on tiny settings (subprocesses, CPU).
+
+* each script trains, writes metrics.json / best.pt / last.pt / metrics.csv / prediction.png;
+* a run killed with SIGKILL mid-epoch and resumed gives the same numbers as an uninterrupted run;
+* ``torchrun`` with 2 gloo processes gives the single-process loss of the first step.
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from galerkin_ext.data import BurgersDataset, generate_burgers, generate_darcy
+from galerkin_ext.models import build_model
+from galerkin_ext.training import evaluate, load_checkpoint
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TIMEOUT = 300
+# One thread per process: the tiny models gain nothing from more, and 2 torchrun processes
+# must not oversubscribe a 2-core CI machine.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _cmd(script: str, out: Path, *args: str) -> list[str]:
+    return [sys.executable, str(EXAMPLES / script), "--out", str(out), "--device", "cpu",
+            "--no-progress", *args]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _metrics(out: Path) -> dict:
+    return json.loads((out / "metrics.json").read_text())
+
+
+def _check_outputs(out: Path, epochs: int) -> dict:
+    m = _metrics(out)
+    for key in ("test_rel_l2", "epochs", "train_seconds", "config", "best_epoch", "history"):
+        assert key in m, key
+    assert m["epochs"] == epochs and len(m["history"]) == epochs
+    assert math.isfinite(m["test_rel_l2"]) and m["test_rel_l2"] > 0
+    assert m["test_rel_l2"] == pytest.approx(min(r["eval_rel_l2"] for r in m["history"]),
+                                             rel=1e-5)
+    assert (out / "prediction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    best = torch.load(out / "best.pt", weights_only=True)  # plain data, no pickled code
+    assert best["epoch"] == m["best_epoch"] and best["config"]["train"]["epochs"] == epochs
+    assert (out / "metrics.csv").read_text().count("\n") == epochs + 1
+    return m
+
+
+@pytest.fixture(scope="module")
+def burgers_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "burgers.h5"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the batched solver is faster on one thread on a busy machine
+    try:
+        return generate_burgers(path, n_samples=80, resolution=2048, solve_resolution=256,
+                                progress=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def darcy_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "darcy.h5"
+    return generate_darcy(path, n_samples=24, resolution=85, workers=1, progress=False)
+
+
+def test_burgers_example(tmp_path):
+    """Generated-and-cached data, training, zero-shot evaluation, and a best.pt that
+    reproduces the reported metric when loaded into a fresh model."""
+    out = tmp_path / "run"
+    args = ("--data-dir", str(tmp_path / "cache"), "--n-train", "16", "--n-eval", "8",
+            "--n", "128", "--epochs", "2", "--eval-n", "256")
+    _run(_cmd("burgers.py", out, *args))
+    m = _check_outputs(out, 2)
+    assert len(list((tmp_path / "cache").glob("burgers_n24_r2048_*.h5"))) == 1
+    assert set(m["zero_shot_rel_l2"]) == {"256"} and math.isfinite(m["zero_shot_rel_l2"]["256"])
+    cached = next((tmp_path / "cache").glob("*.h5"))
+    model = build_model("burgers", **m["config"]["model"])
+    model.load_state_dict(load_checkpoint(out / "best.pt", "best")["model"])
+    eval_set = BurgersDataset(cached, "valid", 128, n_train=16, n_valid=8)
+    assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
+    # a second run reuses the cached data instead of generating it again
+    proc = _run(_cmd("burgers.py", tmp_path / "run2", *args))
+    assert "generating" not in proc.stdout
+
+
+def test_darcy_example(tmp_path, darcy_file):
+    out = tmp_path / "run"
+    _run(_cmd("darcy.py", out, "--data", str(darcy_file), "--fine", "43", "--coarse", "15",
+              "--n-train", "16", "--n-eval", "8", "--epochs", "2", "--attention", "fourier"))
+    m = _check_outputs(out, 2)
+    assert m["config"]["model"]["attention_type"] == "fourier"
+    assert m["config"]["train"]["max_lr"] == 5e-4  # SPEC §5: fourier in 2-D
+
+
+def test_darcy_inverse_example(tmp_path, darcy_file):
+    out = tmp_path / "run"
+    _run(_cmd("darcy_inverse.py", out, "--data", str(darcy_file), "--fine", "43", "--coarse",
+              "15", "--n-train", "16", "--n-eval", "8", "--epochs", "2", "--noise", "0.01",
+              "--norm", "layer"))
+    m = _check_outputs(out, 2)
+    assert m["config"]["noise"] == 0.01 and m["config"]["model"]["norm"] == "layer"
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, burgers_file):
+    args = ("--data", str(burgers_file), "--n-train", "64", "--n-eval", "16", "--n", "512",
+            "--epochs", "6")
+    full = tmp_path / "full"
+    _run(_cmd("burgers.py", full, *args))
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(_cmd("burgers.py", cut, *args), env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (cut / "metrics.csv").is_file():  # written right after last.pt of epoch 1
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        epoch_seconds = float((cut / "metrics.csv").read_text().splitlines()[1].split(",")[-1])
+        time.sleep(0.5 * epoch_seconds)  # into the middle of the second epoch
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    killed_at = load_checkpoint(cut / "last.pt", "last")["epoch"]
+    assert 1 <= killed_at < 6
+    assert not (cut / "metrics.json").exists()
+    _run(_cmd("burgers.py", cut, *args, "--resume"))
+    a, b = _metrics(full), _metrics(cut)
+    for ra, rb in zip(a["history"], b["history"], strict=True):
+        assert ra["train_loss"] == pytest.approx(rb["train_loss"], rel=1e-6, abs=0)
+        assert ra["eval_rel_l2"] == pytest.approx(rb["eval_rel_l2"], rel=1e-6, abs=0)
+    assert a["test_rel_l2"] == pytest.approx(b["test_rel_l2"], rel=1e-6, abs=0)
+
+
+def test_torchrun_two_processes_match_single_process(tmp_path, burgers_file):
+    """One optimiser step on a global batch of 8: 2 processes x 4 samples (gloo) vs 1 x 8."""
+    # --resolution, not --n: torchrun's own parser would take --n for one of its options
+    args = ("--data", str(burgers_file), "--n-train", "8", "--n-eval", "16", "--resolution",
+            "128", "--epochs", "1", "--batch-size", "8")
+    _run(_cmd("burgers.py", tmp_path / "single", *args))
+    cmd = _cmd("burgers.py", tmp_path / "ddp", *args)
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+          *cmd[1:]])
+    single, ddp = _metrics(tmp_path / "single"), _metrics(tmp_path / "ddp")
+    assert single["world_size"] == 1 and ddp["world_size"] == 2
+    s, d = single["history"][0], ddp["history"][0]
+    assert d["train_loss"] == pytest.approx(s["train_loss"], rel=1e-5)
+    assert d["train_rel_l2"] == pytest.approx(s["train_rel_l2"], rel=1e-5)
+    # the same gradient step (averaged over the processes) gives the same model
+    assert d["eval_rel_l2"] == pytest.approx(s["eval_rel_l2"], rel=1e-4)
+
+
+def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
+    cases = [
+        (("--preset", "huge"), "invalid choice: 'huge'"),
+        (("--data", str(burgers_file), "--n", "100", "--n-train", "8", "--n-eval", "8"),
+         "resolution must divide"),
+        (("--data", str(tmp_path / "missing.h5")), "no such file"),
+    ]
+    for args, message in cases:
+        proc = subprocess.run(_cmd("burgers.py", tmp_path / "bad", *args), capture_output=True,
+                              text=True, timeout=TIMEOUT, env=ENV)
+        assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr[-2000:])

@@ -1,0 +1,202 @@
+"""Trainer, checkpoints and config checks on tiny synthetic problems (fast, single process).
+
+The end-to-end runs of the example scripts (resume after SIGKILL, torchrun) are in
+test_examples.py.
+"""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from galerkin_ext.losses import OperatorLoss
+from galerkin_ext.training import (
+    CheckpointError,
+    NonFiniteLossError,
+    TrainConfig,
+    Trainer,
+    atomic_write,
+    evaluate,
+    load_checkpoint,
+    save_checkpoint,
+    write_csv,
+    write_json,
+)
+
+
+class _Linear1d(Dataset):
+    """target = a fixed smoothing of x (a linear operator), on a periodic grid of n points."""
+
+    def __init__(self, count: int, n: int = 16, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(count, n, 1, generator=g)
+        self.target = 0.5 * (self.x.roll(1, 1) + self.x.roll(-1, 1)) + 0.2 * self.x
+        self.grid = (torch.arange(n) / n)[:, None]
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[i], "grid": self.grid, "target": self.target[i]}
+
+
+class _PointMLP(nn.Module):
+    """Mixes each point with its neighbours through a conv; enough to learn the operator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 8, 3, padding=1, padding_mode="circular")
+        self.drop = nn.Dropout(0.1)  # exercises the RNG state in resume
+        self.out = nn.Conv1d(8, 1, 1)
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return self.out(self.drop(torch.tanh(self.conv(x.transpose(1, 2))))).transpose(1, 2)
+
+
+def _trainer(out, epochs=4, loss=None, **cfg):
+    torch.manual_seed(0)
+    config = TrainConfig(epochs=epochs, batch_size=4, max_lr=1e-2, pct_start=0.3,
+                         progress=False, **cfg)
+    return Trainer(_PointMLP(), loss or OperatorLoss(), _Linear1d(32), _Linear1d(8, seed=1),
+                   config, out, run_config={"note": "test"})
+
+
+def test_fit_converges_and_writes_files(tmp_path):
+    trainer = _trainer(tmp_path, epochs=6)
+    start = evaluate(trainer.model, trainer.eval_set)
+    result = trainer.fit()
+    hist = result["history"]
+    assert [r["epoch"] for r in hist] == list(range(1, 7))
+    assert result["best_metric"] == min(r["eval_rel_l2"] for r in hist)
+    assert result["best_metric"] < 0.5 * start
+    # the model ends with the best epoch's weights
+    assert evaluate(trainer.model, trainer.eval_set) == pytest.approx(result["best_metric"],
+                                                                      rel=1e-6)
+    # OneCycle stepped once per batch over the whole run, lr far below its peak at the end
+    assert trainer.scheduler.last_epoch == trainer.scheduler.total_steps == 6 * 8
+    assert hist[-1]["lr"] < 1e-2 * 1e-2
+    best = torch.load(tmp_path / "best.pt", weights_only=True)
+    last = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert best["epoch"] == result["best_epoch"] and last["epoch"] == 6
+    assert last["config"]["note"] == "test" and last["config"]["train"]["epochs"] == 6
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,train_loss") and len(rows) == 7
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left
+
+
+def test_resume_is_exact(tmp_path):
+    full = _trainer(tmp_path / "full").fit()
+    # stop after two epochs by training a 2-epoch prefix: same schedule needs the same config,
+    # so interrupt with an exception from the loss instead
+    calls = {"n": 0}
+    base = OperatorLoss()
+
+    def interrupting(*args):
+        calls["n"] += 1
+        if calls["n"] == 8 * 2 + 3:  # 8 steps per epoch: mid third epoch
+            raise KeyboardInterrupt
+        return base(*args)
+
+    with pytest.raises(KeyboardInterrupt):
+        _trainer(tmp_path / "cut", loss=interrupting).fit()
+    assert load_checkpoint(tmp_path / "cut" / "last.pt")["epoch"] == 2
+    resumed = _trainer(tmp_path / "cut").fit(resume=True)
+    for a, b in zip(full["history"], resumed["history"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6, abs=0)
+        assert a["eval_rel_l2"] == pytest.approx(b["eval_rel_l2"], rel=1e-6, abs=0)
+    assert resumed["best_metric"] == pytest.approx(full["best_metric"], rel=1e-6)
+    # a resumed run with other training settings is refused
+    with pytest.raises(ValueError, match=r"\['max_lr'\]"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(8),
+                TrainConfig(epochs=4, batch_size=4, max_lr=5e-3, pct_start=0.3, progress=False),
+                tmp_path / "cut").fit(resume=True)
+
+
+def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path):
+    calls = {"n": 0}
+    base = OperatorLoss()
+
+    def exploding(pred, *rest):
+        calls["n"] += 1
+        loss, parts = base(pred, *rest)
+        return (loss * math.nan if calls["n"] > 8 + 2 else loss), parts
+
+    trainer = _trainer(tmp_path, loss=exploding)
+    with pytest.raises(NonFiniteLossError, match=r"epoch 2, step 3.*last\.pt.* is kept"):
+        trainer.fit()
+    state = load_checkpoint(tmp_path / "last.pt", "last")
+    assert state["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_corrupt_checkpoint_gives_clear_error(tmp_path):
+    trainer = _trainer(tmp_path, epochs=1)
+    trainer.fit()
+    data = (tmp_path / "last.pt").read_bytes()
+    (tmp_path / "last.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_checkpoint(tmp_path / "last.pt")
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        _trainer(tmp_path, epochs=1).fit(resume=True)
+    (tmp_path / "other.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path / "other.pt")
+    torch.save({"model": {}}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="not a galerkin_ext training checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="'best' checkpoint, expected 'last'"):
+        load_checkpoint(tmp_path / "best.pt", "last")
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path):
+    path = tmp_path / "m.json"
+    write_json(path, {"a": 1})
+
+    def failing(f):
+        f.write(b"{partial")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(path, failing)
+    assert path.read_text().strip().replace(" ", "").replace("\n", "") == '{"a":1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+    write_csv(tmp_path / "c.csv", [{"a": 1}, {"a": 2, "b": 3}])
+    assert (tmp_path / "c.csv").read_text() == "a,b\n1,\n2,3\n"
+    with pytest.raises(ValueError, match="needs"):
+        save_checkpoint(tmp_path / "x.pt", "best", epoch=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"batch_size": 2.5}, "batch_size"),
+        ({"max_lr": -1.0}, "max_lr"),
+        ({"pct_start": 1.5}, "pct_start"),
+        ({"grad_clip": math.inf}, "grad_clip"),
+        ({"precision": "fp16"}, "precision"),
+        ({"progress": 1}, "progress"),
+    ],
+)
+def test_train_config_validation(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        TrainConfig(**kwargs)
+
+
+def test_trainer_argument_errors(tmp_path):
+    ok = {"config": TrainConfig(epochs=1, batch_size=4, progress=False), "out_dir": tmp_path}
+    with pytest.raises(ValueError, match="bf16"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                TrainConfig(precision="bf16"), tmp_path)
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(3), _Linear1d(4), **ok)
+    with pytest.raises(TypeError, match="model"):
+        Trainer("model", OperatorLoss(), _Linear1d(8), _Linear1d(4), **ok)
+    with pytest.raises(TypeError, match="config"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), {"epochs": 1}, tmp_path)
+    with pytest.raises(ValueError, match="eval_set"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), [], **ok)
