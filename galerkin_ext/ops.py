@@ -291,7 +291,8 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad_out, grad_attn, *_saved_grads):
     q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn, *saved = ctx.saved_tensors
     if grad_out is None:  # only the attention matrix was used
-        grad_out = q.new_zeros(saved[0].shape)
+        width = q.shape[-1] + (pos.shape[-1] if pos is not None else 0)
+        grad_out = q.new_zeros((*q.shape[:3], width))
     needs = ctx.needs_input_grad
     grads = torch.ops.galerkin_ext.attention_backward(
         grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn,
@@ -310,6 +311,13 @@ torch.library.register_autograd(
 )
 
 
+def _padded_width(d):
+    """Row length of the op's internal operands: mirrors padded_width() in attention.cpp (opcheck
+    compares these fake kernels with the real ones, so the two cannot drift apart unnoticed)."""
+    up = (d + 7) // 8 * 8
+    return up if (up - d) * 8 <= d else d
+
+
 def _stats_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
@@ -320,9 +328,9 @@ def _attention_forward_fake(q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, 
     batch, heads, n, dim = q.shape
     width = dim + (pos.shape[-1] if pos is not None else 0)
     side = n if quadratic else width
-    operand = (batch, heads, n, width)
-    return (q.new_empty(operand), q.new_empty((batch, heads, side, side)), q.new_empty(operand),
-            q.new_empty(operand), q.new_empty(operand),
+    operand = (batch, heads, n, _padded_width(width))
+    return (q.new_empty((batch, heads, n, width)), q.new_empty((batch, heads, side, side)),
+            q.new_empty(operand), q.new_empty(operand), q.new_empty(operand),
             q.new_empty((3, batch, heads, n, 2), dtype=_stats_dtype(q)))
 
 
@@ -336,10 +344,12 @@ def _attention_backward_fake(grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb
     for norm_weight in (qnw, knw, vnw):
         shape = (heads, dim) if norm_weight is not None else (0,)
         norm_grads += [q.new_empty(shape), q.new_empty(shape)]
-    # q, k and v get views (B, H, N, D) of (B, H, N, D + P) buffers, as the real kernel returns.
+    # q, k and v get views (B, H, N, D) of the padded operand-gradient buffers, as the real
+    # kernel returns them (the gradient is formed in place there).
     batch, n = q.shape[0], q.shape[2]
     width = dim + (pos.shape[-1] if pos is not None else 0)
-    qkv = [q.new_empty((batch, heads, n, width))[..., width - dim:] for _ in range(3)]
+    buffer = (batch, heads, n, _padded_width(width))
+    qkv = [q.new_empty(buffer)[..., width - dim:width] for _ in range(3)]
     return [*qkv,
             q.new_empty(pos.shape) if pos_grad else empty,
             q.new_empty(weight.shape) if weight_grad else empty, *norm_grads]

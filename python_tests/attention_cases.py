@@ -37,6 +37,9 @@ CASES = [
     Case(2, 2, 19, 9, P=0, weight="shared", norms=False),
     Case(1, 1, 130, 33, P=2, shared_pos=True, layout="sliced"),
     Case(4, 1, 257, 4, P=1, norms=False, weight="batched", layout="projected"),
+    # widths the op pads internally to aligned GEMM rows: 97 -> 104 and 63 -> 64
+    Case(2, 1, 45, 96, P=1, weight="batched", layout="projected"),
+    Case(1, 2, 17, 61, P=2, shared_pos=True, weight="shared", norms=False),
 ]
 
 

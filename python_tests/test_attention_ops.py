@@ -148,6 +148,7 @@ GRAD_CASES = [
     Case(1, 3, 4, 2, P=1, shared_pos=True, weight="shared"),
     Case(2, 1, 1, 3, P=1),
     Case(1, 2, 6, 4, norms=False, layout="sliced"),
+    Case(1, 1, 3, 57, P=1, weight="batched"),  # d = 58, padded to 64 inside the op
 ]
 
 
@@ -231,15 +232,15 @@ def test_no_grad_where_not_required(gen):
 
 
 @pytest.mark.parametrize("quadratic", [False, True])
-@pytest.mark.parametrize("case", [GRAD_CASES[0], GRAD_CASES[1]], ids=str)
+@pytest.mark.parametrize("case", [GRAD_CASES[0], GRAD_CASES[1], GRAD_CASES[4]], ids=str)
 def test_opcheck_forward(case, quadratic, gen):
     x = make_inputs(case, gen, dtype=torch.float32, requires_grad=True)
     torch.library.opcheck(torch.ops.galerkin_ext.attention_forward, op_args(x, quadratic))
 
 
 @pytest.mark.parametrize("quadratic", [False, True])
-def test_opcheck_backward(quadratic, gen):
-    case = GRAD_CASES[0]
+@pytest.mark.parametrize("case", [GRAD_CASES[0], GRAD_CASES[4]], ids=str)
+def test_opcheck_backward(case, quadratic, gen):
     x = make_inputs(case, gen, dtype=torch.float32)
     args = op_args(x, quadratic)
     out, attn, *saved = torch.ops.galerkin_ext.attention_forward(*args)

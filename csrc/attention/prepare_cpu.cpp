@@ -66,7 +66,7 @@ void prepare_forward_impl(const OperandSpec& spec, double eps, at::Tensor& hat,
                           at::Tensor& stats) {
   using acc_t = at::opmath_type<scalar_t>;
   const Rows<scalar_t> r(spec);
-  const int64_t d = r.P + r.D;
+  const int64_t d = r.P + r.D, ld = hat.size(-1);
   scalar_t* out = hat.mutable_data_ptr<scalar_t>();
   acc_t* st = stats.mutable_data_ptr<acc_t>();
   const int64_t rows = r.B * r.H * r.N;
@@ -77,7 +77,8 @@ void prepare_forward_impl(const OperandSpec& spec, double eps, at::Tensor& hat,
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n = i % r.N, h = (i / r.N) % r.H, b = i / (r.N * r.H);
       r.load(b, h, n, row.data());
-      scalar_t* o = out + i * d;
+      scalar_t* o = out + i * ld;
+      std::fill(o + d, o + ld, scalar_t(0));
       const acc_t s = r.template scale<acc_t>(b, n);
       if (r.pos) {
         const scalar_t* p = r.pos + b * r.pos_sb + n * r.P;
@@ -111,7 +112,7 @@ void prepare_backward_impl(const OperandSpec& spec, at::Tensor& grad_hat,
                            const at::Tensor& stats, OperandGrads& grads) {
   using acc_t = at::opmath_type<scalar_t>;
   const Rows<scalar_t> r(spec);
-  const int64_t d = r.P + r.D;
+  const int64_t ld = grad_hat.size(-1);
   scalar_t* gh = grad_hat.mutable_data_ptr<scalar_t>();
   const acc_t* st = stats.const_data_ptr<acc_t>();
   acc_t* gpos = grads.grad_pos_acc ? grads.grad_pos_acc->mutable_data_ptr<acc_t>() : nullptr;
@@ -142,7 +143,7 @@ void prepare_backward_impl(const OperandSpec& spec, at::Tensor& grad_hat,
           const scalar_t* bet = norm ? r.beta + h * r.D : nullptr;
           for (int64_t n = n0; n < n1; ++n) {
             const int64_t i = (b * r.H + h) * r.N + n;
-            scalar_t* g = gh + i * d;  // read whole, then overwritten by grad_x at g + P
+            scalar_t* g = gh + i * ld;  // read whole, then overwritten by grad_x at g + P
             const acc_t s = r.template scale<acc_t>(b, n);
             // x̂ (the normalised row, or the row itself without a norm) and dy = s · grad.
             r.load(b, h, n, xhat.data());

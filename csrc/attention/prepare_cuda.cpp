@@ -26,7 +26,7 @@ const void* data_or_null(const std::optional<at::Tensor>& t) {
   return t ? t->const_data_ptr() : nullptr;
 }
 
-cuda::PrepareArgs make_args(const OperandSpec& s) {
+cuda::PrepareArgs make_args(const OperandSpec& s, const at::Tensor& hat) {
   const at::Tensor& x = s.x;
   const int64_t N = x.size(2), P = s.pos ? s.pos->size(-1) : 0;
   return cuda::PrepareArgs{
@@ -34,7 +34,7 @@ cuda::PrepareArgs make_args(const OperandSpec& s) {
       x.stride(0), x.stride(1), x.stride(2), x.stride(3), x.const_data_ptr(),
       data_or_null(s.pos), s.pos && s.pos->dim() == 3 ? N * P : 0,
       s.weighted ? data_or_null(s.weight) : nullptr, s.weight && s.weight->dim() == 2 ? N : 0,
-      s.weighted, data_or_null(s.norm_weight), data_or_null(s.norm_bias)};
+      s.weighted, data_or_null(s.norm_weight), data_or_null(s.norm_bias), hat.size(-1)};
 }
 
 }  // namespace
@@ -42,7 +42,7 @@ cuda::PrepareArgs make_args(const OperandSpec& s) {
 void prepare_forward_cuda(const OperandSpec& spec, double eps, at::Tensor& hat,
                           at::Tensor& stats) {
   const c10::cuda::CUDAGuard guard(spec.x.device());
-  C10_CUDA_CHECK(cuda::prepare_forward(make_args(spec), eps, hat.mutable_data_ptr(),
+  C10_CUDA_CHECK(cuda::prepare_forward(make_args(spec, hat), eps, hat.mutable_data_ptr(),
                                        stats.mutable_data_ptr(),
                                        c10::cuda::getCurrentCUDAStream()));
 }
@@ -57,7 +57,7 @@ void prepare_backward_cuda(const OperandSpec& spec, at::Tensor& grad_hat,
       grads.grad_pos_acc ? grads.grad_pos_acc->mutable_data_ptr() : nullptr,
       grads.grad_weight_acc ? grads.grad_weight_acc->mutable_data_ptr() : nullptr,
       partial.defined() ? partial.mutable_data_ptr() : nullptr};
-  C10_CUDA_CHECK(cuda::prepare_backward(make_args(spec), grad_hat.mutable_data_ptr(),
+  C10_CUDA_CHECK(cuda::prepare_backward(make_args(spec, grad_hat), grad_hat.mutable_data_ptr(),
                                         stats.const_data_ptr(), raw,
                                         c10::cuda::getCurrentCUDAStream()));
   if (spec.norm_weight) {

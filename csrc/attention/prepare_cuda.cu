@@ -90,7 +90,8 @@ __global__ void prepare_forward_kernel(Rows<T> r, double eps, T* __restrict__ ha
   const int64_t n = i % r.a.N, h = (i / r.a.N) % r.a.H, b = i / (r.a.N * r.a.H);
   const int64_t d = r.a.P + r.a.D;
   const T* xr = r.row(b, h, n);
-  T* o = hat + i * d;
+  T* o = hat + i * r.a.ld;
+  for (int64_t j = d + lane; j < r.a.ld; j += kWarp) o[j] = from_acc<T>(A(0));
   const A s = r.scale(b, n);
   if (r.a.pos) {
     const T* p = r.pos_row(b, n);
@@ -129,7 +130,7 @@ __global__ void prepare_backward_kernel(Rows<T> r, T* __restrict__ grad_hat,
   A* dbeta = dgamma + r.a.D;
   const bool norm = r.a.gamma != nullptr;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int64_t h = blockIdx.y, D = r.a.D, P = r.a.P, d = P + D;
+  const int64_t h = blockIdx.y, D = r.a.D, P = r.a.P;
   if (norm) {
     for (int64_t j = threadIdx.x; j < 2 * D; j += blockDim.x) dgamma[j] = 0;
     __syncthreads();
@@ -139,7 +140,7 @@ __global__ void prepare_backward_kernel(Rows<T> r, T* __restrict__ grad_hat,
   for (int64_t bn = first + warp; bn < last; bn += kWarpsPerBlock) {
     const int64_t b = bn / r.a.N, n = bn % r.a.N;
     const int64_t i = (b * r.a.H + h) * r.a.N + n;
-    T* g = grad_hat + i * d;
+    T* g = grad_hat + i * r.a.ld;
     const T* xr = r.row(b, h, n);
     const A s = r.scale(b, n);
     const A mean = norm ? stats[2 * i] : A(0), rstd = norm ? stats[2 * i + 1] : A(1);

@@ -25,9 +25,11 @@ struct PrepareArgs {
   bool weighted;          // scale rows by the quadrature weight
   const void* gamma;      // (H, D) contiguous, or null for no norm
   const void* beta;       // (H, D) contiguous, present with gamma
+  int64_t ld;             // row stride of the prepared operand, >= P + D (zero padding after)
 };
 
-// hat: (B, H, N, P + D) contiguous; stats: (B, H, N, 2) = (mean, rstd), written with a norm.
+// hat: (B, H, N, ld) contiguous, columns [P + D, ld) zeroed; stats: (B, H, N, 2) = (mean, rstd),
+// written with a norm.
 cudaError_t prepare_forward(const PrepareArgs& args, double eps, void* hat, void* stats,
                             cudaStream_t stream);
 
@@ -45,7 +47,7 @@ struct PrepareGrads {
   void* norm_partial;  // (backward_blocks(B, N), H, 2, D) accumulators, written; null w/o norm
 };
 
-// grad_hat: (B, H, N, P + D) contiguous, the gradient w.r.t. the prepared operand; turned into
+// grad_hat: (B, H, N, ld) contiguous, the gradient w.r.t. the prepared operand; turned into
 // the gradient w.r.t. x in place, in its last D columns.
 cudaError_t prepare_backward(const PrepareArgs& args, void* grad_hat, const void* stats,
                              const PrepareGrads& grads, cudaStream_t stream);
