@@ -7,25 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+from .._cli import nonnegative_int, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,22 +20,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate a data set into FILE.h5 (resumable)")
     gen.add_argument("problem", choices=("burgers", "darcy"))
     gen.add_argument("--out", required=True, help="output file, .h5 or .hdf5")
-    gen.add_argument("--n-samples", type=_positive_int, default=2048,
+    gen.add_argument("--n-samples", type=positive_int, default=2048,
                      help="number of samples (default 2048 for both problems)")
-    gen.add_argument("--resolution", type=_positive_int, default=None,
+    gen.add_argument("--resolution", type=positive_int, default=None,
                      help="grid points per axis (default: burgers 8192, darcy 421)")
-    gen.add_argument("--seed", type=_seed, default=0)
-    gen.add_argument("--chunk-size", type=_positive_int, default=None,
+    gen.add_argument("--seed", type=nonnegative_int, default=0)
+    gen.add_argument("--chunk-size", type=positive_int, default=None,
                      help="samples per stored chunk (default: burgers 256, darcy 32)")
     mode = gen.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue an interrupted generation")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing file")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
-    gen.add_argument("--workers", type=_positive_int, default=None,
+    gen.add_argument("--workers", type=positive_int, default=None,
                      help="darcy: worker processes (default: all usable cores)")
-    gen.add_argument("--solve-resolution", type=_positive_int, default=1024,
+    gen.add_argument("--solve-resolution", type=positive_int, default=1024,
                      help="burgers: grid the solver runs on before zero-padding (default 1024)")
-    gen.add_argument("--n-steps", type=_positive_int, default=None,
+    gen.add_argument("--n-steps", type=positive_int, default=None,
                      help="burgers: ETDRK4 steps (default t_end / 1e-3)")
     gen.add_argument("--device", default=None, help="burgers: torch device, e.g. cuda")
     info = sub.add_parser("info", help="print the metadata and completeness of a data file")

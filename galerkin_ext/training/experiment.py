@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .._cli import positive_float, positive_int
 from .checkpoint import atomic_write, write_json
 from .distributed import DistributedContext
 
@@ -38,26 +39,6 @@ __all__ = [
 ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
 NORMS = ("attn", "layer")
 _PROBLEMS = ("burgers", "darcy")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {value}")
-    return value
 
 
 def experiment_parser(description: str, presets: Mapping[str, Any]) -> argparse.ArgumentParser:
@@ -89,16 +70,16 @@ def experiment_parser(description: str, presets: Mapping[str, Any]) -> argparse.
     p.add_argument("--out", required=True, help="output folder (checkpoints, metrics, plot)")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/last.pt if it exists (same settings)")
-    p.add_argument("--epochs", type=_positive_int, default=None)
-    p.add_argument("--batch-size", type=_positive_int, default=None,
+    p.add_argument("--epochs", type=positive_int, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="global batch size (split over torchrun processes)")
-    p.add_argument("--lr", type=_positive_float, default=None, help="OneCycle max_lr")
-    p.add_argument("--n-train", type=_positive_int, default=None, help="training samples")
-    p.add_argument("--n-eval", type=_positive_int, default=None, help="evaluation samples")
+    p.add_argument("--lr", type=positive_float, default=None, help="OneCycle max_lr")
+    p.add_argument("--n-train", type=positive_int, default=None, help="training samples")
+    p.add_argument("--n-eval", type=positive_int, default=None, help="evaluation samples")
     p.add_argument("--seed", type=int, default=None, help="training seed (model init, order)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                    help="bf16: autocast on CUDA")
-    p.add_argument("--threads", type=_positive_int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads of torch (default: the preset's 'threads', else torch's)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
     p.add_argument("--tensorboard", action="store_true", help="log to OUT/tensorboard")
