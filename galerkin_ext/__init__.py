@@ -1,6 +1,12 @@
 """galerkin_ext: Fourier- and Galerkin-type attention for operator learning.
 
-Submodules: ``ops`` (the compiled attention ops), ``reference`` (plain-PyTorch reference).
+Subpackages (imported on use, so that ``import galerkin_ext`` stays light):
+
+* ``ops`` -- the compiled attention ops (C++/CUDA), with autograd and fake kernels;
+* ``reference`` -- the same math in plain PyTorch, the way the original code computes it;
+* ``layers``, ``models`` -- the paper's networks (``models.build_model``);
+* ``data`` -- data generation (Burgers, Darcy), HDF5 storage, datasets, ``.mat`` readers;
+* ``losses``, ``training`` -- relative L2/H¹ losses and the trainer of the examples.
 """
 
 __version__ = "0.1.0"
