@@ -203,11 +203,35 @@ def _check_norm(norm: Norm, name: str, q: Tensor) -> Norm:
     return norm[0], norm[1]
 
 
-def _check_tensor(t: Tensor, name: str, q: Tensor) -> None:
-    if t.device != q.device:
-        raise ValueError(f"{name}: expected a tensor on {q.device} like q, got one on {t.device}")
-    if t.dtype != q.dtype:
-        raise TypeError(f"{name}: expected dtype {q.dtype} like q, got {t.dtype}")
+def _check_tensor(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None:
+    if t.device != like.device:
+        raise ValueError(
+            f"{name}: expected a tensor on {like.device} like {like_name}, got one on {t.device}"
+        )
+    if t.dtype != like.dtype:
+        raise TypeError(f"{name}: expected dtype {like.dtype} like {like_name}, got {t.dtype}")
+
+
+def check_quadrature_weight(
+    weight: object, batch: int, n: int, like: Tensor, like_name: str = "q"
+) -> None:
+    """Validate quadrature weights for ``n`` points and a batch of ``batch``: a tensor of shape
+    ``(B, N)`` or ``(N,)`` with the dtype and device of ``like``, finite and non-negative.
+
+    The value check is data-dependent; it is skipped while tracing (``torch.compile``) or
+    capturing a CUDA graph. Layers that do not call the ops (softmax, linear attention) use it
+    for the same rules and messages.
+    """
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"weight: expected a tensor or None, got {type(weight).__name__}")
+    _check_tensor(weight, "weight", like, like_name)
+    if weight.shape not in ((batch, n), (n,)):
+        raise ValueError(
+            f"weight: expected shape (B, N) = ({batch}, {n}) or (N,) = ({n},), "
+            f"got {tuple(weight.shape)}"
+        )
+    if not _is_tracing(weight) and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
+        raise ValueError("weight: expected finite, non-negative quadrature weights")
 
 
 def _check_inputs(
@@ -247,16 +271,7 @@ def _check_inputs(
                 f"got {tuple(pos.shape)}"
             )
     if weight is not None:
-        if not isinstance(weight, Tensor):
-            raise TypeError(f"weight: expected a tensor or None, got {type(weight).__name__}")
-        _check_tensor(weight, "weight", q)
-        if weight.shape not in ((batch, n), (n,)):
-            raise ValueError(
-                f"weight: expected shape (B, N) = ({batch}, {n}) or (N,) = ({n},), "
-                f"got {tuple(weight.shape)}"
-            )
-        if not _is_tracing(weight) and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
-            raise ValueError("weight: expected finite, non-negative quadrature weights")
+        check_quadrature_weight(weight, batch, n, q)
     if not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps: expected a finite float > 0, got {eps!r}")
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
+from ..reference import concat_pos
 from ._checks import (
     check_choice,
     check_int,
@@ -147,8 +148,10 @@ class SimpleAttention(nn.Module):
             raise ValueError(f"x: expected shape (B, N, d_model) with d_model = {self.d_model}, "
                              f"got {tuple(x.shape)}")
         self._check_pos(pos, x)
-        if weight is not None:
-            _check_weight(weight, x)
+        if weight is not None and (self.attention_type in ("softmax", "linear")
+                                   or self.norm == "instance"):
+            # Otherwise the op validates the weights itself: one host sync, not two.
+            ops.check_quadrature_weight(weight, batch, n, x, "x")
 
         q, k, v = (proj(x).view(batch, n, self.n_head, self.d_head).transpose(1, 2)
                    for proj in (self.query, self.key, self.value))
@@ -211,23 +214,6 @@ class SimpleAttention(nn.Module):
                             f"got {pos.dtype} on {pos.device}")
 
 
-def _check_weight(weight: object, x: Tensor) -> None:
-    batch, n, _ = x.shape
-    doc = f"({batch}, {n}) or ({n},)"
-    if not isinstance(weight, Tensor):
-        raise TypeError(f"weight: expected a tensor of shape {doc}, got {type(weight).__name__}")
-    if tuple(weight.shape) not in ((batch, n), (n,)):
-        raise ValueError(f"weight: expected shape {doc}, got {tuple(weight.shape)}")
-    if weight.dtype != x.dtype or weight.device != x.device:
-        raise TypeError(f"weight: expected dtype {x.dtype} on {x.device} like x, "
-                        f"got {weight.dtype} on {weight.device}")
-    # A data-dependent check: skipped while tracing, where it would break the graph.
-    if not torch.compiler.is_compiling() and not bool(
-        torch.all(torch.isfinite(weight) & (weight >= 0))
-    ):
-        raise ValueError("weight: expected finite, non-negative quadrature weights")
-
-
 def _layer_norm(x: Tensor, norm: tuple[Tensor, Tensor] | None, eps: float) -> Tensor:
     """Per-head affine layer norm over the features of ``x (B, H, N, D)``; params ``(H, D)``."""
     if norm is None:
@@ -254,15 +240,6 @@ def _instance_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
     return (x - mean) * torch.rsqrt(var + eps) * weight[:, None] + bias[:, None]
 
 
-def _concat_pos(x: Tensor, pos: Tensor | None) -> Tensor:
-    """``[pos | x]`` in every head of ``x (B, H, N, D)``."""
-    if pos is None:
-        return x
-    batch, heads, n, _ = x.shape
-    pos = pos.expand(batch, n, pos.shape[-1])[:, None].expand(batch, heads, n, -1)
-    return torch.cat([pos, x], dim=-1)
-
-
 def _dropout(attn: Tensor, p: float) -> Tensor:
     # The caller already decided whether dropout is active (training or compatibility mode).
     return F.dropout(attn, p, training=True) if p > 0.0 else attn
@@ -272,9 +249,9 @@ def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
                        weight: Tensor | None, norms: dict[str, tuple[Tensor, Tensor]],
                        eps: float, dropout_p: float,
                        return_attention: bool) -> tuple[Tensor, Tensor | None]:
-    q_hat = _concat_pos(_layer_norm(q, norms.get("q"), eps), pos)
-    k_hat = _concat_pos(_layer_norm(k, norms.get("k"), eps), pos)
-    v_hat = _concat_pos(v, pos)
+    q_hat = concat_pos(_layer_norm(q, norms.get("q"), eps), pos)
+    k_hat = concat_pos(_layer_norm(k, norms.get("k"), eps), pos)
+    v_hat = concat_pos(v, pos)
     # Quadrature weights enter as softmax(QKᵀ/sqrt(d) + log w): w = 0 masks a key out and
     # uniform weights shift every logit equally, i.e. change nothing.
     bias = None if weight is None else weight.log().expand(q.shape[0], -1)[:, None, None, :]
@@ -291,9 +268,9 @@ def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
 def _linear_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
                       weight: Tensor | None, norms: dict[str, tuple[Tensor, Tensor]],
                       eps: float, dropout_p: float) -> tuple[Tensor, Tensor]:
-    q_hat = _concat_pos(q, pos).softmax(dim=-1)
-    k_hat = _concat_pos(_layer_norm(k, norms.get("k"), eps), pos).softmax(dim=-2)
-    v_hat = _concat_pos(_layer_norm(v, norms.get("v"), eps), pos)
+    q_hat = concat_pos(q, pos).softmax(dim=-1)
+    k_hat = concat_pos(_layer_norm(k, norms.get("k"), eps), pos).softmax(dim=-2)
+    v_hat = concat_pos(_layer_norm(v, norms.get("v"), eps), pos)
     if weight is None:
         v_hat = v_hat / v_hat.shape[-2]
     else:
