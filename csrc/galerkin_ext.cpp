@@ -4,20 +4,20 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(galerkin_ext, m) {
-  // Returns (out, attn, q_hat, k_hat_w, v_hat, stats); the last four are saved for backward.
+  // Returns (out, attn). The backward recomputes the prepared operands from the inputs.
   m.def(
       "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? pos, Tensor? weight, "
       "Tensor? q_norm_weight, Tensor? q_norm_bias, Tensor? k_norm_weight, Tensor? k_norm_bias, "
       "Tensor? v_norm_weight, Tensor? v_norm_bias, Tensor? dropout_mask, float eps, float scale, "
-      "bool quadratic) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "bool quadratic) -> (Tensor, Tensor)");
   // Returns gradients for (q, k, v, pos, weight, q/k/v norm weight and bias); an empty tensor
   // where no gradient was asked for or the input is absent.
   m.def(
       "attention_backward(Tensor grad_out, Tensor? grad_attn, Tensor q, Tensor k, Tensor v, "
       "Tensor? pos, Tensor? weight, Tensor? q_norm_weight, Tensor? q_norm_bias, "
       "Tensor? k_norm_weight, Tensor? k_norm_bias, Tensor? v_norm_weight, Tensor? v_norm_bias, "
-      "Tensor? dropout_mask, Tensor attn, Tensor q_hat, Tensor k_hat_w, Tensor v_hat, "
-      "Tensor stats, float scale, bool quadratic, bool pos_grad, bool weight_grad) -> Tensor[]");
+      "Tensor? dropout_mask, Tensor attn, float eps, float scale, bool quadratic, bool pos_grad, "
+      "bool weight_grad) -> Tensor[]");
 }
 
 PYBIND11_MODULE(_C, m) {

@@ -292,26 +292,23 @@ def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, _eps, scale, quadratic = inputs
-    _out, attn, q_hat, k_hat_w, v_hat, stats = output
-    ctx.save_for_backward(
-        q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn, q_hat, k_hat_w, v_hat,
-        stats,
-    )
-    ctx.scale, ctx.quadratic = scale, quadratic
-    ctx.mark_non_differentiable(q_hat, k_hat_w, v_hat, stats)
+    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, eps, scale, quadratic = inputs
+    _out, attn = output
+    # The inputs, not the prepared operands: the backward recomputes those (cheaper than memory).
+    ctx.save_for_backward(q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn)
+    ctx.eps, ctx.scale, ctx.quadratic = eps, scale, quadratic
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, grad_attn, *_saved_grads):
-    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn, *saved = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_attn):
+    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn = ctx.saved_tensors
     if grad_out is None:  # only the attention matrix was used
         width = q.shape[-1] + (pos.shape[-1] if pos is not None else 0)
         grad_out = q.new_zeros((*q.shape[:3], width))
     needs = ctx.needs_input_grad
     grads = torch.ops.galerkin_ext.attention_backward(
         grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn,
-        *saved, ctx.scale, ctx.quadratic, pos is not None and needs[3],
+        ctx.eps, ctx.scale, ctx.quadratic, pos is not None and needs[3],
         weight is not None and needs[4],
     )
     present = (True, True, True, pos is not None and needs[3], weight is not None and needs[4],
@@ -327,14 +324,10 @@ torch.library.register_autograd(
 
 
 def _padded_width(d):
-    """Row length of the op's internal operands: mirrors padded_width() in attention.cpp (opcheck
+    """Row length of the op's internal operands: mirrors padded_width() in attention.h (opcheck
     compares these fake kernels with the real ones, so the two cannot drift apart unnoticed)."""
     up = (d + 7) // 8 * 8
     return up if (up - d) * 8 <= d else d
-
-
-def _stats_dtype(q: Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 @torch.library.register_fake("galerkin_ext::attention_forward")
@@ -343,28 +336,25 @@ def _attention_forward_fake(q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, 
     batch, heads, n, dim = q.shape
     width = dim + (pos.shape[-1] if pos is not None else 0)
     side = n if quadratic else width
-    operand = (batch, heads, n, _padded_width(width))
-    return (q.new_empty((batch, heads, n, width)), q.new_empty((batch, heads, side, side)),
-            q.new_empty(operand), q.new_empty(operand), q.new_empty(operand),
-            q.new_empty((3, batch, heads, n, 2), dtype=_stats_dtype(q)))
+    return q.new_empty((batch, heads, n, width)), q.new_empty((batch, heads, side, side))
 
 
 @torch.library.register_fake("galerkin_ext::attention_backward")
 def _attention_backward_fake(grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb, knw, knb, vnw,
-                             vnb, mask, attn, q_hat, k_hat_w, v_hat, stats, scale, quadratic,
-                             pos_grad, weight_grad):
+                             vnb, mask, attn, eps, scale, quadratic, pos_grad, weight_grad):
     empty = q.new_empty((0,))
     heads, dim = q.shape[1], q.shape[3]
     norm_grads = []
     for norm_weight in (qnw, knw, vnw):
         shape = (heads, dim) if norm_weight is not None else (0,)
         norm_grads += [q.new_empty(shape), q.new_empty(shape)]
-    # q, k and v get views (B, H, N, D) of the padded operand-gradient buffers, as the real
-    # kernel returns them (the gradient is formed in place there).
-    batch, n = q.shape[0], q.shape[2]
-    width = dim + (pos.shape[-1] if pos is not None else 0)
-    buffer = (batch, heads, n, _padded_width(width))
-    qkv = [q.new_empty(buffer)[..., width - dim:width] for _ in range(3)]
+    if q.device.type == "cpu" and not quadratic:  # the fused CPU path writes them dense
+        qkv = [q.new_empty(q.shape) for _ in range(3)]
+    else:  # views (B, H, N, D) of the padded operand gradients, formed in place there
+        batch, n = q.shape[0], q.shape[2]
+        width = dim + (pos.shape[-1] if pos is not None else 0)
+        buffer = (batch, heads, n, _padded_width(width))
+        qkv = [q.new_empty(buffer)[..., width - dim:width] for _ in range(3)]
     return [*qkv,
             q.new_empty(pos.shape) if pos_grad else empty,
             q.new_empty(weight.shape) if weight_grad else empty, *norm_grads]

@@ -1,5 +1,6 @@
-// Forward and backward of the softmax-free attention: fused operand preparation (attention.h)
-// around ATen batched GEMMs. Device-agnostic: only the preparation kernels have CPU/CUDA twins.
+// Forward and backward of the softmax-free attention (attention.h): validation, then either the
+// fused CPU linear path (linear_cpu.cpp) or the device-agnostic one here: whole prepared operands
+// (CPU or CUDA preparation kernels) around ATen batched GEMMs.
 #include "attention.h"
 
 #include <ATen/ATen.h>
@@ -67,13 +68,35 @@ OptTensor contiguous(const OptTensor& t) {
   return t ? OptTensor(t->contiguous()) : std::nullopt;
 }
 
-// Row length of the prepared operands: d rounded up to a multiple of 8 elements when that wastes
-// at most d/8, so the GEMMs get aligned rows (d = 97 ran the N×d·d×d products at about half
-// the speed of d = 104 with MKL on 2 cores). The zero padding changes no result. ops.py's fake
-// kernels mirror this rule.
-int64_t padded_width(int64_t d) {
-  const int64_t up = (d + 7) / 8 * 8;
-  return (up - d) * 8 <= d ? up : d;
+AttentionInputs make_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const OptTensor& pos, const OptTensor& weight,
+                            const OptTensor& q_norm_weight, const OptTensor& q_norm_bias,
+                            const OptTensor& k_norm_weight, const OptTensor& k_norm_bias,
+                            const OptTensor& v_norm_weight, const OptTensor& v_norm_bias,
+                            const OptTensor& dropout_mask, bool quadratic) {
+  check_inputs(q, k, v, pos, weight);
+  check_norm(q_norm_weight, q_norm_bias, q, "q_norm");
+  check_norm(k_norm_weight, k_norm_bias, q, "k_norm");
+  check_norm(v_norm_weight, v_norm_bias, q, "v_norm");
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
+  const int64_t P = pos ? pos->size(-1) : 0, d = D + P, side = quadratic ? N : d;
+  if (dropout_mask) {
+    check_same(*dropout_mask, q, "dropout_mask");
+    TORCH_CHECK(dropout_mask->sizes() == at::IntArrayRef({B, H, side, side}),
+                "dropout_mask: expected shape (B, H, ", side, ", ", side, "), got ",
+                dropout_mask->sizes());
+  }
+  return AttentionInputs{q, k, v, contiguous(pos), contiguous(weight), dropout_mask,
+                         {contiguous(q_norm_weight), contiguous(k_norm_weight),
+                          contiguous(v_norm_weight)},
+                         {contiguous(q_norm_bias), contiguous(k_norm_bias),
+                          contiguous(v_norm_bias)},
+                         B, H, N, D, P, d};
+}
+
+// The fused CPU kernels take the linear path; everything else runs here on whole operands.
+bool fused_linear(const AttentionInputs& in, bool quadratic) {
+  return !quadratic && in.q.is_cpu();
 }
 
 // x (BH, r, c) zero-padded to (BH, r2, c2).
@@ -88,45 +111,40 @@ Tensor scaled_bmm(const Tensor& a, const Tensor& b, double scale) {
                      /*beta=*/0, /*alpha=*/scale);
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_forward(
-    const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& pos_in,
-    const OptTensor& weight_in, const OptTensor& q_norm_weight, const OptTensor& q_norm_bias,
+// The three prepared operands (B·H, N, ld) and their norm statistics (3, B, H, N, 2).
+struct Prepared {
+  Tensor hat[3], stats;
+};
+
+Prepared prepare_all(const AttentionInputs& in, double eps) {
+  const int64_t ld = padded_width(in.d);
+  Prepared p;
+  p.stats = at::empty({3, in.B, in.H, in.N, 2}, in.q.options().dtype(opmath_dtype(in.q)));
+  for (int slot = 0; slot < 3; ++slot) {
+    p.hat[slot] = at::empty({in.B, in.H, in.N, ld}, in.q.options());
+    Tensor stats = p.stats.select(0, slot);
+    prepare_forward(in.operand(slot), eps, p.hat[slot], stats);
+    p.hat[slot] = p.hat[slot].view({in.B * in.H, in.N, ld});
+  }
+  return p;
+}
+
+std::tuple<Tensor, Tensor> attention_forward(
+    const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& pos,
+    const OptTensor& weight, const OptTensor& q_norm_weight, const OptTensor& q_norm_bias,
     const OptTensor& k_norm_weight, const OptTensor& k_norm_bias,
     const OptTensor& v_norm_weight, const OptTensor& v_norm_bias, const OptTensor& dropout_mask,
     double eps, double scale, bool quadratic) {
   // The op picks its own precision: the GEMMs inside must not be re-cast by autocast.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  check_inputs(q, k, v, pos_in, weight_in);
-  check_norm(q_norm_weight, q_norm_bias, q, "q_norm");
-  check_norm(k_norm_weight, k_norm_bias, q, "k_norm");
-  check_norm(v_norm_weight, v_norm_bias, q, "v_norm");
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
-  const OptTensor pos = contiguous(pos_in), weight = contiguous(weight_in);
-  const int64_t d = D + (pos ? pos->size(-1) : 0);
-  const int64_t side = quadratic ? N : d;
-  if (dropout_mask) {
-    check_same(*dropout_mask, q, "dropout_mask");
-    TORCH_CHECK(dropout_mask->sizes() == at::IntArrayRef({B, H, side, side}),
-                "dropout_mask: expected shape (B, H, ", side, ", ", side, "), got ",
-                dropout_mask->sizes());
-  }
+  const AttentionInputs in =
+      make_inputs(q, k, v, pos, weight, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias,
+                  v_norm_weight, v_norm_bias, dropout_mask, quadratic);
+  if (fused_linear(in, quadratic)) return linear_forward_cpu(in, eps, scale);
 
-  const int64_t ld = padded_width(d);
-  Tensor q_hat = at::empty({B, H, N, ld}, q.options());
-  Tensor k_hat_w = at::empty({B, H, N, ld}, q.options());
-  Tensor v_hat = at::empty({B, H, N, ld}, q.options());
-  Tensor stats = at::zeros({3, B, H, N, 2}, q.options().dtype(opmath_dtype(q)));
-  auto prep = [&](const Tensor& x, bool weighted, const OptTensor& nw, const OptTensor& nb,
-                  Tensor& hat, int64_t slot) {
-    Tensor st = stats.select(0, slot);
-    prepare_forward({x, pos, weight, weighted, contiguous(nw), contiguous(nb)}, eps, hat, st);
-  };
-  prep(q, false, q_norm_weight, q_norm_bias, q_hat, 0);
-  prep(k, true, k_norm_weight, k_norm_bias, k_hat_w, 1);
-  prep(v, false, v_norm_weight, v_norm_bias, v_hat, 2);
-
-  const Tensor qh = q_hat.view({B * H, N, ld}), kh = k_hat_w.view({B * H, N, ld}),
-               vh = v_hat.view({B * H, N, ld});
+  const int64_t B = in.B, H = in.H, N = in.N, d = in.d;
+  const Prepared p = prepare_all(in, eps);
+  const Tensor &qh = p.hat[0], &kh = p.hat[1], &vh = p.hat[2];
   Tensor attn, out;
   if (quadratic) {  // (BH, N, N); the zero padding adds nothing to Q̂ K̂wᵀ
     attn = scaled_bmm(qh, kh.transpose(1, 2), scale);
@@ -139,80 +157,103 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> attention_forward(
     out = at::bmm(qh, s.narrow(2, 0, d));
     attn = attn.contiguous();
   }
-  return {out.view({B, H, N, d}), attn.view({B, H, side, side}), q_hat, k_hat_w, v_hat, stats};
+  const int64_t side = quadratic ? N : d;
+  return {out.view({B, H, N, d}), attn.view({B, H, side, side})};
 }
 
-std::vector<Tensor> attention_backward(
-    const Tensor& grad_out, const OptTensor& grad_attn, const Tensor& q, const Tensor& k,
-    const Tensor& v, const OptTensor& pos_in, const OptTensor& weight_in,
-    const OptTensor& q_norm_weight, const OptTensor& q_norm_bias, const OptTensor& k_norm_weight,
-    const OptTensor& k_norm_bias, const OptTensor& v_norm_weight, const OptTensor& v_norm_bias,
-    const OptTensor& dropout_mask, const Tensor& attn, const Tensor& q_hat, const Tensor& k_hat_w,
-    const Tensor& v_hat, const Tensor& stats, double scale, bool quadratic, bool pos_grad,
-    bool weight_grad) {
-  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  check_inputs(q, k, v, pos_in, weight_in);
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
-  const OptTensor pos = contiguous(pos_in), weight = contiguous(weight_in);
-  const int64_t d = D + (pos ? pos->size(-1) : 0), side = quadratic ? N : d;
-  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({B, H, N, d}),
-              "grad_out: expected shape (B, H, N, d), got ", grad_out.sizes());
-  TORCH_CHECK(!pos_grad || pos, "pos_grad: requested without pos");
-  TORCH_CHECK(!weight_grad || weight, "weight_grad: requested without weight");
-
+// The backward on whole operands, recomputed from the inputs.
+std::vector<Tensor> generic_backward(const AttentionInputs& in, const Tensor& grad_out,
+                                     const OptTensor& grad_attn, const Tensor& attn, double eps,
+                                     double scale, bool quadratic, bool pos_grad,
+                                     bool weight_grad) {
+  const int64_t B = in.B, H = in.H, N = in.N, D = in.D, d = in.d, ld = padded_width(d);
+  const int64_t side = quadratic ? N : d;
+  const Prepared p = prepare_all(in, eps);
+  const Tensor &qh = p.hat[0], &kh = p.hat[1], &vh = p.hat[2];
   // The GEMMs run on the padded operands; grad_out gets the same zero padding.
-  const int64_t ld = q_hat.size(-1);
   const Tensor g = pad_to(grad_out.reshape({B * H, N, d}), N, ld).contiguous();
-  const Tensor qh = q_hat.view({B * H, N, ld}), kh = k_hat_w.view({B * H, N, ld}),
-               vh = v_hat.view({B * H, N, ld});
   const Tensor a = quadratic ? attn.view({B * H, N, N})
                              : pad_to(attn.reshape({B * H, d, d}), ld, ld);
   const int64_t r = quadratic ? N : ld;  // side of the padded attention matrix
   Tensor d_attn = quadratic ? at::bmm(g, vh.transpose(1, 2)) : at::bmm(qh.transpose(1, 2), g);
   if (grad_attn) d_attn.add_(pad_to(grad_attn->reshape({B * H, side, side}), r, r));
-  if (dropout_mask) d_attn.mul_(pad_to(dropout_mask->reshape({B * H, side, side}), r, r));
+  if (in.dropout_mask) d_attn.mul_(pad_to(in.dropout_mask->reshape({B * H, side, side}), r, r));
   if (scale != 1.0) d_attn.mul_(scale);
-  const auto acc = q.options().dtype(opmath_dtype(q));
-  Tensor grad_pos_acc = pos_grad ? at::zeros(pos->sizes(), acc) : Tensor();
-  Tensor grad_weight_acc = weight_grad ? at::zeros(weight->sizes(), acc) : Tensor();
+  const auto acc = in.q.options().dtype(opmath_dtype(in.q));
+  Tensor grad_pos_acc = pos_grad ? at::zeros(in.pos->sizes(), acc) : Tensor();
+  Tensor grad_weight_acc = weight_grad ? at::zeros(in.weight->sizes(), acc) : Tensor();
   std::vector<Tensor> result(11);
-  const int64_t P = d - D;
-  auto back = [&](const Tensor& x, bool weighted, const OptTensor& nw, const OptTensor& nb,
-                  Tensor d_hat, int64_t slot) {
+  auto back = [&](int slot, Tensor d_hat) {
     Tensor& gnw = result[5 + 2 * slot];
     Tensor& gnb = result[6 + 2 * slot];
-    if (nw) {
-      gnw = at::empty({H, D}, q.options());
-      gnb = at::empty({H, D}, q.options());
+    const bool norm = in.norm_weight[slot].has_value();
+    if (norm) {
+      gnw = at::empty({H, D}, in.q.options());
+      gnb = at::empty({H, D}, in.q.options());
     }
     OperandGrads grads{pos_grad ? &grad_pos_acc : nullptr,
-                       weighted && weight_grad ? &grad_weight_acc : nullptr,
-                       nw ? &gnw : nullptr, nw ? &gnb : nullptr};
+                       slot == 1 && weight_grad ? &grad_weight_acc : nullptr,
+                       norm ? &gnw : nullptr, norm ? &gnb : nullptr};
     d_hat = d_hat.view({B, H, N, ld});
-    prepare_backward({x, pos, weight, weighted, contiguous(nw), contiguous(nb)}, d_hat,
-                     stats.select(0, slot), grads);
-    result[slot] = d_hat.narrow(-1, P, D);  // the backward left grad_x there, in place
+    prepare_backward(in.operand(slot), d_hat, p.stats.select(0, slot), grads);
+    result[slot] = d_hat.narrow(-1, in.P, D);  // the backward left grad_x there, in place
   };
   // d_attn is now the gradient of the unscaled, undropped product. Each operand's gradient
-  // becomes its input's gradient in place, so the backward allocates no further buffers.
+  // becomes its input's gradient in place, so no further operand-sized buffers are needed.
   const Tensor d_attn_t = d_attn.transpose(1, 2);
   if (quadratic) {  // attn = Q̂ K̂wᵀ: the N×N matrix is read, never rebuilt
-    back(q, false, q_norm_weight, q_norm_bias, at::bmm(d_attn, kh), 0);
-    back(k, true, k_norm_weight, k_norm_bias, at::bmm(d_attn_t, qh), 1);
-    back(v, false, v_norm_weight, v_norm_bias, at::bmm(a.transpose(1, 2), g), 2);
+    back(0, at::bmm(d_attn, kh));
+    back(1, at::bmm(d_attn_t, qh));
+    back(2, at::bmm(a.transpose(1, 2), g));
   } else {  // attn = K̂wᵀ V̂
-    back(q, false, q_norm_weight, q_norm_bias, at::bmm(g, a.transpose(1, 2)), 0);
-    back(k, true, k_norm_weight, k_norm_bias, at::bmm(vh, d_attn_t), 1);
-    back(v, false, v_norm_weight, v_norm_bias, at::bmm(kh, d_attn), 2);
+    back(0, at::bmm(g, a.transpose(1, 2)));
+    back(1, at::bmm(vh, d_attn_t));
+    back(2, at::bmm(kh, d_attn));
   }
-  result[3] = pos_grad ? grad_pos_acc.to(q.scalar_type()) : at::empty({0}, q.options());
-  result[4] = weight_grad ? grad_weight_acc.to(q.scalar_type()) : at::empty({0}, q.options());
-  for (int64_t i = 5; i < 11; ++i) {
-    if (!result[i].defined()) result[i] = at::empty({0}, q.options());
-  }
+  if (pos_grad) result[3] = grad_pos_acc.to(in.q.scalar_type());
+  if (weight_grad) result[4] = grad_weight_acc.to(in.q.scalar_type());
   return result;
 }
 
+std::vector<Tensor> attention_backward(
+    const Tensor& grad_out, const OptTensor& grad_attn, const Tensor& q, const Tensor& k,
+    const Tensor& v, const OptTensor& pos, const OptTensor& weight,
+    const OptTensor& q_norm_weight, const OptTensor& q_norm_bias, const OptTensor& k_norm_weight,
+    const OptTensor& k_norm_bias, const OptTensor& v_norm_weight, const OptTensor& v_norm_bias,
+    const OptTensor& dropout_mask, const Tensor& attn, double eps, double scale, bool quadratic,
+    bool pos_grad, bool weight_grad) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const AttentionInputs in =
+      make_inputs(q, k, v, pos, weight, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias,
+                  v_norm_weight, v_norm_bias, dropout_mask, quadratic);
+  const int64_t B = in.B, H = in.H, N = in.N, d = in.d, side = quadratic ? N : d;
+  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({B, H, N, d}),
+              "grad_out: expected shape (B, H, N, d), got ", grad_out.sizes());
+  check_same(grad_out, q, "grad_out");
+  TORCH_CHECK(attn.sizes() == at::IntArrayRef({B, H, side, side}),
+              "attn: expected shape (B, H, ", side, ", ", side, "), got ", attn.sizes());
+  check_same(attn, q, "attn");
+  if (grad_attn) {
+    TORCH_CHECK(grad_attn->sizes() == attn.sizes(), "grad_attn: expected shape ", attn.sizes(),
+                " like attn, got ", grad_attn->sizes());
+    check_same(*grad_attn, q, "grad_attn");
+  }
+  TORCH_CHECK(!pos_grad || pos, "pos_grad: requested without pos");
+  TORCH_CHECK(!weight_grad || weight, "weight_grad: requested without weight");
+
+  std::vector<Tensor> result;
+  if (fused_linear(in, quadratic)) {
+    result = linear_backward_cpu(in, grad_out, grad_attn, attn, eps, scale, pos_grad,
+                                 weight_grad);
+  } else {
+    result = generic_backward(in, grad_out, grad_attn, attn, eps, scale, quadratic, pos_grad,
+                              weight_grad);
+  }
+  for (Tensor& t : result) {
+    if (!t.defined()) t = at::empty({0}, q.options());
+  }
+  return result;
+}
 }  // namespace
 
 TORCH_LIBRARY_IMPL(galerkin_ext, CPU, m) {

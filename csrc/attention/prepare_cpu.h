@@ -1,0 +1,161 @@
+// Row kernels of the CPU operand preparation (attention.h): one row of a prepared operand, and the
+// backward of one row. Shared by the whole-tensor preparation (prepare_cpu.cpp) and the fused
+// linear path (linear_cpu.cpp), so both compute bit-identical operands.
+#pragma once
+
+#include "attention.h"
+
+#include <ATen/OpMathType.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace galerkin_ext::cpu {
+
+// Raw pointers and strides of one OperandSpec, resolved once per call.
+template <typename scalar_t>
+struct Rows {
+  int64_t B, H, N, D, P;
+  int64_t sb, sh, sn, sd;  // strides of x
+  const scalar_t* x;
+  const scalar_t* pos;     // null when there are no coordinates
+  int64_t pos_sb;          // 0 when pos is shared over the batch
+  const scalar_t* weight;  // null when uniform
+  int64_t weight_sb;       // 0 when the weight is shared over the batch
+  bool weighted;
+  const scalar_t* gamma;   // null when the operand has no norm
+  const scalar_t* beta;
+
+  explicit Rows(const OperandSpec& s)
+      : B(s.x.size(0)), H(s.x.size(1)), N(s.x.size(2)), D(s.x.size(3)),
+        P(s.pos ? s.pos->size(-1) : 0),
+        sb(s.x.stride(0)), sh(s.x.stride(1)), sn(s.x.stride(2)), sd(s.x.stride(3)),
+        x(s.x.const_data_ptr<scalar_t>()),
+        pos(s.pos ? s.pos->const_data_ptr<scalar_t>() : nullptr),
+        pos_sb(s.pos && s.pos->dim() == 3 ? N * P : 0),
+        weight(s.weighted && s.weight ? s.weight->const_data_ptr<scalar_t>() : nullptr),
+        weight_sb(s.weight && s.weight->dim() == 2 ? N : 0),
+        weighted(s.weighted),
+        gamma(s.norm_weight ? s.norm_weight->const_data_ptr<scalar_t>() : nullptr),
+        beta(s.norm_bias ? s.norm_bias->const_data_ptr<scalar_t>() : nullptr) {}
+
+  // Copies row (b, h, n) of x into dst, converted to the accumulation type.
+  template <typename acc_t>
+  void load(int64_t b, int64_t h, int64_t n, acc_t* dst) const {
+    const scalar_t* src = x + b * sb + h * sh + n * sn;
+    if (sd == 1) {
+      for (int64_t j = 0; j < D; ++j) dst[j] = acc_t(src[j]);
+    } else {
+      for (int64_t j = 0; j < D; ++j) dst[j] = acc_t(src[j * sd]);
+    }
+  }
+  template <typename acc_t>
+  acc_t scale(int64_t b, int64_t n) const {
+    if (!weighted) return acc_t(1);
+    return weight ? acc_t(weight[b * weight_sb + n]) : acc_t(1) / acc_t(N);
+  }
+};
+
+template <typename acc_t>
+struct RowStats {
+  acc_t mean, rstd;  // (0, 1) for an operand without a norm
+};
+
+// Writes the prepared row (b, h, n) to out[0, ld): [s·pos | s·LN_h(x) | 0], s the row scale.
+// `row` is D elements of scratch. Returns the norm's statistics.
+template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
+RowStats<acc_t> prepare_row(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n,
+                            acc_t eps, acc_t* row, scalar_t* out, int64_t ld) {
+  r.load(b, h, n, row);
+  std::fill(out + r.P + r.D, out + ld, scalar_t(0));
+  const acc_t s = r.template scale<acc_t>(b, n);
+  if (r.pos) {
+    const scalar_t* p = r.pos + b * r.pos_sb + n * r.P;
+    for (int64_t j = 0; j < r.P; ++j) out[j] = static_cast<scalar_t>(acc_t(p[j]) * s);
+  }
+  out += r.P;
+  if (!r.gamma) {
+    for (int64_t j = 0; j < r.D; ++j) out[j] = static_cast<scalar_t>(row[j] * s);
+    return {acc_t(0), acc_t(1)};
+  }
+  // Two passes over a row that stays in cache: exact mean, then the biased variance.
+  acc_t sum = 0;
+  for (int64_t j = 0; j < r.D; ++j) sum += row[j];
+  const acc_t mean = sum / acc_t(r.D);
+  acc_t sq = 0;
+  for (int64_t j = 0; j < r.D; ++j) sq += (row[j] - mean) * (row[j] - mean);
+  const acc_t rstd = acc_t(1) / std::sqrt(sq / acc_t(r.D) + eps);
+  const scalar_t* g = r.gamma + h * r.D;
+  const scalar_t* bt = r.beta + h * r.D;
+  for (int64_t j = 0; j < r.D; ++j) {
+    out[j] = static_cast<scalar_t>(((row[j] - mean) * rstd * acc_t(g[j]) + acc_t(bt[j])) * s);
+  }
+  return {mean, rstd};
+}
+
+// Where the backward of a row adds its parameter gradients; null where not wanted.
+template <typename acc_t>
+struct RowGradSums {
+  acc_t* grad_pos;     // pos-shaped
+  acc_t* grad_weight;  // weight-shaped
+  acc_t* grad_gamma;   // (H, D), present exactly when the operand has a norm
+  acc_t* grad_beta;    // (H, D)
+};
+
+// Backward of prepare_row. `grad` (ld elements) is the gradient w.r.t. the prepared row; the
+// gradient w.r.t. x is written to dx (D elements), which may alias grad + P: grad is read whole
+// first. `xhat` and `dy` are D elements of scratch each.
+template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
+void prepare_row_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n,
+                          RowStats<acc_t> st, const scalar_t* grad, scalar_t* dx, acc_t* xhat,
+                          acc_t* dy, const RowGradSums<acc_t>& sums) {
+  const bool norm = r.gamma != nullptr;
+  const scalar_t* gam = norm ? r.gamma + h * r.D : nullptr;
+  const scalar_t* bet = norm ? r.beta + h * r.D : nullptr;
+  const acc_t s = r.template scale<acc_t>(b, n);
+  // x̂ (the normalised row, or the row itself without a norm) and dy = s · grad.
+  r.load(b, h, n, xhat);
+  if (norm) {
+    for (int64_t j = 0; j < r.D; ++j) xhat[j] = (xhat[j] - st.mean) * st.rstd;
+  }
+  for (int64_t j = 0; j < r.D; ++j) dy[j] = s * acc_t(grad[r.P + j]);
+  if (sums.grad_pos) {
+    acc_t* gp = sums.grad_pos + b * r.pos_sb + n * r.P;
+    for (int64_t j = 0; j < r.P; ++j) gp[j] += s * acc_t(grad[j]);
+  }
+  if (sums.grad_weight) {
+    // d/dw of w · row: the unscaled row is rebuilt, as w may be zero.
+    acc_t dot = 0;
+    if (r.pos) {
+      const scalar_t* p = r.pos + b * r.pos_sb + n * r.P;
+      for (int64_t j = 0; j < r.P; ++j) dot += acc_t(grad[j]) * acc_t(p[j]);
+    }
+    for (int64_t j = 0; j < r.D; ++j) {
+      const acc_t y = norm ? xhat[j] * acc_t(gam[j]) + acc_t(bet[j]) : xhat[j];
+      dot += acc_t(grad[r.P + j]) * y;
+    }
+    sums.grad_weight[b * r.weight_sb + n] += dot;
+  }
+  if (!norm) {
+    for (int64_t j = 0; j < r.D; ++j) dx[j] = static_cast<scalar_t>(dy[j]);
+    return;
+  }
+  // dx = rstd (γ∘dy − mean(γ∘dy) − x̂ mean(γ∘dy∘x̂))
+  acc_t* dgamma = sums.grad_gamma + h * r.D;
+  acc_t* dbeta = sums.grad_beta + h * r.D;
+  acc_t c1 = 0, c2 = 0;
+  for (int64_t j = 0; j < r.D; ++j) {
+    const acc_t gdy = dy[j] * acc_t(gam[j]);
+    c1 += gdy;
+    c2 += gdy * xhat[j];
+    dgamma[j] += dy[j] * xhat[j];
+    dbeta[j] += dy[j];
+  }
+  c1 /= acc_t(r.D);
+  c2 /= acc_t(r.D);
+  for (int64_t j = 0; j < r.D; ++j) {
+    dx[j] = static_cast<scalar_t>(st.rstd * (dy[j] * acc_t(gam[j]) - c1 - xhat[j] * c2));
+  }
+}
+
+}  // namespace galerkin_ext::cpu
