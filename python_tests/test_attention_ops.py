@@ -211,14 +211,21 @@ def test_gradients_match_reference_float32(gen):
             torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-4 * b.abs().max())
 
 
+@pytest.mark.parametrize("coordinate_grads", [True, False])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_fused_cpu_path_chunking(threads, gen):
+def test_fused_cpu_path_chunking(threads, coordinate_grads, gen):
     """The fused CPU linear path splits points into chunks by cache size and thread count (here
     several chunks with a short last one); every split must give the reference's values and
-    gradients, including the sums over chunks of the pos, weight and norm gradients."""
+    gradients, including the sums over chunks of the pos, weight and norm gradients. D = 96 with
+    P = 1 also takes its GEMM split (BLAS for the 96 feature columns, a loop for the coordinate
+    column), which skips the coordinate columns of the gradients when pos and weight need none."""
     case = Case(2, 2, 1100, 96, P=1, shared_pos=True, weight="shared", layout="projected")
     x = make_inputs(case, gen, requires_grad=True)
     names, tensors = grad_inputs(x)
+    if not coordinate_grads:
+        x["pos"].requires_grad_(False)
+        x["weight"].requires_grad_(False)
+        names, tensors = names[:3], tensors[:3] + tensors[5:]
     labels = [*names, *["norm parameter"] * (len(tensors) - len(names))]
     upstream = torch.randn(case.B, case.H, case.N, case.D + case.P, generator=gen, dtype=F64)
     before = torch.get_num_threads()

@@ -67,7 +67,7 @@ struct OperandGrads {
 
 // hat (B, H, N, ld) contiguous, ld >= d = P + D, and stats (B, H, N, 2) = (mean, rstd) in the
 // opmath dtype are written: columns [d, ld) of hat are zero padding (aligned GEMM operands);
-// stats rows are left untouched when the operand has no norm.
+// stats rows mean nothing when the operand has no norm.
 void prepare_forward_cpu(const OperandSpec& spec, double eps, at::Tensor& hat, at::Tensor& stats);
 // grad_hat (B, H, N, ld) contiguous is the gradient w.r.t. the prepared operand. It is turned into
 // grad_x in place: afterwards grad_hat[..., P:] holds the gradient w.r.t. x, so no second

@@ -9,6 +9,11 @@
 // faster on cache-resident chunks (MKL, 2 cores: ~92 GF/s per thread against ~70 on whole
 // operands). Reductions over points are per-chunk partial products summed in chunk order, so a
 // result depends only on the chunk size, never on which thread ran what.
+//
+// Output widths: MKL runs a GEMM whose output width is not a multiple of 8 about 15% slower (97
+// against 96 columns at the Burgers shape; the inner dimension may be anything). So where D is a
+// multiple of 8 and d is not, BLAS computes output columns [P, d) and a small loop the P
+// coordinate columns; elsewhere BLAS computes all ld columns, zero-padded.
 #include "prepare_cpu.h"
 
 #include <ATen/ATen.h>
@@ -24,92 +29,159 @@ namespace {
 using at::Tensor;
 using cpu::RowGradSums;
 using cpu::Rows;
-using cpu::RowStats;
 
 // Points per chunk: a chunk operand takes at most 128 KiB, so the two to four a task holds stay
-// in L2, and every thread gets at least two chunks to balance.
-int64_t chunk_rows(int64_t n, int64_t ld, int64_t element_size) {
-  const int64_t cache_rows = std::max<int64_t>(8, 128 * 1024 / element_size / ld / 8 * 8);
-  const int64_t tasks = 2 * at::get_num_threads();
-  const int64_t balanced = ((n + tasks - 1) / tasks + 7) / 8 * 8;
-  return std::min(cache_rows, balanced);
-}
-
+// in L2, and the chunk count is a multiple of the thread count (the loops are statically split).
 struct Chunking {
   int64_t rows, count;
-  Chunking(int64_t n, int64_t ld, int64_t element_size)
-      : rows(chunk_rows(n, ld, element_size)), count((n + rows - 1) / rows) {}
+  Chunking(int64_t n, int64_t ld, int64_t element_size) {
+    const int64_t cache_rows = std::max<int64_t>(8, 128 * 1024 / element_size / ld / 8 * 8);
+    const int64_t threads = at::get_num_threads();
+    const int64_t per_thread = ((n + cache_rows - 1) / cache_rows + threads - 1) / threads;
+    const int64_t target = per_thread * threads;
+    rows = ((n + target - 1) / target + 7) / 8 * 8;
+    count = (n + rows - 1) / rows;
+  }
 };
 
 // The first m rows of a (rows, ld) chunk buffer.
 Tensor head(const Tensor& chunk, int64_t m) { return chunk.narrow(0, 0, m); }
 
-// Builds rows [n0, n0 + m) of operand (b, h) into chunk (rows, ld), keeping their statistics.
+// Builds rows [n0, n0 + m) of operand (b, h) into chunk (rows, ld), their statistics into stats.
 template <typename scalar_t, typename acc_t>
 void build_chunk(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
-                 acc_t eps, acc_t* scratch, Tensor& chunk, RowStats<acc_t>* stats) {
-  const int64_t ld = chunk.size(1);
-  scalar_t* out = chunk.mutable_data_ptr<scalar_t>();
-  for (int64_t i = 0; i < m; ++i) {
-    stats[i] = cpu::prepare_row(r, b, h, n0 + i, eps, scratch, out + i * ld, ld);
-  }
+                 acc_t eps, acc_t* scratch, Tensor& chunk, acc_t* stats) {
+  cpu::prepare_rows(r, b, h, n0, m, eps, scratch, chunk.mutable_data_ptr<scalar_t>(),
+                    chunk.size(1), stats);
 }
 
 // Row backward of rows [n0, n0 + m) of operand (b, h): the gradients w.r.t. the prepared rows
 // are in chunk (rows, ld); grad_x rows go to grad_x (B, H, N, D) contiguous.
 template <typename scalar_t, typename acc_t>
 void chunk_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
-                    const Tensor& chunk, const RowStats<acc_t>* stats, Tensor& grad_x,
-                    acc_t* xhat, acc_t* dy, const RowGradSums<acc_t>& sums) {
-  const int64_t ld = chunk.size(1);
-  const scalar_t* g = chunk.const_data_ptr<scalar_t>();
+                    const Tensor& chunk, const acc_t* stats, Tensor& grad_x, acc_t* xhat,
+                    acc_t* dy, const RowGradSums<acc_t>& sums) {
   scalar_t* dx = grad_x.mutable_data_ptr<scalar_t>() + ((b * r.H + h) * r.N + n0) * r.D;
+  cpu::prepare_rows_backward(r, b, h, n0, m, stats, chunk.const_data_ptr<scalar_t>(),
+                             chunk.size(1), dx, r.D, xhat, dy, sums);
+}
+
+// y[i, c] = Σ_j l[i, j] · cols[c, j] for the first `p` columns of y (rows i < m, j < k).
+template <typename scalar_t>
+GALERKIN_EXT_CPU_KERNEL void coordinate_product(const scalar_t* l, const scalar_t* cols,
+                                                int64_t m, int64_t k, int64_t p, int64_t ld,
+                                                scalar_t* y) {
   for (int64_t i = 0; i < m; ++i) {
-    cpu::prepare_row_backward(r, b, h, n0 + i, stats[i], g + i * ld, dx + i * r.D, xhat, dy,
-                              sums);
+    for (int64_t c = 0; c < p; ++c) {
+      scalar_t sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += l[i * ld + j] * cols[c * k + j];
+      y[i * ld + c] = sum;
+    }
   }
 }
+
+// r[j, c] = Σ_i l[i, j] · rhs[i, c] for the first `p` columns of r (i < m, j < k); `sum` holds k.
+template <typename scalar_t>
+GALERKIN_EXT_CPU_KERNEL void coordinate_reduce(const scalar_t* l, const scalar_t* rhs, int64_t m,
+                                               int64_t k, int64_t p, int64_t ld, scalar_t* sum,
+                                               scalar_t* r) {
+  for (int64_t c = 0; c < p; ++c) {
+    std::fill(sum, sum + k, scalar_t(0));
+    for (int64_t i = 0; i < m; ++i) {
+      const scalar_t w = rhs[i * ld + c];
+      for (int64_t j = 0; j < k; ++j) sum[j] += l[i * ld + j] * w;
+    }
+    for (int64_t j = 0; j < k; ++j) r[j * ld + c] = sum[j];
+  }
+}
+
+// The GEMMs on (rows, ld) chunks; see "Output widths" above. Inner dimensions run over d.
+template <typename scalar_t>
+struct ChunkGemms {
+  int64_t d, P, ld;
+  bool split;  // BLAS for columns [P, d), coordinate_* for [0, P)
+
+  ChunkGemms(const AttentionInputs& in, int64_t ld)
+      : d(in.d), P(in.P), ld(ld), split(in.P > 0 && in.D % 8 == 0 && in.d % 8 != 0) {}
+
+  // The first P columns of each matrix (B·H, d, ld), transposed to (B·H, P, d): what `product`
+  // takes as `cols`. Empty unless split.
+  Tensor coordinate_columns(const Tensor& mats) const {
+    return split ? mats.narrow(1, 0, d).narrow(2, 0, P).transpose(1, 2).contiguous() : Tensor();
+  }
+
+  // y = l · mat for chunks y, l (m, ld) and mat (≥ d, ld). Columns [0, P) only `if coordinates`.
+  void product(Tensor& y, const Tensor& l, const Tensor& mat, const Tensor& cols, int64_t bh,
+               bool coordinates) const {
+    const Tensor lhs = l.narrow(1, 0, d), rhs = mat.narrow(0, 0, d);
+    if (!split) {
+      at::mm_out(y, lhs, rhs);
+      return;
+    }
+    Tensor y_main = y.narrow(1, P, d - P);
+    at::mm_out(y_main, lhs, rhs.narrow(1, P, d - P));
+    if (coordinates) {
+      coordinate_product(l.const_data_ptr<scalar_t>(), cols.const_data_ptr<scalar_t>() +
+                         bh * P * d, l.size(0), d, P, ld, y.mutable_data_ptr<scalar_t>());
+    }
+  }
+
+  // r[:d, :d] = lᵀ · rhs for chunks l, rhs (m, ld) and r (ld, ld); `sum` holds d elements.
+  void reduce(Tensor& r, const Tensor& l, const Tensor& rhs, scalar_t* sum) const {
+    const Tensor lhs = l.narrow(1, 0, d).t();
+    if (!split) {
+      Tensor r_rows = r.narrow(0, 0, d);
+      at::mm_out(r_rows, lhs, rhs);
+      return;
+    }
+    Tensor r_main = r.narrow(0, 0, d).narrow(1, P, d - P);
+    at::mm_out(r_main, lhs, rhs.narrow(1, P, d - P));
+    coordinate_reduce(l.const_data_ptr<scalar_t>(), rhs.const_data_ptr<scalar_t>(), l.size(0), d,
+                      P, ld, sum, r.mutable_data_ptr<scalar_t>());
+  }
+};
 
 template <typename scalar_t>
 std::tuple<Tensor, Tensor> forward_impl(const AttentionInputs& in, double eps_in, double scale) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t eps = acc_t(eps_in);
-  const int64_t B = in.B, H = in.H, N = in.N, d = in.d, ld = padded_width(d);
+  const int64_t B = in.B, H = in.H, N = in.N, D = in.D, d = in.d, ld = padded_width(d);
   const auto opts = in.q.options();
   const Rows<scalar_t> qr(in.operand(0)), kr(in.operand(1)), vr(in.operand(2));
   const Chunking ch(N, ld, sizeof(scalar_t));
+  const ChunkGemms<scalar_t> gemm(in, ld);
 
-  Tensor partial = at::empty({ch.count, B * H, ld, ld}, opts);
+  Tensor partial = at::empty({ch.count, B * H, ld, ld}, opts);  // [:d, :d] used
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor kc = at::empty({ch.rows, ld}, opts), vc = at::empty({ch.rows, ld}, opts);
-    std::vector<acc_t> scratch(in.D);
-    std::vector<RowStats<acc_t>> stats(ch.rows);
+    std::vector<acc_t> scratch(std::max(D, d)), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * ch.rows, m = std::min(ch.rows, N - n0);
       for (int64_t bh = 0; bh < B * H; ++bh) {
         build_chunk(kr, bh / H, bh % H, n0, m, eps, scratch.data(), kc, stats.data());
         build_chunk(vr, bh / H, bh % H, n0, m, eps, scratch.data(), vc, stats.data());
         Tensor slot = partial[c][bh];
-        at::mm_out(slot, head(kc, m).t(), head(vc, m));
+        gemm.reduce(slot, head(kc, m), head(vc, m), scratch.data());
       }
     }
   });
-  // A, zero-padded to (ld, ld): the padding columns of the operands made S zero there.
-  Tensor a_pad = partial.sum(0).mul_(scale);
+  // A, zero-padded to (ld, ld).
+  Tensor a_pad = at::zeros({B * H, ld, ld}, opts);
   Tensor attn = a_pad.narrow(1, 0, d).narrow(2, 0, d);
+  attn.copy_(partial.narrow(2, 0, d).narrow(3, 0, d).sum(0)).mul_(scale);
   if (in.dropout_mask) attn.mul_(in.dropout_mask->reshape({B * H, d, d}));
+  const Tensor a_cols = gemm.coordinate_columns(a_pad);
 
   Tensor out = at::empty({B, H, N, d}, opts);
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor qc = at::empty({ch.rows, ld}, opts), oc = at::empty({ch.rows, ld}, opts);
-    std::vector<acc_t> scratch(in.D);
-    std::vector<RowStats<acc_t>> stats(ch.rows);
+    std::vector<acc_t> scratch(D), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * ch.rows, m = std::min(ch.rows, N - n0);
       for (int64_t bh = 0; bh < B * H; ++bh) {
         build_chunk(qr, bh / H, bh % H, n0, m, eps, scratch.data(), qc, stats.data());
         Tensor oc_head = head(oc, m);
-        at::mm_out(oc_head, head(qc, m), a_pad[bh]);
+        gemm.product(oc_head, head(qc, m), a_pad[bh], a_cols, bh, /*coordinates=*/true);
         const scalar_t* src = oc.const_data_ptr<scalar_t>();
         scalar_t* dst = out.mutable_data_ptr<scalar_t>() + (bh * N + n0) * d;
         for (int64_t i = 0; i < m; ++i) {
@@ -133,9 +205,13 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
   const Rows<scalar_t> rows[3] = {Rows<scalar_t>(in.operand(0)), Rows<scalar_t>(in.operand(1)),
                                   Rows<scalar_t>(in.operand(2))};
   const Chunking ch(N, ld, sizeof(scalar_t));
+  const ChunkGemms<scalar_t> gemm(in, ld);
+  // The coordinate columns of an operand's gradient feed only the pos and weight gradients.
+  const bool coordinates[3] = {pos_grad, pos_grad || weight_grad, pos_grad};
 
   Tensor a_pad = at::zeros({B * H, ld, ld}, opts);
   a_pad.narrow(1, 0, d).narrow(2, 0, d).copy_(attn.reshape({B * H, d, d}));
+  const Tensor a_t = a_pad.transpose(1, 2), a_t_cols = gemm.coordinate_columns(a_t);
   const Tensor g = grad_out.contiguous();
   const scalar_t* g_data = g.const_data_ptr<scalar_t>();
 
@@ -157,11 +233,10 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
   };
 
   // Pass 1: dA partials and q's gradient.
-  Tensor d_attn_partial = at::empty({ch.count, B * H, ld, ld}, opts);
+  Tensor d_attn_partial = at::empty({ch.count, B * H, ld, ld}, opts);  // [:d, :d] used
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor qc = at::empty({ch.rows, ld}, opts), gc = at::zeros({ch.rows, ld}, opts);
-    std::vector<acc_t> scratch(D), dy(D);
-    std::vector<RowStats<acc_t>> stats(ch.rows);
+    std::vector<acc_t> scratch(std::max(D, d)), dy(D), stats(2 * ch.rows);
     scalar_t* gc_data = gc.mutable_data_ptr<scalar_t>();  // columns [d, ld) stay zero
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * ch.rows, m = std::min(ch.rows, N - n0);
@@ -174,26 +249,28 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
           std::memcpy(gc_data + i * ld, src + i * d, d * sizeof(scalar_t));
         }
         Tensor slot = d_attn_partial[c][bh];
-        at::mm_out(slot, head(qc, m).t(), head(gc, m));
+        gemm.reduce(slot, head(qc, m), head(gc, m), scratch.data());
         Tensor qc_head = head(qc, m);  // Q̂_c is spent: it now takes dQ̂_c = G_c Aᵀ
-        at::mm_out(qc_head, head(gc, m), a_pad[bh].t());
+        gemm.product(qc_head, head(gc, m), a_t[bh], a_t_cols, bh, coordinates[0]);
         chunk_backward(rows[0], b, h, n0, m, qc, stats.data(), result[0], scratch.data(),
                        dy.data(), q_sums);
       }
     }
   });
-  Tensor d_s = d_attn_partial.sum(0);  // (B·H, ld, ld), zero outside [:d, :d]
+  Tensor d_s = at::zeros({B * H, ld, ld}, opts);  // dS, zero-padded
   Tensor d_s_core = d_s.narrow(1, 0, d).narrow(2, 0, d);
+  d_s_core.copy_(d_attn_partial.narrow(2, 0, d).narrow(3, 0, d).sum(0));
   if (grad_attn) d_s_core.add_(grad_attn->reshape({B * H, d, d}));
   if (in.dropout_mask) d_s_core.mul_(in.dropout_mask->reshape({B * H, d, d}));
   if (scale != 1.0) d_s_core.mul_(scale);
+  const Tensor d_s_t = d_s.transpose(1, 2);
+  const Tensor d_s_cols = gemm.coordinate_columns(d_s), d_s_t_cols = gemm.coordinate_columns(d_s_t);
 
   // Pass 2: k's and v's gradients.
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor kc = at::empty({ch.rows, ld}, opts), vc = at::empty({ch.rows, ld}, opts);
     Tensor dkc = at::empty({ch.rows, ld}, opts), dvc = at::empty({ch.rows, ld}, opts);
-    std::vector<acc_t> scratch(D), dy(D);
-    std::vector<RowStats<acc_t>> k_stats(ch.rows), v_stats(ch.rows);
+    std::vector<acc_t> scratch(D), dy(D), k_stats(2 * ch.rows), v_stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * ch.rows, m = std::min(ch.rows, N - n0);
       const RowGradSums<acc_t> k_sums = sums(1, c), v_sums = sums(2, c);
@@ -202,8 +279,8 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
         build_chunk(rows[1], b, h, n0, m, eps, scratch.data(), kc, k_stats.data());
         build_chunk(rows[2], b, h, n0, m, eps, scratch.data(), vc, v_stats.data());
         Tensor dkc_head = head(dkc, m), dvc_head = head(dvc, m);
-        at::mm_out(dkc_head, head(vc, m), d_s[bh].t());
-        at::mm_out(dvc_head, head(kc, m), d_s[bh]);
+        gemm.product(dkc_head, head(vc, m), d_s_t[bh], d_s_t_cols, bh, coordinates[1]);
+        gemm.product(dvc_head, head(kc, m), d_s[bh], d_s_cols, bh, coordinates[2]);
         chunk_backward(rows[1], b, h, n0, m, dkc, k_stats.data(), result[1], scratch.data(),
                        dy.data(), k_sums);
         chunk_backward(rows[2], b, h, n0, m, dvc, v_stats.data(), result[2], scratch.data(),

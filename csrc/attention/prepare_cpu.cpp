@@ -1,5 +1,5 @@
-// CPU twin of the whole-tensor operand preparation (attention.h): the row kernels of
-// prepare_cpu.h applied to every row of an operand in parallel.
+// CPU operand preparation (attention.h): the range kernels of prepare_cpu.h, cloned per instruction
+// set, and the whole-tensor preparation built on them.
 #include "prepare_cpu.h"
 
 #include <ATen/Dispatch.h>
@@ -9,9 +9,47 @@
 #include <vector>
 
 namespace galerkin_ext {
+namespace cpu {
+
+template <typename scalar_t, typename acc_t>
+GALERKIN_EXT_CPU_KERNEL void prepare_rows(const Rows<scalar_t>& r, int64_t b, int64_t h,
+                                          int64_t n0, int64_t m, acc_t eps, acc_t* scratch,
+                                          scalar_t* out, int64_t ld, acc_t* stats) {
+  for (int64_t i = 0; i < m; ++i) {
+    const RowStats<acc_t> s = prepare_row(r, b, h, n0 + i, eps, scratch, out + i * ld, ld);
+    stats[2 * i] = s.mean;
+    stats[2 * i + 1] = s.rstd;
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+GALERKIN_EXT_CPU_KERNEL void prepare_rows_backward(const Rows<scalar_t>& r, int64_t b, int64_t h,
+                                                   int64_t n0, int64_t m, const acc_t* stats,
+                                                   const scalar_t* grad, int64_t ld,
+                                                   scalar_t* dx, int64_t ldx, acc_t* xhat,
+                                                   acc_t* dy, const RowGradSums<acc_t>& sums) {
+  for (int64_t i = 0; i < m; ++i) {
+    prepare_row_backward(r, b, h, n0 + i, RowStats<acc_t>{stats[2 * i], stats[2 * i + 1]},
+                         grad + i * ld, dx + i * ldx, xhat, dy, sums);
+  }
+}
+
+#define GALERKIN_EXT_INSTANTIATE(scalar_t)                                                       \
+  template void prepare_rows<scalar_t, scalar_t>(const Rows<scalar_t>&, int64_t, int64_t,        \
+                                                 int64_t, int64_t, scalar_t, scalar_t*,          \
+                                                 scalar_t*, int64_t, scalar_t*);                 \
+  template void prepare_rows_backward<scalar_t, scalar_t>(                                      \
+      const Rows<scalar_t>&, int64_t, int64_t, int64_t, int64_t, const scalar_t*,               \
+      const scalar_t*, int64_t, scalar_t*, int64_t, scalar_t*, scalar_t*,                       \
+      const RowGradSums<scalar_t>&);
+GALERKIN_EXT_INSTANTIATE(float)
+GALERKIN_EXT_INSTANTIATE(double)
+#undef GALERKIN_EXT_INSTANTIATE
+
+}  // namespace cpu
+
 namespace {
 
-using cpu::RowStats;
 using cpu::Rows;
 
 // Elements of work per parallel task, as ATen's own element-wise loops use.
@@ -25,19 +63,16 @@ void prepare_forward_impl(const OperandSpec& spec, double eps, at::Tensor& hat,
   const int64_t ld = hat.size(-1);
   scalar_t* out = hat.mutable_data_ptr<scalar_t>();
   acc_t* st = stats.mutable_data_ptr<acc_t>();
-  const int64_t rows = r.B * r.H * r.N;
   const int64_t grain = std::max<int64_t>(1, kGrainElements / ld);
 
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> row(r.D);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t n = i % r.N, h = (i / r.N) % r.H, b = i / (r.N * r.H);
-      const RowStats<acc_t> s = cpu::prepare_row(r, b, h, n, acc_t(eps), row.data(),
-                                                 out + i * ld, ld);
-      if (r.gamma) {
-        st[2 * i] = s.mean;
-        st[2 * i + 1] = s.rstd;
-      }
+  at::parallel_for(0, r.B * r.H * r.N, grain, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scratch(r.D);
+    // Row i = (b·H + h)·N + n; the range is cut where (b, h) changes.
+    for (int64_t i = begin; i < end;) {
+      const int64_t bh = i / r.N, n0 = i % r.N, m = std::min(end - i, r.N - n0);
+      cpu::prepare_rows(r, bh / r.H, bh % r.H, n0, m, acc_t(eps), scratch.data(), out + i * ld,
+                        ld, st + 2 * i);
+      i += m;
     }
   });
 }
@@ -68,16 +103,11 @@ void prepare_backward_impl(const OperandSpec& spec, at::Tensor& grad_hat,
       const int64_t n0 = blk * r.N / blocks, n1 = (blk + 1) * r.N / blocks;
       acc_t* dgamma = norm ? partial.mutable_data_ptr<acc_t>() + blk * 2 * r.H * r.D : nullptr;
       const cpu::RowGradSums<acc_t> sums{gpos, gw, dgamma, norm ? dgamma + r.H * r.D : nullptr};
-      for (int64_t b = 0; b < r.B; ++b) {
-        for (int64_t h = 0; h < r.H; ++h) {
-          for (int64_t n = n0; n < n1; ++n) {
-            const int64_t i = (b * r.H + h) * r.N + n;
-            const RowStats<acc_t> s = norm ? RowStats<acc_t>{st[2 * i], st[2 * i + 1]}
-                                           : RowStats<acc_t>{acc_t(0), acc_t(1)};
-            scalar_t* g = gh + i * ld;  // grad_x replaces the gradient at g + P
-            cpu::prepare_row_backward(r, b, h, n, s, g, g + r.P, xhat.data(), dy.data(), sums);
-          }
-        }
+      for (int64_t bh = 0; bh < r.B * r.H; ++bh) {
+        const int64_t i = bh * r.N + n0;
+        scalar_t* g = gh + i * ld;  // grad_x replaces the gradient at g + P, in place
+        cpu::prepare_rows_backward(r, bh / r.H, bh % r.H, n0, n1 - n0, st + 2 * i, g, ld,
+                                   g + r.P, ld, xhat.data(), dy.data(), sums);
       }
     }
   });

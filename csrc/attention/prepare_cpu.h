@@ -1,6 +1,7 @@
-// Row kernels of the CPU operand preparation (attention.h): one row of a prepared operand, and the
-// backward of one row. Shared by the whole-tensor preparation (prepare_cpu.cpp) and the fused
-// linear path (linear_cpu.cpp), so both compute bit-identical operands.
+// Kernels of the CPU operand preparation (attention.h): one row of a prepared operand and its
+// backward (inline), and the same over a range of rows (prepare_rows, prepare_rows_backward),
+// compiled for several instruction sets in prepare_cpu.cpp. Used by the whole-tensor preparation
+// (prepare_cpu.cpp) and the fused linear path (linear_cpu.cpp), which so compute identical rows.
 #pragma once
 
 #include "attention.h"
@@ -9,6 +10,16 @@
 
 #include <algorithm>
 #include <cmath>
+
+// The CPU kernels are cloned for AVX-512 and AVX2 machines, picked at load time (the build itself
+// targets the baseline x86-64), so their loops vectorise at the machine's width: about 1.5x faster
+// on the Zen 4 CI machine. `flatten` inlines the row functions into every clone.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GALERKIN_EXT_CPU_KERNEL \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
+#else
+#define GALERKIN_EXT_CPU_KERNEL __attribute__((flatten))
+#endif
 
 namespace galerkin_ext::cpu {
 
@@ -157,5 +168,19 @@ void prepare_row_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t
     dx[j] = static_cast<scalar_t>(st.rstd * (dy[j] * acc_t(gam[j]) - c1 - xhat[j] * c2));
   }
 }
+
+// Rows [n0, n0 + m) of operand (b, h), prepared into out (row stride ld), and their statistics
+// into stats as (mean, rstd) pairs. `scratch`: D elements.
+template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
+void prepare_rows(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
+                  acc_t eps, acc_t* scratch, scalar_t* out, int64_t ld, acc_t* stats);
+
+// Backward of prepare_rows: grad (row stride ld) holds the gradients w.r.t. the prepared rows,
+// stats their (mean, rstd) pairs; grad_x rows go to dx (row stride ldx; dx = grad + P with
+// ldx = ld works in place). `xhat`, `dy`: D elements each.
+template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
+void prepare_rows_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
+                           const acc_t* stats, const scalar_t* grad, int64_t ld, scalar_t* dx,
+                           int64_t ldx, acc_t* xhat, acc_t* dy, const RowGradSums<acc_t>& sums);
 
 }  // namespace galerkin_ext::cpu
