@@ -1,7 +1,8 @@
 """Compile-checks of the CUDA sources, so a machine without a GPU still catches their errors.
 
-Every ``.cu`` file under ``csrc/`` is compiled with ``nvcc``; the ATen glue (``*_cuda.cpp``) is
-syntax-checked with the host compiler against torch's headers and the CUDA runtime headers.
+Every ``.cu`` file under ``csrc/`` is compiled with ``nvcc``; the ATen glue (``*_cuda.cpp``) and
+the device-agnostic orchestration as a CUDA build compiles it are syntax-checked with the host
+compiler against torch's headers and the CUDA runtime headers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch.utils import cpp_extension
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 CU_FILES = sorted(CSRC.rglob("*.cu"))
-GLUE_FILES = sorted(CSRC.rglob("*_cuda.cpp"))
+GLUE_FILES = [*sorted(CSRC.rglob("*_cuda.cpp")), CSRC / "attention" / "attention.cpp"]
 NVCC = shutil.which("nvcc")
 
 

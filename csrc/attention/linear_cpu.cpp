@@ -154,7 +154,7 @@ std::tuple<Tensor, Tensor> forward_impl(const AttentionInputs& in, double eps_in
   Tensor partial = at::empty({ch.count, B * H, ld, ld}, opts);  // [:d, :d] used
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor kc = at::empty({ch.rows, ld}, opts), vc = at::empty({ch.rows, ld}, opts);
-    std::vector<acc_t> scratch(std::max(D, d)), stats(2 * ch.rows);
+    cpu::AlignedBuffer<acc_t> scratch(std::max(D, d)), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * ch.rows, m = std::min(ch.rows, N - n0);
       for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -175,7 +175,7 @@ std::tuple<Tensor, Tensor> forward_impl(const AttentionInputs& in, double eps_in
   Tensor out = at::empty({B, H, N, d}, opts);
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor qc = at::empty({ch.rows, ld}, opts), oc = at::empty({ch.rows, ld}, opts);
-    std::vector<acc_t> scratch(D), stats(2 * ch.rows);
+    cpu::AlignedBuffer<acc_t> scratch(D), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * ch.rows, m = std::min(ch.rows, N - n0);
       for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -236,7 +236,7 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
   Tensor d_attn_partial = at::empty({ch.count, B * H, ld, ld}, opts);  // [:d, :d] used
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor qc = at::empty({ch.rows, ld}, opts), gc = at::zeros({ch.rows, ld}, opts);
-    std::vector<acc_t> scratch(std::max(D, d)), dy(D), stats(2 * ch.rows);
+    cpu::AlignedBuffer<acc_t> scratch(std::max(D, d)), dy(D), stats(2 * ch.rows);
     scalar_t* gc_data = gc.mutable_data_ptr<scalar_t>();  // columns [d, ld) stay zero
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * ch.rows, m = std::min(ch.rows, N - n0);
@@ -270,7 +270,7 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor kc = at::empty({ch.rows, ld}, opts), vc = at::empty({ch.rows, ld}, opts);
     Tensor dkc = at::empty({ch.rows, ld}, opts), dvc = at::empty({ch.rows, ld}, opts);
-    std::vector<acc_t> scratch(D), dy(D), k_stats(2 * ch.rows), v_stats(2 * ch.rows);
+    cpu::AlignedBuffer<acc_t> scratch(D), dy(D), k_stats(2 * ch.rows), v_stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * ch.rows, m = std::min(ch.rows, N - n0);
       const RowGradSums<acc_t> k_sums = sums(1, c), v_sums = sums(2, c);

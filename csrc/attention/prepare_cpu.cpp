@@ -6,7 +6,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/zeros.h>
 
-#include <vector>
 
 namespace galerkin_ext {
 namespace cpu {
@@ -66,7 +65,7 @@ void prepare_forward_impl(const OperandSpec& spec, double eps, at::Tensor& hat,
   const int64_t grain = std::max<int64_t>(1, kGrainElements / ld);
 
   at::parallel_for(0, r.B * r.H * r.N, grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scratch(r.D);
+    cpu::AlignedBuffer<acc_t> scratch(r.D);
     // Row i = (b·H + h)·N + n; the range is cut where (b, h) changes.
     for (int64_t i = begin; i < end;) {
       const int64_t bh = i / r.N, n0 = i % r.N, m = std::min(end - i, r.N - n0);
@@ -98,7 +97,7 @@ void prepare_backward_impl(const OperandSpec& spec, at::Tensor& grad_hat,
   if (norm) partial = at::zeros({blocks, 2, r.H, r.D}, stats.options());
 
   at::parallel_for(0, blocks, 1, [&](int64_t block_begin, int64_t block_end) {
-    std::vector<acc_t> xhat(r.D), dy(r.D);
+    cpu::AlignedBuffer<acc_t> xhat(r.D), dy(r.D);
     for (int64_t blk = block_begin; blk < block_end; ++blk) {
       const int64_t n0 = blk * r.N / blocks, n1 = (blk + 1) * r.N / blocks;
       acc_t* dgamma = norm ? partial.mutable_data_ptr<acc_t>() + blk * 2 * r.H * r.D : nullptr;

@@ -8,8 +8,11 @@
 
 #include <ATen/OpMathType.h>
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 // The CPU kernels are cloned for AVX-512 and AVX2 machines, picked at load time (the build itself
 // targets the baseline x86-64), so their loops vectorise at the machine's width: about 1.5x faster
@@ -22,6 +25,26 @@
 #endif
 
 namespace galerkin_ext::cpu {
+
+// Scratch for the kernels, 64-byte aligned. The vectorised row sums group their terms by the
+// alignment of the buffer they run over (with AVX-512 clones), so scratch that moved from call
+// to call, as a std::vector does, would change results in the last bits.
+template <typename T>
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(int64_t n)
+      : data_(static_cast<T*>(std::aligned_alloc(64, (std::max<int64_t>(n, 1) * sizeof(T) + 63)
+                                                          / 64 * 64))) {
+    TORCH_CHECK(data_, "galerkin_ext: out of memory for ", n, " elements of scratch");
+  }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { std::free(data_); }
+  T* data() const { return data_; }
+
+ private:
+  T* data_;
+};
 
 // Raw pointers and strides of one OperandSpec, resolved once per call.
 template <typename scalar_t>
