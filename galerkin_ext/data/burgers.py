@@ -19,7 +19,7 @@ import math
 import numpy as np
 import torch
 
-from ._validation import check_positive_float, check_positive_int
+from .._checks import check_float, check_int
 
 __all__ = ["solve_burgers", "etdrk4_coefficients", "default_n_steps"]
 
@@ -47,7 +47,7 @@ def etdrk4_coefficients(
     """
     if not isinstance(lin, torch.Tensor) or lin.ndim != 1 or lin.is_complex():
         raise TypeError("lin must be a real 1-D torch.Tensor of diagonal operator entries")
-    dt = check_positive_float("dt", dt)
+    dt = check_float(dt, "dt")
     hl = (dt * lin).to(torch.float64)
     j = torch.arange(1, _CONTOUR_POINTS + 1, dtype=torch.float64, device=lin.device)
     roots = torch.exp(1j * math.pi * (j - 0.5) / _CONTOUR_POINTS)
@@ -117,16 +117,16 @@ def solve_burgers(
         raise ValueError(f"u0 must not be empty, got shape {tuple(u.shape)}")
     if not bool(torch.isfinite(u).all()):
         raise ValueError("u0 must be finite (found NaN or inf)")
-    nu = check_positive_float("nu", nu)
-    t_end = check_positive_float("t_end", t_end)
+    nu = check_float(nu, "nu")
+    t_end = check_float(t_end, "t_end")
     m = n
     if solve_resolution is not None:
-        m = check_positive_int("solve_resolution", solve_resolution, 4)
+        m = check_int(solve_resolution, "solve_resolution", 4)
     if m > n:
         raise ValueError(f"solve_resolution must be <= the number of points N={n}, got {m}")
     if n_steps is None:
         n_steps = default_n_steps(t_end, nu, float(u.abs().max()))
-    n_steps = check_positive_int("n_steps", n_steps)
+    n_steps = check_int(n_steps, "n_steps")
 
     out_dtype = u.dtype if u.is_floating_point() else torch.float64
     squeeze = u.ndim == 1

@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ._validation import check_positive_int
+from .._checks import check_int
 from .random_fields import sample_darcy_coefficient
 
 __all__ = [
@@ -139,7 +139,7 @@ def _exit_with_parent(parent: int) -> None:
 
 def darcy_executor(workers: int | None = None) -> Executor:
     """A process pool for the solver (spawned, so it is safe after torch/threads are loaded)."""
-    workers = default_workers() if workers is None else check_positive_int("workers", workers)
+    workers = default_workers() if workers is None else check_int(workers, "workers")
     return ProcessPoolExecutor(
         max_workers=workers,
         mp_context=get_context("spawn"),
@@ -221,7 +221,7 @@ def solve_darcy(
     """
     batch, f_b, single, like = _as_batch(a, f)
     if workers is not None:
-        check_positive_int("workers", workers)
+        check_int(workers, "workers")
     if executor is not None and not isinstance(executor, Executor):
         raise TypeError(f"executor must be a concurrent.futures.Executor, got {executor!r}")
     n = batch.shape[0]

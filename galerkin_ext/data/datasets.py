@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .._checks import check_float, check_int
 from . import mat as _mat
-from ._validation import check_positive_float, check_positive_int, check_seed
 from .random_fields import sample_rng
 from .storage import DataFileError, inspect_h5, read_h5
 
@@ -82,7 +82,7 @@ class UnitGaussianNormalizer(torch.nn.Module):
                 "data must be a floating array of shape (n_samples, ...) with n_samples >= 1, "
                 f"got shape {tuple(x.shape)} and dtype {x.dtype}"
             )
-        self.eps = check_positive_float("eps", eps, allow_zero=True)
+        self.eps = check_float(eps, "eps", low_inclusive=True)
         x = x.to(torch.float64)
         self.register_buffer("mean", x.mean(dim=0))
         self.register_buffer("std", x.std(dim=0, correction=0))  # population std (SPEC §4)
@@ -111,7 +111,7 @@ def central_gradient_1d(u: torch.Tensor, h: float) -> torch.Tensor:
     """Periodic central difference ``(u[j+1] - u[j-1]) / (2h)`` along the last axis; same shape."""
     if not isinstance(u, torch.Tensor) or u.ndim < 1:
         raise TypeError("u must be a torch.Tensor with at least one axis")
-    h = check_positive_float("h", h)
+    h = check_float(h, "h")
     return (torch.roll(u, -1, dims=-1) - torch.roll(u, 1, dims=-1)) / (2 * h)
 
 
@@ -123,7 +123,7 @@ def central_gradient_2d(u: torch.Tensor, h: float) -> torch.Tensor:
     """
     if not isinstance(u, torch.Tensor) or u.ndim < 2 or min(u.shape[-2:]) < 3:
         raise ValueError("u must be a torch.Tensor of shape (..., n, n) with n >= 3")
-    h = check_positive_float("h", h)
+    h = check_float(h, "h")
     grad = u.new_zeros((*u.shape, 2))
     grad[..., 1:-1, 1:-1, 0] = (u[..., 2:, 1:-1] - u[..., :-2, 1:-1]) / (2 * h)
     grad[..., 1:-1, 1:-1, 1] = (u[..., 1:-1, 2:] - u[..., 1:-1, :-2]) / (2 * h)
@@ -149,7 +149,7 @@ def block_average(a: np.ndarray, coarse: int) -> np.ndarray:
     a = np.asarray(a)
     if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
         raise ValueError(f"a must have shape (..., K, K), got {a.shape}")
-    coarse = check_positive_int("coarse", coarse, 2)
+    coarse = check_int(coarse, "coarse", 2)
     k = a.shape[-1]
     if coarse > k or (k - 1) % (coarse - 1):
         raise ValueError(f"coarse - 1 must divide K - 1 = {k - 1}, got coarse = {coarse}")
@@ -159,13 +159,13 @@ def block_average(a: np.ndarray, coarse: int) -> np.ndarray:
 
 def uniform_grid_1d(n: int) -> torch.Tensor:
     """Periodic grid ``x_j = j / n``, shape ``(n, 1)``, float64."""
-    n = check_positive_int("n", n)
+    n = check_int(n, "n")
     return (torch.arange(n, dtype=torch.float64) / n)[:, None]
 
 
 def uniform_grid_2d(n: int) -> torch.Tensor:
     """Nodes ``(x_i, y_j) = (i, j) / (n - 1)``, shape ``(n, n, 2)``, float64."""
-    n = check_positive_int("n", n, 2)
+    n = check_int(n, "n", 2)
     x = torch.linspace(0, 1, n, dtype=torch.float64)
     return torch.stack(torch.meshgrid(x, x, indexing="ij"), dim=-1)
 
@@ -239,8 +239,8 @@ def _n_samples(source: Source, mat_keys: tuple[str, str]) -> int:
 def _split_indices(n: int, split: str, n_train: int, n_valid: int) -> np.ndarray:
     if split not in ("train", "valid"):
         raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
-    n_train = check_positive_int("n_train", n_train)
-    n_valid = check_positive_int("n_valid", n_valid)
+    n_train = check_int(n_train, "n_train")
+    n_valid = check_int(n_valid, "n_valid")
     want = n_train if split == "train" else n_valid
     if want > n:
         raise ValueError(f"the source has {n} samples, fewer than n_{split} = {want}")
@@ -270,7 +270,7 @@ class BurgersDataset(Dataset):
         n_valid: int = 100,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        resolution = check_positive_int("resolution", resolution, 3)
+        resolution = check_int(resolution, "resolution", 3)
         n = _n_samples(source, ("a", "u"))
         idx = _split_indices(n, split, n_train, n_valid)
         first = _load(source, ("a", "u"), idx[:1], {"a": lambda x: x})["a"]
@@ -322,14 +322,14 @@ class DarcyDataset(Dataset):
         target_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        resolution = check_positive_int("resolution", resolution, 3)
+        resolution = check_int(resolution, "resolution", 3)
         nc = coarse_resolution if coarse_resolution is not None else DARCY_COARSE.get(resolution)
         if nc is None:
             raise ValueError(
                 f"coarse_resolution must be given for resolution {resolution} "
                 f"(defaults exist for {sorted(DARCY_COARSE)})"
             )
-        nc = check_positive_int("coarse_resolution", nc, 2)
+        nc = check_int(nc, "coarse_resolution", 2)
         keys = ("coeff", "sol")
         n = _n_samples(source, keys)
         idx = _split_indices(n, split, n_train, n_valid)
@@ -387,16 +387,16 @@ class DarcyInverseDataset(Dataset):
         input_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        resolution = check_positive_int("resolution", resolution, 3)
+        resolution = check_int(resolution, "resolution", 3)
         nc = coarse_resolution if coarse_resolution is not None else INVERSE_COARSE.get(resolution)
         if nc is None:
             raise ValueError(
                 f"coarse_resolution must be given for resolution {resolution} "
                 f"(defaults exist for {sorted(INVERSE_COARSE)})"
             )
-        nc = check_positive_int("coarse_resolution", nc, 2)
-        noise = check_positive_float("noise", noise, allow_zero=True)
-        noise_seed = check_seed("noise_seed", noise_seed)
+        nc = check_int(nc, "coarse_resolution", 2)
+        noise = check_float(noise, "noise", low_inclusive=True)
+        noise_seed = check_int(noise_seed, "noise_seed", 0)
         keys = ("coeff", "sol")
         n = _n_samples(source, keys)
         idx = _split_indices(n, split, n_train, n_valid)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from .._checks import check_float, check_int
 from . import darcy as _darcy
-from ._validation import check_positive_float, check_positive_int, check_seed
 from .burgers import solve_burgers
 from .darcy import sample_and_solve as _darcy_task
 from .random_fields import sample_periodic_grf_1d
@@ -72,18 +72,18 @@ def generate_burgers(
     zero-pads the result; ``n_steps`` ETDRK4 steps (default ``ceil(t_end / 1e-3)``) on
     ``device`` (default CPU; e.g. ``"cuda"``).  Returns the path of the finished file.
     """
-    n_samples = check_positive_int("n_samples", n_samples)
-    resolution = check_positive_int("resolution", resolution, 4)
-    seed = check_seed("seed", seed)
-    nu = check_positive_float("nu", nu)
-    t_end = check_positive_float("t_end", t_end)
-    chunk_size = check_positive_int("chunk_size", chunk_size)
+    n_samples = check_int(n_samples, "n_samples")
+    resolution = check_int(resolution, "resolution", 4)
+    seed = check_int(seed, "seed", 0)
+    nu = check_float(nu, "nu")
+    t_end = check_float(t_end, "t_end")
+    chunk_size = check_int(chunk_size, "chunk_size")
     m = resolution if solve_resolution is None else min(
-        check_positive_int("solve_resolution", solve_resolution, 4), resolution
+        check_int(solve_resolution, "solve_resolution", 4), resolution
     )
     if n_steps is None:
         n_steps = max(1, int(np.ceil(t_end / 1e-3 - 1e-9)))
-    n_steps = check_positive_int("n_steps", n_steps)
+    n_steps = check_int(n_steps, "n_steps")
     import torch
 
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -134,21 +134,21 @@ def generate_darcy(
     call this must guard their top level with ``if __name__ == "__main__":`` (spawned workers).
     Returns the path of the finished file.
     """
-    n_samples = check_positive_int("n_samples", n_samples)
-    resolution = check_positive_int("resolution", resolution, 3)
-    seed = check_seed("seed", seed)
+    n_samples = check_int(n_samples, "n_samples")
+    resolution = check_int(resolution, "resolution", 3)
+    seed = check_int(seed, "seed", 0)
     params = {
-        "alpha": check_positive_float("alpha", alpha),
-        "tau": check_positive_float("tau", tau, allow_zero=True),
-        "high": check_positive_float("high", high),
-        "low": check_positive_float("low", low),
+        "alpha": check_float(alpha, "alpha"),
+        "tau": check_float(tau, "tau", low_inclusive=True),
+        "high": check_float(high, "high"),
+        "low": check_float(low, "low"),
         "f": float(f),
     }
     if not np.isfinite(params["f"]):
         raise ValueError(f"f must be a finite number, got {f!r}")
-    chunk_size = check_positive_int("chunk_size", chunk_size)
+    chunk_size = check_int(chunk_size, "chunk_size")
     if workers is not None:
-        workers = check_positive_int("workers", workers)
+        workers = check_int(workers, "workers")
     if executor is not None and not isinstance(executor, Executor):
         raise TypeError(f"executor must be a concurrent.futures.Executor, got {executor!r}")
     stored = dict(params, resolution=resolution,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.fft
 
-from ._validation import check_positive_float, check_positive_int, check_seed
+from .._checks import check_float, check_int
 
 __all__ = [
     "sample_periodic_grf_1d",
@@ -40,9 +40,9 @@ STREAM_DARCY = 2
 
 def sample_rng(seed: int, stream: int, index: int) -> np.random.Generator:
     """The generator of sample ``index`` of random stream ``stream`` for ``seed``."""
-    check_seed("seed", seed)
-    check_positive_int("stream", stream, 0)
-    check_positive_int("index", index, 0)
+    check_int(seed, "seed", 0)
+    check_int(stream, "stream", 0)
+    check_int(index, "index", 0)
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream, index)))
 
 
@@ -50,16 +50,16 @@ def periodic_grf_1d_amplitudes(
     n_modes: int, sigma: float = 25.0, tau: float = 5.0, gamma: float = 2.0
 ) -> np.ndarray:
     """Amplitudes ``c_k``, ``k = 1..n_modes``, of the cos/sin modes; shape ``(n_modes,)``."""
-    n_modes = check_positive_int("n_modes", n_modes)
-    sigma = check_positive_float("sigma", sigma)
-    tau = check_positive_float("tau", tau, allow_zero=True)
-    gamma = check_positive_float("gamma", gamma)
+    n_modes = check_int(n_modes, "n_modes")
+    sigma = check_float(sigma, "sigma")
+    tau = check_float(tau, "tau", low_inclusive=True)
+    gamma = check_float(gamma, "gamma")
     k = np.arange(1, n_modes + 1, dtype=np.float64)
     return np.sqrt(2.0) * sigma * ((2 * np.pi * k) ** 2 + tau**2) ** (-gamma / 2)
 
 
 def _check_batch(n_samples: object, start: object) -> tuple[int, int]:
-    return check_positive_int("n_samples", n_samples), check_positive_int("start", start, 0)
+    return check_int(n_samples, "n_samples"), check_int(start, "start", 0)
 
 
 def sample_periodic_grf_1d(
@@ -79,8 +79,8 @@ def sample_periodic_grf_1d(
     (the modes are drawn in order of frequency).
     """
     n_samples, start = _check_batch(n_samples, start)
-    resolution = check_positive_int("resolution", resolution, 4)
-    seed = check_seed("seed", seed)
+    resolution = check_int(resolution, "resolution", 4)
+    seed = check_int(seed, "seed", 0)
     n_modes = (resolution - 1) // 2  # strictly below Nyquist: a sine there vanishes on the grid
     amp = periodic_grf_1d_amplitudes(n_modes, sigma, tau, gamma)
     spec = np.zeros((n_samples, resolution // 2 + 1), dtype=np.complex128)
@@ -93,9 +93,9 @@ def sample_periodic_grf_1d(
 
 def neumann_grf_2d_amplitudes(resolution: int, alpha: float = 2.0, tau: float = 3.0) -> np.ndarray:
     """Amplitudes ``(pi^2 (k1^2 + k2^2) + tau^2)^(-alpha/2)``; shape ``(K, K)``, ``[0, 0] = 0``."""
-    resolution = check_positive_int("resolution", resolution, 2)
-    alpha = check_positive_float("alpha", alpha)
-    tau = check_positive_float("tau", tau, allow_zero=True)
+    resolution = check_int(resolution, "resolution", 2)
+    alpha = check_float(alpha, "alpha")
+    tau = check_float(tau, "tau", low_inclusive=True)
     k = np.arange(resolution, dtype=np.float64)
     lam = np.pi**2 * (k[:, None] ** 2 + k[None, :] ** 2) + tau**2
     lam[0, 0] = 1.0  # dropped below; avoids 0 ** negative for tau = 0
@@ -132,8 +132,8 @@ def sample_neumann_grf_2d(
     Returns an array of shape ``(n_samples, K, K)``, float64, at the nodes ``x_i = i / (K - 1)``.
     """
     n_samples, start = _check_batch(n_samples, start)
-    resolution = check_positive_int("resolution", resolution, 3)
-    seed = check_seed("seed", seed)
+    resolution = check_int(resolution, "resolution", 3)
+    seed = check_int(seed, "seed", 0)
     amp = neumann_grf_2d_amplitudes(resolution, alpha, tau)
     coef = np.empty((n_samples, resolution, resolution))
     for row in range(n_samples):
@@ -147,8 +147,8 @@ def threshold_coefficient(field: np.ndarray, high: float = 12.0, low: float = 3.
     field = np.asarray(field)
     if not np.issubdtype(field.dtype, np.floating):
         raise TypeError(f"field must be a floating-point array, got dtype {field.dtype}")
-    high = check_positive_float("high", high)
-    low = check_positive_float("low", low)
+    high = check_float(high, "high")
+    low = check_float(low, "low")
     return np.where(field >= 0, high, low)
 
 

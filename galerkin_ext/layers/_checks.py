@@ -1,4 +1,5 @@
-"""Argument checks and small helpers shared by the layers and models.
+"""Tensor checks and small helpers shared by the layers and models (the scalar checks are in
+:mod:`galerkin_ext._checks`).
 
 Every check raises with the argument's name and what was expected, so a bad configuration fails
 at construction with a message a user can act on rather than deep inside a forward pass.
@@ -6,42 +7,11 @@ at construction with a message a user can act on rather than deep inside a forwa
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
 from torch import Tensor, nn
 
+from .._checks import check_choice
+
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
-
-
-def check_int(value: object, name: str, minimum: int = 1) -> int:
-    """``value`` as an int ``>= minimum`` (bools are rejected: ``True`` is not a width)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return value
-
-
-def check_probability(value: object, name: str) -> float:
-    """``value`` as a dropout probability in ``[0, 1)``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name}: expected a float in [0, 1), got {value!r}")
-    return float(value)
-
-
-def check_nonnegative_float(value: object, name: str, *, positive: bool = False) -> float:
-    """``value`` as a finite float ``>= 0`` (``> 0`` when ``positive``)."""
-    bad = isinstance(value, bool) or not isinstance(value, (int, float))
-    if bad or not math.isfinite(value) or value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name}: expected a finite float {bound}, got {value!r}")
-    return float(value)
-
-
-def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
-    """``value`` if it is one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
-    return value
 
 
 def make_activation(name: str, arg_name: str = "activation") -> nn.Module:

@@ -19,14 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
+from .._checks import check_choice, check_float, check_int, check_probability
 from ..reference import concat_pos
-from ._checks import (
-    check_choice,
-    check_int,
-    check_nonnegative_float,
-    check_probability,
-    check_tensor,
-)
+from ._checks import check_tensor
 
 ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
 NORM_SCHEMES = ("attn", "layer", "instance", None)
@@ -95,12 +90,12 @@ class SimpleAttention(nn.Module):
         self.d_head = d_model // n_head
         self.attention_type, self.norm = attention_type, norm
         self.attn_dropout = check_probability(attn_dropout, "attn_dropout")
-        self.eps = check_nonnegative_float(eps, "eps", positive=True)
+        self.eps = check_float(eps, "eps")
         self.reference_dropout = reference_dropout
 
         self.query, self.key, self.value = (nn.Linear(d_model, d_model) for _ in range(3))
-        gain = check_nonnegative_float(xavier_init, "xavier_init", positive=True)
-        diagonal = check_nonnegative_float(diagonal_weight, "diagonal_weight")
+        gain = check_float(xavier_init, "xavier_init")
+        diagonal = check_float(diagonal_weight, "diagonal_weight", low_inclusive=True)
         with torch.no_grad():
             for linear in (self.query, self.key, self.value):
                 nn.init.xavier_uniform_(linear.weight, gain=gain)

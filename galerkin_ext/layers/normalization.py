@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_nonnegative_float
+from .._checks import check_float
 
 
 class Denormalizer(nn.Module):
@@ -47,7 +47,7 @@ class Denormalizer(nn.Module):
             torch.all(torch.isfinite(std) & (std >= 0))
         ):
             raise ValueError("mean, std: expected finite statistics with std >= 0")
-        eps = check_nonnegative_float(eps, "eps")
+        eps = check_float(eps, "eps", low_inclusive=True)
         like = {"dtype": self.scale.dtype, "device": self.scale.device}
         self.shift = mean.detach().to(**like).clone()
         self.scale = (std.detach().to(**like) + eps).clone()

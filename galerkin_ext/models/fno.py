@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from .._checks import check_choice
 from ..layers import Denormalizer, SpectralRegressor
-from ..layers._checks import check_choice
 from .transformer import zero_boundary
 
 

@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
+from .._checks import check_float, check_int
 from ..losses import relative_l2
 from .checkpoint import load_checkpoint, save_checkpoint, write_csv
 from .distributed import DistributedContext
@@ -60,16 +61,6 @@ _RESUMABLE_CHANGES = ("eval_batch_size", "num_workers", "progress", "tensorboard
 
 class NonFiniteLossError(RuntimeError):
     """The training loss or gradient became NaN/inf; the last good checkpoint is kept."""
-
-
-def _check_number(value: object, name: str, low: float, *, integer: bool = False,
-                  strict: bool = True, high: float = math.inf) -> None:
-    kind = int if integer else (int, float)
-    ok = not isinstance(value, bool) and isinstance(value, kind) and math.isfinite(value)
-    if not ok or not ((value > low if strict else value >= low) and value <= high):
-        what = "an int" if integer else "a finite float"
-        bounds = f"{'>' if strict else '>='} {low}" + (f" and <= {high}" if high < math.inf else "")
-        raise ValueError(f"{name}: expected {what} {bounds}, got {value!r}")
 
 
 @dataclass
@@ -106,16 +97,16 @@ class TrainConfig:
     tensorboard: bool = False
 
     def __post_init__(self) -> None:
-        _check_number(self.epochs, "epochs", 1, integer=True, strict=False)
-        _check_number(self.batch_size, "batch_size", 1, integer=True, strict=False)
-        _check_number(self.eval_batch_size, "eval_batch_size", 1, integer=True, strict=False)
-        _check_number(self.max_lr, "max_lr", 0)
-        _check_number(self.div_factor, "div_factor", 0)
-        _check_number(self.final_div_factor, "final_div_factor", 0)
-        _check_number(self.pct_start, "pct_start", 0, high=1.0)
-        _check_number(self.grad_clip, "grad_clip", 0)
-        _check_number(self.seed, "seed", 0, integer=True, strict=False)
-        _check_number(self.num_workers, "num_workers", 0, integer=True, strict=False)
+        check_int(self.epochs, "epochs")
+        check_int(self.batch_size, "batch_size")
+        check_int(self.eval_batch_size, "eval_batch_size")
+        check_float(self.max_lr, "max_lr")
+        check_float(self.div_factor, "div_factor")
+        check_float(self.final_div_factor, "final_div_factor")
+        check_float(self.pct_start, "pct_start", high=1.0)
+        check_float(self.grad_clip, "grad_clip")
+        check_int(self.seed, "seed", 0)
+        check_int(self.num_workers, "num_workers", 0)
         if self.precision not in _PRECISIONS:
             raise ValueError(f"precision: expected one of {_PRECISIONS}, got {self.precision!r}")
         for name in ("progress", "tensorboard"):
@@ -171,7 +162,7 @@ def evaluate(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     _check_dataset(dataset, "dataset")
-    _check_number(batch_size, "batch_size", 1, integer=True, strict=False)
+    check_int(batch_size, "batch_size")
     ctx = ctx or DistributedContext(device=torch.device(device))
     dev = ctx.device if ctx.enabled else torch.device(device)
     shard = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
