@@ -50,8 +50,9 @@ struct AttentionInputs {
 };
 
 // Row length of the prepared operands: d rounded up to a multiple of 8 elements when that wastes
-// at most d/8, so the GEMMs get aligned rows (d = 97 ran the N×d·d×d products at about half
-// the speed of d = 104 with MKL on 2 cores). The zero padding changes no result.
+// at most d/8, so the GEMMs get aligned rows (with MKL on 2 cores the N×d·d×d products took
+// 6.7 ms at d = 97 against 5.0 ms at d = 104). The zero padding changes no result; ops.py's fake
+// kernels mirror this rule.
 inline int64_t padded_width(int64_t d) {
   const int64_t up = (d + 7) / 8 * 8;
   return (up - d) * 8 <= d ? up : d;

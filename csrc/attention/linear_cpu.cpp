@@ -8,7 +8,8 @@
 // Against materialising the operands this removes most of the memory traffic, and the GEMMs run
 // faster on cache-resident chunks (MKL, 2 cores: ~92 GF/s per thread against ~70 on whole
 // operands). Reductions over points are per-chunk partial products summed in chunk order, so a
-// result depends only on the chunk size, never on which thread ran what.
+// result depends only on the chunk size (set by N, d and the thread count), never on which thread
+// ran what.
 //
 // Output widths: MKL runs a GEMM whose output width is not a multiple of 8 about 15% slower (97
 // against 96 columns at the Burgers shape; the inner dimension may be anything). So where D is a
@@ -202,8 +203,9 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
   const int64_t B = in.B, H = in.H, N = in.N, D = in.D, d = in.d, ld = padded_width(d);
   const auto opts = in.q.options();
   const auto acc_opts = opts.dtype(c10::CppTypeToScalarType<acc_t>::value);
-  const Rows<scalar_t> rows[3] = {Rows<scalar_t>(in.operand(0)), Rows<scalar_t>(in.operand(1)),
-                                  Rows<scalar_t>(in.operand(2))};
+  const Rows<scalar_t> operands[3] = {Rows<scalar_t>(in.operand(0)),
+                                      Rows<scalar_t>(in.operand(1)),
+                                      Rows<scalar_t>(in.operand(2))};
   const Chunking ch(N, ld, sizeof(scalar_t));
   const ChunkGemms<scalar_t> gemm(in, ld);
   // The coordinate columns of an operand's gradient feed only the pos and weight gradients.
@@ -243,7 +245,7 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
       const RowGradSums<acc_t> q_sums = sums(0, c);
       for (int64_t bh = 0; bh < B * H; ++bh) {
         const int64_t b = bh / H, h = bh % H;
-        build_chunk(rows[0], b, h, n0, m, eps, scratch.data(), qc, stats.data());
+        build_chunk(operands[0], b, h, n0, m, eps, scratch.data(), qc, stats.data());
         const scalar_t* src = g_data + (bh * N + n0) * d;
         for (int64_t i = 0; i < m; ++i) {
           std::memcpy(gc_data + i * ld, src + i * d, d * sizeof(scalar_t));
@@ -252,7 +254,7 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
         gemm.reduce(slot, head(qc, m), head(gc, m), scratch.data());
         Tensor qc_head = head(qc, m);  // Q̂_c is spent: it now takes dQ̂_c = G_c Aᵀ
         gemm.product(qc_head, head(gc, m), a_t[bh], a_t_cols, bh, coordinates[0]);
-        chunk_backward(rows[0], b, h, n0, m, qc, stats.data(), result[0], scratch.data(),
+        chunk_backward(operands[0], b, h, n0, m, qc, stats.data(), result[0], scratch.data(),
                        dy.data(), q_sums);
       }
     }
@@ -264,7 +266,8 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
   if (in.dropout_mask) d_s_core.mul_(in.dropout_mask->reshape({B * H, d, d}));
   if (scale != 1.0) d_s_core.mul_(scale);
   const Tensor d_s_t = d_s.transpose(1, 2);
-  const Tensor d_s_cols = gemm.coordinate_columns(d_s), d_s_t_cols = gemm.coordinate_columns(d_s_t);
+  const Tensor d_s_cols = gemm.coordinate_columns(d_s);
+  const Tensor d_s_t_cols = gemm.coordinate_columns(d_s_t);
 
   // Pass 2: k's and v's gradients.
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
@@ -276,14 +279,14 @@ std::vector<Tensor> backward_impl(const AttentionInputs& in, const Tensor& grad_
       const RowGradSums<acc_t> k_sums = sums(1, c), v_sums = sums(2, c);
       for (int64_t bh = 0; bh < B * H; ++bh) {
         const int64_t b = bh / H, h = bh % H;
-        build_chunk(rows[1], b, h, n0, m, eps, scratch.data(), kc, k_stats.data());
-        build_chunk(rows[2], b, h, n0, m, eps, scratch.data(), vc, v_stats.data());
+        build_chunk(operands[1], b, h, n0, m, eps, scratch.data(), kc, k_stats.data());
+        build_chunk(operands[2], b, h, n0, m, eps, scratch.data(), vc, v_stats.data());
         Tensor dkc_head = head(dkc, m), dvc_head = head(dvc, m);
         gemm.product(dkc_head, head(vc, m), d_s_t[bh], d_s_t_cols, bh, coordinates[1]);
         gemm.product(dvc_head, head(kc, m), d_s[bh], d_s_cols, bh, coordinates[2]);
-        chunk_backward(rows[1], b, h, n0, m, dkc, k_stats.data(), result[1], scratch.data(),
+        chunk_backward(operands[1], b, h, n0, m, dkc, k_stats.data(), result[1], scratch.data(),
                        dy.data(), k_sums);
-        chunk_backward(rows[2], b, h, n0, m, dvc, v_stats.data(), result[2], scratch.data(),
+        chunk_backward(operands[2], b, h, n0, m, dvc, v_stats.data(), result[2], scratch.data(),
                        dy.data(), v_sums);
       }
     }

@@ -52,7 +52,9 @@ void prepare_backward_cuda(const OperandSpec& spec, at::Tensor& grad_hat,
   const c10::cuda::CUDAGuard guard(spec.x.device());
   const int64_t B = spec.x.size(0), H = spec.x.size(1), N = spec.x.size(2), D = spec.x.size(3);
   at::Tensor partial;  // per-block sums of the norm-parameter gradients: (blocks, H, 2, D)
-  if (spec.norm_weight) partial = at::empty({cuda::backward_blocks(B, N), H, 2, D}, stats.options());
+  if (spec.norm_weight) {
+    partial = at::empty({cuda::backward_blocks(B, N), H, 2, D}, stats.options());
+  }
   const cuda::PrepareGrads raw{
       grads.grad_pos_acc ? grads.grad_pos_acc->mutable_data_ptr() : nullptr,
       grads.grad_weight_acc ? grads.grad_weight_acc->mutable_data_ptr() : nullptr,
