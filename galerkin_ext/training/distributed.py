@@ -100,8 +100,14 @@ def setup_distributed(device: str | torch.device | None = None) -> DistributedCo
 
 
 def cleanup_distributed(ctx: DistributedContext) -> None:
-    """Leave the process group (no-op in a single process)."""
+    """Leave the process group (no-op in a single process).
+
+    The processes first wait for each other: the main process often still writes results when
+    the others are done, and a gloo group torn down on one side while the other still holds it
+    could abort the process ("terminate called without an active exception").
+    """
     if not isinstance(ctx, DistributedContext):
         raise TypeError(f"ctx: expected a DistributedContext, got {type(ctx).__name__}")
     if ctx.enabled and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
