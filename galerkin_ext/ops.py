@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from . import _C
+from ._checks import check_float, check_probability
 
 Norm = tuple[Tensor, Tensor] | None
 
@@ -132,7 +133,7 @@ def softmax_free_attention(
     q_norm = _check_norm(q_norm, "q_norm", q)
     k_norm = _check_norm(k_norm, "k_norm", q)
     v_norm = _check_norm(v_norm, "v_norm", q)
-    _check_dropout_p(dropout_p)
+    check_probability(dropout_p, "dropout_p")
     batch, heads, n, dim = q.shape
     width = dim + (pos.shape[-1] if pos is not None else 0)
     if scale is None:
@@ -174,14 +175,9 @@ def _autocast(q, k, v, pos, weight, *norms):
 # Validation: every message names the argument and what was expected.
 
 
-def _check_dropout_p(dropout_p: float) -> None:
-    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: expected a float in [0, 1), got {dropout_p!r}")
-
-
 def _check_dropout(dropout_p: float, training: bool) -> None:
     """The public functions' dropout arguments (p is checked even when not training)."""
-    _check_dropout_p(dropout_p)
+    check_probability(dropout_p, "dropout_p")
     if not isinstance(training, bool):
         raise TypeError(f"training: expected a bool, got {type(training).__name__}")
 
@@ -272,8 +268,7 @@ def _check_inputs(
             )
     if weight is not None:
         check_quadrature_weight(weight, batch, n, q)
-    if not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"eps: expected a finite float > 0, got {eps!r}")
+    check_float(eps, "eps")
 
 
 def _is_tracing(t: Tensor) -> bool:
