@@ -31,7 +31,7 @@ import copy
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import h5py
 import numpy as np
@@ -306,6 +306,35 @@ def _needs_fit(n: int, split: str, n_train: int, n_valid: int, given: Any, name:
     return True
 
 
+class _DarcyLayout(NamedTuple):
+    n: int  # samples in the source
+    idx: np.ndarray  # indices of the split
+    stored: int  # stored grid size
+    stride: int  # from the stored grid to resolution
+    resolution: int
+    coarse: int
+
+
+def _darcy_layout(
+    source: Source, split: str, resolution: int, coarse_resolution: int | None,
+    defaults: dict[int, int], n_train: int, n_valid: int,
+) -> _DarcyLayout:
+    """The checks and sizes both 2-D datasets start from."""
+    resolution = check_int(resolution, "resolution", 3)
+    nc = coarse_resolution if coarse_resolution is not None else defaults.get(resolution)
+    if nc is None:
+        raise ValueError(
+            f"coarse_resolution must be given for resolution {resolution} "
+            f"(defaults exist for {sorted(defaults)})"
+        )
+    nc = check_int(nc, "coarse_resolution", 2)
+    keys = ("coeff", "sol")
+    n = _n_samples(source, keys)
+    idx = _split_indices(n, split, n_train, n_valid)
+    k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
+    return _DarcyLayout(n, idx, k, _stride(k, resolution, periodic=False), resolution, nc)
+
+
 class DarcyDataset(Dataset):
     """Darcy forward problem ``a -> u`` at ``resolution`` (421 -> 211/141/85), see module doc."""
 
@@ -322,19 +351,9 @@ class DarcyDataset(Dataset):
         target_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        resolution = check_int(resolution, "resolution", 3)
-        nc = coarse_resolution if coarse_resolution is not None else DARCY_COARSE.get(resolution)
-        if nc is None:
-            raise ValueError(
-                f"coarse_resolution must be given for resolution {resolution} "
-                f"(defaults exist for {sorted(DARCY_COARSE)})"
-            )
-        nc = check_int(nc, "coarse_resolution", 2)
+        n, idx, _, s, resolution, nc = _darcy_layout(
+            source, split, resolution, coarse_resolution, DARCY_COARSE, n_train, n_valid)
         keys = ("coeff", "sol")
-        n = _n_samples(source, keys)
-        idx = _split_indices(n, split, n_train, n_valid)
-        k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
-        s = _stride(k, resolution, periodic=False)
         sub = {"a": lambda x: x[:, ::s, ::s], "u": lambda x: x[:, ::s, ::s]}
         data = _load(source, keys, idx, sub)
         fit_in = _needs_fit(n, split, n_train, n_valid, input_normalizer, "input_normalizer")
@@ -387,21 +406,11 @@ class DarcyInverseDataset(Dataset):
         input_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        resolution = check_int(resolution, "resolution", 3)
-        nc = coarse_resolution if coarse_resolution is not None else INVERSE_COARSE.get(resolution)
-        if nc is None:
-            raise ValueError(
-                f"coarse_resolution must be given for resolution {resolution} "
-                f"(defaults exist for {sorted(INVERSE_COARSE)})"
-            )
-        nc = check_int(nc, "coarse_resolution", 2)
+        n, idx, k, s, resolution, nc = _darcy_layout(
+            source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_valid)
         noise = check_float(noise, "noise", low_inclusive=True)
         noise_seed = check_int(noise_seed, "noise_seed", 0)
         keys = ("coeff", "sol")
-        n = _n_samples(source, keys)
-        idx = _split_indices(n, split, n_train, n_valid)
-        k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
-        s = _stride(k, resolution, periodic=False)
         if (k - 1) % (nc - 1):
             raise ValueError(
                 f"coarse_resolution - 1 must divide the stored {k} - 1 intervals, got {nc}"
