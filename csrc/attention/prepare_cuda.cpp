@@ -1,49 +1,18 @@
 // ATen glue of the CUDA operand preparation: tensors to raw pointers, the device guard, the
 // current stream, and workspace from the caching allocator (no host syncs: CUDA-graph safe).
-#include "attention/attention.h"
-#include "attention/prepare_cuda.cuh"
+#include "attention/cuda_args.h"
 
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 namespace galerkin_ext {
-namespace {
-
-cuda::ScalarKind kind_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return cuda::ScalarKind::Float;
-    case at::kDouble: return cuda::ScalarKind::Double;
-    case at::kHalf: return cuda::ScalarKind::Half;
-    case at::kBFloat16: return cuda::ScalarKind::BFloat16;
-    default: TORCH_CHECK(false, "q: expected float16, bfloat16, float32 or float64 on CUDA, got ",
-                         t.scalar_type());
-  }
-}
-
-const void* data_or_null(const std::optional<at::Tensor>& t) {
-  return t ? t->const_data_ptr() : nullptr;
-}
-
-cuda::PrepareArgs make_args(const OperandSpec& s, const at::Tensor& hat) {
-  const at::Tensor& x = s.x;
-  const int64_t N = x.size(2), P = s.pos ? s.pos->size(-1) : 0;
-  return cuda::PrepareArgs{
-      kind_of(x), x.size(0), x.size(1), N, x.size(3), P,
-      x.stride(0), x.stride(1), x.stride(2), x.stride(3), x.const_data_ptr(),
-      data_or_null(s.pos), s.pos && s.pos->dim() == 3 ? N * P : 0,
-      s.weighted ? data_or_null(s.weight) : nullptr, s.weight && s.weight->dim() == 2 ? N : 0,
-      s.weighted, data_or_null(s.norm_weight), data_or_null(s.norm_bias), hat.size(-1)};
-}
-
-}  // namespace
 
 void prepare_forward_cuda(const OperandSpec& spec, double eps, at::Tensor& hat,
                           at::Tensor& stats) {
   const c10::cuda::CUDAGuard guard(spec.x.device());
-  C10_CUDA_CHECK(cuda::prepare_forward(make_args(spec, hat), eps, hat.mutable_data_ptr(),
-                                       stats.mutable_data_ptr(),
+  C10_CUDA_CHECK(cuda::prepare_forward(operand_args(spec, hat.size(-1)), eps,
+                                       hat.mutable_data_ptr(), stats.mutable_data_ptr(),
                                        c10::cuda::getCurrentCUDAStream()));
 }
 
@@ -51,22 +20,25 @@ void prepare_backward_cuda(const OperandSpec& spec, at::Tensor& grad_hat,
                            const at::Tensor& stats, OperandGrads& grads) {
   const c10::cuda::CUDAGuard guard(spec.x.device());
   const int64_t B = spec.x.size(0), H = spec.x.size(1), N = spec.x.size(2), D = spec.x.size(3);
+  const auto acc = stats.options();
   at::Tensor partial;  // per-block sums of the norm-parameter gradients: (blocks, H, 2, D)
-  if (spec.norm_weight) {
-    partial = at::empty({cuda::backward_blocks(B, N), H, 2, D}, stats.options());
-  }
-  const cuda::PrepareGrads raw{
-      grads.grad_pos_acc ? grads.grad_pos_acc->mutable_data_ptr() : nullptr,
-      grads.grad_weight_acc ? grads.grad_weight_acc->mutable_data_ptr() : nullptr,
-      partial.defined() ? partial.mutable_data_ptr() : nullptr};
-  C10_CUDA_CHECK(cuda::prepare_backward(make_args(spec, grad_hat), grad_hat.mutable_data_ptr(),
-                                        stats.const_data_ptr(), raw,
+  if (spec.norm_weight) partial = at::empty({cuda::backward_blocks(B, N), H, 2, D}, acc);
+  const int64_t P = spec.pos ? spec.pos->size(-1) : 0;
+  at::Tensor pos_rows, weight_rows;  // per-row gradients, summed below in a fixed order
+  if (grads.grad_pos_acc) pos_rows = at::empty({B, H, N, P}, acc);
+  if (grads.grad_weight_acc) weight_rows = at::empty({B, H, N}, acc);
+  auto ptr = [](at::Tensor& t) { return t.defined() ? t.mutable_data_ptr() : nullptr; };
+  const cuda::PrepareGrads raw{ptr(pos_rows), ptr(weight_rows), ptr(partial)};
+  C10_CUDA_CHECK(cuda::prepare_backward(operand_args(spec, grad_hat.size(-1)),
+                                        grad_hat.mutable_data_ptr(), stats.const_data_ptr(), raw,
                                         c10::cuda::getCurrentCUDAStream()));
   if (spec.norm_weight) {
-    const at::Tensor total = partial.sum(0);  // (H, 2, D), a deterministic reduction
+    const at::Tensor total = partial.sum(0);  // (H, 2, D)
     grads.grad_norm_weight->copy_(total.select(1, 0));
     grads.grad_norm_bias->copy_(total.select(1, 1));
   }
+  if (pos_rows.defined()) grads.grad_pos_acc->add_(sum_rows_to(pos_rows, *spec.pos));
+  if (weight_rows.defined()) grads.grad_weight_acc->add_(sum_rows_to(weight_rows, *spec.weight));
 }
 
 }  // namespace galerkin_ext

@@ -34,17 +34,19 @@ cudaError_t prepare_forward(const PrepareArgs& args, double eps, void* hat, void
                             cudaStream_t stream);
 
 // Rows of (b, n) handled by one block of the backward; the norm-parameter gradients are summed
-// per block into norm_partial, then over blocks by the caller (deterministically).
+// per block into norm_partial, then over blocks by the caller.
 constexpr int64_t kBackwardRowsPerBlock = 128;
 
 inline int64_t backward_blocks(int64_t B, int64_t N) {
   return (B * N + kBackwardRowsPerBlock - 1) / kBackwardRowsPerBlock;
 }
 
+// Per-row and per-block gradients, written (never accumulated, so that the caller sums them in a
+// fixed order and the results are bitwise reproducible).
 struct PrepareGrads {
-  void* grad_pos;      // pos-shaped accumulator, added to (atomically), or null
-  void* grad_weight;   // weight-shaped accumulator, added to (atomically), or null
-  void* norm_partial;  // (backward_blocks(B, N), H, 2, D) accumulators, written; null w/o norm
+  void* pos_rows;      // (B, H, N, P): the gradient w.r.t. pos of each row, or null
+  void* weight_rows;   // (B, H, N): the gradient w.r.t. the weight of each row, or null
+  void* norm_partial;  // (backward_blocks(B, N), H, 2, D) sums; null without a norm
 };
 
 // grad_hat: (B, H, N, ld) contiguous, the gradient w.r.t. the prepared operand; turned into
