@@ -1,5 +1,7 @@
 // The galerkin_ext op library (schemas) and the Python module that loads it.
 // Implementations are registered per device next to their kernels (attention/attention.cpp).
+#include "attention/limits.h"
+
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
@@ -29,4 +31,6 @@ PYBIND11_MODULE(_C, m) {
     return false;
 #endif
   }, "Whether the CUDA kernels were compiled in.");
+  m.attr("LINEAR_CUDA_MAX_WIDTH") = galerkin_ext::kLinearCudaMaxWidth;
+  m.attr("LINEAR_CUDA_MAX_COORDINATES") = galerkin_ext::kLinearCudaMaxCoordinates;
 }

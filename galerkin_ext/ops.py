@@ -27,9 +27,13 @@ _CPU_DTYPES = (torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+# Read once: a call into the extension inside traced code would break torch.compile's graph.
+_CUDA_BUILT = bool(_C.cuda_built())
+
+
 def cuda_built() -> bool:
     """Whether the extension was compiled with its CUDA kernels."""
-    return _C.cuda_built()
+    return _CUDA_BUILT
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,7 +253,7 @@ def _check_inputs(
                 f"{name}: expected shape (B, H, N, D) = {tuple(q.shape)} like q, "
                 f"got {tuple(t.shape)}"
             )
-    if q.device.type == "cuda" and not cuda_built():
+    if q.device.type == "cuda" and not _CUDA_BUILT:
         raise RuntimeError("q: CUDA tensor given but galerkin_ext was built without CUDA")
     batch, heads, n, dim = q.shape
     if n == 0:
@@ -343,11 +347,14 @@ def _attention_backward_fake(grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb
     for norm_weight in (qnw, knw, vnw):
         shape = (heads, dim) if norm_weight is not None else (0,)
         norm_grads += [q.new_empty(shape), q.new_empty(shape)]
-    if q.device.type == "cpu" and not quadratic:  # the fused CPU path writes them dense
+    coordinates = pos.shape[-1] if pos is not None else 0
+    width = dim + coordinates
+    fused_cuda = (width <= _C.LINEAR_CUDA_MAX_WIDTH
+                  and coordinates <= _C.LINEAR_CUDA_MAX_COORDINATES)
+    if not quadratic and (q.device.type == "cpu" or fused_cuda):  # the fused paths: dense
         qkv = [q.new_empty(q.shape) for _ in range(3)]
     else:  # views (B, H, N, D) of the padded operand gradients, formed in place there
         batch, n = q.shape[0], q.shape[2]
-        width = dim + (pos.shape[-1] if pos is not None else 0)
         buffer = (batch, heads, n, _padded_width(width))
         qkv = [q.new_empty(buffer)[..., width - dim:width] for _ in range(3)]
     return [*qkv,

@@ -94,9 +94,31 @@ AttentionInputs make_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
                          B, H, N, D, P, d};
 }
 
-// The fused CPU kernels take the linear path; everything else runs here on whole operands.
+// The fused kernels take the linear path; everything else runs here on whole operands.
 bool fused_linear(const AttentionInputs& in, bool quadratic) {
-  return !quadratic && in.q.is_cpu();
+  if (quadratic) return false;
+#ifdef GALERKIN_EXT_WITH_CUDA
+  if (in.q.is_cuda()) return linear_cuda_supported(in);
+#endif
+  return in.q.is_cpu();
+}
+
+std::tuple<Tensor, Tensor> linear_forward(const AttentionInputs& in, double eps, double scale) {
+#ifdef GALERKIN_EXT_WITH_CUDA
+  if (in.q.is_cuda()) return linear_forward_cuda(in, eps, scale);
+#endif
+  return linear_forward_cpu(in, eps, scale);
+}
+
+std::vector<Tensor> linear_backward(const AttentionInputs& in, const Tensor& grad_out,
+                                    const OptTensor& grad_attn, const Tensor& attn, double eps,
+                                    double scale, bool pos_grad, bool weight_grad) {
+#ifdef GALERKIN_EXT_WITH_CUDA
+  if (in.q.is_cuda()) {
+    return linear_backward_cuda(in, grad_out, grad_attn, attn, eps, scale, pos_grad, weight_grad);
+  }
+#endif
+  return linear_backward_cpu(in, grad_out, grad_attn, attn, eps, scale, pos_grad, weight_grad);
 }
 
 // x (BH, r, c) zero-padded to (BH, r2, c2).
@@ -140,7 +162,7 @@ std::tuple<Tensor, Tensor> attention_forward(
   const AttentionInputs in =
       make_inputs(q, k, v, pos, weight, q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias,
                   v_norm_weight, v_norm_bias, dropout_mask, quadratic);
-  if (fused_linear(in, quadratic)) return linear_forward_cpu(in, eps, scale);
+  if (fused_linear(in, quadratic)) return linear_forward(in, eps, scale);
 
   const int64_t B = in.B, H = in.H, N = in.N, d = in.d;
   const Prepared p = prepare_all(in, eps);
@@ -243,8 +265,7 @@ std::vector<Tensor> attention_backward(
 
   std::vector<Tensor> result;
   if (fused_linear(in, quadratic)) {
-    result = linear_backward_cpu(in, grad_out, grad_attn, attn, eps, scale, pos_grad,
-                                 weight_grad);
+    result = linear_backward(in, grad_out, grad_attn, attn, eps, scale, pos_grad, weight_grad);
   } else {
     result = generic_backward(in, grad_out, grad_attn, attn, eps, scale, quadratic, pos_grad,
                               weight_grad);

@@ -82,14 +82,25 @@ void prepare_backward_cuda(const OperandSpec& spec, at::Tensor& grad_hat,
                            const at::Tensor& stats, OperandGrads& grads);
 #endif
 
-// The fused CPU linear path: (out (B, H, N, d), attn (B, H, d, d)), and the gradients in the
-// order attention_backward returns them (undefined where absent or not asked for).
+// The fused linear path: (out (B, H, N, d), attn (B, H, d, d)), and the gradients in the order
+// attention_backward returns them (undefined where absent or not asked for). The CPU twin is
+// linear_cpu.cpp; the CUDA twin (linear_cuda.cu, .cpp) takes rows up to a width of 128.
 std::tuple<at::Tensor, at::Tensor> linear_forward_cpu(const AttentionInputs& in, double eps,
                                                       double scale);
 std::vector<at::Tensor> linear_backward_cpu(const AttentionInputs& in, const at::Tensor& grad_out,
                                             const std::optional<at::Tensor>& grad_attn,
                                             const at::Tensor& attn, double eps, double scale,
                                             bool pos_grad, bool weight_grad);
+#ifdef GALERKIN_EXT_WITH_CUDA
+bool linear_cuda_supported(const AttentionInputs& in);
+std::tuple<at::Tensor, at::Tensor> linear_forward_cuda(const AttentionInputs& in, double eps,
+                                                       double scale);
+std::vector<at::Tensor> linear_backward_cuda(const AttentionInputs& in,
+                                             const at::Tensor& grad_out,
+                                             const std::optional<at::Tensor>& grad_attn,
+                                             const at::Tensor& attn, double eps, double scale,
+                                             bool pos_grad, bool weight_grad);
+#endif
 
 inline void prepare_forward(const OperandSpec& spec, double eps, at::Tensor& hat,
                             at::Tensor& stats) {
