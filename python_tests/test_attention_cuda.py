@@ -41,13 +41,27 @@ def poison_cuda_cache(megabytes: int = 256) -> None:
 
 
 def to_cuda(x: dict, dtype) -> dict:
+    """Detached CUDA copies in ``dtype`` (leaves again, for the tests that differentiate)."""
     out = {}
     for key, val in x.items():
         val = cast(val, dtype)
         if isinstance(val, tuple):
-            out[key] = tuple(t.cuda() for t in val)
+            out[key] = tuple(t.detach().cuda() for t in val)
         else:
-            out[key] = val.cuda() if val is not None else None
+            out[key] = val.detach().cuda() if val is not None else None
+    return out
+
+
+def as_reference(x: dict) -> dict:
+    """The inputs exactly as the kernels get them (rounded to their dtype), in float64 on the CPU:
+    the reference must not charge the kernels with the rounding of the inputs, which a layer
+    norm over a few features can amplify far beyond the dtype's precision."""
+    out = {}
+    for key, val in x.items():
+        if isinstance(val, tuple):
+            out[key] = tuple(t.detach().cpu().double() for t in val)
+        else:
+            out[key] = val.detach().cpu().double() if val is not None else None
     return out
 
 
@@ -55,12 +69,22 @@ def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.double().cpu() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
+# Beyond the shared cases: the fused CUDA kernels' tile edges (rows of width d = P + D up to
+# 128 in tiles of 8 to 64 rows; wider rows take the whole-operand path) and many points.
+CUDA_CASES = CASES + [
+    Case(2, 3, 200, 33, P=2, weight="batched", layout="projected"),
+    Case(3, 1, 65, 127, P=1, weight="batched", layout="sliced"),   # d = 128, the widest fused
+    Case(1, 2, 40, 129, P=0, weight="shared"),                     # d = 129: whole operands
+    Case(2, 2, 1000, 63, P=2, shared_pos=True, weight="batched"),  # d = 65: 16-thread tiles
+    Case(1, 1, 4099, 8, P=1, weight="batched", layout="projected"),
+]
+
+
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
-@pytest.mark.parametrize("case", CASES + [Case(2, 3, 200, 33, P=2, weight="batched",
-                                               layout="projected")], ids=str)
+@pytest.mark.parametrize("case", CUDA_CASES, ids=str)
 def test_forward_matches_float64_reference(case, dtype, gen):
-    x64 = make_cpu_inputs(case, gen)
-    x = to_cuda(x64, dtype)
+    x = to_cuda(make_cpu_inputs(case, gen), dtype)
+    x64 = as_reference(x)
     for fn, paths in ((galerkin, [{}]), (fourier, [{"path": "linear"}, {"path": "quadratic"}])):
         expected = fn(x64, reference)
         for kw in paths:
@@ -72,10 +96,13 @@ def test_forward_matches_float64_reference(case, dtype, gen):
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
-def test_backward_matches_float64_reference(dtype, gen):
-    case = Case(2, 4, 301, 33, P=2, weight="batched", layout="projected")
-    x64 = make_cpu_inputs(case, gen, requires_grad=False)
-    x = to_cuda(x64, dtype)
+@pytest.mark.parametrize("case", [Case(2, 4, 301, 33, P=2, weight="batched", layout="projected"),
+                                  Case(1, 2, 130, 95, P=1, shared_pos=True, weight="shared",
+                                       layout="sliced"),
+                                  Case(2, 1, 70, 129, P=1, weight="batched")], ids=str)
+def test_backward_matches_float64_reference(case, dtype, gen):
+    x = to_cuda(make_cpu_inputs(case, gen, requires_grad=False), dtype)
+    x64 = as_reference(x)
     for inputs in (x64, x):
         for t in grad_inputs(inputs)[1]:
             t.requires_grad_()
@@ -109,7 +136,8 @@ def test_half_precision_sums_over_many_points_do_not_overflow(gen):
 @pytest.mark.parametrize("variant", ["galerkin", "fourier-linear", "fourier-quadratic"])
 def test_gradcheck_float64_cuda(variant, gen):
     case = Case(2, 2, 5, 3, P=2, weight="batched", layout="projected")
-    x = to_cuda(make_cpu_inputs(case, gen, requires_grad=False), torch.float64)
+    # requires_grad=True draws weights away from 0, where finite differences would leave w >= 0
+    x = to_cuda(make_cpu_inputs(case, gen, requires_grad=True), torch.float64)
     names, tensors = grad_inputs(x)
     for t in tensors:
         t.requires_grad_()
@@ -172,3 +200,22 @@ def test_torch_compile_cuda(gen):
     torch._dynamo.reset()
     compiled = torch.compile(lambda y: galerkin(y) + fourier(y), fullgraph=True)
     torch.testing.assert_close(compiled(x), galerkin(x) + fourier(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_forward_and_backward_are_bitwise_reproducible(dtype, gen):
+    """Every sum has a fixed order (no atomics): two runs give the same bits."""
+    case = Case(2, 3, 3000, 32, P=2, weight="batched", layout="projected")
+    x = to_cuda(make_cpu_inputs(case, gen, requires_grad=True), dtype)
+    names, tensors = grad_inputs(x)
+    for t in tensors:
+        t.requires_grad_()
+    upstream = torch.randn(case.B, case.H, case.N, case.D + case.P, device="cuda", dtype=dtype)
+    for fn, kw in ((galerkin, {}), (fourier, {"path": "linear"}), (fourier, {"path": "quadratic"})):
+        runs = []
+        for _ in range(2):
+            poison_cuda_cache()
+            out = fn(x, **kw)
+            runs.append((out, *torch.autograd.grad(out, tensors, upstream)))
+        for a, b in zip(*runs, strict=True):
+            assert torch.equal(a, b), (fn.__name__, kw)
