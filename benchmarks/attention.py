@@ -56,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--impls", default="ours,eager",
                    help="comma list of ours, eager, compiled, original")
     p.add_argument("--ops", default="galerkin,fourier", help="comma list of galerkin, fourier")
-    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
+    p.add_argument("--shapes", default=",".join(SHAPES),
+                   help="comma list of " + ", ".join(SHAPES) + " (empty: the sweep alone)")
     p.add_argument("--sweep", action="store_true", help="add the N sweep of SWEEP")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement")
     # Internal: measure the CPU peak memory of one (op, impl, shape) in a child process.
@@ -66,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.out is None:
         p.error("--out: the JSON file to write is required")
-    for name in args.shapes.split(","):
+    for name in filter(None, args.shapes.split(",")):
         if name not in SHAPES:
             p.error(f"--shapes: unknown shape {name!r}; expected some of {', '.join(SHAPES)}")
     for impl in args.impls.split(","):
@@ -113,13 +114,13 @@ def _original_layers_path() -> Path | None:
     return path if path.exists() else None
 
 
-def make_original_fn(op: str, shape, device: str):
+def make_original_fn(op: str, shape, device: str, dtype: torch.dtype):
     """The original package's attention path, loaded by file: its __init__ needs plotting deps."""
     spec = importlib.util.spec_from_file_location("original_layers", _original_layers_path())
     layers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(layers)
     _, H, _, D, _ = shape
-    norms = [layers.SimpleAttention._get_layernorm(D, H, eps=1e-5).to(device) for _ in "ab"]
+    norms = [layers.SimpleAttention._get_layernorm(D, H, eps=1e-5).to(device, dtype) for _ in "ab"]
     dropout = torch.nn.Dropout()  # its presence triggers F.dropout(p_attn), as in the original
 
     def per_head(norm, t):
@@ -140,9 +141,9 @@ def make_original_fn(op: str, shape, device: str):
     return fn
 
 
-def make_fn(op: str, impl: str, shape, device: str):
+def make_fn(op: str, impl: str, shape, device: str, dtype: torch.dtype = torch.float32):
     if impl == "original":
-        return make_original_fn(op, shape, device)
+        return make_original_fn(op, shape, device, dtype)
     module = ops if impl == "ours" else reference
     if op == "galerkin":
         def fn(x):
@@ -223,7 +224,7 @@ def _cpu_peak_child(op: str, impl: str, shape: list[str], dtype: str) -> None:
     """In the child: one warm-up, then the peak resident set of one forward+backward."""
     x, leaves, grad = _workload(tuple(int(v) for v in shape), "cpu", getattr(torch, dtype),
                                 torch.Generator().manual_seed(0))
-    fn = make_fn(op, impl, tuple(int(v) for v in shape), "cpu")
+    fn = make_fn(op, impl, tuple(int(v) for v in shape), "cpu", getattr(torch, dtype))
     torch.autograd.grad(fn(x), leaves, grad, allow_unused=True)
     base = _proc_status_kb("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
@@ -261,7 +262,7 @@ def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> li
         if needed > 0.6 * dev.free_bytes():
             skipped[impl] = f"needs about {needed / 2**30:.0f} GiB for the N×N matrices"
         else:
-            runnable[impl] = make_fn(op, impl, shape, dev.name)
+            runnable[impl] = make_fn(op, impl, shape, dev.name, dtype)
 
     def fwd(fn):
         with torch.no_grad():
@@ -332,7 +333,10 @@ def main() -> None:
     dev = Device(args.device)
     dtype = getattr(torch, args.dtype)
     impls = args.impls.split(",")
-    shapes = [SHAPES[name] for name in args.shapes.split(",")] + (SWEEP if args.sweep else [])
+    names = filter(None, args.shapes.split(","))
+    shapes = [SHAPES[name] for name in names] + (SWEEP if args.sweep else [])
+    if not shapes:
+        sys.exit("--shapes: no shapes to measure (name some, or add --sweep)")
     gen = torch.Generator().manual_seed(0)
     copy_gbps = dev.copy_gbps()
     print(f"device: {_device_name(dev)}; torch {torch.__version__}; threads "

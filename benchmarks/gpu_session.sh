@@ -1,30 +1,72 @@
 #!/usr/bin/env bash
-# Everything a GPU session measures, in one command: build the CUDA extension, run the CUDA and
-# CPU op tests, then the attention benchmark on the GPU. Logs and JSON go to $OUT (default
-# benchmarks/results). The original package is benchmarked when its wheel is in .whl/:
+# What a GPU session runs, in few device calls: build the CUDA extension, then the stages named
+# in $STAGES (default: all, in this order), each under its own time limit so that one call stays
+# inside the device's 10 minutes. Logs and JSON go to $OUT (default benchmarks/results).
+#   tests      the CUDA op tests (float64 references, poisoned outputs, graphs, compile)
+#   table1     benchmarks/table1.py, the paper's Table 1 ($TABLE1_ARGS: more of its options)
+#   sanitize   compute-sanitizer memcheck over the CUDA test file, racecheck over a subset
+#   bench      benchmarks/attention.py on the GPU: float32 (also the N sweep) and bfloat16
+#   profile    device time per kernel (torch.profiler), and Nsight Compute's counters of ours
+# At most 8 files come back from one device call: choose the stages accordingly.
+# The original package is benchmarked when its wheel is in .whl/ (carry .whl to the device):
 #   python3 -m pip download --no-deps --only-binary=:all: -d .whl galerkin-transformer==0.2.1
-# (it is pure Python, so any platform's wheel works; carry .whl to the device).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-benchmarks/results}
+stages=${STAGES:-tests table1 sanitize bench profile}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+py="python3 -P"  # -P: import the installed package, not the source folder (nor the script's)
+export PYTHONPATH=$PWD/benchmarks  # the benchmarks import each other
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-GALERKIN_EXT_CUDA=ON pip install --no-build-isolation --no-deps . > "$out/build.log" 2>&1 \
+stage() {  # stage NAME SECONDS COMMAND...: run when NAME is in $stages, report its time
+  local name=$1 limit=$2
+  shift 2
+  [[ " $stages " == *" $name "* ]] || return 0
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  echo "== $name: exit $?, $((SECONDS - t0)) s"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+t0=$SECONDS
+GALERKIN_EXT_CUDA=ON python3 -m pip install --no-build-isolation --no-deps . > "$out/build.log" 2>&1 \
   || { tail -40 "$out/build.log"; exit 1; }
-python -P -c "from galerkin_ext import ops; assert ops.cuda_built(), 'built without CUDA'"
+echo "== build: $((SECONDS - t0)) s"
+$py -c "from galerkin_ext import ops; assert ops.cuda_built(), 'built without CUDA'"
 
 impls=ours,eager,compiled
 if ls .whl/galerkin_transformer-*.whl > /dev/null 2>&1; then
-  pip install -q --no-index --no-deps --target /tmp/original .whl/galerkin_transformer-*.whl
-  export PYTHONPATH=/tmp/original${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m pip install -q --no-index --no-deps --target /tmp/original .whl/galerkin_transformer-*.whl
+  export PYTHONPATH=/tmp/original:$PYTHONPATH
   impls=$impls,original
 fi
+gpu=$($py -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+cuda_tests=python_tests/test_attention_cuda.py
 
-pytest python_tests/test_attention_cuda.py python_tests/test_attention_ops.py -q \
-  -p no:cacheprovider 2>&1 | tee "$out/tests_cuda.log" | tail -15
-
-gpu=$(python -c "import torch; print(torch.cuda.get_device_name().split()[-1].lower())")
-python benchmarks/attention.py --device cuda --impls "$impls" --sweep \
-  --out "$out/attention_cuda_$gpu.json" 2>&1 | tee "$out/bench_cuda.log"
+stage tests 300 bash -c "$py -m pytest $cuda_tests -q -p no:cacheprovider -rf --tb=short \
+  > $out/tests_cuda.log 2>&1; tail -25 $out/tests_cuda.log"
+stage table1 ${TABLE1_LIMIT:-560} bash -c "$py benchmarks/table1.py --device cuda ${TABLE1_ARGS:-} --impls ${impls/,eager,compiled/} \
+  --out $out/table1.json \
+  > $out/table1.log 2>&1; tail -30 $out/table1.log"
+stage sanitize 420 bash -c "
+  timeout ${MEMCHECK_LIMIT:-300} compute-sanitizer --tool memcheck $py -m pytest $cuda_tests -q \
+    -p no:cacheprovider > $out/memcheck.log 2>&1; tail -4 $out/memcheck.log
+  timeout 100 compute-sanitizer --tool racecheck $py -m pytest $cuda_tests -q -p no:cacheprovider \
+    -k 'forward_matches and float32 and (B3H1N65 or B2H2N1000)' > $out/racecheck.log 2>&1
+  tail -4 $out/racecheck.log"
+stage bench 420 bash -c "
+  $py benchmarks/attention.py --device cuda --impls $impls --reps 20 \
+    --out $out/attention_cuda_${gpu}_float32.json > $out/bench_float32.log 2>&1
+  $py benchmarks/attention.py --device cuda --impls ${impls/,compiled/} --shapes '' --sweep \
+    --reps 10 --out $out/attention_cuda_${gpu}_float32_sweep.json > $out/bench_sweep.log 2>&1
+  $py benchmarks/attention.py --device cuda --impls $impls --dtype bfloat16 --reps 20 \
+    --out $out/attention_cuda_${gpu}_bfloat16.json > $out/bench_bfloat16.log 2>&1
+  cat $out/bench_float32.log $out/bench_sweep.log $out/bench_bfloat16.log | grep -v Warn"
+stage profile 240 bash -c "
+  $py benchmarks/profile_cuda.py --shapes burgers,darcy_coarse,large --out $out/profile.json \
+    > $out/profile.log 2>&1; cat $out/profile.log
+  ncu --clock-control none -k regex:'reduce_kernel|apply_|finalize_kernel' --launch-count 12 \
+    --metrics gpu__time_duration.sum,dram__bytes.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+    $py benchmarks/profile_cuda.py --shapes large --ops galerkin --reps 1 --out $out/ncu.json \
+    > $out/ncu.log 2>&1; grep -E '^  [a-z_]+|duration|dram__|sm__|registers' $out/ncu.log | head -90"

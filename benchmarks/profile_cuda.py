@@ -1,0 +1,90 @@
+"""Device time per kernel of one attention forward and forward+backward (torch.profiler), to see
+where the time goes without a hardware profiler.
+
+    python benchmarks/profile_cuda.py --shapes burgers,large --out profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from attention import SHAPES, _workload, make_fn
+from torch.profiler import ProfilerActivity, profile
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--shapes", default="burgers,large", help="comma list of " + ", ".join(SHAPES))
+    p.add_argument("--ops", default="galerkin,fourier", help="comma list of galerkin, fourier")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--reps", type=int, default=5, help="profiled repetitions (after a warm-up)")
+    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    args = p.parse_args()
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            p.error(f"--shapes: unknown shape {name!r}")
+    if args.reps < 1:
+        p.error("--reps: expected at least 1")
+    if not torch.cuda.is_available():
+        p.error("a CUDA device is required")
+    return args
+
+
+def kernel_times(work, reps: int) -> tuple[dict[str, float], float]:
+    """Mean device microseconds per call of each kernel, and the mean wall time per call."""
+    work()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            work()
+        end.record()
+        torch.cuda.synchronize()
+    per_kernel = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[event.name[:90]] += event.device_time / reps
+    return dict(per_kernel), 1e3 * start.elapsed_time(end) / reps
+
+
+def main() -> None:
+    args = parse_args()
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator().manual_seed(0)
+    records = []
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        x, leaves, grad = _workload(shape, "cuda", dtype, gen)
+        for op in args.ops.split(","):
+            fn = make_fn(op, "ours", shape, "cuda")
+
+            def fwd(fn=fn, x=x):
+                with torch.no_grad():
+                    fn(x)
+
+            def fwd_bwd(fn=fn, x=x, leaves=leaves, grad=grad):
+                torch.autograd.grad(fn(x), leaves, grad)
+
+            for kind, work in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+                kernels, wall_us = kernel_times(work, args.reps)
+                total = sum(kernels.values())
+                print(f"{op} {name} {kind}: wall {wall_us:.1f} us, kernels {total:.1f} us")
+                for kernel, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                    print(f"  {us:9.1f} us  {kernel}")
+                records.append(dict(op=op, shape=name, kind=kind, dtype=args.dtype,
+                                    wall_us=wall_us, kernel_us=kernels))
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                  command=" ".join(["python", *sys.argv]), records=records)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
