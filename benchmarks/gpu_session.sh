@@ -43,6 +43,9 @@ if ls .whl/galerkin_transformer-*.whl > /dev/null 2>&1; then
 fi
 gpu=$($py -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
 cuda_tests=python_tests/test_attention_cuda.py
+# pytest -q hides the header with the inputs' seed: fix it here, so a failure can be rerun.
+export GALERKIN_TEST_SEED=${GALERKIN_TEST_SEED:-$((RANDOM * 32768 + RANDOM))}
+echo "GALERKIN_TEST_SEED=$GALERKIN_TEST_SEED" | tee "$out/seed.txt"
 
 stage tests 300 bash -c "$py -m pytest $cuda_tests -q -p no:cacheprovider -rf --tb=short \
   > $out/tests_cuda.log 2>&1; tail -25 $out/tests_cuda.log"
