@@ -26,7 +26,6 @@ with the normal allocator).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -35,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+import original  # benchmarks/original.py: the script's folder is first on sys.path
 import torch
 
 from galerkin_ext import ops, reference
@@ -73,9 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for impl in args.impls.split(","):
         if impl not in ("ours", "eager", "compiled", "original"):
             p.error(f"--impls: unknown implementation {impl!r}")
-        if impl == "original" and _original_layers_path() is None:
-            p.error("--impls original: galerkin-transformer is not installed "
-                    "(pip install --no-deps galerkin-transformer==0.2.1)")
+        if impl == "original" and not original.available():
+            p.error(f"--impls original: galerkin-transformer is not installed "
+                    f"({original.INSTALL_HINT})")
     for op in args.ops.split(","):
         if op not in ("galerkin", "fourier"):
             p.error(f"--ops: unknown op {op!r}")
@@ -106,19 +106,9 @@ def make_inputs(shape, device, dtype, gen):
     return dict(q=q, k=k, v=v, pos=pos, norm_a=norms[0], norm_b=norms[1])
 
 
-def _original_layers_path() -> Path | None:
-    spec = importlib.util.find_spec("galerkin_transformer")  # does not run its __init__
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "layers.py"
-    return path if path.exists() else None
-
-
 def make_original_fn(op: str, shape, device: str, dtype: torch.dtype):
-    """The original package's attention path, loaded by file: its __init__ needs plotting deps."""
-    spec = importlib.util.spec_from_file_location("original_layers", _original_layers_path())
-    layers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layers)
+    """The original package's attention path (its layers.py, loaded by original.py)."""
+    layers = original.load().layers
     _, H, _, D, _ = shape
     norms = [layers.SimpleAttention._get_layernorm(D, H, eps=1e-5).to(device, dtype) for _ in "ab"]
     dropout = torch.nn.Dropout()  # its presence triggers F.dropout(p_attn), as in the original
