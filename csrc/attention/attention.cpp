@@ -127,10 +127,12 @@ Tensor pad_to(const Tensor& x, int64_t rows, int64_t cols) {
   return at::constant_pad_nd(x, {0, cols - x.size(2), 0, rows - x.size(1)}, 0);
 }
 
-// scale · a @ b for batched a (BH, m, k), b (BH, k, n); beta = 0 so the empty input is ignored.
+// scale · a @ b for batched a (BH, m, k), b (BH, k, n), written in place into an uninitialised
+// result: with beta = 0 its contents are never read, and no second (m, n) buffer is allocated
+// (an out-of-place baddbmm held two N×N matrices at once on the quadratic path).
 Tensor scaled_bmm(const Tensor& a, const Tensor& b, double scale) {
-  return at::baddbmm(at::empty({a.size(0), a.size(1), b.size(2)}, a.options()), a, b,
-                     /*beta=*/0, /*alpha=*/scale);
+  return at::empty({a.size(0), a.size(1), b.size(2)}, a.options())
+      .baddbmm_(a, b, /*beta=*/0, /*alpha=*/scale);
 }
 
 // The three prepared operands (B·H, N, ld) and their norm statistics (3, B, H, N, 2).
