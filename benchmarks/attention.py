@@ -212,7 +212,7 @@ def _cpu_peak_in_child(child_args: list[str]) -> float:
 
 def _cpu_peak_child(op: str, impl: str, shape: list[str], dtype: str) -> None:
     """In the child: one warm-up, then the peak resident set of one forward+backward."""
-    x, leaves, grad = _workload(tuple(int(v) for v in shape), "cpu", getattr(torch, dtype),
+    x, leaves, grad = workload(tuple(int(v) for v in shape), "cpu", getattr(torch, dtype),
                                 torch.Generator().manual_seed(0))
     fn = make_fn(op, impl, tuple(int(v) for v in shape), "cpu", getattr(torch, dtype))
     torch.autograd.grad(fn(x), leaves, grad, allow_unused=True)
@@ -231,7 +231,7 @@ def _proc_status_kb(key: str) -> int:
     raise RuntimeError(f"{key} not found in /proc/self/status")
 
 
-def _workload(shape, device, dtype, gen):
+def workload(shape, device, dtype, gen):
     """Inputs, the leaves to differentiate, and the upstream gradient of one measurement."""
     x = make_inputs(shape, device, dtype, gen)
     leaves = [x["q"], x["k"], x["v"], *x["norm_a"], *x["norm_b"]]
@@ -241,7 +241,7 @@ def _workload(shape, device, dtype, gen):
 
 
 def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> list[dict]:
-    x, leaves, grad = _workload(shape, dev.name, dtype, gen)
+    x, leaves, grad = workload(shape, dev.name, dtype, gen)
     B, H, N, D, P = shape
     element = torch.empty((), dtype=dtype).element_size()
     runnable, skipped = {}, {}

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from attention import SHAPES, _workload, make_fn
+from attention import SHAPES, make_fn, workload
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -60,7 +60,7 @@ def main() -> None:
     records = []
     for name in args.shapes.split(","):
         shape = SHAPES[name]
-        x, leaves, grad = _workload(shape, "cuda", dtype, gen)
+        x, leaves, grad = workload(shape, "cuda", dtype, gen)
         for op in args.ops.split(","):
             fn = make_fn(op, "ours", shape, "cuda")
 

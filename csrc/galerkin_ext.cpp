@@ -31,6 +31,6 @@ PYBIND11_MODULE(_C, m) {
     return false;
 #endif
   }, "Whether the CUDA kernels were compiled in.");
-  m.attr("LINEAR_CUDA_MAX_WIDTH") = galerkin_ext::kLinearCudaMaxWidth;
-  m.attr("LINEAR_CUDA_MAX_COORDINATES") = galerkin_ext::kLinearCudaMaxCoordinates;
+  m.def("linear_cuda_fits", &galerkin_ext::linear_cuda_fits,
+        "Whether rows of width d with P coordinates take the fused CUDA linear path.");
 }

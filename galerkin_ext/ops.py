@@ -349,9 +349,8 @@ def _attention_backward_fake(grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb
         norm_grads += [q.new_empty(shape), q.new_empty(shape)]
     coordinates = pos.shape[-1] if pos is not None else 0
     width = dim + coordinates
-    fused_cuda = (width <= _C.LINEAR_CUDA_MAX_WIDTH
-                  and coordinates <= _C.LINEAR_CUDA_MAX_COORDINATES)
-    if not quadratic and (q.device.type == "cpu" or fused_cuda):  # the fused paths: dense
+    fused = q.device.type == "cpu" or _C.linear_cuda_fits(width, coordinates)
+    if not quadratic and fused:  # the fused paths write them dense
         qkv = [q.new_empty(q.shape) for _ in range(3)]
     else:  # views (B, H, N, D) of the padded operand gradients, formed in place there
         batch, n = q.shape[0], q.shape[2]

@@ -40,29 +40,25 @@ def poison_cuda_cache(megabytes: int = 256) -> None:
     del large, small
 
 
+def map_inputs(x: dict, fn) -> dict:
+    """``fn`` applied to every tensor of an input dict (norms are pairs; absent inputs None)."""
+    def one(val):
+        if isinstance(val, tuple):
+            return tuple(fn(t) for t in val)
+        return fn(val) if val is not None else None
+    return {key: one(val) for key, val in x.items()}
+
+
 def to_cuda(x: dict, dtype) -> dict:
     """Detached CUDA copies in ``dtype`` (leaves again, for the tests that differentiate)."""
-    out = {}
-    for key, val in x.items():
-        val = cast(val, dtype)
-        if isinstance(val, tuple):
-            out[key] = tuple(t.detach().cuda() for t in val)
-        else:
-            out[key] = val.detach().cuda() if val is not None else None
-    return out
+    return map_inputs(x, lambda t: cast(t, dtype).detach().cuda())
 
 
 def as_reference(x: dict) -> dict:
     """The inputs exactly as the kernels get them (rounded to their dtype), in float64 on the CPU:
     the reference must not charge the kernels with the rounding of the inputs, which a layer
     norm over a few features can amplify far beyond the dtype's precision."""
-    out = {}
-    for key, val in x.items():
-        if isinstance(val, tuple):
-            out[key] = tuple(t.detach().cpu().double() for t in val)
-        else:
-            out[key] = val.detach().cpu().double() if val is not None else None
-    return out
+    return map_inputs(x, lambda t: t.detach().cpu().double())
 
 
 def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:

@@ -13,10 +13,6 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-at::ScalarType opmath_dtype(const Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 // Memory-safety checks for direct callers of the op; ops.py gives friendlier messages first.
 void check_same(const Tensor& t, const Tensor& q, const char* name) {
   TORCH_CHECK(t.device() == q.device(), name, ": expected device ", q.device(), ", got ",

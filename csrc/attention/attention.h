@@ -49,6 +49,11 @@ struct AttentionInputs {
   }
 };
 
+// Dtype of statistics and accumulators: double for double inputs, float for the rest.
+inline at::ScalarType opmath_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // Row length of the prepared operands: d rounded up to a multiple of 8 elements when that wastes
 // at most d/8, so the GEMMs get aligned rows (with MKL on 2 cores the N×d·d×d products took
 // 6.7 ms at d = 97 against 5.0 ms at d = 104). The zero padding changes no result; ops.py's fake

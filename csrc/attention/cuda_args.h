@@ -24,6 +24,10 @@ inline const void* data_or_null(const std::optional<at::Tensor>& t) {
   return t ? t->const_data_ptr() : nullptr;
 }
 
+inline void* mutable_data_or_null(at::Tensor& t) {
+  return t.defined() ? t.mutable_data_ptr() : nullptr;
+}
+
 // One operand of the attention; ld is the row stride of its prepared form where one is written.
 inline cuda::PrepareArgs operand_args(const OperandSpec& s, int64_t ld = 0) {
   const at::Tensor& x = s.x;

@@ -12,4 +12,8 @@ namespace galerkin_ext {
 constexpr int64_t kLinearCudaMaxWidth = 128;
 constexpr int64_t kLinearCudaMaxCoordinates = 32;
 
+constexpr bool linear_cuda_fits(int64_t d, int64_t P) {
+  return d <= kLinearCudaMaxWidth && P <= kLinearCudaMaxCoordinates;
+}
+
 }  // namespace galerkin_ext

@@ -13,23 +13,13 @@ namespace {
 
 using at::Tensor;
 
-at::ScalarType acc_dtype(const Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
-void* ptr_or_null(Tensor& t) { return t.defined() ? t.mutable_data_ptr() : nullptr; }
-
-const void* ptr_or_null(const std::optional<Tensor>& t) {
-  return t ? t->const_data_ptr() : nullptr;
-}
-
 // scale · (Σ_n left_n ⊗ right_n + add) ∘ mask over the prepared rows, (B·H, d, d) in the
 // accumulation type; also in the element type as matrix_t when that is defined.
 Tensor outer_sum(const cuda::PrepareArgs& left, const cuda::PrepareArgs& right,
                  const AttentionInputs& in, double eps, const std::optional<Tensor>& add,
                  double scale, Tensor matrix_t, cudaStream_t stream) {
   const int64_t B = in.B, H = in.H, N = in.N, d = in.d;
-  const auto acc = in.q.options().dtype(acc_dtype(in.q));
+  const auto acc = in.q.options().dtype(opmath_dtype(in.q));
   const int64_t slices = cuda::reduce_slices(B, H, N, d);
   const Tensor partial = at::empty({slices, B * H, d, d}, acc);
   C10_CUDA_CHECK(cuda::reduce_outer(left, right, eps, partial.mutable_data_ptr(), stream));
@@ -38,15 +28,16 @@ Tensor outer_sum(const cuda::PrepareArgs& left, const cuda::PrepareArgs& right,
   const std::optional<Tensor> mask_c =
       in.dropout_mask ? std::optional<Tensor>(in.dropout_mask->contiguous()) : std::nullopt;
   C10_CUDA_CHECK(cuda::finalize(kind_of(in.q), partial.const_data_ptr(), slices, B * H * d * d,
-                                ptr_or_null(add_c), ptr_or_null(mask_c), scale,
-                                matrix.mutable_data_ptr(), ptr_or_null(matrix_t), stream));
+                                data_or_null(add_c), data_or_null(mask_c), scale,
+                                matrix.mutable_data_ptr(), mutable_data_or_null(matrix_t),
+                                stream));
   return matrix;
 }
 
 }  // namespace
 
 bool linear_cuda_supported(const AttentionInputs& in) {
-  return in.d <= kLinearCudaMaxWidth && in.P <= kLinearCudaMaxCoordinates;
+  return linear_cuda_fits(in.d, in.P);
 }
 
 std::tuple<Tensor, Tensor> linear_forward_cuda(const AttentionInputs& in, double eps,
@@ -56,7 +47,6 @@ std::tuple<Tensor, Tensor> linear_forward_cuda(const AttentionInputs& in, double
   const int64_t B = in.B, H = in.H, N = in.N, d = in.d;
   Tensor out = at::empty({B, H, N, d}, in.q.options());
   Tensor attn = at::empty({B, H, d, d}, in.q.options());
-  if (B * H == 0) return {out, attn};
   const Tensor matrix = outer_sum(operand_args(in.operand(1)), operand_args(in.operand(2)), in,
                                   eps, std::nullopt, scale, attn, stream);
   C10_CUDA_CHECK(cuda::apply_forward(operand_args(in.operand(0)), eps, matrix.const_data_ptr(),
@@ -72,7 +62,7 @@ std::vector<Tensor> linear_backward_cuda(const AttentionInputs& in, const Tensor
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t B = in.B, H = in.H, N = in.N, D = in.D, P = in.P;
   const auto opts = in.q.options();
-  const auto acc = opts.dtype(acc_dtype(in.q));
+  const auto acc = opts.dtype(opmath_dtype(in.q));
   std::vector<Tensor> result(11);
   for (int slot = 0; slot < 3; ++slot) result[slot] = at::empty({B, H, N, D}, opts);
   // Every row and block writes its entry of these, so they need no zeroing.
@@ -88,14 +78,14 @@ std::vector<Tensor> linear_backward_cuda(const AttentionInputs& in, const Tensor
                           v = operand_args(in.operand(2)), g = plain_args(grad_out);
   // dS = scale · (Q̂ᵀ G + grad_attn) ∘ M: the gradient of the unscaled, undropped K̂wᵀ V̂.
   const Tensor d_s = outer_sum(q, g, in, eps, grad_attn, scale, Tensor(), stream);
-  const Tensor a = attn.to(acc_dtype(in.q)).contiguous();
+  const Tensor a = attn.to(opmath_dtype(in.q)).contiguous();
   auto backward = [&](int slot, const cuda::PrepareArgs& source, const cuda::PrepareArgs& target,
                       const Tensor& matrix, bool transpose, bool with_weight) {
     Tensor pos_slot = pos_grad ? pos_rows[slot] : Tensor();
     Tensor no_weight;
-    const cuda::ApplyGrads grads{result[slot].mutable_data_ptr(), ptr_or_null(pos_slot),
-                                 ptr_or_null(with_weight ? weight_rows : no_weight),
-                                 ptr_or_null(norm_partial[slot])};
+    const cuda::ApplyGrads grads{result[slot].mutable_data_ptr(), mutable_data_or_null(pos_slot),
+                                 mutable_data_or_null(with_weight ? weight_rows : no_weight),
+                                 mutable_data_or_null(norm_partial[slot])};
     C10_CUDA_CHECK(cuda::apply_backward(source, target, eps, matrix.const_data_ptr(), transpose,
                                         grads, stream));
   };

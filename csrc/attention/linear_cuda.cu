@@ -565,9 +565,7 @@ cudaError_t apply_typed(const PrepareArgs& source, const PrepareArgs* target, do
   }
 }
 
-bool fits(const PrepareArgs& a) {
-  return a.P + a.D <= kLinearCudaMaxWidth && a.P <= kLinearCudaMaxCoordinates;
-}
+bool fits(const PrepareArgs& a) { return linear_cuda_fits(a.P + a.D, a.P); }
 
 }  // namespace
 

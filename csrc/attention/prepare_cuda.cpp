@@ -27,8 +27,8 @@ void prepare_backward_cuda(const OperandSpec& spec, at::Tensor& grad_hat,
   at::Tensor pos_rows, weight_rows;  // per-row gradients, summed below in a fixed order
   if (grads.grad_pos_acc) pos_rows = at::empty({B, H, N, P}, acc);
   if (grads.grad_weight_acc) weight_rows = at::empty({B, H, N}, acc);
-  auto ptr = [](at::Tensor& t) { return t.defined() ? t.mutable_data_ptr() : nullptr; };
-  const cuda::PrepareGrads raw{ptr(pos_rows), ptr(weight_rows), ptr(partial)};
+  const cuda::PrepareGrads raw{mutable_data_or_null(pos_rows), mutable_data_or_null(weight_rows),
+                               mutable_data_or_null(partial)};
   C10_CUDA_CHECK(cuda::prepare_backward(operand_args(spec, grad_hat.size(-1)),
                                         grad_hat.mutable_data_ptr(), stats.const_data_ptr(), raw,
                                         c10::cuda::getCurrentCUDAStream()));
