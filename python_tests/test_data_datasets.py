@@ -47,6 +47,16 @@ def test_burgers_dataset_layout_and_split():
     np.testing.assert_allclose(item["target_grad"][:, 0].numpy(), exact, atol=1e-5)
     valid = BurgersDataset((a, u), "valid", 64, n_train=8, n_valid=3)
     np.testing.assert_allclose(valid[0]["target"][:, 0].numpy(), u[9], rtol=1e-6)
+    # One scalar mean/std over every value of the training targets (population std), fitted
+    # on the training samples whatever the split; a given normaliser is used as it is.
+    for d, stride in ((ds, 4), (valid, 1)):
+        norm = d.target_normalizer
+        assert norm.mean.shape == () and norm.std.shape == ()
+        np.testing.assert_allclose(norm.mean.item(), u[:8, ::stride].mean(), atol=1e-12)
+        np.testing.assert_allclose(norm.std.item(), u[:8, ::stride].std(), rtol=1e-5)
+    given = BurgersDataset((a, u), "valid", 64, n_train=8, n_valid=3,
+                           target_normalizer=ds.target_normalizer)
+    assert given.target_normalizer.std.item() == ds.target_normalizer.std.item()
     batch = next(iter(DataLoader(ds, batch_size=4)))
     assert batch["x"].shape == (4, 16, 1)
 

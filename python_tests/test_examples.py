@@ -89,6 +89,10 @@ def test_burgers_example(tmp_path):
     cached = next((tmp_path / "cache").glob("*.h5"))
     model = build_model("burgers", **m["config"]["model"])
     model.load_state_dict(load_checkpoint(out / "best.pt", "best")["model"])
+    # the output is scaled by the training targets' std (the paper preset diverges without)
+    train_std = BurgersDataset(cached, "train", 128, n_train=16, n_valid=8).target.std(
+        correction=0)
+    assert model.denormalizer.scale.item() == pytest.approx(train_std.item() + 1e-5, rel=1e-5)
     eval_set = BurgersDataset(cached, "valid", 128, n_train=16, n_valid=8)
     assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
     # a second run reuses the cached data instead of generating it again

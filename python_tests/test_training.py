@@ -19,7 +19,9 @@ from galerkin_ext.training import (
     Trainer,
     atomic_write,
     evaluate,
+    experiment_parser,
     load_checkpoint,
+    resolve_config,
     save_checkpoint,
     write_csv,
     write_json,
@@ -200,3 +202,16 @@ def test_trainer_argument_errors(tmp_path):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), {"epochs": 1}, tmp_path)
     with pytest.raises(ValueError, match="eval_set"):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), [], **ok)
+
+
+def test_experiment_flags_reach_the_model_config():
+    presets = {"p": {"data": {}, "n_train": 4, "n_eval": 2, "model": {"attention_type": "fourier"},
+                     "train": {"epochs": 1}}}
+    parser = experiment_parser("doc", presets)
+    plain = resolve_config(presets, parser.parse_args(["--out", "o"]))
+    assert "reference_dropout" not in plain["model"] and plain["model"]["norm"] == "attn"
+    cfg = resolve_config(presets, parser.parse_args(
+        ["--out", "o", "--reference-dropout", "--attention", "galerkin", "--norm", "layer"]))
+    assert cfg["model"] == {"attention_type": "galerkin", "norm": "layer",
+                            "reference_dropout": True}
+    assert presets["p"]["model"] == {"attention_type": "fourier"}  # the preset is not changed

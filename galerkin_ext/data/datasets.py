@@ -6,7 +6,8 @@ into a dict with a leading batch axis.  Layouts (``n`` fine points per axis, ``n
 * :class:`BurgersDataset` (grid ``x_j = j / n`` on the periodic ``[0, 1)``, subsampled by
   ``8192 / n``): ``x`` ``(n, 1)`` initial condition, ``grid`` ``(n, 1)``, ``target`` ``(n, 1)``
   solution at t = 1, ``target_grad`` ``(n, 1)`` its periodic central difference (for the H^1
-  term).  Data are not normalised.
+  term).  Data are not normalised; ``target_normalizer`` (scalar, fitted on the training
+  targets) is what the model uses to scale its output.
 * :class:`DarcyDataset` (nodes ``x_i = i / (n - 1)``, subsampled by ``(K - 1) / (n - 1)``):
   ``x`` ``(n, n, 1)`` coefficient after the pointwise unit-Gaussian normaliser,
   ``coeff`` ``(n, n, 1)`` raw coefficient (weights the H^1 term), ``grid`` ``(n, n, 2)`` with
@@ -258,7 +259,12 @@ def _stride(k: int, n: int, periodic: bool) -> int:
 
 
 class BurgersDataset(Dataset):
-    """Burgers pairs ``u0 -> u(., 1)`` subsampled to ``resolution`` points (8192 -> 2048/512)."""
+    """Burgers pairs ``u0 -> u(., 1)`` subsampled to ``resolution`` points (8192 -> 2048/512).
+
+    ``target_normalizer`` holds one scalar mean and std over all values of the training
+    targets (fitted here unless given): the fields are stationary, so a scalar serves every
+    resolution.  The data stay raw; the model de-normalises its output with it.
+    """
 
     def __init__(
         self,
@@ -268,6 +274,7 @@ class BurgersDataset(Dataset):
         *,
         n_train: int = 1024,
         n_valid: int = 100,
+        target_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         resolution = check_int(resolution, "resolution", 3)
@@ -277,6 +284,11 @@ class BurgersDataset(Dataset):
         stride = _stride(first.shape[-1], resolution, periodic=True)
         sub = {"a": lambda x: x[:, ::stride], "u": lambda x: x[:, ::stride]}
         data = _load(source, ("a", "u"), idx, sub)
+        if _needs_fit(n, split, n_train, n_valid, target_normalizer, "target_normalizer"):
+            train = data if split == "train" else _load(source, ("a", "u"), np.arange(n_train),
+                                                        sub)
+            target_normalizer = UnitGaussianNormalizer(train["u"].reshape(-1))
+        self.target_normalizer = copy.deepcopy(target_normalizer).to(dtype)
         self.resolution = resolution
         self.x = torch.from_numpy(data["a"]).to(dtype)[..., None]
         self.target = torch.from_numpy(data["u"]).to(dtype)[..., None]

@@ -40,7 +40,9 @@ class SimpleTransformer1d(nn.Module):
 
     ``Linear(in_channels, d_model)`` lift, ``num_layers`` :class:`EncoderLayer` with the grid
     coordinate in every head (``pos_dim = 1``), dropout, :class:`SpectralRegressor`
-    (``d_model → freq_dim`` spectral layers, MLP of width ``decoder_dim_feedforward``).
+    (``d_model → freq_dim`` spectral layers, MLP of width ``decoder_dim_feedforward``),
+    :class:`Denormalizer` (identity until ``model.denormalizer.set_statistics(mean, std)``; the
+    Burgers example sets the training targets' scalar statistics, see its ``PRESETS`` comment).
     Defaults are the paper's configuration (530,305 parameters).
 
     Args:
@@ -102,6 +104,7 @@ class SimpleTransformer1d(nn.Module):
             dim_feedforward=decoder_dim_feedforward, activation=decoder_activation,
             dropout=decoder_dropout,
         )
+        self.denormalizer = Denormalizer()
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
         """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` →
@@ -117,7 +120,7 @@ class SimpleTransformer1d(nn.Module):
         h = self.lift(x)
         for layer in self.encoder:
             h = layer(h, pos)
-        return self.decoder(self.dropout(h))
+        return self.denormalizer(self.decoder(self.dropout(h)))
 
 
 class SimpleTransformer2d(nn.Module):

@@ -8,7 +8,7 @@ and what the example scripts in ``examples/`` share.
 * :func:`setup_distributed`, :func:`cleanup_distributed`, :class:`DistributedContext`
   (:mod:`.distributed`; ``torchrun`` + DDP);
 * :func:`experiment_parser`, :func:`resolve_config`, :func:`cached_data`, :func:`plot_1d`,
-  :func:`plot_2d`, :func:`write_metrics` (:mod:`.experiment`).
+  :func:`plot_2d`, :func:`write_metrics`, :func:`describe_device` (:mod:`.experiment`).
 """
 
 from .checkpoint import (
@@ -30,6 +30,7 @@ from .experiment import (
     ATTENTION_TYPES,
     cached_data,
     default_cache_dir,
+    describe_device,
     experiment_parser,
     plot_1d,
     plot_2d,
@@ -58,6 +59,7 @@ __all__ = [
     "cleanup_distributed",
     "default_cache_dir",
     "default_forward",
+    "describe_device",
     "evaluate",
     "experiment_parser",
     "load_checkpoint",

@@ -79,10 +79,10 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     return p
 
 
-def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
-    """Write ``data`` as indented JSON, atomically."""
-    if not isinstance(data, Mapping):
-        raise TypeError(f"data: expected a mapping, got {type(data).__name__}")
+def write_json(path: str | os.PathLike[str], data: Mapping[str, Any] | list[Any]) -> Path:
+    """Write ``data`` (a JSON object or array) as indented JSON, atomically."""
+    if not isinstance(data, (Mapping, list)):
+        raise TypeError(f"data: expected a mapping or a list, got {type(data).__name__}")
     text = json.dumps(data, indent=2, sort_keys=False, allow_nan=True) + "\n"
     return atomic_write(path, lambda f: f.write(text.encode()))
 

@@ -15,6 +15,9 @@ import copy
 import hashlib
 import json
 import os
+import platform
+import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "cached_data",
     "default_cache_dir",
+    "describe_device",
     "experiment_parser",
     "plot_1d",
     "plot_2d",
@@ -58,6 +62,9 @@ def experiment_parser(description: str, presets: Mapping[str, Any]) -> argparse.
     p.add_argument("--norm", choices=NORMS, default="attn",
                    help="'attn': layer norm inside the attention (the paper's 'Ln on Q,K / K,V' "
                         "rows); 'layer': regular layer norm on the residual stream")
+    p.add_argument("--reference-dropout", action="store_true",
+                   help="the original code's always-on p = 0.5 dropout of the attention matrix "
+                        "(in training and evaluation), to compare with its published numbers")
     p.add_argument("--data", default=None,
                    help="data file: a galerkin_ext .h5 or an original .mat (default: generate "
                         "the preset's data once and cache it)")
@@ -114,6 +121,8 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
     if args.attention is not None:
         cfg["model"]["attention_type"] = args.attention
     cfg["model"]["norm"] = args.norm
+    if args.reference_dropout:
+        cfg["model"]["reference_dropout"] = True
     train = cfg["train"]
     for key, name in (("epochs", "epochs"), ("batch_size", "batch_size"), ("max_lr", "lr"),
                       ("seed", "seed"), ("precision", "precision")):
@@ -136,8 +145,9 @@ def write_metrics(
     """Write ``out_dir/metrics.json`` (atomically) and print the result line; returns the dict.
 
     Keys: ``test_rel_l2``, ``best_epoch``, ``epochs``, ``train_seconds`` (summed over resumed
-    sessions), ``n_params``, ``device``, ``world_size``, ``config``, ``history``, then ``extra``.
-    ``result`` is what :meth:`~galerkin_ext.training.Trainer.fit` returned.
+    sessions), ``n_params``, ``device``, ``device_name`` (:func:`describe_device`),
+    ``world_size``, ``command`` (this process's command line), ``config``, ``history``, then
+    ``extra``.  ``result`` is what :meth:`~galerkin_ext.training.Trainer.fit` returned.
     """
     if not isinstance(result, Mapping) or "history" not in result:
         raise TypeError("result: expected the dict returned by Trainer.fit")
@@ -145,13 +155,30 @@ def write_metrics(
         "test_rel_l2": float(test_rel_l2), "best_epoch": result["best_epoch"],
         "epochs": result["epochs"], "train_seconds": result["train_seconds"],
         "n_params": sum(p.numel() for p in model.parameters()), "device": str(ctx.device),
-        "world_size": ctx.world_size, **extra, "config": dict(config),
+        "device_name": describe_device(ctx.device), "world_size": ctx.world_size,
+        "command": shlex.join(["python", *sys.argv]), **extra, "config": dict(config),
         "history": result["history"],
     }
     write_json(Path(out_dir) / "metrics.json", metrics)
     print(f"evaluation relative L2: {test_rel_l2:.4e} (best epoch {result['best_epoch']} of "
           f"{result['epochs']}, {result['train_seconds']:.0f} s of training)", flush=True)
     return metrics
+
+
+def describe_device(device: torch.device | str) -> str:
+    """What a run ran on, for its records: the GPU's name, or the CPU's model and torch's
+    thread count (e.g. ``'AMD EPYC 7B13, 1 of 2 cores (torch threads)'``)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass  # not Linux: platform's answer
+    return f"{model}, {torch.get_num_threads()} of {os.cpu_count()} cores (torch threads)"
 
 
 def default_cache_dir() -> Path:
