@@ -38,6 +38,7 @@ import original  # benchmarks/original.py: the script's folder is first on sys.p
 import torch
 
 from galerkin_ext import ops, reference
+from galerkin_ext.training import describe_device
 
 SHAPES = {  # name: (B, H, N, D, P)
     "burgers": (4, 1, 8192, 96, 1),
@@ -329,7 +330,7 @@ def main() -> None:
         sys.exit("--shapes: no shapes to measure (name some, or add --sweep)")
     gen = torch.Generator().manual_seed(0)
     copy_gbps = dev.copy_gbps()
-    print(f"device: {_device_name(dev)}; torch {torch.__version__}; threads "
+    print(f"device: {describe_device(dev.name)}; torch {torch.__version__}; threads "
           f"{torch.get_num_threads()}; copy {copy_gbps:.1f} GB/s")
     rows = []
     for shape in shapes:
@@ -337,7 +338,7 @@ def main() -> None:
             rows += bench_shape(dev, op, shape, impls, dtype, args.reps, gen)
     print_rows(rows)
     result = dict(
-        device=_device_name(dev),
+        device=describe_device(dev.name),
         torch=torch.__version__,
         cuda=torch.version.cuda,
         command=" ".join(["python", *sys.argv]),
@@ -350,14 +351,6 @@ def main() -> None:
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(args.out)
     print(f"wrote {args.out}")
-
-
-def _device_name(dev: Device) -> str:
-    if dev.cuda:
-        return torch.cuda.get_device_name()
-    with open("/proc/cpuinfo") as f:
-        model = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), "cpu")
-    return f"{model} ({os.cpu_count()} cores)"
 
 
 if __name__ == "__main__":

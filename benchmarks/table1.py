@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -59,6 +58,7 @@ from galerkin_ext._checks import check_choice, check_int
 from galerkin_ext.layers import cinn_sizes
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
+from galerkin_ext.training import describe_device
 
 # ----------------------------------------------------------------------------------------------
 # Config (SPEC §5 and the paper's Table 1).
@@ -372,7 +372,7 @@ def bench_row(model_name: str, attention: str, args: argparse.Namespace) -> list
             "impl": impl,
             "it_per_s": args.steps / statistics.median(w.seconds) if w else None,
             "peak_mem_mb": max(w.peak_mb) if w and w.peak_mb else None,
-            "device": device_name(device),
+            "device": describe_device(device),
             "command": command(),
             "batch": args.batch,
             "n": args.n if model_name == "burgers" else args.darcy_fine ** 2,
@@ -408,19 +408,6 @@ def command() -> str:
     return " ".join(["python", *sys.argv])
 
 
-def device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    model = "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if "model name" in line),
-                         "cpu")
-    except OSError:
-        pass
-    return f"{model} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-
-
 def print_table(records: list[dict[str, Any]]) -> None:
     print(f"{'model':8s} {'attention':12s} {'impl':9s} {'it/s':>9s} {'peak MiB':>10s} "
           f"{'ours/original':>14s}  note")
@@ -444,7 +431,7 @@ def write_json(path: Path, result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(f"device: {device_name(args.device)}; torch {torch.__version__}; "
+    print(f"device: {describe_device(args.device)}; torch {torch.__version__}; "
           f"precision {args.precision}; impls {','.join(args.impls)}", flush=True)
     records: list[dict[str, Any]] = []
     for model_name in args.models:
@@ -452,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             records += bench_row(model_name, attention, args)
     print_table(records)
     result = {
-        "device": device_name(args.device),
+        "device": describe_device(args.device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "command": command(),

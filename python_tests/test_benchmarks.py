@@ -1,5 +1,5 @@
-"""Smoke test of the benchmark scripts: benchmarks/table1.py runs on the CPU at tiny sizes and
-writes its JSON records (our implementation only: CI does not install the original package)."""
+"""Smoke tests of the benchmark scripts at tiny sizes on the CPU: table1.py (our implementation
+only: CI does not install the original package) and burgers_stability.py write their JSON."""
 
 import json
 import math
@@ -39,3 +39,76 @@ def test_table1_cpu_smoke(tmp_path: Path) -> None:
     assert [r["n"] for r in records] == [32, 32, 24 * 24, 24 * 24]
     assert [r["output_shape"] for r in records] == [[2, 32, 1]] * 2 + [[2, 24, 24, 1]] * 2
     assert "ours" in proc.stdout and "it/s" in proc.stdout  # the printed table
+
+
+def test_burgers_stability_smoke(tmp_path: Path) -> None:
+    from galerkin_ext.data import generate_burgers
+
+    data = generate_burgers(tmp_path / "b.h5", n_samples=12, resolution=256,
+                            solve_resolution=64, progress=False)
+    out = tmp_path / "stability.json"
+    cmd = [sys.executable, str(BENCHMARKS / "burgers_stability.py"), "--data", str(data),
+           "--n", "64", "--epochs", "2", "--n-train", "8", "--n-eval", "4", "--batch-size", "4",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    result = json.loads(out.read_text())
+    assert [a["arm"] for a in result["arms"]] == ["raw", "scaled"]
+    raw, scaled = result["arms"]
+    assert raw["output_scale"] == 1.0 and 0 < scaled["output_scale"] < 1
+    for arm in (raw, scaled):
+        assert [r["epoch"] for r in arm["epochs"]] == [1, 2]
+        for r in arm["epochs"]:
+            assert all(math.isfinite(r[k]) and r[k] > 0 for k in (
+                "lr", "train_loss", "train_loss_max", "grad_norm_median", "grad_norm_max",
+                "pred_over_target_norm", "eval_rel_l2"))
+    # same initial weights and batches: the arms differ only by the output scale
+    assert raw["epochs"][0]["lr"] == scaled["epochs"][0]["lr"]
+    bad = subprocess.run([*cmd[:2], "--arms", "raw,other", "--out", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--arms" in bad.stderr
+
+
+def _fake_run(folder: Path, config: dict, test: float, last: float, **keys) -> Path:
+    folder.mkdir(parents=True)
+    history = [{"epoch": 1, "eval_rel_l2": test}, {"epoch": 2, "eval_rel_l2": last}]
+    metrics = {"test_rel_l2": test, "best_epoch": 1, "epochs": 2, "train_seconds": 120.0,
+               "config": config, "history": history, **keys}
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    return folder
+
+
+def test_paper_runs_records_and_table(tmp_path: Path) -> None:
+    results = tmp_path / "paper_runs.json"
+    script = [sys.executable, str(BENCHMARKS / "paper_runs.py"), "--results", str(results)]
+    burgers = {"n": 512, "model": {"attention_type": "galerkin", "norm": "attn"}}
+    inverse = {"fine": 141, "coarse": 36, "noise": 0.01,
+               "model": {"attention_type": "fourier", "norm": "attn",
+                         "reference_dropout": True}}
+    gt = _fake_run(tmp_path / "gt", burgers, 2.406e-3, 2.5e-3, command="python x.py",
+                   device_name="cpu model")
+    inv = _fake_run(tmp_path / "inv", inverse, 3e-2, 3.1e-2)
+    for cmd in ([*script, "add", str(gt)],
+                [*script, "add", str(inv), "--command", "python y.py", "--device", "gpu"],
+                [*script, "add", str(gt)]):  # the same run again replaces its record
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    records = json.loads(results.read_text())
+    assert len(records) == 2
+    by_experiment = {r["experiment"]: r for r in records}
+    r = by_experiment["burgers"]
+    assert (r["attention"], r["norm"], r["setting"], r["reference_dropout"]) == (
+        "galerkin", "attn", "n=512", False)
+    assert r["paper_rel_l2"] == 1.203e-3 and math.isclose(r["ratio_to_paper"], 2.0, rel_tol=1e-3)
+    assert (r["test_rel_l2"], r["last_epoch_rel_l2"], r["command"], r["device"]) == (
+        2.406e-3, 2.5e-3, "python x.py", "cpu model")
+    r = by_experiment["darcy_inverse"]
+    assert (r["setting"], r["paper_rel_l2"], r["reference_dropout"], r["device"]) == (
+        "141/36, eps=0.01", 2.717e-2, True, "gpu")
+    table = subprocess.run([*script, "table"], capture_output=True, text=True, timeout=60)
+    assert "| burgers | galerkin | n=512 | 1.203e-03 | 2.406e-03 (2.00×) (epoch 1) |" in (
+        table.stdout)
+    # a run without a recorded command must be given one
+    bad = subprocess.run([*script, "add", str(inv)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--command" in bad.stderr

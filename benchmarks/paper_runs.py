@@ -1,0 +1,141 @@
+"""Records of the paper-protocol runs, beside the paper's numbers (SPEC §5).
+
+    python benchmarks/paper_runs.py add runs/gt512 [--command "..."] [--device "..."]
+    python benchmarks/paper_runs.py table
+
+(``--results FILE`` before the action reads and writes another file.)
+
+``add`` reads a finished run's ``metrics.json`` (written by ``examples/burgers.py``,
+``darcy.py`` or ``darcy_inverse.py``) and puts one record into
+``benchmarks/results/paper_runs.json`` (a list; a record with the same ``experiment``,
+``attention``, ``norm``, ``setting`` and ``reference_dropout`` is replaced).  ``command`` and
+``device`` come from ``metrics.json``; runs that predate those keys give them on the command
+line.  ``table`` prints the records as the README's markdown table.
+
+Two figures per run, so nobody mistakes selection on the evaluation set for generalisation:
+``test_rel_l2`` is the paper's protocol (the best epoch on the evaluation set, as the original
+code selects it) and ``last_epoch_rel_l2`` the model after the last epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from galerkin_ext.training import write_json
+
+RESULTS = Path(__file__).resolve().parent / "results" / "paper_runs.json"
+
+# SPEC §5: relative L2 on the evaluation set, rows "Ln on Q,K / K,V" (norm = 'attn').
+PAPER = {
+    ("burgers", "fourier"): {"n=512": 1.135e-3, "n=2048": 1.123e-3, "n=8192": 1.071e-3},
+    ("burgers", "galerkin"): {"n=512": 1.203e-3, "n=2048": 1.150e-3, "n=8192": 1.025e-3},
+    ("darcy", "fourier"): {"141/43": 8.73e-3, "211/61": 9.21e-3},
+    ("darcy", "galerkin"): {"141/43": 8.39e-3, "211/61": 8.44e-3},
+    ("darcy_inverse", "fourier"): {
+        "141/36, eps=0": 1.921e-2, "141/36, eps=0.01": 2.717e-2, "141/36, eps=0.1": 6.725e-2,
+        "211/71, eps=0": 1.523e-2, "211/71, eps=0.01": 2.691e-2, "211/71, eps=0.1": 8.286e-2},
+    ("darcy_inverse", "galerkin"): {
+        "141/36, eps=0": 1.944e-2, "141/36, eps=0.01": 2.552e-2, "141/36, eps=0.1": 6.689e-2,
+        "211/71, eps=0": 1.651e-2, "211/71, eps=0.01": 2.729e-2, "211/71, eps=0.1": 7.903e-2},
+}
+KEY = ("experiment", "attention", "norm", "setting", "reference_dropout")
+
+
+def experiment_and_setting(config: dict[str, Any]) -> tuple[str, str]:
+    """The experiment (from the keys its script writes into the config) and the table's
+    setting: ``n=512``, ``141/43`` or ``141/36, eps=0.01``."""
+    if "noise" in config:
+        return "darcy_inverse", f"{config['fine']}/{config['coarse']}, eps={config['noise']:g}"
+    if "fine" in config:
+        return "darcy", f"{config['fine']}/{config['coarse']}"
+    if "n" in config:
+        return "burgers", f"n={config['n']}"
+    raise ValueError("metrics.json: its config is not one of examples/burgers.py, darcy.py or "
+                     "darcy_inverse.py")
+
+
+def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]:
+    metrics_file = run / "metrics.json"
+    if not metrics_file.is_file():
+        raise FileNotFoundError(f"run: {metrics_file} not found (is the run finished?)")
+    m = json.loads(metrics_file.read_text())
+    command = command or m.get("command")
+    device = device or m.get("device_name")
+    if not command or not device:
+        raise ValueError(f"{metrics_file} has no command/device_name: give --command and "
+                         "--device")
+    config = m["config"]
+    experiment, setting = experiment_and_setting(config)
+    model = config["model"]
+    attention = model["attention_type"]
+    paper = PAPER.get((experiment, attention), {}).get(setting) if model["norm"] == "attn" \
+        else None
+    return {
+        "experiment": experiment, "attention": attention, "norm": model["norm"],
+        "setting": setting, "reference_dropout": bool(model.get("reference_dropout", False)),
+        "test_rel_l2": m["test_rel_l2"], "best_epoch": m["best_epoch"],
+        "last_epoch_rel_l2": m["history"][-1]["eval_rel_l2"], "paper_rel_l2": paper,
+        "ratio_to_paper": None if paper is None else m["test_rel_l2"] / paper,
+        "epochs": m["epochs"], "train_seconds": m["train_seconds"], "device": device,
+        "command": command,
+    }
+
+
+def load(results: Path) -> list[dict[str, Any]]:
+    return json.loads(results.read_text()) if results.is_file() else []
+
+
+def add(results: Path, run: Path, command: str | None, device: str | None) -> dict[str, Any]:
+    new = record(run, command, device)
+    records = [r for r in load(results)
+               if tuple(r[k] for k in KEY) != tuple(new[k] for k in KEY)]
+    records.append(new)
+    records.sort(key=lambda r: tuple(str(r[k]) for k in KEY))
+    write_json(results, records)  # atomic: a reader never sees half a file
+    return new
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    rows = ["| experiment | attention | setting | paper | ours, best epoch (paper's protocol) "
+            "| ours, last epoch | epochs | device | training time |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        paper = "—" if r["paper_rel_l2"] is None else f"{r['paper_rel_l2']:.3e}"
+        ratio = "" if r["ratio_to_paper"] is None else f" ({r['ratio_to_paper']:.2f}×)"
+        attention = r["attention"] + (", original's p = 0.5 dropout" if r["reference_dropout"]
+                                      else "")
+        rows.append(f"| {r['experiment']} | {attention} | {r['setting']} | {paper} | "
+                    f"{r['test_rel_l2']:.3e}{ratio} (epoch {r['best_epoch']}) | "
+                    f"{r['last_epoch_rel_l2']:.3e} | {r['epochs']} | {r['device']} | "
+                    f"{r['train_seconds'] / 60:.0f} min |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--results", type=Path, default=RESULTS, help=f"default {RESULTS}")
+    sub = p.add_subparsers(dest="action", required=True)
+    a = sub.add_parser("add", help="record a finished run")
+    a.add_argument("run", type=Path, help="the run's output folder (with metrics.json)")
+    a.add_argument("--command", default=None, help="the command that ran it (default: "
+                                                   "metrics.json's)")
+    a.add_argument("--device", default=None, help="what it ran on (default: metrics.json's)")
+    sub.add_parser("table", help="print the records as a markdown table")
+    args = p.parse_args(argv)
+    if args.action == "add":
+        try:
+            r = add(args.results, args.run, args.command, args.device)
+        except (OSError, ValueError) as e:
+            p.error(str(e))
+        print(json.dumps(r, indent=1))
+    else:
+        print(table(load(args.results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
