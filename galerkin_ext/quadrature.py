@@ -1,0 +1,174 @@
+"""Quadrature weights for the key points of an attention layer (SPEC §2b).
+
+An attention layer of this package is a quadrature of a kernel integral over the key points,
+``z(x) ≈ Σ_j w_j κ(x, y_j) v(y_j)``; these functions give the weights ``w`` for the usual
+point sets, to pass as the ops' ``weight``:
+
+* :func:`trapezoid_weights` — sorted 1-D coordinates, non-uniform allowed (second order);
+* :func:`grid_weights` — a uniform tensor-product grid (trapezoid, or periodic);
+* :func:`mesh_weights` — the vertices of a triangle or tetrahedron mesh (lumped: exact for
+  functions linear on every cell).
+
+Every set of weights sums to the length, area or volume of its domain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ._checks import check_float, check_int
+
+__all__ = ["grid_weights", "mesh_weights", "trapezoid_weights"]
+
+
+def trapezoid_weights(x: Tensor) -> Tensor:
+    """Trapezoid weights of sorted 1-D coordinates.
+
+    ``w_1 = (x_2 - x_1)/2``, ``w_j = (x_{j+1} - x_{j-1})/2``, ``w_N = (x_N - x_{N-1})/2``: they
+    sum to ``x_N - x_1`` and integrate smooth functions to second order on any grid.
+
+    Args:
+        x: ``(..., N)`` floating-point coordinates, non-decreasing along the last axis, ``N >= 2``.
+
+    Returns:
+        ``(..., N)`` weights, ``x``'s dtype and device.
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.ndim < 1:
+        raise TypeError(f"x: expected a floating-point tensor of shape (..., N), got "
+                        f"{getattr(x, 'dtype', type(x).__name__)} "
+                        f"{tuple(getattr(x, 'shape', ()))}")
+    if x.shape[-1] < 2:
+        raise ValueError(f"x: expected at least 2 points along the last axis, got shape "
+                         f"{tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x: expected finite coordinates")
+    gaps = x.diff(dim=-1)
+    if bool((gaps < 0).any()):
+        raise ValueError("x: expected coordinates sorted in non-decreasing order along the "
+                         "last axis")
+    half = gaps / 2
+    zero = half.new_zeros((*half.shape[:-1], 1))
+    return torch.cat([half, zero], dim=-1) + torch.cat([zero, half], dim=-1)
+
+
+def grid_weights(
+    shape: Sequence[int],
+    lengths: Sequence[float] | None = None,
+    *,
+    periodic: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Tensor-product weights of a uniform grid, flattened in row-major order.
+
+    Axis ``a`` has ``shape[a]`` points: with ``periodic=False`` the nodes ``i L_a / (n_a - 1)``
+    including both ends (trapezoid weights, ``h/2`` at the ends); with ``periodic=True`` the
+    nodes ``i L_a / n_a`` of a periodic axis (all weights ``L_a / n_a``, the trapezoid rule of
+    a periodic function).  The weights sum to the volume ``Π_a L_a``.
+
+    Args:
+        shape: points per axis (``>= 2``, or ``>= 1`` when periodic), e.g. ``(141, 141)``.
+        lengths: the domain's length per axis (default 1 each).
+        periodic: whether every axis is periodic.
+        dtype, device: of the result.
+
+    Returns:
+        ``(prod(shape),)`` weights; index ``i_0 * n_1 * ... + i_1 * ... + i_last`` is the node
+        ``(i_0, i_1, ...)``, the order of ``torch.meshgrid(..., indexing="ij")`` flattened.
+    """
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not shape:
+        raise TypeError(f"shape: expected a non-empty sequence of ints, got {shape!r}")
+    if not isinstance(periodic, bool):
+        raise TypeError(f"periodic: expected a bool, got {periodic!r}")
+    minimum = 1 if periodic else 2
+    sizes = [check_int(n, f"shape[{a}]", minimum) for a, n in enumerate(shape)]
+    if lengths is None:
+        lengths = [1.0] * len(sizes)
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence) or len(
+        lengths
+    ) != len(sizes):
+        raise ValueError(f"lengths: expected {len(sizes)} lengths (one per axis of shape), "
+                         f"got {lengths!r}")
+    lengths = [check_float(length, f"lengths[{a}]") for a, length in enumerate(lengths)]
+    weights = torch.ones((), dtype=torch.float64)
+    for n, length in zip(sizes, lengths, strict=True):
+        if periodic:
+            axis = torch.full((n,), length / n, dtype=torch.float64)
+        else:
+            axis = torch.full((n,), length / (n - 1), dtype=torch.float64)
+            axis[[0, -1]] /= 2
+        weights = torch.outer(weights.reshape(-1), axis)
+    return weights.reshape(-1).to(dtype=dtype, device=device)
+
+
+def mesh_weights(points: Tensor, cells: Tensor) -> Tensor:
+    """Lumped vertex weights of a simplicial mesh: each cell's measure split equally among
+    its vertices.
+
+    Triangles (``cells (C, 3)``) in the plane or in space (a surface), tetrahedra
+    (``cells (C, 4)``, 3-D points).  The weights sum to the mesh's area or volume and
+    integrate every function that is linear on each cell exactly.  A vertex in no cell gets 0.
+
+    Args:
+        points: ``(V, 2)`` or ``(V, 3)`` floating-point vertex coordinates.
+        cells: ``(C, 3)`` or ``(C, 4)`` integer vertex indices.
+
+    Returns:
+        ``(V,)`` weights, ``points``' dtype and device.
+
+    Raises:
+        ValueError: for an index out of range, a repeated vertex or a cell of zero measure
+            (relative to the mesh's size), naming the first such cell.
+    """
+    if not isinstance(points, Tensor) or not points.is_floating_point() or points.ndim != 2 or (
+        points.shape[1] not in (2, 3)
+    ):
+        raise TypeError(f"points: expected a floating-point tensor of shape (V, 2) or (V, 3), "
+                        f"got {getattr(points, 'dtype', type(points).__name__)} "
+                        f"{tuple(getattr(points, 'shape', ()))}")
+    if not isinstance(cells, Tensor) or cells.is_floating_point() or cells.is_complex() or (
+        cells.dtype == torch.bool
+    ) or cells.ndim != 2 or cells.shape[1] not in (3, 4):
+        raise TypeError(f"cells: expected an integer tensor of shape (C, 3) or (C, 4), got "
+                        f"{getattr(cells, 'dtype', type(cells).__name__)} "
+                        f"{tuple(getattr(cells, 'shape', ()))}")
+    dim, corners = points.shape[1], cells.shape[1]
+    if corners == 4 and dim != 3:
+        raise ValueError(f"cells: tetrahedra (C, 4) need 3-D points, got points of shape "
+                         f"{tuple(points.shape)}")
+    if not bool(torch.isfinite(points).all()):
+        raise ValueError("points: expected finite coordinates")
+    n_vertices = points.shape[0]
+    cells = cells.to(device=points.device, dtype=torch.long)
+    out_of_range = ((cells < 0) | (cells >= n_vertices)).any(dim=1)
+    if bool(out_of_range.any()):
+        c = int(out_of_range.nonzero()[0])
+        raise ValueError(f"cells: cell {c} = {cells[c].tolist()} has a vertex index outside "
+                         f"[0, {n_vertices})")
+    ordered = cells.sort(dim=1).values
+    repeated = (ordered.diff(dim=1) == 0).any(dim=1)
+    if bool(repeated.any()):
+        c = int(repeated.nonzero()[0])
+        raise ValueError(f"cells: cell {c} = {cells[c].tolist()} repeats a vertex")
+    corner = points[cells]  # (C, corners, dim)
+    edges = corner[:, 1:] - corner[:, :1]
+    if corners == 3 and dim == 2:
+        measure = (edges[:, 0, 0] * edges[:, 1, 1] - edges[:, 0, 1] * edges[:, 1, 0]).abs() / 2
+    elif corners == 3:
+        measure = torch.linalg.cross(edges[:, 0], edges[:, 1]).norm(dim=1) / 2
+    else:
+        measure = torch.linalg.det(edges).abs() / 6
+    size = (points.amax(dim=0) - points.amin(dim=0)).max()
+    # A cell below round-off of the mesh's scale is degenerate (collinear/coplanar vertices).
+    tiny = 16 * torch.finfo(points.dtype).eps * size ** (corners - 1)
+    degenerate = measure <= tiny
+    if bool(degenerate.any()):
+        c = int(degenerate.nonzero()[0])
+        kind = "area" if corners == 3 else "volume"
+        raise ValueError(f"cells: cell {c} = {cells[c].tolist()} has zero {kind} (its "
+                         "vertices are collinear or coplanar)")
+    share = (measure / corners).repeat_interleave(corners)
+    return points.new_zeros(n_vertices).index_add_(0, cells.reshape(-1), share)

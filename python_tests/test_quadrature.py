@@ -1,0 +1,174 @@
+"""galerkin_ext.quadrature against exact integrals (SPEC §2b): sums to the domain's measure,
+second order of the trapezoid rule on non-uniform grids, exactness of the lumped mesh weights
+for cell-wise linear functions, row-major grid order, clear errors for bad input."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial import Delaunay
+
+from galerkin_ext.quadrature import grid_weights, mesh_weights, trapezoid_weights
+
+
+def _nonuniform_grid(n: int) -> torch.Tensor:
+    """Sorted points on [0, 2] with both ends and smoothly graded gaps (ratio ~1.6)."""
+    s = torch.linspace(0, 1, n, dtype=torch.float64)
+    return 2 * (s + 0.08 * torch.sin(math.pi * s))
+
+
+def test_trapezoid_weights_sum_and_second_order():
+    errors = []
+    for n in (33, 65, 129):
+        x = _nonuniform_grid(n)
+        w = trapezoid_weights(x)
+        assert w.shape == x.shape and w.dtype == torch.float64
+        assert float(w.sum()) == pytest.approx(2.0, rel=1e-14)
+        # an independent formula: the exact trapezoid rule written as a loop over intervals
+        ref = torch.zeros_like(x)
+        for j in range(n - 1):
+            ref[j] += (x[j + 1] - x[j]) / 2
+            ref[j + 1] += (x[j + 1] - x[j]) / 2
+        torch.testing.assert_close(w, ref, rtol=1e-14, atol=0)
+        errors.append(abs(float((w * torch.exp(torch.sin(3 * x))).sum()) - 2.0 * _mean_exp_sin()))
+    # each halving of the grid divides the error by ~4
+    assert 3.5 < errors[0] / errors[1] < 4.5 and 3.5 < errors[1] / errors[2] < 4.5
+
+
+def _mean_exp_sin() -> float:
+    """(1/2) ∫_0^2 exp(sin 3x) dx by a fine composite Simpson rule (independent of the code)."""
+    x = np.linspace(0.0, 2.0, 200001)
+    f = np.exp(np.sin(3 * x))
+    h = x[1] - x[0]
+    return float(h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())) / 2
+
+
+def test_trapezoid_weights_batched_and_repeated_points(gen):
+    x = torch.sort(torch.rand(3, 5, 7, generator=gen), dim=-1).values
+    w = trapezoid_weights(x)
+    for i in range(3):
+        for j in range(5):
+            torch.testing.assert_close(w[i, j], trapezoid_weights(x[i, j]))
+    torch.testing.assert_close(w.sum(-1), x[..., -1] - x[..., 0])
+    # a repeated point (a zero-length gap) is allowed; two points give half the length each
+    torch.testing.assert_close(trapezoid_weights(torch.tensor([0.0, 1.0, 1.0, 3.0])),
+                               torch.tensor([0.5, 0.5, 1.0, 1.0]))
+    torch.testing.assert_close(trapezoid_weights(torch.tensor([1.0, 4.0])),
+                               torch.tensor([1.5, 1.5]))
+
+
+def test_trapezoid_weights_errors():
+    with pytest.raises(TypeError, match="x: expected a floating-point tensor"):
+        trapezoid_weights(torch.arange(4))
+    with pytest.raises(TypeError, match="x: expected a floating-point tensor"):
+        trapezoid_weights([0.0, 1.0])
+    with pytest.raises(ValueError, match="at least 2 points"):
+        trapezoid_weights(torch.zeros(3, 1))
+    with pytest.raises(ValueError, match="sorted"):
+        trapezoid_weights(torch.tensor([0.0, 2.0, 1.0]))
+    with pytest.raises(ValueError, match="finite"):
+        trapezoid_weights(torch.tensor([0.0, float("nan"), 1.0]))
+
+
+def test_grid_weights_volume_order_and_exactness():
+    w = grid_weights((5, 3), lengths=(2.0, 0.5), dtype=torch.float64)
+    assert w.shape == (15,) and float(w.sum()) == pytest.approx(1.0, rel=1e-15)
+    x = torch.linspace(0, 2, 5, dtype=torch.float64)
+    y = torch.linspace(0, 0.5, 3, dtype=torch.float64)
+    # row-major: node (i, j) at index 3 i + j, the weight the product of the 1-D trapezoid ones
+    expected = torch.outer(trapezoid_weights(x), trapezoid_weights(y)).reshape(-1)
+    torch.testing.assert_close(w, expected, rtol=1e-15, atol=0)
+    xx, yy = torch.meshgrid(x, y, indexing="ij")
+    # bilinear functions are integrated exactly: ∫∫ (1 + x y) = 1 + (2²/2)(0.5²/2)
+    f = (1 + xx * yy).reshape(-1)
+    assert float((w * f).sum()) == pytest.approx(1 + 2.0 * 0.125, rel=1e-14)
+    assert grid_weights((4,)).dtype == torch.float32
+    torch.testing.assert_close(grid_weights((4,), dtype=torch.float64),
+                               torch.tensor([1, 2, 2, 1], dtype=torch.float64) / 6)
+
+
+def test_grid_weights_periodic_are_uniform():
+    w = grid_weights((8, 6), periodic=True, lengths=(1.0, 2 * math.pi), dtype=torch.float64)
+    torch.testing.assert_close(w, torch.full((48,), 2 * math.pi / 48, dtype=torch.float64))
+    # a trigonometric polynomial integrates exactly on a periodic grid
+    x = torch.arange(8, dtype=torch.float64) / 8
+    f = 1 + torch.cos(2 * math.pi * 3 * x)
+    w1 = grid_weights((8,), periodic=True, dtype=torch.float64)
+    assert float((w1 * f).sum()) == pytest.approx(1.0, rel=1e-15)
+    assert grid_weights((1,), periodic=True).tolist() == [1.0]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
+    (((),), {}, TypeError, "shape: expected a non-empty sequence"),
+    (("12",), {}, TypeError, "shape: expected a non-empty sequence"),
+    (((4, 1),), {}, ValueError, r"shape\[1\]: expected an int >= 2"),
+    (((4, 2.0),), {}, TypeError, r"shape\[1\]: expected an int"),
+    (((4, 3), (1.0,)), {}, ValueError, "lengths: expected 2 lengths"),
+    (((4, 3), (1.0, -2.0)), {}, ValueError, r"lengths\[1\]: expected a finite float > 0"),
+    (((4,),), {"periodic": 1}, TypeError, "periodic: expected a bool"),
+])
+def test_grid_weights_errors(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        grid_weights(*args, **kwargs)
+
+
+def _random_mesh(dim: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Delaunay mesh of the unit square/cube's corners plus random interior points; its
+    measure is 1 (the convex hull is the square/cube)."""
+    rng = np.random.default_rng(seed)
+    corners = np.array(np.meshgrid(*[[0.0, 1.0]] * dim, indexing="ij")).reshape(dim, -1).T
+    points = np.concatenate([corners, rng.uniform(0.05, 0.95, (n, dim))])
+    cells = Delaunay(points).simplices
+    return torch.from_numpy(points), torch.from_numpy(cells.astype(np.int64)), 1.0
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_mesh_weights_exact_for_linear_functions(dim):
+    points, cells, measure = _random_mesh(dim, 40, seed=dim)
+    w = mesh_weights(points, cells)
+    assert w.shape == (points.shape[0],) and w.dtype == torch.float64 and bool((w > 0).all())
+    assert float(w.sum()) == pytest.approx(measure, rel=1e-13)
+    # ∫ (1 + 2 x_0 - 3 x_1 [+ x_2]) over the unit square/cube = 1 + 1 - 1.5 [+ 0.5]
+    coef = torch.tensor([2.0, -3.0, 1.0][:dim], dtype=torch.float64)
+    f = 1 + points @ coef
+    assert float((w * f).sum()) == pytest.approx(1 + float(coef.sum()) / 2, rel=1e-13)
+
+
+def test_mesh_weights_by_hand_and_surface():
+    # two triangles of the unit square: the diagonal's vertices get 1/3, the others 1/6
+    points = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    cells = torch.tensor([[0, 1, 2], [0, 2, 3]], dtype=torch.int32)
+    torch.testing.assert_close(mesh_weights(points, cells),
+                               torch.tensor([1 / 3, 1 / 6, 1 / 3, 1 / 6]))
+    # the same square tilted into 3-D: a surface mesh keeps its area, and a vertex in no cell
+    # gets weight 0
+    tilt = torch.tensor([[0.0, 0.0, 0.0], [0.6, 0.0, 0.8], [0.6, 1.0, 0.8], [0.0, 1.0, 0.0],
+                         [5.0, 5.0, 5.0]], dtype=torch.float64)
+    w = mesh_weights(tilt, cells)
+    torch.testing.assert_close(w, torch.tensor([1 / 3, 1 / 6, 1 / 3, 1 / 6, 0.0],
+                                               dtype=torch.float64))
+
+
+@pytest.mark.parametrize(("points", "cells", "error", "match"), [
+    (torch.zeros(4, 1), torch.zeros(1, 3, dtype=torch.long), TypeError, r"points: expected"),
+    (torch.zeros(4, 2, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long), TypeError,
+     "points: expected a floating-point"),
+    (torch.rand(4, 2), torch.zeros(1, 3), TypeError, "cells: expected an integer tensor"),
+    (torch.rand(4, 2), torch.zeros(1, 5, dtype=torch.long), TypeError, r"\(C, 3\) or \(C, 4\)"),
+    (torch.rand(4, 2), torch.tensor([[0, 1, 2, 3]]), ValueError, "tetrahedra"),
+    (torch.rand(4, 2), torch.tensor([[0, 1, 2], [1, 2, 4]]), ValueError,
+     r"cell 1 = \[1, 2, 4\] has a vertex index outside \[0, 4\)"),
+    (torch.rand(4, 2), torch.tensor([[0, 1, -1]]), ValueError, "outside"),
+    (torch.rand(4, 2), torch.tensor([[0, 1, 2], [3, 1, 3]]), ValueError,
+     r"cell 1 = \[3, 1, 3\] repeats a vertex"),
+    (torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [0.0, 1.0]]),
+     torch.tensor([[0, 1, 3], [0, 1, 2]]), ValueError, r"cell 1 = \[0, 1, 2\] has zero area"),
+    (torch.tensor([[0.0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]]), torch.tensor([[0, 1, 2, 3]]),
+     ValueError, "has zero volume"),
+    (torch.tensor([[0.0, 0.0], [float("inf"), 0.0], [0.0, 1.0]]), torch.tensor([[0, 1, 2]]),
+     ValueError, "points: expected finite"),
+])
+def test_mesh_weights_errors(points, cells, error, match):
+    with pytest.raises(error, match=match):
+        mesh_weights(points, cells)
