@@ -9,6 +9,9 @@ affine layer norm per head over ``D``.
 The C++/CUDA op ``torch.ops.galerkin_ext.attention_forward`` does the fused per-head norm,
 coordinate concatenation and weighting and the batched GEMMs; ``attention_backward`` is its
 compiled backward. This module adds input validation, dropout masks, autograd and fake kernels.
+
+``continuum_attention`` (softmax attention with quadrature weights on ``M`` keys, for the
+continuum-attention operators) is pairwise and runs on ``scaled_dot_product_attention``.
 """
 
 from __future__ import annotations
@@ -157,6 +160,82 @@ def softmax_free_attention(
     return out, attn
 
 
+def continuum_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    weight: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Continuum (softmax) attention with quadrature weights on the keys:
+    ``z_t = Σ_j w_j exp(scale q_t·k_j) v_j / Σ_j w_j exp(scale q_t·k_j)``.
+
+    The quadrature of the continuum-attention operator (SPEC-continuum §1): on a non-uniform
+    grid or mesh, ``weight`` (e.g. :mod:`galerkin_ext.quadrature`) makes it converge to the
+    integral instead of over-counting densely sampled regions.  Computed by
+    ``scaled_dot_product_attention`` with ``log(w / max_j w)`` as an additive key bias, so only
+    the weights' ratios matter, ``w_j = 0`` removes key ``j`` exactly, and constant weights give
+    plain softmax attention (``weight=None`` is exactly ``F.scaled_dot_product_attention``).
+
+    Args:
+        q: ``(B, H, N, D)`` queries.
+        k: ``(B, H, M, D)`` keys, ``M`` independent of ``N`` (cross-attention).
+        v: ``(B, H, M, D_v)`` values.
+        weight: ``(B, M)`` or ``(M,)`` finite non-negative quadrature weights, or ``None``
+            (uniform).
+        scale: the logits' factor, ``None`` for ``1/sqrt(D)``.
+        dropout_p, training: dropout of the attention probabilities, when ``training``.
+
+    Returns:
+        ``(B, H, N, D_v)``.  A batch element whose weights are all 0 has no keys: its output is
+        0, with zero gradients.  Gradients with respect to ``weight`` are exact where
+        ``w > 0`` and 0 for removed keys.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    if not q.is_floating_point() or q.dim() != 4 or 0 in q.shape:
+        raise ValueError(f"q: expected a non-empty floating-point tensor of shape (B, H, N, D), "
+                         f"got {q.dtype} {tuple(q.shape)}")
+    batch, heads, _, dim = q.shape
+    _check_tensor(k, "k", q)
+    _check_tensor(v, "v", q)
+    if k.dim() != 4 or k.shape[:2] != (batch, heads) or k.shape[3] != dim or k.shape[2] == 0:
+        raise ValueError(f"k: expected shape (B, H, M, D) = ({batch}, {heads}, M, {dim}) with "
+                         f"M >= 1, got {tuple(k.shape)}")
+    m = k.shape[2]
+    if v.dim() != 4 or v.shape[:3] != (batch, heads, m) or v.shape[3] == 0:
+        raise ValueError(f"v: expected shape (B, H, M, D_v) = ({batch}, {heads}, {m}, D_v), "
+                         f"got {tuple(v.shape)}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(dim)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
+        scale
+    ):
+        raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
+    _check_dropout(dropout_p, training)
+    p = dropout_p if training else 0.0
+    if weight is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p,
+                                                                scale=float(scale))
+    check_quadrature_weight(weight, batch, m, k, "k", axis="M")
+    w = weight.expand(batch, m)
+    top = w.amax(dim=1, keepdim=True)
+    has_keys = top > 0
+    # log(w / max w): 0 for the largest weight, so constant weights add an exact zero bias;
+    # the clamp keeps log's gradient finite where the bias is -inf (removed keys).
+    ratio = w / torch.where(has_keys, top, torch.ones_like(top))
+    bias = torch.where(ratio > 0, ratio.clamp_min(torch.finfo(w.dtype).tiny).log(),
+                       torch.full_like(ratio, -math.inf))
+    bias = torch.where(has_keys, bias, torch.zeros_like(bias))  # no keys: finite, zeroed below
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias[:, None, None, :].to(q.dtype), dropout_p=p, scale=float(scale))
+    return out * has_keys[:, :, None, None].to(out.dtype)
+
+
 def _autocast(q, k, v, pos, weight, *norms):
     """Under autocast the op runs like a matmul: in the autocast dtype on CUDA (statistics and
     accumulation stay float32 inside), in float32 on CPU, where the kernels have no half types.
@@ -213,10 +292,11 @@ def _check_tensor(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> N
 
 
 def check_quadrature_weight(
-    weight: object, batch: int, n: int, like: Tensor, like_name: str = "q"
+    weight: object, batch: int, n: int, like: Tensor, like_name: str = "q", axis: str = "N"
 ) -> None:
     """Validate quadrature weights for ``n`` points and a batch of ``batch``: a tensor of shape
-    ``(B, N)`` or ``(N,)`` with the dtype and device of ``like``, finite and non-negative.
+    ``(B, N)`` or ``(N,)`` with the dtype and device of ``like``, finite and non-negative
+    (``axis`` names the points' axis in the messages, e.g. ``"M"`` for keys).
 
     The value check is data-dependent; it is skipped while tracing (``torch.compile``) or
     capturing a CUDA graph. Layers that do not call the ops (softmax, linear attention) use it
@@ -227,7 +307,7 @@ def check_quadrature_weight(
     _check_tensor(weight, "weight", like, like_name)
     if weight.shape not in ((batch, n), (n,)):
         raise ValueError(
-            f"weight: expected shape (B, N) = ({batch}, {n}) or (N,) = ({n},), "
+            f"weight: expected shape (B, {axis}) = ({batch}, {n}) or ({axis},) = ({n},), "
             f"got {tuple(weight.shape)}"
         )
     if not _is_tracing(weight) and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):

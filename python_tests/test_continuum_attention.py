@@ -1,0 +1,212 @@
+"""ops.continuum_attention (SPEC §2b) against an explicit float64 sum over the N x M pairs,
+and the properties every member of the op family has: zero-weight padding changes nothing,
+batch mates never interact, a key split in two with half the weight each changes nothing, key
+permutations change nothing, M != N, M = 1, N = 1, gradcheck, torch.compile, clear errors."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from galerkin_ext import ops
+from galerkin_ext.quadrature import trapezoid_weights
+
+
+def explicit(q, k, v, weight=None, scale=None):
+    """z_t = Σ_j w_j exp(s q_t·k_j) v_j / Σ_j w_j exp(s q_t·k_j), loops over every pair."""
+    b, h, n, d = q.shape
+    m = k.shape[2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    w = torch.ones(b, m, dtype=torch.float64) if weight is None else weight.expand(b, m)
+    out = torch.zeros(b, h, n, v.shape[-1], dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            logits = scale * (q[bi, hi] @ k[bi, hi].T)  # (n, m)
+            logits = logits - logits.max()
+            num = torch.zeros(n, v.shape[-1], dtype=torch.float64)
+            den = torch.zeros(n, 1, dtype=torch.float64)
+            for j in range(m):
+                e = w[bi, j] * torch.exp(logits[:, j : j + 1])
+                num += e * v[bi, hi, j]
+                den += e
+            out[bi, hi] = num / den
+    return out
+
+
+def rand(*shape, gen):
+    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+@pytest.mark.parametrize(("b", "h", "n", "m", "d", "dv"), [
+    (2, 3, 7, 5, 4, 6), (1, 1, 1, 9, 3, 2), (2, 2, 6, 1, 5, 5), (3, 1, 4, 4, 1, 1),
+])
+@pytest.mark.parametrize("weight_shape", ["none", "shared", "batched"])
+def test_matches_explicit_sum(b, h, n, m, d, dv, weight_shape, gen):
+    q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, dv, gen=gen)
+    weight = {"none": None, "shared": torch.rand(m, generator=gen, dtype=torch.float64) + 0.1,
+              "batched": torch.rand(b, m, generator=gen, dtype=torch.float64)}[weight_shape]
+    if weight_shape == "batched" and m > 1:
+        weight[0, 0] = 0.0  # a removed key
+    out = ops.continuum_attention(q, k, v, weight=weight)
+    assert out.shape == (b, h, n, dv)
+    torch.testing.assert_close(out, explicit(q, k, v, weight), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ops.continuum_attention(q, k, v, weight=weight, scale=0.3),
+                               explicit(q, k, v, weight, scale=0.3), rtol=1e-12, atol=1e-12)
+
+
+def test_uniform_weights_are_plain_sdpa(gen):
+    q, k, v = rand(2, 2, 5, 4, gen=gen), rand(2, 2, 7, 4, gen=gen), rand(2, 2, 7, 3, gen=gen)
+    plain = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(ops.continuum_attention(q, k, v), plain, rtol=0, atol=0)
+    constant = torch.full((7,), 0.37, dtype=torch.float64)
+    torch.testing.assert_close(ops.continuum_attention(q, k, v, weight=constant), plain,
+                               rtol=1e-14, atol=1e-14)
+
+
+def test_zero_weight_padding_and_batch_mates(gen):
+    b, h, n, m, d = 3, 2, 6, 5, 4
+    q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, d, gen=gen)
+    w = torch.rand(b, m, generator=gen, dtype=torch.float64) + 0.05
+    out = ops.continuum_attention(q, k, v, weight=w)
+    # three padded keys with weight 0 and wild values
+    pad = 3
+    kp = torch.cat([k, 1e3 * rand(b, h, pad, d, gen=gen)], dim=2)
+    vp = torch.cat([v, 1e6 * rand(b, h, pad, d, gen=gen)], dim=2)
+    wp = torch.cat([w, torch.zeros(b, pad, dtype=torch.float64)], dim=1)
+    torch.testing.assert_close(ops.continuum_attention(q, kp, vp, weight=wp), out,
+                               rtol=1e-12, atol=1e-12)
+    for i in range(b):  # each element alone gives its row of the batch
+        alone = ops.continuum_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1],
+                                        weight=w[i : i + 1])
+        torch.testing.assert_close(alone, out[i : i + 1], rtol=1e-12, atol=1e-12)
+
+
+def test_split_and_permuted_keys(gen):
+    b, h, n, m, d = 2, 2, 5, 6, 3
+    q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, d, gen=gen)
+    w = torch.rand(b, m, generator=gen, dtype=torch.float64) + 0.05
+    out = ops.continuum_attention(q, k, v, weight=w)
+    # key 2 twice, each with half its weight
+    idx = torch.tensor([0, 1, 2, 2, 3, 4, 5])
+    half = w[:, idx].clone()
+    half[:, 2:4] /= 2
+    torch.testing.assert_close(
+        ops.continuum_attention(q, k[:, :, idx], v[:, :, idx], weight=half), out,
+        rtol=1e-12, atol=1e-12)
+    perm = torch.randperm(m, generator=gen)
+    torch.testing.assert_close(
+        ops.continuum_attention(q, k[:, :, perm], v[:, :, perm], weight=w[:, perm]), out,
+        rtol=1e-12, atol=1e-12)
+    qperm = torch.randperm(n, generator=gen)
+    torch.testing.assert_close(ops.continuum_attention(q[:, :, qperm], k, v, weight=w),
+                               out[:, :, qperm], rtol=1e-12, atol=1e-12)
+
+
+def test_element_without_keys_gives_zero_and_finite_gradients(gen):
+    q, k, v = (rand(2, 2, 4, 3, gen=gen).requires_grad_() for _ in range(3))
+    w = torch.rand(2, 4, generator=gen, dtype=torch.float64) + 0.1
+    w[1] = 0.0
+    w.requires_grad_()
+    out = ops.continuum_attention(q, k, v, weight=w)
+    assert (out[1] == 0).all()
+    torch.testing.assert_close(out[:1], ops.continuum_attention(q[:1], k[:1], v[:1],
+                                                               weight=w[:1]))
+    out.square().sum().backward()
+    for t in (q, k, v, w):
+        assert torch.isfinite(t.grad).all()
+        assert (t.grad[1] == 0).all()
+
+
+def test_gradcheck(gen):
+    q, k, v = (rand(2, 2, 3, 4, gen=gen).requires_grad_() for _ in range(3))
+    w = (torch.rand(2, 3, generator=gen, dtype=torch.float64) + 0.2).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, w: ops.continuum_attention(q, k, v, weight=w, scale=0.7), (q, k, v, w))
+    assert torch.autograd.gradgradcheck(
+        lambda q, k, v, w: ops.continuum_attention(q, k, v, weight=w), (q, k, v, w))
+
+
+def test_non_contiguous_and_float32(gen):
+    base = torch.randn(2, 6, 3, 8, generator=gen)  # (B, M, H, D) viewed as (B, H, M, D)
+    k, v = base.transpose(1, 2), base.flip(-1).transpose(1, 2)
+    q = torch.randn(2, 3, 8, 5, generator=gen).transpose(2, 3)
+    w = torch.rand(6, 2, generator=gen).T  # (B, M), non-contiguous
+    assert not (k.is_contiguous() or q.is_contiguous() or w.is_contiguous())
+    out = ops.continuum_attention(q, k, v, weight=w)
+    assert out.dtype == torch.float32
+    ref = explicit(q.double(), k.double(), v.double(), w.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_only_in_training(gen):
+    q, k, v = rand(1, 1, 8, 4, gen=gen), rand(1, 1, 8, 4, gen=gen), rand(1, 1, 8, 4, gen=gen)
+    w = torch.rand(8, generator=gen, dtype=torch.float64) + 0.1
+    plain = ops.continuum_attention(q, k, v, weight=w)
+    torch.testing.assert_close(ops.continuum_attention(q, k, v, weight=w, dropout_p=0.5), plain)
+    torch.manual_seed(0)
+    dropped = ops.continuum_attention(q, k, v, weight=w, dropout_p=0.5, training=True)
+    assert not torch.allclose(dropped, plain)
+
+
+def test_compile_fullgraph(gen):
+    q, k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7, 4)
+    w = torch.rand(2, 7) + 0.1
+
+    def f(q, k, v, w):
+        return ops.continuum_attention(q, k, v, weight=w)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, w), f(q, k, v, w))
+
+
+def test_weights_make_a_nonuniform_grid_converge_to_the_integral():
+    """On a graded 1-D grid the weighted layer approximates the integral operator
+    z(x) = ∫ exp(s q(x) k(y)) v(y) dy / ∫ exp(s q(x) k(y)) dy; the unweighted one over-counts
+    the dense end of the grid."""
+    def fields(x):
+        return torch.sin(2 * math.pi * x), torch.cos(3 * x), torch.exp(-x)  # q, k, v
+
+    xq = torch.linspace(0, 1, 11, dtype=torch.float64)
+    fine = torch.linspace(0, 1, 20001, dtype=torch.float64)
+    _, kf, vf = fields(fine)
+    qx = fields(xq)[0]
+    e = torch.exp(2.0 * qx[:, None] * kf[None, :])
+    wf = trapezoid_weights(fine)
+    exact = (e * vf * wf).sum(1) / (e * wf).sum(1)
+    s = torch.linspace(0, 1, 201, dtype=torch.float64)
+    graded = s**3  # points crowd near 0
+
+    def at_queries(x, weight):
+        q = fields(xq)[0][None, None, :, None]
+        k, v = fields(x)[1][None, None, :, None], fields(x)[2][None, None, :, None]
+        return ops.continuum_attention(q, k, v, weight=weight, scale=2.0)[0, 0, :, 0]
+
+    weighted = (at_queries(graded, trapezoid_weights(graded)) - exact).abs().max()
+    unweighted = (at_queries(graded, None) - exact).abs().max()
+    assert weighted < 1e-4 and unweighted > 100 * weighted
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"q": torch.randn(2, 5, 4)}, ValueError, r"q: expected a non-empty floating-point tensor"),
+    ({"k": torch.randn(2, 2, 7, 3)}, ValueError,
+     r"k: expected shape \(B, H, M, D\) = \(2, 2, M, 4\)"),
+    ({"k": torch.randn(2, 2, 0, 4)}, ValueError, "M >= 1"),
+    ({"v": torch.randn(2, 2, 6, 4)}, ValueError,
+     r"v: expected shape \(B, H, M, D_v\) = \(2, 2, 7"),
+    ({"v": torch.randn(2, 2, 7, 4, dtype=torch.float64)}, TypeError, "v: expected dtype"),
+    ({"weight": torch.rand(2, 5)}, ValueError, r"weight: expected shape \(B, M\) = \(2, 7\)"),
+    ({"weight": -torch.rand(7)}, ValueError, "non-negative"),
+    ({"weight": [0.1] * 7}, TypeError, "weight: expected a tensor"),
+    ({"scale": True}, ValueError, "scale: expected a finite float"),
+    ({"scale": float("nan")}, ValueError, "scale"),
+    ({"dropout_p": 1.0}, ValueError, "dropout_p"),
+    ({"training": 1}, TypeError, "training: expected a bool"),
+    ({"q": None}, TypeError, "q: expected a tensor"),
+])
+def test_errors(kwargs, error, match):
+    args = {"q": torch.randn(2, 2, 5, 4), "k": torch.randn(2, 2, 7, 4),
+            "v": torch.randn(2, 2, 7, 4)}
+    args.update({key: kwargs.pop(key) for key in ("q", "k", "v") if key in kwargs})
+    with pytest.raises(error, match=match):
+        ops.continuum_attention(args["q"], args["k"], args["v"], **kwargs)
