@@ -11,6 +11,9 @@ import math
 import numbers
 from collections.abc import Sequence
 
+import torch
+from torch import Tensor
+
 
 def check_int(value: object, name: str, minimum: int = 1) -> int:
     """``value`` as an int ``>= minimum``."""
@@ -53,3 +56,66 @@ def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
     if value not in choices:
         raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
     return value
+
+
+def is_tracing(t: Tensor) -> bool:
+    """True where a data-dependent check would break tracing or CUDA-graph capture."""
+    if torch.compiler.is_compiling():
+        return True
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def check_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None:
+    """``t`` on ``like``'s device with ``like``'s dtype."""
+    if t.device != like.device:
+        raise ValueError(
+            f"{name}: expected a tensor on {like.device} like {like_name}, got one on {t.device}"
+        )
+    if t.dtype != like.dtype:
+        raise TypeError(f"{name}: expected dtype {like.dtype} like {like_name}, got {t.dtype}")
+
+
+def check_quadrature_weight(
+    weight: object, batch: int, n: int, like: Tensor, like_name: str = "q", axis: str = "N"
+) -> None:
+    """Validate quadrature weights for ``n`` points and a batch of ``batch``: a tensor of shape
+    ``(B, N)`` or ``(N,)`` with the dtype and device of ``like``, finite and non-negative
+    (``axis`` names the points' axis in the messages, e.g. ``"M"`` for keys).
+
+    The value check is data-dependent; it is skipped while tracing (``torch.compile``) or
+    capturing a CUDA graph.
+    """
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"weight: expected a tensor or None, got {type(weight).__name__}")
+    check_like(weight, "weight", like, like_name)
+    if weight.shape not in ((batch, n), (n,)):
+        raise ValueError(
+            f"weight: expected shape (B, {axis}) = ({batch}, {n}) or ({axis},) = ({n},), "
+            f"got {tuple(weight.shape)}"
+        )
+    if not is_tracing(weight) and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
+        raise ValueError("weight: expected finite, non-negative quadrature weights")
+
+
+def check_attention_operands(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
+    """The two-sided contract of the attention functions: ``q (B, H, N, D)``, ``k (B, H, M, D)``,
+    ``v (B, H, M, D_v)``, all non-empty, floating point, one dtype and device.  Returns
+    ``(B, H, N, M, D_v)``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    if not q.is_floating_point() or q.dim() != 4 or 0 in q.shape:
+        raise ValueError(f"q: expected a non-empty floating-point tensor of shape (B, H, N, D), "
+                         f"got {q.dtype} {tuple(q.shape)}")
+    batch, heads, n, dim = q.shape
+    check_like(k, "k", q)
+    check_like(v, "v", q)
+    if k.dim() != 4 or k.shape[:2] != (batch, heads) or k.shape[3] != dim or k.shape[2] == 0:
+        raise ValueError(f"k: expected shape (B, H, M, D) = ({batch}, {heads}, M, {dim}) with "
+                         f"M >= 1, got {tuple(k.shape)}")
+    m = k.shape[2]
+    if v.dim() != 4 or v.shape[:3] != (batch, heads, m) or v.shape[3] == 0:
+        raise ValueError(f"v: expected shape (B, H, M, D_v) = ({batch}, {heads}, {m}, D_v), "
+                         f"got {tuple(v.shape)}")
+    return batch, heads, n, m, v.shape[3]

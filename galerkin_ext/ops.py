@@ -22,7 +22,13 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._checks import check_float, check_probability
+from ._checks import (
+    check_attention_operands,
+    check_float,
+    check_like,
+    check_probability,
+    check_quadrature_weight,
+)
 
 Norm = tuple[Tensor, Tensor] | None
 
@@ -194,22 +200,8 @@ def continuum_attention(
         0, with zero gradients.  Gradients with respect to ``weight`` are exact where
         ``w > 0`` and 0 for removed keys.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
-    if not q.is_floating_point() or q.dim() != 4 or 0 in q.shape:
-        raise ValueError(f"q: expected a non-empty floating-point tensor of shape (B, H, N, D), "
-                         f"got {q.dtype} {tuple(q.shape)}")
-    batch, heads, _, dim = q.shape
-    _check_tensor(k, "k", q)
-    _check_tensor(v, "v", q)
-    if k.dim() != 4 or k.shape[:2] != (batch, heads) or k.shape[3] != dim or k.shape[2] == 0:
-        raise ValueError(f"k: expected shape (B, H, M, D) = ({batch}, {heads}, M, {dim}) with "
-                         f"M >= 1, got {tuple(k.shape)}")
-    m = k.shape[2]
-    if v.dim() != 4 or v.shape[:3] != (batch, heads, m) or v.shape[3] == 0:
-        raise ValueError(f"v: expected shape (B, H, M, D_v) = ({batch}, {heads}, {m}, D_v), "
-                         f"got {tuple(v.shape)}")
+    batch, _, _, m, _ = check_attention_operands(q, k, v)
+    dim = q.shape[3]
     if scale is None:
         scale = 1.0 / math.sqrt(dim)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
@@ -274,44 +266,12 @@ def _check_norm(norm: Norm, name: str, q: Tensor) -> Norm:
     for i, p in enumerate(norm):
         if not isinstance(p, Tensor):
             raise TypeError(f"{name}[{i}]: expected a tensor, got {type(p).__name__}")
-        _check_tensor(p, f"{name}[{i}]", q)
+        check_like(p, f"{name}[{i}]", q)
         if p.shape != (heads, dim):
             raise ValueError(
                 f"{name}[{i}]: expected shape (H, D) = ({heads}, {dim}), got {tuple(p.shape)}"
             )
     return norm[0], norm[1]
-
-
-def _check_tensor(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None:
-    if t.device != like.device:
-        raise ValueError(
-            f"{name}: expected a tensor on {like.device} like {like_name}, got one on {t.device}"
-        )
-    if t.dtype != like.dtype:
-        raise TypeError(f"{name}: expected dtype {like.dtype} like {like_name}, got {t.dtype}")
-
-
-def check_quadrature_weight(
-    weight: object, batch: int, n: int, like: Tensor, like_name: str = "q", axis: str = "N"
-) -> None:
-    """Validate quadrature weights for ``n`` points and a batch of ``batch``: a tensor of shape
-    ``(B, N)`` or ``(N,)`` with the dtype and device of ``like``, finite and non-negative
-    (``axis`` names the points' axis in the messages, e.g. ``"M"`` for keys).
-
-    The value check is data-dependent; it is skipped while tracing (``torch.compile``) or
-    capturing a CUDA graph. Layers that do not call the ops (softmax, linear attention) use it
-    for the same rules and messages.
-    """
-    if not isinstance(weight, Tensor):
-        raise TypeError(f"weight: expected a tensor or None, got {type(weight).__name__}")
-    _check_tensor(weight, "weight", like, like_name)
-    if weight.shape not in ((batch, n), (n,)):
-        raise ValueError(
-            f"weight: expected shape (B, {axis}) = ({batch}, {n}) or ({axis},) = ({n},), "
-            f"got {tuple(weight.shape)}"
-        )
-    if not _is_tracing(weight) and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
-        raise ValueError("weight: expected finite, non-negative quadrature weights")
 
 
 def _check_inputs(
@@ -327,7 +287,7 @@ def _check_inputs(
         names = ", ".join(str(d) for d in allowed)
         raise TypeError(f"q: expected dtype {names} on {q.device.type}, got {q.dtype}")
     for name, t in (("k", k), ("v", v)):
-        _check_tensor(t, name, q)
+        check_like(t, name, q)
         if t.shape != q.shape:
             raise ValueError(
                 f"{name}: expected shape (B, H, N, D) = {tuple(q.shape)} like q, "
@@ -343,7 +303,7 @@ def _check_inputs(
     if pos is not None:
         if not isinstance(pos, Tensor):
             raise TypeError(f"pos: expected a tensor or None, got {type(pos).__name__}")
-        _check_tensor(pos, "pos", q)
+        check_like(pos, "pos", q)
         batched = pos.dim() == 3 and pos.shape[:2] == (batch, n)
         if not (batched or (pos.dim() == 2 and pos.shape[0] == n)):
             raise ValueError(
@@ -353,13 +313,6 @@ def _check_inputs(
     if weight is not None:
         check_quadrature_weight(weight, batch, n, q)
     check_float(eps, "eps")
-
-
-def _is_tracing(t: Tensor) -> bool:
-    """True where a data-dependent check would break tracing or CUDA-graph capture."""
-    if torch.compiler.is_compiling():
-        return True
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:

@@ -19,7 +19,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
-from .._checks import check_choice, check_float, check_int, check_probability
+from .._checks import (
+    check_choice,
+    check_float,
+    check_int,
+    check_probability,
+    check_quadrature_weight,
+)
 from ..reference import concat_pos
 from ._checks import check_tensor
 
@@ -146,7 +152,7 @@ class SimpleAttention(nn.Module):
         if weight is not None and (self.attention_type in ("softmax", "linear")
                                    or self.norm == "instance"):
             # Otherwise the op validates the weights itself: one host sync, not two.
-            ops.check_quadrature_weight(weight, batch, n, x, "x")
+            check_quadrature_weight(weight, batch, n, x, "x")
 
         q, k, v = (proj(x).view(batch, n, self.n_head, self.d_head).transpose(1, 2)
                    for proj in (self.query, self.key, self.value))
