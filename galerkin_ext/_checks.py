@@ -76,32 +76,36 @@ def check_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None
 
 
 def check_quadrature_weight(
-    weight: object, batch: int, n: int, like: Tensor, like_name: str = "q", axis: str = "N"
+    weight: object, batch: int, n: int, like: Tensor, like_name: str = "q", axis: str = "N",
+    name: str = "weight",
 ) -> None:
     """Validate quadrature weights for ``n`` points and a batch of ``batch``: a tensor of shape
     ``(B, N)`` or ``(N,)`` with the dtype and device of ``like``, finite and non-negative
-    (``axis`` names the points' axis in the messages, e.g. ``"M"`` for keys).
+    (``axis`` names the points' axis in the messages, e.g. ``"M"`` for keys; ``name`` the
+    argument).
 
     The value check is data-dependent; it is skipped while tracing (``torch.compile``) or
     capturing a CUDA graph.
     """
     if not isinstance(weight, Tensor):
-        raise TypeError(f"weight: expected a tensor or None, got {type(weight).__name__}")
-    check_like(weight, "weight", like, like_name)
+        raise TypeError(f"{name}: expected a tensor or None, got {type(weight).__name__}")
+    check_like(weight, name, like, like_name)
     if weight.shape not in ((batch, n), (n,)):
         raise ValueError(
-            f"weight: expected shape (B, {axis}) = ({batch}, {n}) or ({axis},) = ({n},), "
+            f"{name}: expected shape (B, {axis}) = ({batch}, {n}) or ({axis},) = ({n},), "
             f"got {tuple(weight.shape)}"
         )
     if not is_tracing(weight) and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
-        raise ValueError("weight: expected finite, non-negative quadrature weights")
+        raise ValueError(f"{name}: expected finite, non-negative quadrature weights")
 
 
-def check_attention_operands(q: object, k: object, v: object) -> tuple[int, int, int, int, int]:
+def check_attention_operands(
+    q: object, k: object, v: object, k_name: str = "k", v_name: str = "v"
+) -> tuple[int, int, int, int, int]:
     """The two-sided contract of the attention functions: ``q (B, H, N, D)``, ``k (B, H, M, D)``,
     ``v (B, H, M, D_v)``, all non-empty, floating point, one dtype and device.  Returns
-    ``(B, H, N, M, D_v)``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    ``(B, H, N, M, D_v)``.  ``k_name``, ``v_name``: the arguments' names in messages."""
+    for name, t in (("q", q), (k_name, k), (v_name, v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
@@ -109,13 +113,13 @@ def check_attention_operands(q: object, k: object, v: object) -> tuple[int, int,
         raise ValueError(f"q: expected a non-empty floating-point tensor of shape (B, H, N, D), "
                          f"got {q.dtype} {tuple(q.shape)}")
     batch, heads, n, dim = q.shape
-    check_like(k, "k", q)
-    check_like(v, "v", q)
+    check_like(k, k_name, q)
+    check_like(v, v_name, q)
     if k.dim() != 4 or k.shape[:2] != (batch, heads) or k.shape[3] != dim or k.shape[2] == 0:
-        raise ValueError(f"k: expected shape (B, H, M, D) = ({batch}, {heads}, M, {dim}) with "
-                         f"M >= 1, got {tuple(k.shape)}")
+        raise ValueError(f"{k_name}: expected shape (B, H, M, D) = ({batch}, {heads}, M, {dim}) "
+                         f"with M >= 1, got {tuple(k.shape)}")
     m = k.shape[2]
     if v.dim() != 4 or v.shape[:3] != (batch, heads, m) or v.shape[3] == 0:
-        raise ValueError(f"v: expected shape (B, H, M, D_v) = ({batch}, {heads}, {m}, D_v), "
-                         f"got {tuple(v.shape)}")
+        raise ValueError(f"{v_name}: expected shape (B, H, M, D_v) = ({batch}, {heads}, {m}, "
+                         f"D_v), got {tuple(v.shape)}")
     return batch, heads, n, m, v.shape[3]
