@@ -81,7 +81,10 @@ def _plain_attention(attn: SimpleAttention, x, pos, weight):
             out = torch.softmax(logits, dim=-1) @ vh
         else:
             qh = torch.softmax(reference.concat_pos(q, pos), dim=-1)
-            kh = torch.softmax(reference.concat_pos(ln(k, params.get("k"), attn.eps), pos), dim=-2)
+            kh = reference.concat_pos(ln(k, params.get("k"), attn.eps), pos).exp()
+            if weight is not None:  # the softmax over the points counts points with w > 0
+                kh = kh * (weight > 0).reshape(-1, 1, n, 1)
+            kh = kh / kh.sum(dim=-2, keepdim=True)
             vh = reference.concat_pos(ln(v, params.get("v"), attn.eps), pos)
             w = torch.full((n,), 1.0 / n, dtype=x.dtype) if weight is None else weight
             out = qh @ (kh.transpose(-1, -2) @ (vh * w.reshape(-1, 1, n, 1)))
@@ -114,8 +117,7 @@ def test_attention_without_coordinates(attention_type, gen):
     torch.testing.assert_close(attn(x), _plain_attention(attn, x, None, None))
 
 
-# Not "linear": its softmax of K over the points includes weight-0 points by design.
-@pytest.mark.parametrize("attention_type", ["fourier", "galerkin", "softmax"])
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 def test_instance_norm_uses_quadrature_weights(attention_type, gen):
     """A point with weight 0 changes neither the statistics nor the other outputs."""
     attn = SimpleAttention(8, 2, attention_type, pos_dim=1, norm="instance").double()

@@ -7,7 +7,8 @@ Per head ``D = d_model // n_head`` features; with coordinates each head is ``d =
 * ``fourier``  ``(Q̂ K̂ᵀ W) V̂ / sqrt(d)``, norm on Q, K — compiled op (:mod:`galerkin_ext.ops`).
 * ``galerkin`` ``Q̂ (K̂ᵀ W V̂)``, norm on K, V — compiled op.
 * ``softmax``  ``softmax(Q̂ K̂ᵀ / sqrt(d) + log w) V̂``, norm on Q, K — PyTorch SDPA.
-* ``linear``   ``softmax_feat(Q̂) (softmax_pts(K̂)ᵀ W V̂)``, norm on K, V — plain PyTorch.
+* ``linear``   ``softmax_feat(Q̂) (softmax_pts(K̂)ᵀ W V̂)``, norm on K, V — plain PyTorch; the
+  softmax over the points takes only points with ``w > 0``.
 """
 
 from __future__ import annotations
@@ -270,11 +271,18 @@ def _linear_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
                       weight: Tensor | None, norms: dict[str, tuple[Tensor, Tensor]],
                       eps: float, dropout_p: float) -> tuple[Tensor, Tensor]:
     q_hat = concat_pos(q, pos).softmax(dim=-1)
-    k_hat = concat_pos(_layer_norm(k, norms.get("k"), eps), pos).softmax(dim=-2)
+    k_logits = concat_pos(_layer_norm(k, norms.get("k"), eps), pos)
     v_hat = concat_pos(_layer_norm(v, norms.get("v"), eps), pos)
     if weight is None:
         v_hat = v_hat / v_hat.shape[-2]
     else:
-        v_hat = v_hat * weight.expand(q.shape[0], -1)[:, None, :, None]
+        w = weight.expand(q.shape[0], -1)
+        # The softmax over the points takes only points with w > 0: a padded point must not
+        # enter the normalisation of the real ones (an element without any keeps a finite
+        # softmax; its weights zero the output).
+        removed = (w == 0) & (w > 0).any(dim=1, keepdim=True)
+        k_logits = k_logits.masked_fill(removed[:, None, :, None], -math.inf)
+        v_hat = v_hat * w[:, None, :, None]
+    k_hat = k_logits.softmax(dim=-2)
     attn = _dropout(k_hat.transpose(-2, -1) @ v_hat, dropout_p)
     return q_hat @ attn, attn
