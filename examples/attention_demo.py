@@ -27,11 +27,11 @@ print(f"galerkin_attention: {tuple(q.shape)} -> {tuple(galerkin.shape)} (coordin
 expected = reference.galerkin_attention(q, k, v, pos=x, k_norm=norm, v_norm=norm)
 print(f"  max |ours - reference| = {(galerkin - expected).abs().max().item():.2e}")
 
-# Without softmax, (QKᵀ)V = Q(KᵀV): the linear path never forms the N×N matrix.
-linear = ops.fourier_attention(q, k, v, pos=x, q_norm=norm, k_norm=norm, path="linear")
+# Without softmax, (QKᵀ)V = Q(KᵀV): the factored path never forms the N×N matrix.
+factored = ops.fourier_attention(q, k, v, pos=x, q_norm=norm, k_norm=norm, path="factored")
 quadratic = ops.fourier_attention(q, k, v, pos=x, q_norm=norm, k_norm=norm, path="quadratic")
-print(f"fourier_attention: linear vs quadratic path differ by "
-      f"{(linear - quadratic).abs().max().item():.2e}")
+print(f"fourier_attention: factored vs quadratic path differ by "
+      f"{(factored - quadratic).abs().max().item():.2e}")
 
 # Quadrature weights: a non-uniform mesh, and variable-length samples padded with w = 0.
 lengths = torch.tensor([N, N // 2, N // 4, 3 * N // 4], device=device)

@@ -24,6 +24,7 @@ from torch import Tensor
 from . import _C
 from ._checks import (
     check_attention_operands,
+    check_choice,
     check_float,
     check_like,
     check_probability,
@@ -68,9 +69,9 @@ def galerkin_attention(
     ``training``. Returns ``(B, H, N, D + P)``.
     """
     _check_dropout(dropout_p, training)
-    out, _ = softmax_free_attention(
+    out, _ = kernel_attention(
         q, k, v, pos=pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps, scale=1.0,
-        quadratic=False, dropout_p=dropout_p if training else 0.0,
+        path="factored", dropout_p=dropout_p if training else 0.0,
     )
     return out
 
@@ -94,28 +95,27 @@ def fourier_attention(
     ``K̂ = [pos | LN_k(k)]``, ``V̂ = [pos | v]``.
 
     ``scale=None`` means ``1/sqrt(D + P)``. Without softmax the product reassociates exactly, so
-    ``path="linear"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O(N d²) and ``path="quadratic"`` materialises
-    the ``N × N`` matrix (needed for dropout on it). ``"auto"`` takes the linear path unless
-    dropout is active. Returns ``(B, H, N, D + P)``.
+    ``path="factored"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O(N d²) and ``path="quadratic"``
+    materialises the ``N × N`` matrix (needed for dropout on it). ``"auto"`` takes the factored
+    path unless dropout is active. Returns ``(B, H, N, D + P)``.
     """
     _check_dropout(dropout_p, training)
-    if path not in ("auto", "linear", "quadratic"):
-        raise ValueError(f"path: expected 'auto', 'linear' or 'quadratic', got {path!r}")
+    check_choice(path, "path", ("auto", "factored", "quadratic"))
     dropout_active = training and dropout_p > 0.0
-    if path == "linear" and dropout_active:
+    if path == "factored" and dropout_active:
         raise ValueError(
             "path: dropout on the N×N attention matrix needs path='quadratic' (or 'auto'), "
-            "got path='linear' with training=True and dropout_p > 0"
+            "got path='factored' with training=True and dropout_p > 0"
         )
-    quadratic = path == "quadratic" or dropout_active
-    out, _ = softmax_free_attention(
+    out, _ = kernel_attention(
         q, k, v, pos=pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps, scale=scale,
-        quadratic=quadratic, dropout_p=dropout_p if dropout_active else 0.0,
+        path="quadratic" if path == "quadratic" or dropout_active else "factored",
+        dropout_p=dropout_p if dropout_active else 0.0,
     )
     return out
 
 
-def softmax_free_attention(
+def kernel_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -127,14 +127,16 @@ def softmax_free_attention(
     v_norm: Norm = None,
     eps: float = 1e-5,
     scale: float | None = None,
-    quadratic: bool = False,
+    path: str = "factored",
     dropout_p: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
-    """The general op behind both attention types; also returns the attention matrix.
+    """Softmax-free kernel attention, the general op behind the Galerkin and Fourier types;
+    also returns the attention matrix.
 
     With ``Q̂, K̂, V̂ = [pos | LN(·)]`` (a norm only where given) it computes
-    ``out = Q̂ A`` with ``A = scale · K̂ᵀ W V̂`` of shape ``(B, H, d, d)`` (``quadratic=False``), or
-    ``out = A V̂`` with ``A = scale · Q̂ K̂ᵀ W`` of shape ``(B, H, N, N)`` (``quadratic=True``).
+    ``out = Q̂ A`` with ``A = scale · K̂ᵀ W V̂`` of shape ``(B, H, d, d)`` (``path="factored"``),
+    or ``out = A V̂`` with ``A = scale · Q̂ K̂ᵀ W`` of shape ``(B, H, N, N)``
+    (``path="quadratic"``).
     ``dropout_p > 0`` applies inverted dropout to ``A`` (always: callers decide on training).
     ``scale=None`` means ``1/sqrt(D + P)``. Returns ``(out (B, H, N, d), A)``; ``A`` is
     differentiable too, for losses or visualisation.
@@ -147,6 +149,7 @@ def softmax_free_attention(
     k_norm = _check_norm(k_norm, "k_norm", q)
     v_norm = _check_norm(v_norm, "v_norm", q)
     check_probability(dropout_p, "dropout_p")
+    quadratic = check_choice(path, "path", ("factored", "quadratic")) == "quadratic"
     batch, heads, n, dim = q.shape
     width = dim + (pos.shape[-1] if pos is not None else 0)
     if scale is None:

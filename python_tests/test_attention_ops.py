@@ -33,7 +33,7 @@ def test_galerkin_matches_reference(case, gen):
     torch.testing.assert_close(out, galerkin(x, reference), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("path", ["auto", "linear", "quadratic"])
+@pytest.mark.parametrize("path", ["auto", "factored", "quadratic"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_fourier_matches_reference(case, path, gen):
     x = make_inputs(case, gen)
@@ -54,8 +54,8 @@ def test_float32_close_to_float64_reference(case, gen):
 
 def test_fourier_paths_agree_at_scale(gen):
     x = make_inputs(Case(2, 4, 1000, 32, P=2, weight="batched"), gen, dtype=torch.float32)
-    linear, quadratic = fourier(x, path="linear"), fourier(x, path="quadratic")
-    torch.testing.assert_close(linear, quadratic, rtol=1e-4, atol=1e-5)
+    factored, quadratic = fourier(x, path="factored"), fourier(x, path="quadratic")
+    torch.testing.assert_close(factored, quadratic, rtol=1e-4, atol=1e-5)
 
 
 def test_custom_scale_and_eps(gen):
@@ -92,14 +92,14 @@ def test_zero_weight_masks_points_out(gen):
 def test_attention_matrix(gen):
     x = make_inputs(Case(2, 2, 9, 3, P=2), gen)
     args = (x["q"], x["k"], x["v"])
-    out, attn = ops.softmax_free_attention(*args, pos=x["pos"], k_norm=x["n1"], v_norm=x["n2"],
+    out, attn = ops.kernel_attention(*args, pos=x["pos"], k_norm=x["n1"], v_norm=x["n2"],
                                            scale=1.0)
     assert attn.shape == (2, 2, 5, 5)
     k_hat = reference.concat_pos(reference.per_head_layer_norm(x["k"], x["n1"], 1e-5), x["pos"])
     v_hat = reference.concat_pos(reference.per_head_layer_norm(x["v"], x["n2"], 1e-5), x["pos"])
     torch.testing.assert_close(attn, k_hat.transpose(-2, -1) @ v_hat / 9, rtol=1e-12, atol=1e-12)
-    out, attn = ops.softmax_free_attention(*args, pos=x["pos"], q_norm=x["n1"], k_norm=x["n2"],
-                                           quadratic=True)
+    out, attn = ops.kernel_attention(*args, pos=x["pos"], q_norm=x["n1"], k_norm=x["n2"],
+                                     path="quadratic")
     assert attn.shape == (2, 2, 9, 9)
     torch.testing.assert_close(attn @ reference.concat_pos(x["v"], x["pos"]), out)
 
@@ -165,7 +165,7 @@ def _as_fn(fn, x, names, **kw):
     return call
 
 
-@pytest.mark.parametrize("variant", ["galerkin", "fourier-linear", "fourier-quadratic"])
+@pytest.mark.parametrize("variant", ["galerkin", "fourier-factored", "fourier-quadratic"])
 @pytest.mark.parametrize("case", GRAD_CASES, ids=str)
 def test_gradcheck(case, variant, gen):
     x = make_inputs(case, gen, requires_grad=True)
@@ -211,7 +211,7 @@ def test_gradients_match_reference_float32(gen):
             torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-4 * b.abs().max())
 
 
-@pytest.mark.parametrize("path", ["linear", "quadratic"])
+@pytest.mark.parametrize("path", ["factored", "quadratic"])
 def test_repeated_calls_are_bitwise_equal(path, gen):
     """Same inputs, same bits, forward and backward: the vectorised row sums must not depend on
     where a scratch buffer happens to start (they once did, in the last bit, for D = 8 and 9)."""
@@ -379,13 +379,13 @@ def test_fourier_specific_errors(gen):
     with pytest.raises(ValueError, match="^path"):
         ops.fourier_attention(q, k, v, path="fast")
     with pytest.raises(ValueError, match="^path: dropout"):
-        ops.fourier_attention(q, k, v, path="linear", dropout_p=0.1, training=True)
+        ops.fourier_attention(q, k, v, path="factored", dropout_p=0.1, training=True)
     with pytest.raises(ValueError, match="^scale"):
         ops.fourier_attention(q, k, v, scale=math.inf)
     with pytest.raises(ValueError, match="^q_norm"):
         ops.fourier_attention(q, k, v, q_norm=(torch.ones(3, 2), torch.zeros(3, 2)))
-    # linear path without dropout in training is fine
-    ops.fourier_attention(q, k, v, path="linear", dropout_p=0.1, training=False)
+    # the factored path without dropout in training is fine
+    ops.fourier_attention(q, k, v, path="factored", dropout_p=0.1, training=False)
 
 
 def test_op_checks_shapes_when_called_directly(gen):

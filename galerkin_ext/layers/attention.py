@@ -176,11 +176,11 @@ class SimpleAttention(nn.Module):
             fourier = self.attention_type == "fourier"
             # The N×N matrix is only needed to return it or to drop entries of it; otherwise the
             # op reassociates Fourier attention into the O(N d²) product.
-            out, attn = ops.softmax_free_attention(
+            quadratic = fourier and (return_attention or dropout_p > 0.0)
+            out, attn = ops.kernel_attention(
                 q, k, v, pos=pos, weight=weight, q_norm=norms.get("q"), k_norm=norms.get("k"),
                 v_norm=norms.get("v"), eps=self.eps, scale=None if fourier else 1.0,
-                quadratic=fourier and (return_attention or dropout_p > 0.0),
-                dropout_p=dropout_p,
+                path="quadratic" if quadratic else "factored", dropout_p=dropout_p,
             )
         elif self.attention_type == "softmax":
             out, attn = _softmax_attention(q, k, v, pos, weight, norms, self.eps, dropout_p,
