@@ -25,6 +25,7 @@ from galerkin_ext.training import (
     experiment_parser,
     plot_1d,
     predict,
+    record_data_files,
     resolve_config,
     setup_distributed,
     write_metrics,
@@ -81,6 +82,7 @@ def main(argv=None):
 
     # -- data ----------------------------------------------------------------------------------
     data = args.data or cached_data("burgers", args.data_dir, ctx, **cfg["data"])
+    record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     split = {"n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
     train_set = BurgersDataset(data, "train", cfg["n"], **split)
     norm = train_set.target_normalizer

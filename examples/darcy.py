@@ -27,6 +27,7 @@ from galerkin_ext.training import (
     experiment_parser,
     plot_2d,
     predict,
+    record_data_files,
     resolve_config,
     setup_distributed,
     write_metrics,
@@ -82,6 +83,7 @@ def main(argv=None):
 
     # -- data ----------------------------------------------------------------------------------
     data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"])
+    record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"],
              "n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
     train_set = DarcyDataset(data, "train", **grids)

@@ -151,6 +151,33 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, burgers_file):
     assert a["test_rel_l2"] == pytest.approx(b["test_rel_l2"], rel=1e-6, abs=0)
 
 
+def test_resume_refuses_changed_settings(tmp_path, burgers_file):
+    """A resumption that would change the model, the data or the schedule stops before any
+    work, naming the setting, and leaves last.pt as it was."""
+    args = ("--data", str(burgers_file), "--n-train", "8", "--n-eval", "4", "--n", "128",
+            "--epochs", "2")
+    out = tmp_path / "run"
+    _run(_cmd("burgers.py", out, *args))
+    last = (out / "last.pt").read_bytes()
+    copy = tmp_path / "copy.h5"
+    copy.write_bytes(burgers_file.read_bytes())
+    changes = [
+        (("--attention", "fourier"), "model.attention_type"),
+        (("--n-train", "12"), "n_train"),
+        (("--epochs", "3"), "train.epochs"),
+        (("--data", str(copy)), "data_files.train"),
+    ]
+    for change, setting in changes:
+        changed = dict(zip(args[::2], args[1::2], strict=True))
+        changed.update(dict(zip(change[::2], change[1::2], strict=True)))
+        flat = [x for kv in changed.items() for x in kv]
+        proc = subprocess.run(_cmd("burgers.py", out, *flat, "--resume"), capture_output=True,
+                              text=True, timeout=TIMEOUT, env=ENV)
+        assert proc.returncode != 0 and "cannot resume" in proc.stderr, proc.stderr[-2000:]
+        assert setting in proc.stderr, (setting, proc.stderr[-1000:])
+        assert (out / "last.pt").read_bytes() == last
+
+
 def test_torchrun_two_processes_match_single_process(tmp_path, burgers_file):
     """One optimiser step on a global batch of 8: 2 processes x 4 samples (gloo) vs 1 x 8."""
     # --resolution, not --n: torchrun's own parser would take --n for one of its options

@@ -109,11 +109,27 @@ def test_resume_is_exact(tmp_path):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6, abs=0)
         assert a["eval_rel_l2"] == pytest.approx(b["eval_rel_l2"], rel=1e-6, abs=0)
     assert resumed["best_metric"] == pytest.approx(full["best_metric"], rel=1e-6)
-    # a resumed run with other training settings is refused
-    with pytest.raises(ValueError, match=r"\['max_lr'\]"):
-        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(8),
-                TrainConfig(epochs=4, batch_size=4, max_lr=5e-3, pct_start=0.3, progress=False),
-                tmp_path / "cut").fit(resume=True)
+    # a resumption that would change the model, the data or the schedule is refused, before
+    # anything is written; settings that do not change the numbers may change
+    last = (tmp_path / "cut" / "last.pt").read_bytes()
+    config = {"epochs": 4, "batch_size": 4, "max_lr": 1e-2, "pct_start": 0.3, "progress": False}
+    refused = [
+        ({"max_lr": 5e-3}, _Linear1d(32), {"note": "test"}, r"\['train.max_lr'\]"),
+        ({}, _Linear1d(24), {"note": "test"}, r"\['train_samples'\].*there \{'train_samples': 32"),
+        ({}, _Linear1d(32), {"note": "other"}, r"\['note'\]"),
+        ({}, _Linear1d(32), {"note": "test", "model": {"d": 3}}, r"\['model.d'\]"),
+    ]
+    for changes, train_set, run_config, match in refused:
+        trainer = Trainer(_PointMLP(), OperatorLoss(), train_set, _Linear1d(8, seed=1),
+                          TrainConfig(**{**config, **changes}), tmp_path / "cut",
+                          run_config=run_config)
+        with pytest.raises(ValueError, match=match):
+            trainer.fit(resume=True)
+        assert (tmp_path / "cut" / "last.pt").read_bytes() == last
+    again = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(8, seed=1),
+                    TrainConfig(**config, eval_batch_size=3), tmp_path / "cut",
+                    run_config={"note": "test", "threads": 2}).fit(resume=True)
+    assert again["best_metric"] == pytest.approx(full["best_metric"], rel=1e-6)
 
 
 def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path):

@@ -34,6 +34,7 @@ from .experiment import (
     experiment_parser,
     plot_1d,
     plot_2d,
+    record_data_files,
     resolve_config,
     write_metrics,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "plot_1d",
     "plot_2d",
     "predict",
+    "record_data_files",
     "resolve_config",
     "resolve_device",
     "save_checkpoint",

@@ -36,6 +36,7 @@ __all__ = [
     "experiment_parser",
     "plot_1d",
     "plot_2d",
+    "record_data_files",
     "resolve_config",
     "write_metrics",
 ]
@@ -131,6 +132,15 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
     train.update(num_workers=args.workers, progress=not args.no_progress,
                  tensorboard=args.tensorboard)
     return cfg
+
+
+def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
+                      eval_data: str | os.PathLike[str] | None) -> None:
+    """Store the absolute paths of the training and evaluation data files in ``config`` as
+    ``data_files``: the run configuration a resumed run must match (another file is other
+    data)."""
+    config["data_files"] = {"train": str(Path(data).resolve()),
+                            "eval": str(Path(eval_data or data).resolve())}
 
 
 def write_metrics(

@@ -55,8 +55,10 @@ __all__ = [
 Batch = dict[str, Tensor]
 Forward = Callable[[nn.Module, Batch], Tensor]
 _PRECISIONS = ("fp32", "bf16")
-# Settings that may change between a run and its resumption (they do not change the numbers).
-_RESUMABLE_CHANGES = ("eval_batch_size", "num_workers", "progress", "tensorboard")
+# Settings that may change between a run and its resumption (they do not change the numbers);
+# keys of the flattened run configuration (see Trainer._check_resumable).
+_RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progress",
+                      "train.tensorboard", "threads")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -112,6 +114,18 @@ class TrainConfig:
         for name in ("progress", "tensorboard"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{'model': {'norm': 'attn'}}`` -> ``{'model.norm': 'attn'}``; lists become tuples."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = tuple(value) if isinstance(value, list) else value
+    return flat
 
 
 def default_forward(model: nn.Module, batch: Batch) -> Tensor:
@@ -308,16 +322,22 @@ class Trainer:
         return SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
 
     def _full_config(self) -> dict[str, Any]:
-        return {**self.run_config, "train": dataclasses.asdict(self.config)}
+        return {**self.run_config, "train": dataclasses.asdict(self.config),
+                "train_samples": len(self.train_set), "eval_samples": len(self.eval_set)}
 
     def _check_resumable(self, stored: Mapping[str, Any], world_size: int) -> None:
-        old, new = stored.get("train", {}), dataclasses.asdict(self.config)
-        changed = sorted(k for k in new if k not in _RESUMABLE_CHANGES and old.get(k) != new[k])
+        """Refuse a resumption that would change the model, the data or the schedule: every
+        setting of the run configuration must equal the checkpoint's, but those that do not
+        change the numbers (``_RESUMABLE_CHANGES``)."""
+        old, new = _flatten(stored), _flatten(self._full_config())
+        changed = sorted(k for k in old.keys() | new.keys()
+                         if k not in _RESUMABLE_CHANGES and old.get(k) != new.get(k))
         if changed:
             raise ValueError(
-                f"cannot resume from {str(self.last_path)!r}: the training settings {changed} "
-                f"differ from the checkpoint's ({ {k: old.get(k) for k in changed} }); use the "
-                f"same settings or another out_dir"
+                f"cannot resume from {str(self.last_path)!r}: the settings {changed} differ "
+                f"from the checkpoint's (there { {k: old.get(k) for k in changed} }, now "
+                f"{ {k: new.get(k) for k in changed} }); use the same settings or another "
+                f"out_dir"
             )
         if world_size != self.ctx.world_size:
             raise ValueError(
