@@ -5,6 +5,8 @@ test_examples.py.
 """
 
 import math
+import os
+import stat
 
 import pytest
 import torch
@@ -231,3 +233,28 @@ def test_experiment_flags_reach_the_model_config():
     assert cfg["model"] == {"attention_type": "galerkin", "norm": "layer",
                             "reference_dropout": True}
     assert presets["p"]["model"] == {"attention_type": "fourier"}  # the preset is not changed
+
+
+def test_written_files_respect_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        for path in (write_json(tmp_path / "m.json", {"a": 1}),
+                     save_checkpoint(tmp_path / "b.pt", "best", epoch=1, model={}, config={},
+                                     metric=1.0)):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o640, path
+        os.umask(0o002)
+        assert stat.S_IMODE(write_csv(tmp_path / "c.csv", [{"a": 1}]).stat().st_mode) == 0o664
+    finally:
+        os.umask(old)
+
+
+def test_resume_removes_stray_temporary_files(tmp_path):
+    _trainer(tmp_path, epochs=2).fit()
+    # what a SIGKILL between creating and renaming a temporary file leaves behind
+    strays = [tmp_path / ".metrics.csv.abc123.tmp", tmp_path / ".last.pt.x9.tmp"]
+    for stray in strays:
+        stray.write_bytes(b"partial")
+    keep = tmp_path / ".notes.txt.tmp"  # not one of the trainer's files
+    keep.write_bytes(b"mine")
+    _trainer(tmp_path, epochs=2).fit(resume=True)
+    assert not any(stray.exists() for stray in strays) and keep.exists()

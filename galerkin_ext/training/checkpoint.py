@@ -34,6 +34,7 @@ __all__ = [
     "atomic_write",
     "load_checkpoint",
     "save_checkpoint",
+    "stray_temporary_files",
     "write_csv",
     "write_json",
 ]
@@ -68,6 +69,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        # mkstemp creates mode 0600; the file gets the mode open() would give it (umask).
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -77,6 +80,19 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         Path(tmp).unlink(missing_ok=True)
         raise
     return p
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; set it straight back
+    os.umask(mask)
+    return mask
+
+
+def stray_temporary_files(path: str | os.PathLike[str]) -> list[Path]:
+    """Temporary files :func:`atomic_write` left beside ``path`` when its process was killed
+    between creating and renaming them."""
+    p = Path(path)
+    return sorted(p.parent.glob(f".{p.name}.*.tmp"))
 
 
 def write_json(path: str | os.PathLike[str], data: Mapping[str, Any] | list[Any]) -> Path:

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from .._checks import check_float, check_int
 from ..losses import relative_l2
-from .checkpoint import load_checkpoint, save_checkpoint, write_csv
+from .checkpoint import load_checkpoint, save_checkpoint, stray_temporary_files, write_csv
 from .distributed import DistributedContext
 
 __all__ = [
@@ -399,6 +399,10 @@ class Trainer:
         if not isinstance(resume, bool):
             raise TypeError(f"resume: expected a bool, got {resume!r}")
         cfg, ctx = self.config, self.ctx
+        if ctx.is_main:  # left by a run killed while writing (they would pile up otherwise)
+            for name in ("last.pt", "best.pt", "metrics.csv"):
+                for stray in stray_temporary_files(self.out_dir / name):
+                    stray.unlink(missing_ok=True)
         history: list[dict[str, Any]] = []
         start, best_metric, best_epoch, train_seconds = 0, math.inf, 0, 0.0
         if resume and self.last_path.is_file():
