@@ -88,6 +88,9 @@ def main(argv=None):
     norm = train_set.target_normalizer
     eval_set = BurgersDataset(args.eval_data or data, "valid", cfg["n"], **split,
                               target_normalizer=norm)
+    # before training: a resolution the data cannot give fails now, not after hours
+    zero_shot_sets = {n: BurgersDataset(args.eval_data or data, "valid", n, **split,
+                                        target_normalizer=norm) for n in args.eval_n}
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
@@ -100,11 +103,8 @@ def main(argv=None):
 
     # -- evaluation: the best model at the training resolution and zero-shot at others -------
     test_rel_l2 = evaluate(model, eval_set, device=ctx.device, ctx=ctx)
-    zero_shot = {}
-    for n in args.eval_n:
-        other = BurgersDataset(args.eval_data or data, "valid", n, **split,
-                               target_normalizer=norm)
-        zero_shot[str(n)] = evaluate(model, other, device=ctx.device, ctx=ctx)
+    zero_shot = {str(n): evaluate(model, other, device=ctx.device, ctx=ctx)
+                 for n, other in zero_shot_sets.items()}
 
     if ctx.is_main:
         pred, batch = predict(model, eval_set, list(range(N_PLOT)), device=ctx.device)

@@ -202,8 +202,15 @@ def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
         (("--data", str(burgers_file), "--n", "100", "--n-train", "8", "--n-eval", "8"),
          "resolution must divide"),
         (("--data", str(tmp_path / "missing.h5")), "no such file"),
+        # found before any training: a zero-shot resolution the data cannot give, an --out
+        # that cannot be a folder
+        (("--data", str(burgers_file), "--n", "128", "--n-train", "8", "--n-eval", "8",
+          "--eval-n", "100"), "resolution must divide"),
+        (("--data", str(burgers_file), "--n", "128", "--n-train", "8", "--n-eval", "8",
+          "--out", str(burgers_file)), "out_dir: cannot write to"),
     ]
     for args, message in cases:
         proc = subprocess.run(_cmd("burgers.py", tmp_path / "bad", *args), capture_output=True,
                               text=True, timeout=TIMEOUT, env=ENV)
         assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr[-2000:])
+        assert not (tmp_path / "bad" / "last.pt").exists()  # no epoch was trained

@@ -220,6 +220,14 @@ def test_trainer_argument_errors(tmp_path):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), {"epochs": 1}, tmp_path)
     with pytest.raises(ValueError, match="eval_set"):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), [], **ok)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for out_dir in (blocker, blocker / "sub"):  # found at construction, not after an epoch
+        with pytest.raises(ValueError, match="out_dir: cannot write to"):
+            Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                    **{**ok, "out_dir": out_dir})
+    with pytest.raises(TypeError, match="out_dir: expected a path"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), **{**ok, "out_dir": 3})
 
 
 def test_experiment_flags_reach_the_model_config():

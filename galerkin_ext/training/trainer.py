@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -114,6 +116,22 @@ class TrainConfig:
         for name in ("progress", "tensorboard"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+
+
+def _writable_dir(path: object) -> Path:
+    """``path`` as a folder this process can write to (created if missing), checked now rather
+    than after the first epoch."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"out_dir: expected a path, got {type(path).__name__}")
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"out_dir: cannot write to {str(folder)!r} "
+                         f"({err.strerror or err})") from None
+    return folder
 
 
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -283,7 +301,7 @@ class Trainer:
             raise ValueError(f"train_set: {len(train_set)} samples are fewer than one batch of "
                              f"{config.batch_size}")
         self.config, self.loss_fn, self.forward = config, loss_fn, forward
-        self.out_dir = Path(out_dir)
+        self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else Path(out_dir)
         self.run_config = dict(run_config or {})
         self.model = model.to(self.ctx.device)
         self.sampler = DistributedSampler(
