@@ -118,6 +118,17 @@ def test_attention_without_coordinates(attention_type, gen):
 
 
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_attention_empty_batch(attention_type):
+    attn = SimpleAttention(8, 2, attention_type, pos_dim=1)
+    x = torch.zeros(0, 5, 8, requires_grad=True)
+    out = attn(x, torch.rand(5, 1))
+    assert out.shape == (0, 5, 8)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+    assert attn(x, torch.rand(0, 5, 1), torch.rand(0, 5)).shape == (0, 5, 8)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 def test_instance_norm_uses_quadrature_weights(attention_type, gen):
     """A point with weight 0 changes neither the statistics nor the other outputs."""
     attn = SimpleAttention(8, 2, attention_type, pos_dim=1, norm="instance").double()

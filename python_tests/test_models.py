@@ -257,3 +257,16 @@ def test_layers_are_reusable_in_user_models(gen):
     attn = SimpleAttention(8, 2, "galerkin", pos_dim=0)
     x = torch.randn(4, 10, 3, generator=gen)
     assert attn(net(x)).shape == (4, 10, 8)
+
+
+@pytest.mark.parametrize("name", list(_SMALL))
+def test_empty_batch(name):
+    """B = 0 gives an empty output of the right shape and gradients, like torch's own layers."""
+    model, (x, grid) = _small(name)
+    shape = model(x, grid).shape[1:]
+    empty = torch.zeros(0, *x.shape[1:], requires_grad=True)
+    for g in (grid, grid.expand(0, *grid.shape)):  # a shared grid, and one per sample
+        out = model(empty, g)
+        assert out.shape == (0, *shape)
+        out.sum().backward()
+        assert empty.grad.shape == empty.shape

@@ -188,7 +188,7 @@ class SimpleAttention(nn.Module):
         else:
             out, attn = _linear_attention(q, k, v, pos, weight, norms, self.eps, dropout_p)
 
-        out = out.transpose(1, 2).reshape(batch, n, -1)
+        out = out.transpose(1, 2).flatten(2)
         if self.out_proj is not None:
             out = self.out_proj(out)
         return (out, attn) if return_attention else out

@@ -55,6 +55,8 @@ class SpectralConv1d(nn.Module):
             raise ValueError(f"x: {n} points give {n // 2 + 1} Fourier modes, fewer than "
                              f"modes = {self.modes}; expected n >= {2 * self.modes - 2}")
         residual = self.linear(x)
+        if x.shape[0] == 0:  # an empty batch (MKL's FFT refuses a zero-size batch)
+            return self.activation(residual)
         x_ft = torch.fft.rfft(self.dropout(x).transpose(1, 2), norm="ortho")[..., : self.modes]
         out_ft = torch.einsum("bix,iox->box", x_ft, torch.view_as_complex(self.weight))
         # irfft zero-pads the spectrum beyond the kept modes up to n // 2 + 1.
@@ -99,6 +101,8 @@ class SpectralConv2d(nn.Module):
             raise ValueError(f"x: a {n1}×{n2} grid is too coarse for modes = {m}; expected "
                              f"n1 >= {2 * m} and n2 >= {2 * m - 2}")
         residual = self.linear(x)
+        if batch == 0:  # an empty batch (MKL's FFT refuses a zero-size batch)
+            return self.activation(residual)
         x_ft = torch.fft.rfft2(self.dropout(x).permute(0, 3, 1, 2), norm="ortho")
         low = torch.einsum("bixy,ioxy->boxy", x_ft[:, :, :m, :m],
                            torch.view_as_complex(self.weight_pos))

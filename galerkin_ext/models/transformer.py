@@ -116,7 +116,7 @@ class SimpleTransformer1d(nn.Module):
         batch, n, _ = x.shape
         # A grid shared by the batch stays (n, 1): the attention ops broadcast it for free.
         pos = expand_grid(grid, "grid", batch, (n,), 1).to(x.dtype)
-        pos = pos[0] if grid.dim() == 2 else pos
+        pos = grid.to(x.dtype) if grid.dim() == 2 else pos
         h = self.lift(x)
         for layer in self.encoder:
             h = layer(h, pos)
@@ -247,16 +247,16 @@ class SimpleTransformer2d(nn.Module):
         grid = expand_grid(grid, "grid", batch, (n, n), 2).to(x.dtype)
         # A grid shared by the batch is interpolated once and broadcast by the attention ops.
         coarse_grid = F.interpolate(
-            (grid[:1] if shared else grid).permute(0, 3, 1, 2), size=(m, m), mode="bilinear",
-            align_corners=True,
+            (grid[:1] if shared and batch else grid).permute(0, 3, 1, 2), size=(m, m),
+            mode="bilinear", align_corners=True,
         ).permute(0, 2, 3, 1)
         pos = coarse_grid.reshape(-1, m * m, 2)
-        pos = pos[0] if shared else pos
+        pos = pos[0] if shared and batch else pos
 
-        h = self.dropout(self.downsampler(x).reshape(batch, m * m, -1))
+        h = self.dropout(self.downsampler(x).flatten(1, 2))
         for layer in self.encoder:
             h = layer(h, pos)
-        h = self.dropout(self.upsampler(h.reshape(batch, m, m, -1)))
+        h = self.dropout(self.upsampler(h.unflatten(1, (m, m))))
         out_grid = grid if self.output_grid == "fine" else coarse_grid.expand(batch, m, m, 2)
         out = self.denormalizer(self.decoder(h, out_grid))
         return zero_boundary(out) if self.boundary == "dirichlet" else out
