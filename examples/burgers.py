@@ -11,6 +11,8 @@ OUT/metrics.json, OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.c
 OUT/prediction.png.
 """
 
+import sys
+
 import torch
 
 from galerkin_ext.data import BurgersDataset
@@ -27,6 +29,7 @@ from galerkin_ext.training import (
     predict,
     record_data_files,
     resolve_config,
+    run_main,
     setup_distributed,
     write_metrics,
 )
@@ -118,4 +121,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

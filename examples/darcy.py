@@ -13,6 +13,8 @@ metric is the relative L2 error of u itself.  Writes OUT/metrics.json, OUT/best.
 (resume with --resume), OUT/metrics.csv and OUT/prediction.png.
 """
 
+import sys
+
 import torch
 
 from galerkin_ext.data import DarcyDataset
@@ -29,6 +31,7 @@ from galerkin_ext.training import (
     predict,
     record_data_files,
     resolve_config,
+    run_main,
     setup_distributed,
     write_metrics,
 )
@@ -113,4 +116,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -12,6 +12,8 @@ grid.  Data: generated once and cached (the same files as examples/darcy.py), or
 OUT/last.pt (resume with --resume), OUT/metrics.csv and OUT/prediction.png.
 """
 
+import sys
+
 import torch
 
 from galerkin_ext.data import DarcyInverseDataset, UnitGaussianNormalizer
@@ -28,6 +30,7 @@ from galerkin_ext.training import (
     predict,
     record_data_files,
     resolve_config,
+    run_main,
     setup_distributed,
     write_metrics,
 )
@@ -114,4 +117,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -141,7 +141,10 @@ def kernel_attention(
     ``scale=None`` means ``1/sqrt(D + P)``. Returns ``(out (B, H, N, d), A)``; ``A`` is
     differentiable too, for losses or visualisation.
     """
-    if isinstance(q, Tensor) and torch.is_autocast_enabled(q.device.type):
+    # (autocast exists for CPU and CUDA only: meta tensors, e.g., go straight to the op)
+    if isinstance(q, Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
+        q.device.type
+    ):
         q, k, v, pos, weight, q_norm, k_norm, v_norm = _autocast(
             q, k, v, pos, weight, q_norm, k_norm, v_norm)
     _check_inputs(q, k, v, pos, weight, eps)
@@ -154,7 +157,9 @@ def kernel_attention(
     width = dim + (pos.shape[-1] if pos is not None else 0)
     if scale is None:
         scale = 1.0 / math.sqrt(width)
-    elif not isinstance(scale, (int, float)) or not math.isfinite(scale):
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
+        scale
+    ):
         raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
     mask = None
     if dropout_p > 0.0:
@@ -285,7 +290,7 @@ def _check_inputs(
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name}: expected shape (B, H, N, D), got {tuple(t.shape)}")
-    allowed = _CUDA_DTYPES if q.device.type == "cuda" else _CPU_DTYPES
+    allowed = _CPU_DTYPES if q.device.type == "cpu" else _CUDA_DTYPES
     if q.dtype not in allowed:
         names = ", ".join(str(d) for d in allowed)
         raise TypeError(f"q: expected dtype {names} on {q.device.type}, got {q.dtype}")

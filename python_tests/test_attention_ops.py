@@ -382,10 +382,23 @@ def test_fourier_specific_errors(gen):
         ops.fourier_attention(q, k, v, path="factored", dropout_p=0.1, training=True)
     with pytest.raises(ValueError, match="^scale"):
         ops.fourier_attention(q, k, v, scale=math.inf)
+    with pytest.raises(ValueError, match="^scale"):
+        ops.fourier_attention(q, k, v, scale=True)  # a bool is not a number here
     with pytest.raises(ValueError, match="^q_norm"):
         ops.fourier_attention(q, k, v, q_norm=(torch.ones(3, 2), torch.zeros(3, 2)))
     # the factored path without dropout in training is fine
     ops.fourier_attention(q, k, v, path="factored", dropout_p=0.1, training=False)
+
+
+def test_meta_tensors_give_shapes(gen):
+    """Meta tensors (shape inference, e.g. for model summaries) reach the fake kernels."""
+    q = torch.empty(2, 3, 5, 4, device="meta")
+    pos = torch.empty(5, 2, device="meta")
+    assert ops.galerkin_attention(q, q, q, pos=pos).shape == (2, 3, 5, 6)
+    for path in ("factored", "quadratic"):
+        out, attn = ops.kernel_attention(q, q, q, pos=pos, path=path)
+        assert out.shape == (2, 3, 5, 6) and out.device.type == "meta"
+        assert attn.shape == ((2, 3, 5, 5) if path == "quadratic" else (2, 3, 6, 6))
 
 
 def test_op_checks_shapes_when_called_directly(gen):

@@ -70,6 +70,13 @@ def test_missing_keys_and_bad_files(tmp_path):
     scipy.io.savemat(tmp_path / "w.mat", {"a": np.zeros((2, 4)), "u": np.zeros((2, 5))})
     with pytest.raises(ValueError, match="equal shape"):
         read_burgers_mat(tmp_path / "w.mat")
+    # a variable of the right name but not numbers: the file and the variable are named
+    scipy.io.savemat(tmp_path / "s.mat", {"a": "hello", "u": np.zeros((2, 4))})
+    with pytest.raises(ValueError, match=r"s\.mat': variable 'a' holds <U5 data"):
+        read_burgers_mat(tmp_path / "s.mat")
+    write_v73(tmp_path / "t.mat", coeff=np.array([b"ab", b"cd"]), sol=np.zeros((2, 3, 3)))
+    with pytest.raises(ValueError, match=r"t\.mat': variable 'coeff' holds"):
+        read_darcy_mat(tmp_path / "t.mat")
 
 
 def test_datasets_read_mat_files(tmp_path, darcy_arrays):

@@ -151,6 +151,26 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, burgers_file):
     assert a["test_rel_l2"] == pytest.approx(b["test_rel_l2"], rel=1e-6, abs=0)
 
 
+def test_ctrl_c_ends_training_with_one_line(tmp_path, burgers_file):
+    args = ("--data", str(burgers_file), "--n-train", "64", "--n-eval", "8", "--n", "512",
+            "--epochs", "50")
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_cmd("burgers.py", out, *args), env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (out / "metrics.csv").is_file():  # after the first epoch
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    assert load_checkpoint(out / "last.pt", "last")["epoch"] >= 1
+
+
 def test_resume_refuses_changed_settings(tmp_path, burgers_file):
     """A resumption that would change the model, the data or the schedule stops before any
     work, naming the setting, and leaves last.pt as it was."""

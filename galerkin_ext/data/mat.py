@@ -48,7 +48,7 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.
             present = sorted(k for k in f if not k.startswith("#"))
             if missing:
                 raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
-            return {k: np.asarray(f[k][...], dtype=np.float64).transpose() for k in keys}
+            return {k: _numeric(p, k, f[k][...]).transpose() for k in keys}
     try:
         data = scipy.io.loadmat(p, variable_names=list(keys))
     except (ValueError, OSError, NotImplementedError) as err:
@@ -57,7 +57,16 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.
     if missing:
         present = sorted(v[0] for v in scipy.io.whosmat(p))
         raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
-    return {k: np.asarray(data[k], dtype=np.float64) for k in keys}
+    return {k: _numeric(p, k, data[k]) for k in keys}
+
+
+def _numeric(path: Path, key: str, value: object) -> np.ndarray:
+    """``value`` as a float64 array, or a ValueError naming the file and the variable."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"{str(path)!r}: variable {key!r} holds {array.dtype} data "
+                         f"({array.dtype.kind!r} kind), expected a numeric array")
+    return array.astype(np.float64)
 
 
 def read_burgers_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -39,10 +39,11 @@ def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], di
     doc = f"({', '.join(map(str, points))}, {dim}) or (B, {', '.join(map(str, points))}, {dim})"
     if not isinstance(grid, Tensor):
         raise TypeError(f"{name}: expected a tensor of shape {doc}, got {type(grid).__name__}")
+    given = tuple(grid.shape)  # the message reports what the caller passed
     if grid.dim() == len(points) + 1:
         grid = grid.unsqueeze(0)
     if grid.dim() != len(points) + 2 or tuple(grid.shape[1:]) != (*points, dim) or (
         grid.shape[0] not in (1, batch)
     ):
-        raise ValueError(f"{name}: expected shape {doc} with B = {batch}, got {tuple(grid.shape)}")
+        raise ValueError(f"{name}: expected shape {doc} with B = {batch}, got {given}")
     return grid.expand(batch, *points, dim)

@@ -36,6 +36,7 @@ from .experiment import (
     plot_2d,
     record_data_files,
     resolve_config,
+    run_main,
     write_metrics,
 )
 from .trainer import (
@@ -70,6 +71,7 @@ __all__ = [
     "record_data_files",
     "resolve_config",
     "resolve_device",
+    "run_main",
     "save_checkpoint",
     "setup_distributed",
     "write_csv",

@@ -18,7 +18,7 @@ import os
 import platform
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ __all__ = [
     "plot_2d",
     "record_data_files",
     "resolve_config",
+    "run_main",
     "write_metrics",
 ]
 
@@ -132,6 +133,21 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
     train.update(num_workers=args.workers, progress=not args.no_progress,
                  tensorboard=args.tensorboard)
     return cfg
+
+
+def run_main(main: Callable[[], object]) -> int:
+    """Run an example script's ``main()``; Ctrl-C ends it with one line instead of a traceback.
+
+    Returns the exit status: 0, or 130 after an interrupt (``last.pt`` keeps the last finished
+    epoch for ``--resume``).
+    """
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted; OUT/last.pt holds the last finished epoch: rerun the same command "
+              "with --resume to continue", file=sys.stderr)
+        return 130
+    return 0
 
 
 def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
