@@ -14,6 +14,7 @@ from galerkin_ext.data.datasets import (
     block_average,
     central_gradient_2d,
 )
+from galerkin_ext.data.storage import DataFileError
 
 
 def burgers_arrays(n=12, k=64):
@@ -173,6 +174,22 @@ def test_datasets_from_generated_files(tmp_path):
     inv = DarcyInverseDataset(d, "valid", 13, coarse_resolution=5, n_train=4, n_valid=2)
     assert fwd[3]["target"].abs().max() > 0 and inv[1]["target"].shape == (5, 5, 1)
     assert set(np.unique(fwd.coeff.numpy())) <= {3.0, 12.0}
+    # a file of the other experiment is refused up front, naming what it holds
+    with pytest.raises(DataFileError, match="holds darcy data, expected burgers data"):
+        BurgersDataset(d, "train", 5, n_train=4, n_valid=2)
+    with pytest.raises(DataFileError, match="holds burgers data, expected darcy data"):
+        DarcyInverseDataset(b, "train", 13, coarse_resolution=5, n_train=4, n_valid=2)
+    # arrays of the other experiment's shape, too
+    with pytest.raises(ValueError, match=r"expected burgers data of shape \(B, N\)"):
+        BurgersDataset((np.zeros((6, 9, 9)), np.zeros((6, 9, 9))), n_train=4, n_valid=2)
+    with pytest.raises(ValueError, match=r"expected darcy data of shape \(B, K, K\)"):
+        DarcyDataset((np.zeros((6, 9)), np.zeros((6, 9))), n_train=4, n_valid=2)
+    # a truncated file: the package's error naming the file, not h5py's
+    size = b.stat().st_size
+    with open(b, "r+b") as fh:
+        fh.truncate(size // 2)
+    with pytest.raises(DataFileError, match=r"b\.h5"):
+        BurgersDataset(b, "train", 32, n_train=4, n_valid=2)
 
 
 def test_valid_split_of_a_separate_file_needs_the_training_normaliser():

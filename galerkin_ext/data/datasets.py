@@ -171,6 +171,10 @@ def uniform_grid_2d(n: int) -> torch.Tensor:
     return torch.stack(torch.meshgrid(x, x, indexing="ij"), dim=-1)
 
 
+# The generator of our files that each dataset reads, by the variable names of its .mat files.
+_GENERATOR = {("a", "u"): "burgers", ("coeff", "sol"): "darcy"}
+
+
 def _source_info(source: Source, mat_keys: tuple[str, str]) -> tuple[str, int, tuple[int, ...]]:
     """Kind (``"h5"``/``"mat"``/``"arrays"``), number of samples and grid shape of a source."""
     if isinstance(source, tuple):
@@ -181,6 +185,10 @@ def _source_info(source: Source, mat_keys: tuple[str, str]) -> tuple[str, int, t
             raise ValueError(
                 f"source arrays a and u must share a shape (B, ...), got {a.shape}, {u.shape}"
             )
+        ndim = 2 if _GENERATOR[mat_keys] == "burgers" else 3
+        if a.ndim != ndim:
+            raise ValueError(f"source arrays: expected {_GENERATOR[mat_keys]} data of shape "
+                             f"{'(B, N)' if ndim == 2 else '(B, K, K)'}, got {a.shape}")
         return "arrays", a.shape[0], a.shape[1:]
     if not isinstance(source, str | os.PathLike):
         raise TypeError(
@@ -190,10 +198,17 @@ def _source_info(source: Source, mat_keys: tuple[str, str]) -> tuple[str, int, t
     if not p.is_file():
         raise FileNotFoundError(f"source: no such file {str(p)!r}")
     if h5py.is_hdf5(p):
-        with h5py.File(p, "r") as f:
-            ours = "schema" in f.attrs
+        try:
+            with h5py.File(p, "r") as f:
+                ours = "schema" in f.attrs
+        except OSError as err:  # e.g. truncated: h5py's own message names no file
+            raise DataFileError(f"source {str(p)!r} is a damaged HDF5 file: {err}") from None
         if ours:
             info = inspect_h5(p)
+            expected = _GENERATOR[mat_keys]
+            if info["generator"] != expected:
+                raise DataFileError(f"source {str(p)!r} holds {info['generator']} data, "
+                                    f"expected {expected} data for this dataset")
             return "h5", info["n_samples"], info["shapes"]["a"][1:]
     if p.suffix.lower() == ".mat":
         return "mat", -1, ()
