@@ -6,6 +6,7 @@ import os
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from galerkin_ext.data import generate as gen
 from galerkin_ext.data.__main__ import main
@@ -167,3 +168,10 @@ def test_cli_generate_info_and_errors(tmp_path, capsys):
         main(["generate", "burgers", "--out", str(out), "--n-samples", "0"])
     with pytest.raises(SystemExit):
         main(["generate", "burgers", "--out", str(out), "--resume", "--overwrite"])
+    # a device that cannot be used fails before the partial file exists (it would block a rerun)
+    fresh = tmp_path / "dev.h5"
+    bad_devices = ["foo"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for device in bad_devices:
+        assert main([*args[:-1], str(fresh), "--no-progress", "--device", device]) == 1
+        assert "device:" in capsys.readouterr().err
+        assert not fresh.exists() and not partial_path(fresh).exists()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._checks import check_float, check_int
+from .._checks import check_float, check_int, resolve_device
 from . import darcy as _darcy
 from .burgers import solve_burgers
 from .darcy import sample_and_solve as _darcy_task
@@ -86,7 +86,8 @@ def generate_burgers(
     n_steps = check_int(n_steps, "n_steps")
     import torch
 
-    dev = torch.device(device) if device is not None else torch.device("cpu")
+    # checked before the partial file exists: a bad device must not leave one behind
+    dev = resolve_device(device) if device is not None else torch.device("cpu")
     params = {
         "sigma": 25.0, "tau": 5.0, "gamma": 2.0, "nu": nu, "t_end": t_end,
         "resolution": resolution, "solve_resolution": m, "n_steps": n_steps,

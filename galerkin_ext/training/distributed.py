@@ -14,24 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .._checks import resolve_device
+
 __all__ = ["DistributedContext", "resolve_device", "setup_distributed", "cleanup_distributed"]
-
-
-def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """``None``/``'auto'`` → CUDA if available, else CPU; otherwise a checked ``torch.device``."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device: expected e.g. 'cpu', 'cuda', 'cuda:1' or 'auto', "
-                         f"got {device!r}") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available "
-                         f"(this torch {torch.__version__} build or machine has no GPU)")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected a CPU or CUDA device, got {device!r}")
-    return dev
 
 
 @dataclass(frozen=True)
