@@ -12,6 +12,7 @@ from galerkin_ext.data import generate as gen
 from galerkin_ext.data.__main__ import main
 from galerkin_ext.data.burgers import solve_burgers
 from galerkin_ext.data.darcy import solve_darcy
+from galerkin_ext.data.datasets import BurgersDataset
 from galerkin_ext.data.random_fields import sample_periodic_grf_1d
 from galerkin_ext.data.storage import DataFileError, inspect_h5, partial_path, read_h5
 
@@ -111,6 +112,21 @@ def test_dir_named_like_output(tmp_path):
     (tmp_path / "dir.h5").mkdir()
     with pytest.raises(ValueError, match="directory"):
         burgers(tmp_path / "dir.h5")
+
+
+def test_checksums_find_a_flipped_bit(tmp_path):
+    out = burgers(tmp_path / "b.h5")
+    with h5py.File(out) as f:
+        assert f["a"].fletcher32 and f["u"].fletcher32
+        offset = f["u"].id.get_chunk_info(3).byte_offset  # sample 3 of u
+    data = bytearray(out.read_bytes())
+    data[offset + 100] ^= 0x10
+    out.write_bytes(bytes(data))
+    with pytest.raises(DataFileError, match=r"b\.h5': array 'u' is corrupt"):
+        read_h5(out)
+    with pytest.raises(DataFileError, match="corrupt"):
+        BurgersDataset(out, "train", 64, n_train=6, n_valid=2)
+    np.testing.assert_array_equal(read_h5(out, [0, 1, 2], keys=("u",))["u"].shape, (3, 128))
 
 
 def test_truncated_and_foreign_files_are_rejected(tmp_path):

@@ -167,8 +167,10 @@ class ChunkedWriter:
             f.attrs["complete"] = False
             for name, spec in arrays.items():
                 shape = (n_samples, *spec.shape)
-                # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap.
-                f.create_dataset(name, shape=shape, dtype=spec.dtype, chunks=(1, *spec.shape))
+                # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap; the
+                # Fletcher-32 checksum of each chunk makes HDF5 refuse a corrupted one on read.
+                f.create_dataset(name, shape=shape, dtype=spec.dtype, chunks=(1, *spec.shape),
+                                 fletcher32=True)
             f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0)
             f.flush()
         except BaseException:
@@ -340,8 +342,12 @@ def read_h5(
         for key in keys:
             ds = f[key]
             sub = (slice(None, None, stride),) * (ds.ndim - 1)
-            parts = [ds[_as_selection(idx[i : i + block])][(slice(None), *sub)]
-                     for i in range(0, idx.size, block)]
+            try:
+                parts = [ds[_as_selection(idx[i : i + block])][(slice(None), *sub)]
+                         for i in range(0, idx.size, block)]
+            except OSError as err:  # a chunk failing its checksum, or unreadable
+                raise DataFileError(f"{str(path)!r}: array {key!r} is corrupt (a stored chunk "
+                                    f"fails its checksum or cannot be read): {err}") from err
             if parts:
                 out[key] = np.concatenate(parts)
             else:

@@ -12,16 +12,20 @@ Checkpoint schema (``format`` = :data:`CHECKPOINT_FORMAT`):
 * ``'best'`` also: ``metric`` (evaluation relative L2 at that epoch);
 * ``'last'`` also: ``optimizer``, ``scheduler``, ``rng`` (one dict of torch RNG states per
   process), ``best_metric``, ``best_epoch``, ``history`` (list of per-epoch dicts),
-  ``train_seconds``, ``world_size``.
+  ``train_seconds``, ``world_size``;
+* ``sha256``: :func:`content_digest` of everything else, verified by :func:`load_checkpoint`
+  (a flipped bit in a tensor is found, not loaded).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -125,7 +129,37 @@ def save_checkpoint(path: str | os.PathLike[str], kind: str, **content: Any) -> 
     if missing:
         raise ValueError(f"content: a {kind!r} checkpoint needs {missing}")
     state = {"format": CHECKPOINT_FORMAT, "kind": kind, **content}
+    state["sha256"] = content_digest(state)
     return atomic_write(path, lambda f: torch.save(state, f))
+
+
+def content_digest(state: Mapping[str, Any]) -> str:
+    """SHA-256 of a checkpoint's content: every key, every tensor's dtype, shape and bytes,
+    every other value's ``repr``, in a fixed order (independent of the device it is on)."""
+    h = hashlib.sha256()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(value, Mapping):
+            h.update(b"{")
+            for key in sorted(value, key=repr):
+                if key != "sha256":
+                    h.update(repr(key).encode())
+                    visit(value[key])
+            h.update(b"}")
+        elif isinstance(value, (list, tuple)):
+            h.update(b"[")
+            for item in value:
+                visit(item)
+            h.update(b"]")
+        else:
+            h.update(repr(value).encode())
+
+    visit(state)
+    return h.hexdigest()
 
 
 def load_checkpoint(
@@ -163,4 +197,11 @@ def load_checkpoint(
     missing = [k for k in _REQUIRED[found] if k not in state]
     if missing:
         raise CheckpointError(f"{str(p)!r} lacks the fields {missing} of a {found!r} checkpoint")
+    stored = state.pop("sha256", None)
+    if stored is None:
+        warnings.warn(f"{str(p)!r} has no checksum (written by an older galerkin_ext): its "
+                      "content cannot be verified", stacklevel=2)
+    elif stored != content_digest(state):
+        raise CheckpointError(f"{str(p)!r} is corrupt: its content does not match the "
+                              "checksum stored with it")
     return state
