@@ -1,7 +1,8 @@
 """Plain-PyTorch formulas of the attention family, for layers where no compiled op applies.
 
 * :func:`normalized_attention` — GNOT's normalised linear attention (SPEC §2b, SPEC-gnot §1);
-* :func:`hetero_normalized_attention` — its heterogeneous form over several input functions.
+* :func:`hetero_normalized_attention` — its heterogeneous form over several input functions;
+* :func:`kernel_attention` — the compiled op's formula, for the autodiff modes it lacks.
 
 Both cost O((N + M) D D_v) per head: the key side is reduced to ``S = Σ_j w_j k̃_j v̂_jᵀ`` and
 ``s = Σ_j w_j k̃_j`` first, and no ``N × M`` matrix is formed.  Padding is weight 0; a sample
@@ -18,7 +19,58 @@ from torch import Tensor
 
 from ._checks import check_attention_operands, check_choice, check_like, check_quadrature_weight
 
-__all__ = ["hetero_normalized_attention", "normalized_attention"]
+__all__ = ["hetero_normalized_attention", "kernel_attention", "normalized_attention"]
+
+Norm = tuple[Tensor, Tensor] | None
+
+
+def _per_head_layer_norm(x: Tensor, norm: Norm, eps: float) -> Tensor:
+    """Layer norm over the features of ``x (B, H, N, D)`` with head ``h``'s affine
+    ``(weight[h], bias[h])``, ``weight, bias (H, D)``."""
+    if norm is None:
+        return x
+    weight, bias = norm
+    mean = x.mean(dim=-1, keepdim=True)
+    var = (x - mean).square().mean(dim=-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + eps) * weight[:, None, :] + bias[:, None, :]
+
+
+def kernel_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None,
+    weight: Tensor | None,
+    q_norm: Norm,
+    k_norm: Norm,
+    v_norm: Norm,
+    eps: float,
+    scale: float,
+    path: str,
+    dropout_mask: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The formula of :func:`galerkin_ext.ops.kernel_attention` in differentiable PyTorch, for
+    what the compiled op cannot do: forward-mode and higher-order derivatives and the
+    ``torch.func`` transforms (the op calls it then, with checked arguments).
+
+    ``Q̂, K̂, V̂ = [pos | LN(·)]``; ``A = scale · K̂ᵀ W V̂`` and ``out = Q̂ A`` (``"factored"``) or
+    ``A = scale · Q̂ K̂ᵀ W`` and ``out = A V̂`` (``"quadratic"``); ``A`` is multiplied by
+    ``dropout_mask`` when given.  Returns ``(out, A)``.
+    """
+    q_hat = _concat_pos(_per_head_layer_norm(q, q_norm, eps), pos, "pos", "N")
+    k_hat = _concat_pos(_per_head_layer_norm(k, k_norm, eps), pos, "pos", "N")
+    v_hat = _concat_pos(_per_head_layer_norm(v, v_norm, eps), pos, "pos", "N")
+    n = k.shape[2]
+    w = (torch.full((1, n), 1.0 / n, dtype=k.dtype, device=k.device) if weight is None
+         else weight.expand(k.shape[0], n))[:, None, :, None]
+    if path == "factored":
+        attn = scale * (k_hat.transpose(-2, -1) @ (w * v_hat))
+    else:
+        attn = scale * (q_hat @ (w * k_hat).transpose(-2, -1))
+    if dropout_mask is not None:
+        attn = attn * dropout_mask
+    return (q_hat @ attn if path == "factored" else attn @ v_hat), attn
 
 
 def _concat_pos(x: Tensor, pos: Tensor | None, name: str, points: str) -> Tensor:

@@ -20,8 +20,9 @@ import math
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
-from . import _C
+from . import _C, functional
 from ._checks import (
     check_attention_operands,
     check_choice,
@@ -167,6 +168,10 @@ def kernel_attention(
         keep = 1.0 - dropout_p
         mask = torch.empty((batch, heads, side, side), dtype=q.dtype, device=q.device)
         mask = mask.bernoulli_(keep).div_(keep)
+    if _autodiff_beyond_the_op():
+        return functional.kernel_attention(
+            q, k, v, pos=pos, weight=weight, q_norm=q_norm, k_norm=k_norm, v_norm=v_norm,
+            eps=float(eps), scale=float(scale), path=path, dropout_mask=mask)
     out, attn, *_ = torch.ops.galerkin_ext.attention_forward(
         q, k, v, pos, weight, *_norm_pair(q_norm), *_norm_pair(k_norm), *_norm_pair(v_norm),
         mask, float(eps), float(scale), bool(quadratic),
@@ -340,8 +345,18 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
 
 
+def _autodiff_beyond_the_op() -> bool:
+    """Forward-mode AD (dual tensors) or a ``torch.func`` transform is active: the compiled op
+    has neither a forward derivative nor functorch rules, so the plain formula runs instead."""
+    if torch.compiler.is_compiling():
+        return False
+    return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+
+
 def _backward(ctx, grad_out, grad_attn):
     q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+        return _differentiable_backward(ctx, grad_out, grad_attn)
     if grad_out is None:  # only the attention matrix was used
         width = q.shape[-1] + (pos.shape[-1] if pos is not None else 0)
         grad_out = q.new_zeros((*q.shape[:3], width))
@@ -356,6 +371,26 @@ def _backward(ctx, grad_out, grad_attn):
                vnw is not None, vnb is not None)
     return (*(g if ok else None for g, ok in zip(grads, present, strict=True)),
             None, None, None, None)
+
+
+def _differentiable_backward(ctx, grad_out, grad_attn):
+    """The gradients as a differentiable function of the inputs (for second-order derivatives,
+    ``create_graph=True``): the plain formula, recomputed and differentiated by autograd."""
+    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, _attn = ctx.saved_tensors
+    inputs = (q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb)
+    out, attn = functional.kernel_attention(
+        q, k, v, pos=pos, weight=weight, q_norm=None if qnw is None else (qnw, qnb),
+        k_norm=None if knw is None else (knw, knb), v_norm=None if vnw is None else (vnw, vnb),
+        eps=ctx.eps, scale=ctx.scale, path="quadratic" if ctx.quadratic else "factored",
+        dropout_mask=mask)
+    pairs = [(o, g) for o, g in ((out, grad_out), (attn, grad_attn)) if g is not None]
+    wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
+    grads = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
+                                [g for _, g in pairs], create_graph=True, allow_unused=True)
+    result: list[Tensor | None] = [None] * 15
+    for i, g in zip(wanted, grads, strict=True):
+        result[i] = g
+    return tuple(result)
 
 
 torch.library.register_autograd(

@@ -177,6 +177,32 @@ def test_gradcheck(case, variant, gen):
     assert torch.autograd.gradcheck(call, tensors, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["galerkin", "fourier-factored", "fourier-quadratic"])
+@pytest.mark.parametrize("case", GRAD_CASES[:3], ids=str)
+def test_every_autodiff_mode(case, variant, gen):
+    """Second-order gradients, forward mode (dual tensors, torch.func.jvp) and torch.func.grad
+    are all correct: the op hands them to its plain-PyTorch formula."""
+    x = make_inputs(case, gen, requires_grad=True)
+    names, tensors = grad_inputs(x)
+    fn = galerkin if variant == "galerkin" else fourier
+    call = _as_fn(fn, x, names, **({} if variant == "galerkin" else
+                                   {"path": variant.split("-")[1]}))
+    assert torch.autograd.gradgradcheck(call, tensors, eps=1e-6, atol=1e-5, rtol=1e-4)
+    assert torch.autograd.gradcheck(call, tensors, eps=1e-6, atol=1e-6, rtol=1e-5,
+                                    check_forward_ad=True, check_backward_ad=False,
+                                    check_undefined_grad=False, check_batched_grad=False)
+    plain = [t.detach() for t in tensors]
+    tangents = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in plain]
+    _, jvp = torch.func.jvp(call, tuple(plain), tuple(tangents))
+    h = 1e-6
+    up = call(*(t + h * d for t, d in zip(plain, tangents, strict=True)))
+    down = call(*(t - h * d for t, d in zip(plain, tangents, strict=True)))
+    torch.testing.assert_close(jvp, (up - down) / (2 * h), rtol=1e-5, atol=1e-6)
+    grads = torch.func.grad(lambda *t: call(*t).square().sum(), argnums=0)(*plain)
+    expected, = torch.autograd.grad(call(*tensors).square().sum(), tensors[0])
+    torch.testing.assert_close(grads, expected, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("quadratic", [False, True])
 def test_gradcheck_through_attention_matrix_and_dropout(quadratic, gen):
     case = Case(2, 2, 5, 3, P=1, weight="batched")
