@@ -445,3 +445,29 @@ def test_autocast_casts_like_matmul(gen):
     assert out.dtype == torch.float32
     expected = galerkin({**x, **{key: t.float() for key, t in bf16.items()}})
     torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-3, 1e20, 1e36])
+def test_layer_norm_across_the_float32_range(magnitude, gen):
+    """float32 rows of any magnitude are normalised right (the squares of 1e20 overflow float32:
+    the variance must not be formed from them); a constant row gives the bias."""
+    q = torch.randn(2, 2, 7, 5, generator=gen)
+    k, v = magnitude * torch.randn(2, 2, 7, 5, generator=gen), torch.randn(2, 2, 7, 5,
+                                                                          generator=gen)
+    k[0, 0, 3] = magnitude  # a constant row
+    norm = (1 + 0.1 * torch.randn(2, 5, generator=gen), 0.1 * torch.randn(2, 5, generator=gen))
+    for path in ("factored", "quadratic"):
+        out = ops.fourier_attention(q, k, v, q_norm=norm, k_norm=norm, path=path)
+        ref = reference.fourier_attention(q.double(), k.double(), v.double(),
+                                          q_norm=tuple(p.double() for p in norm),
+                                          k_norm=tuple(p.double() for p in norm))
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+    out = ops.galerkin_attention(q, k, v, k_norm=norm, v_norm=norm)
+    ref = reference.galerkin_attention(q.double(), k.double(), v.double(),
+                                       k_norm=tuple(p.double() for p in norm),
+                                       v_norm=tuple(p.double() for p in norm))
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+    # non-finite input stays non-finite, as in torch's layer norm
+    k[1, 1, 2, 0] = math.inf
+    assert not torch.isfinite(ops.galerkin_attention(q, k, v, k_norm=norm)[1, 1]).all()

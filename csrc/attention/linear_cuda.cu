@@ -88,17 +88,22 @@ __device__ __forceinline__ void row_stats(const Rows<T>& r, int lane, double eps
   mean = 0;
   rstd = 1;
   if (!r.a.gamma) return;
+  A max_abs = 0;
+#pragma unroll
+  for (int c = 0; c < LC; ++c) max_abs = max(max_abs, fabs(row.x[c]));  // zero past D
+  const A sc = galerkin_ext::norm_scale(warp_max(max_abs));  // norm_stats.h
+  const A inv = A(1) / sc;
   A sum = 0;
 #pragma unroll
-  for (int c = 0; c < LC; ++c) sum += row.x[c];  // zero past D
-  mean = warp_sum(sum) / A(r.a.D);
+  for (int c = 0; c < LC; ++c) sum += row.x[c] * inv;
+  mean = warp_sum(sum) / A(r.a.D) * sc;
   A sq = 0;
 #pragma unroll
   for (int c = 0; c < LC; ++c) {
-    const A centred = lane + kWarp * c < r.a.D ? row.x[c] - mean : A(0);
+    const A centred = lane + kWarp * c < r.a.D ? (row.x[c] - mean) * inv : A(0);
     sq += centred * centred;
   }
-  rstd = A(1) / sqrt(warp_sum(sq) / A(r.a.D) + A(eps));
+  rstd = galerkin_ext::norm_rstd(warp_sum(sq), sc, A(r.a.D), A(eps));
 }
 
 // Writes the prepared row s · [pos | LN(x)] to column col at base[col · stride] for col < d,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attention.h"
+#include "norm_stats.h"
 
 #include <ATen/OpMathType.h>
 
@@ -112,13 +113,18 @@ RowStats<acc_t> prepare_row(const Rows<scalar_t>& r, int64_t b, int64_t h, int64
     for (int64_t j = 0; j < r.D; ++j) out[j] = static_cast<scalar_t>(row[j] * s);
     return {acc_t(0), acc_t(1)};
   }
-  // Two passes over a row that stays in cache: exact mean, then the biased variance.
+  // Passes over a row that stays in cache: its scale (norm_stats.h), the exact mean, then the
+  // biased variance.
+  acc_t max_abs = 0;
+  for (int64_t j = 0; j < r.D; ++j) max_abs = std::max(max_abs, std::abs(row[j]));
+  const acc_t sc = galerkin_ext::norm_scale(max_abs);
+  const acc_t inv = acc_t(1) / sc;
   acc_t sum = 0;
-  for (int64_t j = 0; j < r.D; ++j) sum += row[j];
-  const acc_t mean = sum / acc_t(r.D);
+  for (int64_t j = 0; j < r.D; ++j) sum += row[j] * inv;
+  const acc_t mean = sum / acc_t(r.D) * sc;
   acc_t sq = 0;
-  for (int64_t j = 0; j < r.D; ++j) sq += (row[j] - mean) * (row[j] - mean);
-  const acc_t rstd = acc_t(1) / std::sqrt(sq / acc_t(r.D) + eps);
+  for (int64_t j = 0; j < r.D; ++j) sq += (row[j] - mean) * inv * ((row[j] - mean) * inv);
+  const acc_t rstd = galerkin_ext::norm_rstd(sq, sc, acc_t(r.D), eps);
   const scalar_t* g = r.gamma + h * r.D;
   const scalar_t* bt = r.beta + h * r.D;
   for (int64_t j = 0; j < r.D; ++j) {

@@ -12,15 +12,19 @@ constexpr int kWarpsPerBlock = 8;
 // L1, which keeps the variance exact without holding a row of unknown length in registers.
 template <typename T, typename A>
 __device__ void row_stats(const Rows<T>& r, const T* xr, int lane, double eps, A& mean, A& rstd) {
+  A max_abs = 0;
+  for (int64_t j = lane; j < r.a.D; j += kWarp) max_abs = max(max_abs, fabs(r.load(xr, j)));
+  const A sc = galerkin_ext::norm_scale(warp_max(max_abs));  // norm_stats.h
+  const A inv = A(1) / sc;
   A sum = 0;
-  for (int64_t j = lane; j < r.a.D; j += kWarp) sum += r.load(xr, j);
-  mean = warp_sum(sum) / A(r.a.D);
+  for (int64_t j = lane; j < r.a.D; j += kWarp) sum += r.load(xr, j) * inv;
+  mean = warp_sum(sum) / A(r.a.D) * sc;
   A sq = 0;
   for (int64_t j = lane; j < r.a.D; j += kWarp) {
-    const A c = r.load(xr, j) - mean;
+    const A c = (r.load(xr, j) - mean) * inv;
     sq += c * c;
   }
-  rstd = A(1) / sqrt(warp_sum(sq) / A(r.a.D) + A(eps));
+  rstd = galerkin_ext::norm_rstd(warp_sum(sq), sc, A(r.a.D), A(eps));
 }
 
 template <typename T>

@@ -3,6 +3,7 @@
 // dispatch from ScalarKind to an element type. Includes only CUDA headers.
 #pragma once
 
+#include "attention/norm_stats.h"
 #include "attention/prepare_cuda.cuh"
 
 #include <cuda_bf16.h>
@@ -37,6 +38,14 @@ template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) {
     v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+template <typename A>
+__device__ __forceinline__ A warp_max(A v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
   }
   return v;
 }
