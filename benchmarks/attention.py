@@ -4,7 +4,7 @@
     python benchmarks/attention.py --device cuda --impls ours,eager,compiled --sweep --out ...
 
 Implementations (``impl`` in the JSON):
-  ours      galerkin_ext.ops (Fourier with path="auto", i.e. the linear path)
+  ours      galerkin_ext.ops (Fourier with path="auto", i.e. the factored path)
   eager     galerkin_ext.reference, computed the way the original code does: a Python loop of
             per-head layer norms, torch.cat of the coordinates, then the matmuls (Fourier through
             the N×N matrix)
