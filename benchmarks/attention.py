@@ -26,7 +26,6 @@ with the normal allocator).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -38,7 +37,7 @@ import original  # benchmarks/original.py: the script's folder is first on sys.p
 import torch
 
 from galerkin_ext import ops, reference
-from galerkin_ext.training import describe_device
+from galerkin_ext.training import describe_device, write_json
 
 SHAPES = {  # name: (B, H, N, D, P)
     "burgers": (4, 1, 8192, 96, 1),
@@ -346,10 +345,7 @@ def main() -> None:
         threads=torch.get_num_threads(),
         rows=rows,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(args.out)
+    write_json(args.out, result)
     print(f"wrote {args.out}")
 
 

@@ -7,7 +7,6 @@ where the time goes without a hardware profiler.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -15,6 +14,8 @@ from pathlib import Path
 import torch
 from attention import SHAPES, make_fn, workload
 from torch.profiler import ProfilerActivity, profile
+
+from galerkin_ext.training import write_json
 
 
 def parse_args() -> argparse.Namespace:
@@ -81,9 +82,7 @@ def main() -> None:
                                     wall_us=wall_us, kernel_us=kernels))
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                   command=" ".join(["python", *sys.argv]), records=records)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(args.out)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
@@ -58,7 +57,7 @@ from galerkin_ext._checks import check_choice, check_int
 from galerkin_ext.layers import cinn_sizes
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
-from galerkin_ext.training import describe_device
+from galerkin_ext.training import describe_device, write_json
 
 # ----------------------------------------------------------------------------------------------
 # Config (SPEC §5 and the paper's Table 1).
@@ -420,13 +419,6 @@ def print_table(records: list[dict[str, Any]]) -> None:
               f"{r['impl']:9s} {its:>9s} {mem:>10s} {speedup:>14s}  {note}")
     print("it/s: training steps per second (forward, loss, backward, clip, Adam); peak MiB: "
           "CUDA memory above the resident model, optimiser and inputs during the steps")
-
-
-def write_json(path: Path, result: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")  # a reader never sees a half-written file
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,12 +2,13 @@
 
 * :func:`normalized_attention` — GNOT's normalised linear attention (SPEC §2b, SPEC-gnot §1);
 * :func:`hetero_normalized_attention` — its heterogeneous form over several input functions;
-* :func:`kernel_attention` — the compiled op's formula, for the autodiff modes it lacks.
+* :func:`kernel_attention` — the compiled op's formula, for the autodiff modes it lacks;
+* :func:`per_head_layer_norm`, :func:`concat_pos` — the row maps they share with the layers.
 
-Both cost O((N + M) D D_v) per head: the key side is reduced to ``S = Σ_j w_j k̃_j v̂_jᵀ`` and
-``s = Σ_j w_j k̃_j`` first, and no ``N × M`` matrix is formed.  Padding is weight 0; a sample
-never depends on its batch mates, and one whose weights are all 0 gets exactly 0 from that
-input, with zero gradients (``0/0 := 0``).
+The normalised forms cost O((N + M) D D_v) per head: the key side is reduced to
+``S = Σ_j w_j k̃_j v̂_jᵀ`` and ``s = Σ_j w_j k̃_j`` first, and no ``N × M`` matrix is formed.
+Padding is weight 0; a sample never depends on its batch mates, and one whose weights are all 0
+gets exactly 0 from that input, with zero gradients (``0/0 := 0``).
 """
 
 from __future__ import annotations
@@ -15,24 +16,33 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import check_attention_operands, check_choice, check_like, check_quadrature_weight
 
-__all__ = ["hetero_normalized_attention", "kernel_attention", "normalized_attention"]
+__all__ = ["concat_pos", "hetero_normalized_attention", "kernel_attention",
+           "normalized_attention", "per_head_layer_norm"]
 
 Norm = tuple[Tensor, Tensor] | None
 
 
-def _per_head_layer_norm(x: Tensor, norm: Norm, eps: float) -> Tensor:
+def per_head_layer_norm(x: Tensor, norm: Norm, eps: float) -> Tensor:
     """Layer norm over the features of ``x (B, H, N, D)`` with head ``h``'s affine
-    ``(weight[h], bias[h])``, ``weight, bias (H, D)``."""
+    ``(weight[h], bias[h])``, ``weight, bias (H, D)``; ``norm=None`` is the identity."""
     if norm is None:
         return x
     weight, bias = norm
-    mean = x.mean(dim=-1, keepdim=True)
-    var = (x - mean).square().mean(dim=-1, keepdim=True)
-    return (x - mean) * torch.rsqrt(var + eps) * weight[:, None, :] + bias[:, None, :]
+    return F.layer_norm(x, x.shape[-1:], eps=eps) * weight[:, None] + bias[:, None]
+
+
+def concat_pos(x: Tensor, pos: Tensor | None) -> Tensor:
+    """``[pos | x]`` in every head: ``x (B, H, n, D)``, ``pos (B, n, P)`` or ``(n, P)``."""
+    if pos is None:
+        return x
+    batch, heads, n, _ = x.shape
+    pos = pos.expand(batch, n, pos.shape[-1])[:, None].expand(batch, heads, n, -1)
+    return torch.cat([pos, x], dim=-1)
 
 
 def kernel_attention(
@@ -58,9 +68,9 @@ def kernel_attention(
     ``A = scale · Q̂ K̂ᵀ W`` and ``out = A V̂`` (``"quadratic"``); ``A`` is multiplied by
     ``dropout_mask`` when given.  Returns ``(out, A)``.
     """
-    q_hat = _concat_pos(_per_head_layer_norm(q, q_norm, eps), pos, "pos", "N")
-    k_hat = _concat_pos(_per_head_layer_norm(k, k_norm, eps), pos, "pos", "N")
-    v_hat = _concat_pos(_per_head_layer_norm(v, v_norm, eps), pos, "pos", "N")
+    q_hat = concat_pos(per_head_layer_norm(q, q_norm, eps), pos)
+    k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), pos)
+    v_hat = concat_pos(per_head_layer_norm(v, v_norm, eps), pos)
     n = k.shape[2]
     w = (torch.full((1, n), 1.0 / n, dtype=k.dtype, device=k.device) if weight is None
          else weight.expand(k.shape[0], n))[:, None, :, None]
@@ -73,20 +83,18 @@ def kernel_attention(
     return (q_hat @ attn if path == "factored" else attn @ v_hat), attn
 
 
-def _concat_pos(x: Tensor, pos: Tensor | None, name: str, points: str) -> Tensor:
-    """``[pos | x]`` per head, ``x (B, H, n, D)``, ``pos (B, n, P)`` or ``(n, P)``."""
+def _check_pos(pos: Tensor | None, x: Tensor, name: str, points: str) -> None:
+    """``pos`` fits the rows of ``x (B, H, n, D)``: ``(B, n, P)`` or ``(n, P)``, or None."""
     if pos is None:
-        return x
+        return
     if not isinstance(pos, Tensor):
         raise TypeError(f"{name}: expected a tensor or None, got {type(pos).__name__}")
     check_like(pos, name, x)
-    batch, heads, n, _ = x.shape
+    batch, _, n, _ = x.shape
     if not ((pos.dim() == 3 and pos.shape[:2] == (batch, n)) or (pos.dim() == 2
                                                                    and pos.shape[0] == n)):
         raise ValueError(f"{name}: expected shape (B, {points}, P) = ({batch}, {n}, P) or "
                          f"({points}, P) = ({n}, P), got {tuple(pos.shape)}")
-    pos = pos.expand(batch, n, pos.shape[-1])[:, None].expand(batch, heads, n, -1)
-    return torch.cat([pos, x], dim=-1)
 
 
 def _key_side(k_tilde: Tensor, v: Tensor, weight: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -213,15 +221,16 @@ def _normalized(
                                  f"N = {n})")
             k_pos = pos
         if q_hat is None:
-            q_hat = torch.softmax(_concat_pos(q, pos, "pos", "N"), dim=-1)
-        k_hat = _concat_pos(k, k_pos, pos_name, "M")
+            _check_pos(pos, q, "pos", "N")
+            q_hat = torch.softmax(concat_pos(q, pos), dim=-1)
+        _check_pos(k_pos, k, pos_name, "M")
+        k_hat = concat_pos(k, k_pos)
         if k_hat.shape[-1] != q_hat.shape[-1]:
             raise ValueError(f"{pos_name}: expected {q_hat.shape[-1] - q.shape[-1]} coordinates "
                              f"like pos, got {k_hat.shape[-1] - k.shape[-1]}")
         if w is not None:
             check_quadrature_weight(w, batch, m, k, k_name, axis="M", name=w_name)
-        big_s, small_s = _key_side(torch.softmax(k_hat, dim=-1),
-                                   _concat_pos(v, k_pos, pos_name, "M"), w)
+        big_s, small_s = _key_side(torch.softmax(k_hat, dim=-1), concat_pos(v, k_pos), w)
         term = _apply(q_hat, big_s, small_s)
         out = term if out is None else out + term
     assert out is not None and q_hat is not None

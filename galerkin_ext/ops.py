@@ -354,9 +354,9 @@ def _autodiff_beyond_the_op() -> bool:
 
 
 def _backward(ctx, grad_out, grad_attn):
-    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn = ctx.saved_tensors
     if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
         return _differentiable_backward(ctx, grad_out, grad_attn)
+    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn = ctx.saved_tensors
     if grad_out is None:  # only the attention matrix was used
         width = q.shape[-1] + (pos.shape[-1] if pos is not None else 0)
         grad_out = q.new_zeros((*q.shape[:3], width))

@@ -114,3 +114,22 @@ def op_args(x, quadratic, mask=None, scale=0.5):
     n1, n2 = x["n1"], x["n2"]
     norms = (*n1, *n2, None, None) if quadratic else (None, None, *n1, *n2)
     return (x["q"], x["k"], x["v"], x["pos"], x["weight"], *norms, mask, 1e-5, scale, quadratic)
+
+
+# Cross-attention shapes (B, H, N, M, D, D_v): M != N, N = 1, M = 1, D = 1.
+CROSS_SHAPES = [(2, 3, 7, 5, 4, 6), (1, 1, 1, 9, 3, 2), (2, 2, 6, 1, 5, 5), (3, 1, 4, 4, 1, 1)]
+WEIGHT_SHAPES = ["none", "shared", "batched"]
+
+
+def cross_inputs(shape: tuple[int, ...], weight_shape: str, gen: torch.Generator):
+    """float64 ``q (B, H, N, D)``, ``k (B, H, M, D)``, ``v (B, H, M, D_v)`` and key weights:
+    ``None``, shared ``(M,)`` in [0.1, 1.1), or per sample ``(B, M)`` with key 0 of sample 0
+    removed (weight 0) where M > 1."""
+    b, h, n, m, d, dv = shape
+    q, k, v = (torch.randn(*s, generator=gen, dtype=F64)
+               for s in ((b, h, n, d), (b, h, m, d), (b, h, m, dv)))
+    weight = {"none": None, "shared": torch.rand(m, generator=gen, dtype=F64) + 0.1,
+              "batched": torch.rand(b, m, generator=gen, dtype=F64)}[weight_shape]
+    if weight_shape == "batched" and m > 1:
+        weight[0, 0] = 0.0
+    return q, k, v, weight

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs
 
 from galerkin_ext import ops
 from galerkin_ext.quadrature import trapezoid_weights
@@ -38,16 +39,11 @@ def rand(*shape, gen):
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
-@pytest.mark.parametrize(("b", "h", "n", "m", "d", "dv"), [
-    (2, 3, 7, 5, 4, 6), (1, 1, 1, 9, 3, 2), (2, 2, 6, 1, 5, 5), (3, 1, 4, 4, 1, 1),
-])
-@pytest.mark.parametrize("weight_shape", ["none", "shared", "batched"])
-def test_matches_explicit_sum(b, h, n, m, d, dv, weight_shape, gen):
-    q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, dv, gen=gen)
-    weight = {"none": None, "shared": torch.rand(m, generator=gen, dtype=torch.float64) + 0.1,
-              "batched": torch.rand(b, m, generator=gen, dtype=torch.float64)}[weight_shape]
-    if weight_shape == "batched" and m > 1:
-        weight[0, 0] = 0.0  # a removed key
+@pytest.mark.parametrize("shape", CROSS_SHAPES, ids=str)
+@pytest.mark.parametrize("weight_shape", WEIGHT_SHAPES)
+def test_matches_explicit_sum(shape, weight_shape, gen):
+    q, k, v, weight = cross_inputs(shape, weight_shape, gen)
+    b, h, n, _, _, dv = shape
     out = ops.continuum_attention(q, k, v, weight=weight)
     assert out.shape == (b, h, n, dv)
     torch.testing.assert_close(out, explicit(q, k, v, weight), rtol=1e-12, atol=1e-12)

@@ -6,6 +6,7 @@ M != N, M = 1, N = 1, gradcheck, torch.compile, clear errors."""
 
 import pytest
 import torch
+from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs
 
 from galerkin_ext.functional import hetero_normalized_attention, normalized_attention
 
@@ -43,16 +44,11 @@ def explicit(q, k, v, weight=None, pos=None, kv_pos=None, skip=False):
     return out + qt if skip else out
 
 
-@pytest.mark.parametrize(("b", "h", "n", "m", "d", "dv"), [
-    (2, 3, 7, 5, 4, 6), (1, 1, 1, 9, 3, 2), (2, 2, 6, 1, 5, 5), (3, 1, 4, 4, 1, 1),
-])
-@pytest.mark.parametrize("weight_shape", ["none", "shared", "batched"])
-def test_matches_explicit_sum(b, h, n, m, d, dv, weight_shape, gen):
-    q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, dv, gen=gen)
-    weight = {"none": None, "shared": torch.rand(m, generator=gen, dtype=torch.float64) + 0.1,
-              "batched": torch.rand(b, m, generator=gen, dtype=torch.float64)}[weight_shape]
-    if weight_shape == "batched" and m > 1:
-        weight[0, 0] = 0.0
+@pytest.mark.parametrize("shape", CROSS_SHAPES, ids=str)
+@pytest.mark.parametrize("weight_shape", WEIGHT_SHAPES)
+def test_matches_explicit_sum(shape, weight_shape, gen):
+    q, k, v, weight = cross_inputs(shape, weight_shape, gen)
+    b, h, n, _, _, dv = shape
     out = normalized_attention(q, k, v, weight=weight)
     assert out.shape == (b, h, n, dv)
     torch.testing.assert_close(out, explicit(q, k, v, weight), rtol=1e-12, atol=1e-12)

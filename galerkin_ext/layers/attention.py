@@ -27,7 +27,7 @@ from .._checks import (
     check_probability,
     check_quadrature_weight,
 )
-from ..reference import concat_pos
+from ..functional import concat_pos, per_head_layer_norm
 from ._checks import check_tensor
 
 ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
@@ -216,14 +216,6 @@ class SimpleAttention(nn.Module):
                             f"got {pos.dtype} on {pos.device}")
 
 
-def _layer_norm(x: Tensor, norm: tuple[Tensor, Tensor] | None, eps: float) -> Tensor:
-    """Per-head affine layer norm over the features of ``x (B, H, N, D)``; params ``(H, D)``."""
-    if norm is None:
-        return x
-    weight, bias = norm
-    return F.layer_norm(x, x.shape[-1:], eps=eps) * weight[:, None] + bias[:, None]
-
-
 def _instance_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
                    quadrature: Tensor | None) -> Tensor:
     """Per-head affine instance norm of ``x (B, H, N, D)``: each feature column over the points.
@@ -251,8 +243,8 @@ def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
                        weight: Tensor | None, norms: dict[str, tuple[Tensor, Tensor]],
                        eps: float, dropout_p: float,
                        return_attention: bool) -> tuple[Tensor, Tensor | None]:
-    q_hat = concat_pos(_layer_norm(q, norms.get("q"), eps), pos)
-    k_hat = concat_pos(_layer_norm(k, norms.get("k"), eps), pos)
+    q_hat = concat_pos(per_head_layer_norm(q, norms.get("q"), eps), pos)
+    k_hat = concat_pos(per_head_layer_norm(k, norms.get("k"), eps), pos)
     v_hat = concat_pos(v, pos)
     # Quadrature weights enter as softmax(QKᵀ/sqrt(d) + log w): w = 0 masks a key out and
     # uniform weights shift every logit equally, i.e. change nothing.
@@ -271,8 +263,8 @@ def _linear_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
                       weight: Tensor | None, norms: dict[str, tuple[Tensor, Tensor]],
                       eps: float, dropout_p: float) -> tuple[Tensor, Tensor]:
     q_hat = concat_pos(q, pos).softmax(dim=-1)
-    k_logits = concat_pos(_layer_norm(k, norms.get("k"), eps), pos)
-    v_hat = concat_pos(_layer_norm(v, norms.get("v"), eps), pos)
+    k_logits = concat_pos(per_head_layer_norm(k, norms.get("k"), eps), pos)
+    v_hat = concat_pos(per_head_layer_norm(v, norms.get("v"), eps), pos)
     if weight is None:
         v_hat = v_hat / v_hat.shape[-2]
     else:
