@@ -3,11 +3,14 @@
     python benchmarks/attention.py --out benchmarks/results/attention_cpu.json
     python benchmarks/attention.py --device cuda --impls ours,eager,compiled --sweep --out ...
 
+Ops (``op``): galerkin, fourier, normalized (GNOT's normalised attention, with its skip term).
+Shapes are (B, H, N, M, D, P): M keys for N queries (cross-attention where M != N).
+
 Implementations (``impl`` in the JSON):
   ours      galerkin_ext.ops (Fourier with path="auto", i.e. the factored path)
-  eager     galerkin_ext.reference, computed the way the original code does: a Python loop of
+  eager     galerkin_ext.reference, computed the way the original codes do: a Python loop of
             per-head layer norms, torch.cat of the coordinates, then the matmuls (Fourier through
-            the N×N matrix)
+            the N×M matrix); GNOT's feature softmax and einsums for normalized
   compiled  the same reference under torch.compile
   original  the original package (galerkin-transformer 0.2.1, pip install --no-deps): its
             per-head nn.LayerNorm modules, pos.repeat + torch.cat, and its attention() /
@@ -39,12 +42,14 @@ import torch
 from galerkin_ext import ops, reference
 from galerkin_ext.training import describe_device, write_json
 
-SHAPES = {  # name: (B, H, N, D, P)
-    "burgers": (4, 1, 8192, 96, 1),
-    "darcy_coarse": (4, 4, 43 * 43, 32, 2),
-    "large": (4, 4, 65536, 32, 2),
+SHAPES = {  # name: (B, H, N, M, D, P)
+    "burgers": (4, 1, 8192, 8192, 96, 1),
+    "darcy_coarse": (4, 4, 43 * 43, 43 * 43, 32, 2),
+    "large": (4, 4, 65536, 65536, 32, 2),
+    "gnot": (4, 4, 8192, 2048, 32, 0),  # a GNOT-sized cross-attention
 }
-SWEEP = [(4, 4, 2**e, 32, 2) for e in range(6, 17)]  # B·H·N from 2^10 to 2^20 tokens
+SWEEP = [(4, 4, 2**e, 2**e, 32, 2) for e in range(6, 17)]  # B·H·N from 2^10 to 2^20 tokens
+OPS = ("galerkin", "fourier", "normalized")
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
@@ -55,13 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--impls", default="ours,eager",
                    help="comma list of ours, eager, compiled, original")
-    p.add_argument("--ops", default="galerkin,fourier", help="comma list of galerkin, fourier")
+    p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
     p.add_argument("--shapes", default=",".join(SHAPES),
                    help="comma list of " + ", ".join(SHAPES) + " (empty: the sweep alone)")
     p.add_argument("--sweep", action="store_true", help="add the N sweep of SWEEP")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement")
     # Internal: measure the CPU peak memory of one (op, impl, shape) in a child process.
-    p.add_argument("--peak-child", nargs=8, help=argparse.SUPPRESS)
+    p.add_argument("--peak-child", nargs=9, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peak_child:
         return args
@@ -77,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--impls original: galerkin-transformer is not installed "
                     f"({original.INSTALL_HINT})")
     for op in args.ops.split(","):
-        if op not in ("galerkin", "fourier"):
+        if op not in OPS:
             p.error(f"--ops: unknown op {op!r}")
     if args.reps < 1:
         p.error("--reps: expected at least 1")
@@ -91,25 +96,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_inputs(shape, device, dtype, gen):
-    B, H, N, D, P = shape
+    B, H, N, M, D, P = shape
 
     def randn(*s, grad=True):
         t = torch.randn(*s, generator=gen, dtype=torch.float32).to(device, dtype)
         return t.requires_grad_(grad)
 
-    q, k, v = randn(B, H, N, D), randn(B, H, N, D), randn(B, H, N, D)
-    pos = torch.rand(B, N, P, generator=gen).to(device, dtype)
+    q, k, v = randn(B, H, N, D), randn(B, H, M, D), randn(B, H, M, D)
+    pos = torch.rand(B, N, P, generator=gen).to(device, dtype) if P else None
+    kv_pos = torch.rand(B, M, P, generator=gen).to(device, dtype) if P and M != N else pos
     norms = [(1 + 0.1 * randn(H, D, grad=False), 0.1 * randn(H, D, grad=False)) for _ in "ab"]
     for w, b in norms:
         w.requires_grad_()
         b.requires_grad_()
-    return dict(q=q, k=k, v=v, pos=pos, norm_a=norms[0], norm_b=norms[1])
+    return dict(q=q, k=k, v=v, pos=pos, kv_pos=kv_pos, norm_a=norms[0], norm_b=norms[1])
 
 
 def make_original_fn(op: str, shape, device: str, dtype: torch.dtype):
     """The original package's attention path (its layers.py, loaded by original.py)."""
     layers = original.load().layers
-    _, H, _, D, _ = shape
+    _, H, N, M, D, _ = shape
     norms = [layers.SimpleAttention._get_layernorm(D, H, eps=1e-5).to(device, dtype) for _ in "ab"]
     dropout = torch.nn.Dropout()  # its presence triggers F.dropout(p_attn), as in the original
 
@@ -138,23 +144,28 @@ def make_fn(op: str, impl: str, shape, device: str, dtype: torch.dtype = torch.f
     if op == "galerkin":
         def fn(x):
             return module.galerkin_attention(x["q"], x["k"], x["v"], pos=x["pos"],
-                                             k_norm=x["norm_a"], v_norm=x["norm_b"])
+                                             kv_pos=x["kv_pos"], k_norm=x["norm_a"],
+                                             v_norm=x["norm_b"])
+    elif op == "normalized":
+        def fn(x):
+            return module.normalized_attention(x["q"], x["k"], x["v"], skip=True)
     else:
         def fn(x):
             return module.fourier_attention(x["q"], x["k"], x["v"], pos=x["pos"],
+                                            kv_pos=x["kv_pos"],
                                             q_norm=x["norm_a"], k_norm=x["norm_b"])
     return torch.compile(fn) if impl == "compiled" else fn
 
 
 def forward_bytes(shape, element_size: int) -> int:
-    """Bytes a forward must move at least: read q, k, v, pos; write (B, H, N, D + P)."""
-    B, H, N, D, P = shape
-    return element_size * (3 * B * H * N * D + B * N * P + B * H * N * (D + P))
+    """Bytes a forward must move at least: read q, k, v, pos, kv_pos; write (B, H, N, D + P)."""
+    B, H, N, M, D, P = shape
+    return element_size * (B * H * (N + 2 * M) * D + B * (N + M) * P + B * H * N * (D + P))
 
 
 def quadratic_bytes(shape, element_size: int) -> int:
-    B, H, N, _, _ = shape
-    return 3 * B * H * N * N * element_size  # scores, the scaled copy, and its gradient
+    B, H, N, M, _, _ = shape
+    return 3 * B * H * N * M * element_size  # scores, the scaled copy, and its gradient
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,7 +223,7 @@ def _cpu_peak_in_child(child_args: list[str]) -> float:
 
 def _cpu_peak_child(op: str, impl: str, shape: list[str], dtype: str) -> None:
     """In the child: one warm-up, then the peak resident set of one forward+backward."""
-    x, leaves, grad = workload(tuple(int(v) for v in shape), "cpu", getattr(torch, dtype),
+    x, leaves, grad = workload(op, tuple(int(v) for v in shape), "cpu", getattr(torch, dtype),
                                 torch.Generator().manual_seed(0))
     fn = make_fn(op, impl, tuple(int(v) for v in shape), "cpu", getattr(torch, dtype))
     torch.autograd.grad(fn(x), leaves, grad, allow_unused=True)
@@ -231,21 +242,25 @@ def _proc_status_kb(key: str) -> int:
     raise RuntimeError(f"{key} not found in /proc/self/status")
 
 
-def workload(shape, device, dtype, gen):
+def workload(op, shape, device, dtype, gen):
     """Inputs, the leaves to differentiate, and the upstream gradient of one measurement."""
     x = make_inputs(shape, device, dtype, gen)
     leaves = [x["q"], x["k"], x["v"], *x["norm_a"], *x["norm_b"]]
-    B, H, N, D, P = shape
-    grad = torch.randn(B, H, N, D + P, generator=gen).to(device, dtype)
+    B, H, N, M, D, P = shape
+    width = D if op == "normalized" else D + P  # normalized takes no coordinates here
+    grad = torch.randn(B, H, N, width, generator=gen).to(device, dtype)
     return x, leaves, grad
 
 
 def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> list[dict]:
-    x, leaves, grad = workload(shape, dev.name, dtype, gen)
-    B, H, N, D, P = shape
+    x, leaves, grad = workload(op, shape, dev.name, dtype, gen)
+    B, H, N, M, D, P = shape
     element = torch.empty((), dtype=dtype).element_size()
     runnable, skipped = {}, {}
     for impl in impls:
+        if impl == "original" and (op == "normalized" or M != N):
+            skipped[impl] = "the original package has self-attention of its two types only"
+            continue
         quadratic = op == "fourier" and impl != "ours"
         needed = quadratic_bytes(shape, element) * (4 / 3 if impl == "original" else 1) \
             if quadratic else 0  # the original also keeps its dropout mask
@@ -275,7 +290,8 @@ def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> li
                 times[impl][kind].append(time.perf_counter() - t0)
     rows = []
     for impl in impls:
-        row = dict(op=op, impl=impl, B=B, H=H, N=N, D=D, P=P, dtype=str(dtype).split(".")[1])
+        row = dict(op=op, impl=impl, B=B, H=H, N=N, M=M, D=D, P=P,
+                   dtype=str(dtype).split(".")[1])
         if impl in skipped:
             row.update(fwd_ms=None, fwd_bwd_ms=None, peak_mem_mb=None, fwd_gbps=None,
                        skipped=skipped[impl])
@@ -294,22 +310,24 @@ def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> li
 
 
 def print_rows(rows: list[dict]) -> None:
-    header = f"{'op':9s} {'impl':9s} {'B':>2s} {'H':>2s} {'N':>7s} {'D':>3s} {'P':>2s} " \
+    header = f"{'op':10s} {'impl':9s} {'B':>2s} {'H':>2s} {'N':>7s} {'M':>7s} {'D':>3s} " \
+             f"{'P':>2s} " \
              f"{'fwd ms':>9s} {'fwd+bwd ms':>11s} {'peak MiB':>9s} {'fwd GB/s':>9s} {'speedup':>8s}"
     print(header)
     base = {}
     for r in rows:
         if r["impl"] == "eager" and r["fwd_bwd_ms"]:
-            base[(r["op"], r["N"], r["D"], r["H"])] = r["fwd_bwd_ms"]
+            base[(r["op"], r["N"], r["M"], r["D"], r["H"])] = r["fwd_bwd_ms"]
     for r in rows:
         if r["fwd_ms"] is None:
-            print(f"{r['op']:9s} {r['impl']:9s} {r['B']:2d} {r['H']:2d} {r['N']:7d} {r['D']:3d} "
-                  f"{r['P']:2d}   skipped: {r['skipped']}")
+            print(f"{r['op']:10s} {r['impl']:9s} {r['B']:2d} {r['H']:2d} {r['N']:7d} {r['M']:7d} "
+                  f"{r['D']:3d} {r['P']:2d}   skipped: {r['skipped']}")
             continue
-        ref = base.get((r["op"], r["N"], r["D"], r["H"]))
+        ref = base.get((r["op"], r["N"], r["M"], r["D"], r["H"]))
         speedup = f"{ref / r['fwd_bwd_ms']:7.2f}x" if ref else "       -"
-        print(f"{r['op']:9s} {r['impl']:9s} {r['B']:2d} {r['H']:2d} {r['N']:7d} {r['D']:3d} "
-              f"{r['P']:2d} {r['fwd_ms']:9.3f} {r['fwd_bwd_ms']:11.3f} {r['peak_mem_mb']:9.1f} "
+        print(f"{r['op']:10s} {r['impl']:9s} {r['B']:2d} {r['H']:2d} {r['N']:7d} {r['M']:7d} "
+              f"{r['D']:3d} {r['P']:2d} {r['fwd_ms']:9.3f} {r['fwd_bwd_ms']:11.3f} "
+              f"{r['peak_mem_mb']:9.1f} "
               f"{r['fwd_gbps']:9.2f} {speedup}")
     print("speedup: fwd+bwd time of eager over this row's, same op and shape")
 

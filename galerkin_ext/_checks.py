@@ -103,13 +103,15 @@ def check_attention_operands(
     q: object, k: object, v: object, k_name: str = "k", v_name: str = "v"
 ) -> tuple[int, int, int, int, int]:
     """The two-sided contract of the attention functions: ``q (B, H, N, D)``, ``k (B, H, M, D)``,
-    ``v (B, H, M, D_v)``, all non-empty, floating point, one dtype and device.  Returns
+    ``v (B, H, M, D_v)``, non-empty but for B, floating point, one dtype and device.  Returns
     ``(B, H, N, M, D_v)``.  ``k_name``, ``v_name``: the arguments' names in messages."""
     for name, t in (("q", q), (k_name, k), (v_name, v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    if not q.is_floating_point() or q.dim() != 4 or 0 in q.shape:
+    if not q.is_floating_point():
+        raise TypeError(f"q: expected a floating-point tensor, got {q.dtype}")
+    if q.dim() != 4 or 0 in q.shape[1:]:  # an empty batch (B = 0) is fine
         raise ValueError(f"q: expected a non-empty floating-point tensor of shape (B, H, N, D), "
                          f"got {q.dtype} {tuple(q.shape)}")
     batch, heads, n, dim = q.shape

@@ -1,14 +1,19 @@
 """Plain-PyTorch formulas of the attention family, for layers where no compiled op applies.
 
+* :func:`kv_reduce`, :func:`q_apply` — the op core's two halves (``S = K̂ᵀ W V̂``, then ``Q̂ S``
+  with or without normalisers), twins of the compiled ops ``torch.ops.galerkin_ext.kv_reduce``
+  and ``q_apply`` with the same signatures, so compositions take either;
+* :func:`kernel_attention` — the Galerkin and Fourier types (the op's formula, for the autodiff
+  modes the compiled op lacks and for devices without its kernels);
 * :func:`normalized_attention` — GNOT's normalised linear attention (SPEC §2b, SPEC-gnot §1);
 * :func:`hetero_normalized_attention` — its heterogeneous form over several input functions;
-* :func:`kernel_attention` — the compiled op's formula, for the autodiff modes it lacks;
-* :func:`per_head_layer_norm`, :func:`concat_pos` — the row maps they share with the layers.
+* :func:`row_map`, :func:`per_head_layer_norm`, :func:`concat_pos` — the row maps they share
+  with the layers; the argument checks of these forms, shared with :mod:`galerkin_ext.ops`.
 
-The normalised forms cost O((N + M) D D_v) per head: the key side is reduced to
-``S = Σ_j w_j k̃_j v̂_jᵀ`` and ``s = Σ_j w_j k̃_j`` first, and no ``N × M`` matrix is formed.
-Padding is weight 0; a sample never depends on its batch mates, and one whose weights are all 0
-gets exactly 0 from that input, with zero gradients (``0/0 := 0``).
+The factored and normalised forms cost O((N + M) d d_v) per head: the key side is reduced to
+``S`` first, and no ``N × M`` matrix is formed. Padding is weight 0; a sample never depends on its
+batch mates, and one whose weights are all 0 gets exactly 0 from a normalised input, with zero
+gradients (``0/0 := 0``).
 """
 
 from __future__ import annotations
@@ -16,13 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import check_attention_operands, check_choice, check_like, check_quadrature_weight
 
-__all__ = ["concat_pos", "hetero_normalized_attention", "kernel_attention",
-           "normalized_attention", "per_head_layer_norm"]
+__all__ = ["concat_pos", "hetero_normalized_attention", "kernel_attention", "kv_reduce",
+           "normalized_attention", "per_head_layer_norm", "q_apply", "row_map"]
 
 Norm = tuple[Tensor, Tensor] | None
 
@@ -33,7 +37,16 @@ def per_head_layer_norm(x: Tensor, norm: Norm, eps: float) -> Tensor:
     if norm is None:
         return x
     weight, bias = norm
-    return F.layer_norm(x, x.shape[-1:], eps=eps) * weight[:, None] + bias[:, None]
+    # As the compiled rows do (csrc/attention/norm_stats.h): rows above 1 in magnitude are
+    # divided by their largest |x| first, so that no square overflows (float32 rows of 1e20),
+    # with eps scaled to match; exact, since a layer norm ignores its input's scale but for eps.
+    scale = x.detach().abs().amax(dim=-1, keepdim=True).clamp_min(1.0)
+    xs = x / scale
+    centred = xs - xs.mean(dim=-1, keepdim=True)
+    denominator = centred.square().mean(dim=-1, keepdim=True) + eps / scale.square()
+    # (0 only for a constant row whose eps / scale² underflowed: its centred values are 0)
+    rstd = torch.rsqrt(torch.where(denominator > 0, denominator, torch.ones_like(denominator)))
+    return centred * rstd * weight[:, None] + bias[:, None]
 
 
 def concat_pos(x: Tensor, pos: Tensor | None) -> Tensor:
@@ -45,12 +58,87 @@ def concat_pos(x: Tensor, pos: Tensor | None) -> Tensor:
     return torch.cat([pos, x], dim=-1)
 
 
+def row_map(x: Tensor, pos: Tensor | None, kind: str, norm: Norm, eps: float) -> Tensor:
+    """A prepared operand: ``[pos | x]`` (``"identity"``), ``[pos | LN(x)]`` (``"layer_norm"``
+    with head ``h``'s affine ``norm``) or ``softmax([pos | x])`` over the features
+    (``"softmax"``)."""
+    if kind == "softmax":
+        return torch.softmax(concat_pos(x, pos), dim=-1)
+    return concat_pos(per_head_layer_norm(x, norm if kind == "layer_norm" else None, eps), pos)
+
+
+def norm_map(norm: Norm) -> str:
+    """The row map of a Galerkin/Fourier operand: a layer norm where one is given."""
+    return "identity" if norm is None else "layer_norm"
+
+
+def _opmath(t: Tensor) -> Tensor:
+    """``t`` in the dtype ``S`` is accumulated in: float64 stays, the rest becomes float32."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def kv_reduce(
+    k: Tensor,
+    v: Tensor,
+    *,
+    kv_pos: Tensor | None,
+    weight: Tensor | None,
+    k_map: str,
+    k_norm: Norm,
+    v_map: str,
+    v_norm: Norm,
+    eps: float,
+    ones_column: bool,
+) -> Tensor:
+    """The key-side reduction ``S = K̂ᵀ W V̂``, ``(B, H, P + D_k, P + D_v [+ 1])`` in float32
+    (float64 for float64 inputs).
+
+    ``K̂``, ``V̂`` are :func:`row_map` of ``k (B, H, M, D_k)``, ``v (B, H, M, D_v)`` with
+    ``kv_pos``; ``W`` the weights ``(B, M)`` or ``(M,)`` (uniform ``1/M`` for ``None``);
+    ``ones_column`` appends a column of ones to ``V̂``, so ``S``'s last column is the normaliser
+    ``s = Σ_j w_j k̂_j``.
+    """
+    batch, _, m, _ = k.shape
+    k_hat = _opmath(row_map(k, kv_pos, k_map, k_norm, eps))
+    v_hat = _opmath(row_map(v, kv_pos, v_map, v_norm, eps))
+    if ones_column:
+        v_hat = torch.cat([v_hat, v_hat.new_ones((*v_hat.shape[:3], 1))], dim=-1)
+    w = (k_hat.new_full((1, m), 1.0 / m) if weight is None
+         else _opmath(weight).expand(batch, m))[:, None, :, None]
+    return (k_hat * w).transpose(-2, -1) @ v_hat
+
+
+def q_apply(
+    q: Tensor,
+    s: Tensor,
+    *,
+    pos: Tensor | None,
+    q_map: str,
+    q_norm: Norm,
+    eps: float,
+    normalizers: int,
+) -> Tensor:
+    """The query-side apply, in ``q``'s dtype: ``Q̂ S`` for ``normalizers=0``; otherwise ``S``'s
+    columns are ``L = normalizers`` blocks ``[S_l | s_l]`` and the result is
+    ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` with ``0/0 := 0``. ``Q̂`` is :func:`row_map` of
+    ``q (B, H, N, D)`` with ``pos``; ``s (B, H, P + D, W)``."""
+    y = _opmath(row_map(q, pos, q_map, q_norm, eps)) @ s
+    if normalizers > 0:
+        y = y.unflatten(-1, (normalizers, -1))
+        num, den = y[..., :-1], y[..., -1:]
+        nonzero = den != 0
+        y = torch.where(nonzero, num / torch.where(nonzero, den, torch.ones_like(den)),
+                        torch.zeros_like(num)).sum(dim=-2)
+    return y.to(q.dtype)
+
+
 def kernel_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     *,
     pos: Tensor | None,
+    kv_pos: Tensor | None,
     weight: Tensor | None,
     q_norm: Norm,
     k_norm: Norm,
@@ -60,30 +148,50 @@ def kernel_attention(
     path: str,
     dropout_mask: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """The formula of :func:`galerkin_ext.ops.kernel_attention` in differentiable PyTorch, for
-    what the compiled op cannot do: forward-mode and higher-order derivatives and the
-    ``torch.func`` transforms (the op calls it then, with checked arguments).
+    """The formula of :func:`galerkin_ext.ops.kernel_attention` in differentiable PyTorch (the
+    op calls it, with checked arguments, where no compiled op applies).
 
-    ``Q̂, K̂, V̂ = [pos | LN(·)]``; ``A = scale · K̂ᵀ W V̂`` and ``out = Q̂ A`` (``"factored"``) or
-    ``A = scale · Q̂ K̂ᵀ W`` and ``out = A V̂`` (``"quadratic"``); ``A`` is multiplied by
-    ``dropout_mask`` when given.  Returns ``(out, A)``.
+    ``Q̂ = [pos | LN(q)]``, ``K̂, V̂ = [kv_pos | LN(·)]`` (a norm only where given);
+    ``A = scale · K̂ᵀ W V̂`` and ``out = Q̂ A`` (``"factored"``) or ``A = scale · Q̂ K̂ᵀ W`` and
+    ``out = A V̂`` (``"quadratic"``); ``A`` is multiplied by ``dropout_mask`` when given.
+    Returns ``(out, A)``.
     """
-    q_hat = concat_pos(per_head_layer_norm(q, q_norm, eps), pos)
-    k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), pos)
-    v_hat = concat_pos(per_head_layer_norm(v, v_norm, eps), pos)
-    n = k.shape[2]
-    w = (torch.full((1, n), 1.0 / n, dtype=k.dtype, device=k.device) if weight is None
-         else weight.expand(k.shape[0], n))[:, None, :, None]
     if path == "factored":
-        attn = scale * (k_hat.transpose(-2, -1) @ (w * v_hat))
-    else:
-        attn = scale * (q_hat @ (w * k_hat).transpose(-2, -1))
+        return factored_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=weight,
+                                  q_norm=q_norm, k_norm=k_norm, v_norm=v_norm, eps=eps,
+                                  scale=scale, dropout_mask=dropout_mask,
+                                  kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+    q_hat = row_map(q, pos, norm_map(q_norm), q_norm, eps)
+    k_hat = row_map(k, kv_pos, norm_map(k_norm), k_norm, eps)
+    v_hat = row_map(v, kv_pos, norm_map(v_norm), v_norm, eps)
+    batch, _, m, _ = k.shape
+    w = (k.new_full((1, m), 1.0 / m) if weight is None
+         else weight.expand(batch, m))[:, None, None, :]
+    attn = scale * (q_hat @ k_hat.transpose(-2, -1)) * w
     if dropout_mask is not None:
         attn = attn * dropout_mask
-    return (q_hat @ attn if path == "factored" else attn @ v_hat), attn
+    return attn @ v_hat, attn
 
 
-def _check_pos(pos: Tensor | None, x: Tensor, name: str, points: str) -> None:
+def factored_attention(q, k, v, *, pos, kv_pos, weight, q_norm, k_norm, v_norm, eps, scale,
+                       dropout_mask, kv_reduce_fn, q_apply_fn) -> tuple[Tensor, Tensor]:
+    """``out = Q̂ A`` with ``A = scale · S ∘ mask``, ``S = K̂ᵀ W V̂``, composed from a key-side
+    reduction and a query-side apply with the signatures of :func:`kv_reduce` and
+    :func:`q_apply` (these formulas or the compiled ops). Returns ``(out, A)``, ``A`` in
+    ``q``'s dtype."""
+    attn = kv_reduce_fn(k, v, kv_pos=kv_pos, weight=weight, k_map=norm_map(k_norm),
+                        k_norm=k_norm, v_map=norm_map(v_norm), v_norm=v_norm, eps=eps,
+                        ones_column=False)
+    if scale != 1.0:
+        attn = attn * scale
+    if dropout_mask is not None:
+        attn = attn * dropout_mask
+    out = q_apply_fn(q, attn, pos=pos, q_map=norm_map(q_norm), q_norm=q_norm, eps=eps,
+                     normalizers=0)
+    return out, attn.to(q.dtype)
+
+
+def check_pos(pos: Tensor | None, x: Tensor, name: str, points: str) -> None:
     """``pos`` fits the rows of ``x (B, H, n, D)``: ``(B, n, P)`` or ``(n, P)``, or None."""
     if pos is None:
         return
@@ -97,25 +205,33 @@ def _check_pos(pos: Tensor | None, x: Tensor, name: str, points: str) -> None:
                          f"({points}, P) = ({n}, P), got {tuple(pos.shape)}")
 
 
-def _key_side(k_tilde: Tensor, v: Tensor, weight: Tensor | None) -> tuple[Tensor, Tensor]:
-    """``(S (B, H, D, D_v), s (B, H, D))`` with the weights normalised to sum 1 per sample
-    (0 where they sum to 0), so only their ratios matter and the sums stay bounded."""
-    batch, _, m, _ = k_tilde.shape
+def resolve_kv_pos(pos: Tensor | None, kv_pos: Tensor | None, q: Tensor, k: Tensor,
+                   name: str = "kv_pos") -> Tensor | None:
+    """The keys' coordinates, checked with the queries' (SPEC §2b): ``kv_pos``, or ``pos`` when
+    ``M == N``; required when ``M != N`` and ``pos`` is given; as many coordinates as ``pos``."""
+    n, m = q.shape[2], k.shape[2]
+    check_pos(pos, q, "pos", "N")
+    if kv_pos is None and pos is not None:
+        if m != n:
+            raise ValueError(f"{name}: required when M != N and pos is given (M = {m}, N = {n})")
+        return pos
+    check_pos(kv_pos, k, name, "M")
+    p = 0 if pos is None else pos.shape[-1]
+    p_kv = 0 if kv_pos is None else kv_pos.shape[-1]
+    if p != p_kv:
+        raise ValueError(f"{name}: expected {p} coordinates like pos, got {p_kv}")
+    return kv_pos
+
+
+def unit_weights(weight: Tensor | None, batch: int, m: int) -> Tensor | None:
+    """Key weights scaled to sum 1 per sample (0 where they sum to 0) for the normalised forms,
+    where only their ratios matter: the sums stay bounded. ``None`` stays uniform."""
     if weight is None:
-        w = k_tilde.new_full((1, m), 1.0 / m)
-    else:
-        total = weight.expand(batch, m).sum(dim=1, keepdim=True)
-        safe = torch.where(total > 0, total, torch.ones_like(total))
-        w = torch.where(total > 0, weight / safe, torch.zeros_like(weight.expand(batch, m)))
-    k_weighted = k_tilde * w[:, None, :, None]
-    return k_weighted.transpose(-2, -1) @ v, k_weighted.sum(dim=2)
-
-
-def _apply(q_tilde: Tensor, big_s: Tensor, small_s: Tensor) -> Tensor:
-    """``(q̃ S) / (q̃ · s)`` with ``0/0 := 0`` (an input without keys has ``S = 0, s = 0``)."""
-    den = (q_tilde * small_s[:, :, None, :]).sum(dim=-1, keepdim=True)
-    safe = torch.where(den > 0, den, torch.ones_like(den))
-    return (q_tilde @ big_s) / safe
+        return None
+    weight = weight.expand(batch, m)
+    total = weight.sum(dim=1, keepdim=True)
+    return torch.where(total > 0, weight / torch.where(total > 0, total, torch.ones_like(total)),
+                       torch.zeros_like(weight))
 
 
 def normalized_attention(
@@ -147,8 +263,10 @@ def normalized_attention(
     Returns:
         ``(B, H, N, P + D_v)``.
     """
-    return _normalized(q, [k], [v], pos, [kv_pos], [weight], "sum", skip,
-                       lambda i: ("k", "v", "kv_pos", "weight"))
+    ks, vs, kv_pos_list, weights = [k], [v], [kv_pos], [weight]
+    resolved = check_normalized(q, ks, vs, pos, kv_pos_list, weights, "sum", skip, single_names)
+    return normalized_formula(q, ks, vs, pos, resolved, weights, "sum", skip,
+                              kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
 
 
 def hetero_normalized_attention(
@@ -181,6 +299,19 @@ def hetero_normalized_attention(
     Returns:
         ``(B, H, N, P + D_v)``.
     """
+    ks, vs, kv_pos, weights = input_lists(ks, vs, kv_pos, weights)
+    resolved = check_normalized(q, ks, vs, pos, kv_pos, weights, reduce, skip, hetero_names)
+    return normalized_formula(q, ks, vs, pos, resolved, weights, reduce, skip,
+                              kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+
+
+def input_lists(
+    ks: Sequence[Tensor],
+    vs: Sequence[Tensor],
+    kv_pos: Sequence[Tensor | None] | None,
+    weights: Sequence[Tensor | None] | None,
+) -> tuple[list[Tensor], list[Tensor], list[Tensor | None], list[Tensor | None]]:
+    """The heterogeneous form's per-input arguments as lists, one entry per input (checked)."""
     if isinstance(ks, Tensor) or isinstance(vs, Tensor) or not isinstance(
         ks, Sequence
     ) or not isinstance(vs, Sequence) or len(ks) == 0 or len(ks) != len(vs):
@@ -192,11 +323,20 @@ def hetero_normalized_attention(
         if len(seq) != n_inputs:
             raise ValueError(f"{name}: expected {n_inputs} entries (one per input), got "
                              f"{len(seq)}")
-    return _normalized(q, list(ks), list(vs), pos, kv_pos, weights, reduce, skip,
-                       lambda i: (f"ks[{i}]", f"vs[{i}]", f"kv_pos[{i}]", f"weights[{i}]"))
+    return list(ks), list(vs), kv_pos, weights
 
 
-def _normalized(
+def single_names(i: int) -> tuple[str, str, str, str]:
+    """Argument names of :func:`normalized_attention`'s one input, for messages."""
+    return "k", "v", "kv_pos", "weight"
+
+
+def hetero_names(i: int) -> tuple[str, str, str, str]:
+    """Argument names of :func:`hetero_normalized_attention`'s input ``i``, for messages."""
+    return f"ks[{i}]", f"vs[{i}]", f"kv_pos[{i}]", f"weights[{i}]"
+
+
+def check_normalized(
     q: Tensor,
     ks: list[Tensor],
     vs: list[Tensor],
@@ -206,39 +346,41 @@ def _normalized(
     reduce: str,
     skip: bool,
     names: Callable[[int], tuple[str, str, str, str]],
-) -> Tensor:
-    """Both public functions; ``names(i)`` gives input ``i``'s argument names for messages."""
+) -> list[Tensor | None]:
+    """Checks the normalised forms' arguments; returns each input's resolved coordinates."""
     check_choice(reduce, "reduce", ("sum", "mean"))
     if not isinstance(skip, bool):
         raise TypeError(f"skip: expected a bool, got {skip!r}")
-    q_hat = out = None
+    resolved = []
     for i, (k, v, k_pos, w) in enumerate(zip(ks, vs, kv_pos, weights, strict=True)):
         k_name, v_name, pos_name, w_name = names(i)
-        batch, _, n, m, _ = check_attention_operands(q, k, v, k_name, v_name)
-        if k_pos is None and pos is not None:
-            if m != n:
-                raise ValueError(f"{pos_name}: required when M != N and pos is given (M = {m}, "
-                                 f"N = {n})")
-            k_pos = pos
-        if q_hat is None:
-            _check_pos(pos, q, "pos", "N")
-            q_hat = torch.softmax(concat_pos(q, pos), dim=-1)
-        _check_pos(k_pos, k, pos_name, "M")
-        k_hat = concat_pos(k, k_pos)
-        if k_hat.shape[-1] != q_hat.shape[-1]:
-            raise ValueError(f"{pos_name}: expected {q_hat.shape[-1] - q.shape[-1]} coordinates "
-                             f"like pos, got {k_hat.shape[-1] - k.shape[-1]}")
+        batch, _, _, m, dv = check_attention_operands(q, k, v, k_name, v_name)
+        if dv != vs[0].shape[3]:
+            raise ValueError(f"{v_name}: expected D_v = {vs[0].shape[3]} like the first input "
+                             f"(the inputs' terms are summed), got {dv}")
+        resolved.append(resolve_kv_pos(pos, k_pos, q, k, pos_name))
         if w is not None:
             check_quadrature_weight(w, batch, m, k, k_name, axis="M", name=w_name)
-        big_s, small_s = _key_side(torch.softmax(k_hat, dim=-1), concat_pos(v, k_pos), w)
-        term = _apply(q_hat, big_s, small_s)
-        out = term if out is None else out + term
-    assert out is not None and q_hat is not None
+    if skip and vs[0].shape[3] != q.shape[3]:
+        raise ValueError(f"skip: needs D_v == D (the output's width P + D_v equals q̃'s P + D), "
+                         f"got D_v = {vs[0].shape[3]}, D = {q.shape[3]}")
+    return resolved
+
+
+def normalized_formula(q, ks, vs, pos, kv_pos, weights, reduce, skip, *, kv_reduce_fn,
+                       q_apply_fn) -> Tensor:
+    """The normalised forms on checked arguments (:func:`check_normalized`), composed from a
+    key-side reduction and a query-side apply (:func:`kv_reduce` and :func:`q_apply`, or the
+    compiled ops): one ``[S_l | s_l]`` block per input, then one apply with ``L`` normalisers."""
+    blocks = [kv_reduce_fn(k, v, kv_pos=p, weight=unit_weights(w, k.shape[0], k.shape[2]),
+                           k_map="softmax", k_norm=None, v_map="identity", v_norm=None,
+                           eps=0.0, ones_column=True)
+              for k, v, p, w in zip(ks, vs, kv_pos, weights, strict=True)]
+    s = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
+    out = q_apply_fn(q, s, pos=pos, q_map="softmax", q_norm=None, eps=0.0,
+                     normalizers=len(blocks))
     if reduce == "mean":
-        out = out / len(ks)
+        out = out / len(blocks)
     if skip:
-        if q_hat.shape != out.shape:
-            raise ValueError(f"skip: needs D_v == D (the output's width {out.shape[-1]} equals "
-                             f"q̃'s {q_hat.shape[-1]})")
-        out = out + q_hat
+        out = out + row_map(q, pos, "softmax", None, 0.0)
     return out

@@ -1,22 +1,28 @@
-"""Fourier- and Galerkin-type attention as compiled PyTorch ops.
+"""The attention family as compiled PyTorch ops (SPEC §2, §2b).
 
-Shapes: ``q, k, v (B, H, N, D)``; ``pos (B, N, P)`` or ``(N, P)`` concatenated in front of every
-head after the norm, so outputs are ``(B, H, N, D + P)``; ``weight (B, N)`` or ``(N,)``
-quadrature weights on the key/value side of the sum over points (default uniform ``1/N``; zero
-masks a point out); a norm is ``None`` or a ``(weight, bias)`` pair of shape ``(H, D)``, one
-affine layer norm per head over ``D``.
+Shapes: queries ``q (B, H, N, D)`` with coordinates ``pos (B, N, P)`` or ``(N, P)``; keys and
+values ``k (B, H, M, D)``, ``v (B, H, M, D_v)`` with ``kv_pos (B, M, P)`` or ``(M, P)`` (default
+``pos`` when ``M == N``) and quadrature ``weight (B, M)`` or ``(M,)`` on the sum over keys
+(default uniform ``1/M``; zero masks a key out); a norm is ``None`` or a ``(weight, bias)`` pair of
+shape ``(H, D)``, one affine layer norm per head. Coordinates go in front of every head after the
+norm, so outputs are ``(B, H, N, P + D_v)``.
 
-The C++/CUDA op ``torch.ops.galerkin_ext.attention_forward`` does the fused per-head norm,
-coordinate concatenation and weighting and the batched GEMMs; ``attention_backward`` is its
-compiled backward. This module adds input validation, dropout masks, autograd and fake kernels.
-
-``continuum_attention`` (softmax attention with quadrature weights on ``M`` keys, for the
-continuum-attention operators) is pairwise and runs on ``scaled_dot_product_attention``.
+The op core (``csrc/attention/core.h``) is two compiled ops with compiled backwards:
+``torch.ops.galerkin_ext.kv_reduce`` builds ``S = K̂ᵀ W V̂`` and ``q_apply`` applies it to
+``Q̂``, each forming its prepared operands in cache, never in memory. Galerkin, factored Fourier
+and GNOT's normalised attention are compositions of the two; the quadratic Fourier order and
+``continuum_attention`` are pairwise and run on ATen (SDPA for the latter). This module adds input
+validation, dropout masks, autograd and fake kernels. Where the compiled core does not run yet
+(CUDA tensors: the core's CUDA twins are still to come; forward-mode and ``torch.func``
+autodiff), the plain formulas of :mod:`galerkin_ext.functional` compute the same; on CUDA,
+self-attention keeps the earlier fused op ``attention_forward``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -33,10 +39,6 @@ from ._checks import (
 )
 
 Norm = tuple[Tensor, Tensor] | None
-
-_CPU_DTYPES = (torch.float32, torch.float64)
-_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
 
 # Read once: a call into the extension inside traced code would break torch.compile's graph.
 _CUDA_BUILT = bool(_C.cuda_built())
@@ -57,6 +59,7 @@ def galerkin_attention(
     v: Tensor,
     *,
     pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
     weight: Tensor | None = None,
     k_norm: Norm = None,
     v_norm: Norm = None,
@@ -64,15 +67,16 @@ def galerkin_attention(
     dropout_p: float = 0.0,
     training: bool = False,
 ) -> Tensor:
-    """Galerkin-type attention ``Q̂ (K̂ᵀ W V̂)``, ``K̂ = [pos | LN_k(k)]``, ``V̂ = [pos | LN_v(v)]``.
+    """Galerkin-type attention ``Q̂ (K̂ᵀ W V̂)`` with ``Q̂ = [pos | q]``,
+    ``K̂ = [kv_pos | LN_k(k)]``, ``V̂ = [kv_pos | LN_v(v)]``.
 
-    Cost O(N d²). ``dropout_p`` drops entries of the ``d × d`` matrix ``K̂ᵀ W V̂`` when
-    ``training``. Returns ``(B, H, N, D + P)``.
+    Cost O((N + M) d d_v). ``dropout_p`` drops entries of the ``d × d_v`` matrix ``K̂ᵀ W V̂`` when
+    ``training``. Returns ``(B, H, N, P + D_v)``.
     """
     _check_dropout(dropout_p, training)
     out, _ = kernel_attention(
-        q, k, v, pos=pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps, scale=1.0,
-        path="factored", dropout_p=dropout_p if training else 0.0,
+        q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps,
+        scale=1.0, path="factored", dropout_p=dropout_p if training else 0.0,
     )
     return out
 
@@ -83,6 +87,7 @@ def fourier_attention(
     v: Tensor,
     *,
     pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
     weight: Tensor | None = None,
     q_norm: Norm = None,
     k_norm: Norm = None,
@@ -93,24 +98,24 @@ def fourier_attention(
     training: bool = False,
 ) -> Tensor:
     """Fourier-type attention ``(Q̂ K̂ᵀ W) V̂ · scale`` with ``Q̂ = [pos | LN_q(q)]``,
-    ``K̂ = [pos | LN_k(k)]``, ``V̂ = [pos | v]``.
+    ``K̂ = [kv_pos | LN_k(k)]``, ``V̂ = [kv_pos | v]``.
 
     ``scale=None`` means ``1/sqrt(D + P)``. Without softmax the product reassociates exactly, so
-    ``path="factored"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O(N d²) and ``path="quadratic"``
-    materialises the ``N × N`` matrix (needed for dropout on it). ``"auto"`` takes the factored
-    path unless dropout is active. Returns ``(B, H, N, D + P)``.
+    ``path="factored"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O((N + M) d²) and ``path="quadratic"``
+    materialises the ``N × M`` matrix (needed for dropout on it). ``"auto"`` takes the factored
+    path unless dropout is active. Returns ``(B, H, N, P + D_v)``.
     """
     _check_dropout(dropout_p, training)
     check_choice(path, "path", ("auto", "factored", "quadratic"))
     dropout_active = training and dropout_p > 0.0
     if path == "factored" and dropout_active:
         raise ValueError(
-            "path: dropout on the N×N attention matrix needs path='quadratic' (or 'auto'), "
+            "path: dropout on the N×M attention matrix needs path='quadratic' (or 'auto'), "
             "got path='factored' with training=True and dropout_p > 0"
         )
     out, _ = kernel_attention(
-        q, k, v, pos=pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps, scale=scale,
-        path="quadratic" if path == "quadratic" or dropout_active else "factored",
+        q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps,
+        scale=scale, path="quadratic" if path == "quadratic" or dropout_active else "factored",
         dropout_p=dropout_p if dropout_active else 0.0,
     )
     return out
@@ -122,6 +127,7 @@ def kernel_attention(
     v: Tensor,
     *,
     pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
     weight: Tensor | None = None,
     q_norm: Norm = None,
     k_norm: Norm = None,
@@ -134,28 +140,32 @@ def kernel_attention(
     """Softmax-free kernel attention, the general op behind the Galerkin and Fourier types;
     also returns the attention matrix.
 
-    With ``Q̂, K̂, V̂ = [pos | LN(·)]`` (a norm only where given) it computes
-    ``out = Q̂ A`` with ``A = scale · K̂ᵀ W V̂`` of shape ``(B, H, d, d)`` (``path="factored"``),
-    or ``out = A V̂`` with ``A = scale · Q̂ K̂ᵀ W`` of shape ``(B, H, N, N)``
-    (``path="quadratic"``).
-    ``dropout_p > 0`` applies inverted dropout to ``A`` (always: callers decide on training).
-    ``scale=None`` means ``1/sqrt(D + P)``. Returns ``(out (B, H, N, d), A)``; ``A`` is
-    differentiable too, for losses or visualisation.
+    With ``Q̂ = [pos | LN(q)]``, ``K̂, V̂ = [kv_pos | LN(·)]`` (a norm only where given) it
+    computes ``out = Q̂ A`` with ``A = scale · K̂ᵀ W V̂`` of shape ``(B, H, P + D, P + D_v)``
+    (``path="factored"``), or ``out = A V̂`` with ``A = scale · Q̂ K̂ᵀ W`` of shape
+    ``(B, H, N, M)`` (``path="quadratic"``). ``dropout_p > 0`` applies inverted dropout to ``A``
+    (always: callers decide on training). ``scale=None`` means ``1/sqrt(D + P)``. Returns
+    ``(out (B, H, N, P + D_v), A)``; ``A`` is differentiable too, for losses or visualisation.
     """
     # (autocast exists for CPU and CUDA only: meta tensors, e.g., go straight to the op)
     if isinstance(q, Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
         q.device.type
     ):
-        q, k, v, pos, weight, q_norm, k_norm, v_norm = _autocast(
-            q, k, v, pos, weight, q_norm, k_norm, v_norm)
-    _check_inputs(q, k, v, pos, weight, eps)
+        q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm = _autocast(
+            q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm)
+    batch, heads, n, m, dim_v = check_attention_operands(q, k, v)
+    self_attention = kv_pos is None and m == n
+    kv_pos = functional.resolve_kv_pos(pos, kv_pos, q, k)
+    if weight is not None:
+        check_quadrature_weight(weight, batch, m, k, "k", axis="M")
     q_norm = _check_norm(q_norm, "q_norm", q)
     k_norm = _check_norm(k_norm, "k_norm", q)
-    v_norm = _check_norm(v_norm, "v_norm", q)
+    v_norm = _check_norm(v_norm, "v_norm", v, "v")
+    check_float(eps, "eps")
     check_probability(dropout_p, "dropout_p")
     quadratic = check_choice(path, "path", ("factored", "quadratic")) == "quadratic"
-    batch, heads, n, dim = q.shape
-    width = dim + (pos.shape[-1] if pos is not None else 0)
+    coordinates = pos.shape[-1] if pos is not None else 0
+    width = q.shape[3] + coordinates
     if scale is None:
         scale = 1.0 / math.sqrt(width)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
@@ -164,19 +174,130 @@ def kernel_attention(
         raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
     mask = None
     if dropout_p > 0.0:
-        side = n if quadratic else width
+        shape = (n, m) if quadratic else (width, coordinates + dim_v)
         keep = 1.0 - dropout_p
-        mask = torch.empty((batch, heads, side, side), dtype=q.dtype, device=q.device)
+        mask = torch.empty((batch, heads, *shape), dtype=q.dtype, device=q.device)
         mask = mask.bernoulli_(keep).div_(keep)
-    if _autodiff_beyond_the_op():
+    eps, scale = float(eps), float(scale)
+    if (q.is_cuda and _CUDA_BUILT and self_attention and dim_v == q.shape[3]
+            and not _autodiff_beyond_the_op()):
+        out, attn, *_ = torch.ops.galerkin_ext.attention_forward(
+            q, k, v, pos, weight, *_norm_pair(q_norm), *_norm_pair(k_norm), *_norm_pair(v_norm),
+            mask, eps, scale, quadratic,
+        )
+        return out, attn
+    if quadratic:
         return functional.kernel_attention(
-            q, k, v, pos=pos, weight=weight, q_norm=q_norm, k_norm=k_norm, v_norm=v_norm,
-            eps=float(eps), scale=float(scale), path=path, dropout_mask=mask)
-    out, attn, *_ = torch.ops.galerkin_ext.attention_forward(
-        q, k, v, pos, weight, *_norm_pair(q_norm), *_norm_pair(k_norm), *_norm_pair(v_norm),
-        mask, float(eps), float(scale), bool(quadratic),
-    )
-    return out, attn
+            q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
+            v_norm=v_norm, eps=eps, scale=scale, path="quadratic", dropout_mask=mask)
+    return functional.factored_attention(
+        q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
+        v_norm=v_norm, eps=eps, scale=scale, dropout_mask=mask, kv_reduce_fn=kv_reduce,
+        q_apply_fn=q_apply)
+
+
+def normalized_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    skip: bool = False,
+) -> Tensor:
+    """GNOT's normalised linear attention,
+    ``z_t = σ q̃_t + Σ_j w_j (q̃_t·k̃_j) v̂_j / Σ_j w_j (q̃_t·k̃_j)``, on the compiled core.
+
+    ``q̃ = softmax([pos | q])`` and ``k̃ = softmax([kv_pos | k])`` over the head's features (the
+    coordinates join the features before the softmax, as GNOT does with its per-head features),
+    ``v̂ = [kv_pos | v]``, ``σ = 1`` if ``skip``. The normaliser comes from the same reduction
+    (a column of ones appended to ``V̂``). Only the weights' ratios matter; ``w_j = 0`` removes
+    key ``j``; a sample without keys gets 0, with zero gradients. Arguments and result as
+    :func:`galerkin_ext.functional.normalized_attention`: ``(B, H, N, P + D_v)``.
+    """
+    ks, vs, kv_pos_list, weights = [k], [v], [kv_pos], [weight]
+    resolved = functional.check_normalized(q, ks, vs, pos, kv_pos_list, weights, "sum", skip,
+                                           functional.single_names)
+    return functional.normalized_formula(q, ks, vs, pos, resolved, weights, "sum", skip,
+                                         kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+
+
+def hetero_normalized_attention(
+    q: Tensor,
+    ks: Sequence[Tensor],
+    vs: Sequence[Tensor],
+    *,
+    pos: Tensor | None = None,
+    kv_pos: Sequence[Tensor | None] | None = None,
+    weights: Sequence[Tensor | None] | None = None,
+    reduce: str = "sum",
+    skip: bool = True,
+) -> Tensor:
+    """Normalised attention over ``L`` input functions, each with its own normaliser,
+    ``z_t = σ q̃_t + c Σ_l (q̃_t S_l) / (q̃_t · s_l)`` (SPEC-gnot §1), on the compiled core:
+    one ``kv_reduce`` per input, one ``q_apply`` for all. Arguments and result as
+    :func:`galerkin_ext.functional.hetero_normalized_attention`.
+    """
+    ks, vs, kv_pos, weights = functional.input_lists(ks, vs, kv_pos, weights)
+    resolved = functional.check_normalized(q, ks, vs, pos, kv_pos, weights, reduce, skip,
+                                           functional.hetero_names)
+    return functional.normalized_formula(q, ks, vs, pos, resolved, weights, reduce, skip,
+                                         kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+
+
+# ----------------------------------------------------------------------------------------------
+# The op core: kv_reduce and q_apply
+
+
+def kv_reduce(
+    k: Tensor,
+    v: Tensor,
+    *,
+    kv_pos: Tensor | None,
+    weight: Tensor | None,
+    k_map: str,
+    k_norm: Norm,
+    v_map: str,
+    v_norm: Norm,
+    eps: float,
+    ones_column: bool,
+) -> Tensor:
+    """``S = K̂ᵀ W V̂`` on checked arguments (as :func:`galerkin_ext.functional.kv_reduce`):
+    the compiled op where it runs, else the formula."""
+    if not _compiled_core(k):
+        return functional.kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map,
+                                    k_norm=k_norm, v_map=v_map, v_norm=v_norm, eps=eps,
+                                    ones_column=ones_column)
+    return torch.ops.galerkin_ext.kv_reduce(k, v, kv_pos, weight, k_map, *_norm_pair(k_norm),
+                                            v_map, *_norm_pair(v_norm), eps, ones_column)
+
+
+def q_apply(
+    q: Tensor,
+    s: Tensor,
+    *,
+    pos: Tensor | None,
+    q_map: str,
+    q_norm: Norm,
+    eps: float,
+    normalizers: int,
+) -> Tensor:
+    """``Q̂ S``, or ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` over ``normalizers`` blocks, on checked arguments
+    (as :func:`galerkin_ext.functional.q_apply`): the compiled op where it runs, else the
+    formula."""
+    if not _compiled_core(q):
+        return functional.q_apply(q, s, pos=pos, q_map=q_map, q_norm=q_norm, eps=eps,
+                                  normalizers=normalizers)
+    return torch.ops.galerkin_ext.q_apply(q, pos, q_map, *_norm_pair(q_norm), s, eps,
+                                          normalizers)
+
+
+def _compiled_core(x: Tensor) -> bool:
+    """The compiled kv_reduce/q_apply take CPU float32/float64 tensors (CUDA twins to come)
+    under plain reverse-mode autograd."""
+    return (x.device.type in ("cpu", "meta") and x.dtype in (torch.float32, torch.float64)
+            and not _autodiff_beyond_the_op())
 
 
 def continuum_attention(
@@ -241,11 +362,11 @@ def continuum_attention(
     return out * has_keys[:, :, None, None].to(out.dtype)
 
 
-def _autocast(q, k, v, pos, weight, *norms):
+def _autocast(*tensors):
     """Under autocast the op runs like a matmul: in the autocast dtype on CUDA (statistics and
     accumulation stay float32 inside), in float32 on CPU, where the kernels have no half types.
     Norm parameters, kept float32 by the user's model, are cast along with the activations."""
-    device = q.device.type
+    device = next(t for t in tensors if isinstance(t, Tensor)).device.type
     dtype = torch.get_autocast_dtype(device) if device == "cuda" else torch.float32
 
     def cast(t):
@@ -256,7 +377,7 @@ def _autocast(q, k, v, pos, weight, *norms):
         return t
 
     with torch.autocast(device, enabled=False):
-        return tuple(cast(t) for t in (q, k, v, pos, weight, *norms))
+        return tuple(cast(t) for t in tensors)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,62 +391,22 @@ def _check_dropout(dropout_p: float, training: bool) -> None:
         raise TypeError(f"training: expected a bool, got {type(training).__name__}")
 
 
-def _check_norm(norm: Norm, name: str, q: Tensor) -> Norm:
+def _check_norm(norm: Norm, name: str, like: Tensor, like_name: str = "q") -> Norm:
+    """A ``(weight, bias)`` pair of shape ``(H, D)`` of ``like (B, H, ·, D)``, or None."""
     if norm is None:
         return None
     if not isinstance(norm, (tuple, list)) or len(norm) != 2:
         raise TypeError(f"{name}: expected None or a (weight, bias) pair of tensors, got {norm!r}")
-    heads, dim = q.shape[1], q.shape[3]
+    heads, dim = like.shape[1], like.shape[3]
     for i, p in enumerate(norm):
         if not isinstance(p, Tensor):
             raise TypeError(f"{name}[{i}]: expected a tensor, got {type(p).__name__}")
-        check_like(p, f"{name}[{i}]", q)
+        check_like(p, f"{name}[{i}]", like, like_name)
         if p.shape != (heads, dim):
             raise ValueError(
                 f"{name}[{i}]: expected shape (H, D) = ({heads}, {dim}), got {tuple(p.shape)}"
             )
     return norm[0], norm[1]
-
-
-def _check_inputs(
-    q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, weight: Tensor | None, eps: float
-) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name}: expected shape (B, H, N, D), got {tuple(t.shape)}")
-    allowed = _CPU_DTYPES if q.device.type == "cpu" else _CUDA_DTYPES
-    if q.dtype not in allowed:
-        names = ", ".join(str(d) for d in allowed)
-        raise TypeError(f"q: expected dtype {names} on {q.device.type}, got {q.dtype}")
-    for name, t in (("k", k), ("v", v)):
-        check_like(t, name, q)
-        if t.shape != q.shape:
-            raise ValueError(
-                f"{name}: expected shape (B, H, N, D) = {tuple(q.shape)} like q, "
-                f"got {tuple(t.shape)}"
-            )
-    if q.device.type == "cuda" and not _CUDA_BUILT:
-        raise RuntimeError("q: CUDA tensor given but galerkin_ext was built without CUDA")
-    batch, heads, n, dim = q.shape
-    if n == 0:
-        raise ValueError("q: expected at least one point (N >= 1), got N = 0")
-    if dim == 0:
-        raise ValueError("q: expected at least one feature per head (D >= 1), got D = 0")
-    if pos is not None:
-        if not isinstance(pos, Tensor):
-            raise TypeError(f"pos: expected a tensor or None, got {type(pos).__name__}")
-        check_like(pos, "pos", q)
-        batched = pos.dim() == 3 and pos.shape[:2] == (batch, n)
-        if not (batched or (pos.dim() == 2 and pos.shape[0] == n)):
-            raise ValueError(
-                f"pos: expected shape (B, N, P) = ({batch}, {n}, P) or (N, P) = ({n}, P), "
-                f"got {tuple(pos.shape)}"
-            )
-    if weight is not None:
-        check_quadrature_weight(weight, batch, n, q)
-    check_float(eps, "eps")
 
 
 def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:
@@ -377,20 +458,36 @@ def _differentiable_backward(ctx, grad_out, grad_attn):
     """The gradients as a differentiable function of the inputs (for second-order derivatives,
     ``create_graph=True``): the plain formula, recomputed and differentiated by autograd."""
     q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, _attn = ctx.saved_tensors
+
+    def formula(q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb):
+        return functional.kernel_attention(
+            q, k, v, pos=pos, kv_pos=pos, weight=weight, q_norm=_pair_or_none(qnw, qnb),
+            k_norm=_pair_or_none(knw, knb), v_norm=_pair_or_none(vnw, vnb), eps=ctx.eps,
+            scale=ctx.scale, path="quadratic" if ctx.quadratic else "factored",
+            dropout_mask=mask)
+
     inputs = (q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb)
-    out, attn = functional.kernel_attention(
-        q, k, v, pos=pos, weight=weight, q_norm=None if qnw is None else (qnw, qnb),
-        k_norm=None if knw is None else (knw, knb), v_norm=None if vnw is None else (vnw, vnb),
-        eps=ctx.eps, scale=ctx.scale, path="quadratic" if ctx.quadratic else "factored",
-        dropout_mask=mask)
-    pairs = [(o, g) for o, g in ((out, grad_out), (attn, grad_attn)) if g is not None]
-    wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
-    grads = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
+    return (*_formula_grads(formula, inputs, ctx.needs_input_grad, (grad_out, grad_attn)),
+            None, None, None, None)
+
+
+def _pair_or_none(weight: Tensor | None, bias: Tensor | None) -> Norm:
+    return None if weight is None else (weight, bias)
+
+
+def _formula_grads(formula, inputs, needs, grads) -> list[Tensor | None]:
+    """Gradients of ``formula(*inputs)`` (a tensor or tuple of tensors) against ``grads`` for
+    each input that needs one, as differentiable tensors (``create_graph=True``)."""
+    outputs = formula(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
+    wanted = [i for i, t in enumerate(inputs) if t is not None and needs[i]]
+    found = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
                                 [g for _, g in pairs], create_graph=True, allow_unused=True)
-    result: list[Tensor | None] = [None] * 15
-    for i, g in zip(wanted, grads, strict=True):
+    result: list[Tensor | None] = [None] * len(inputs)
+    for i, g in zip(wanted, found, strict=True):
         result[i] = g
-    return tuple(result)
+    return result
 
 
 torch.library.register_autograd(
@@ -435,3 +532,127 @@ def _attention_backward_fake(grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb
     return [*qkv,
             q.new_empty(pos.shape) if pos_grad else empty,
             q.new_empty(weight.shape) if weight_grad else empty, *norm_grads]
+
+
+class KvReduceGrads(NamedTuple):
+    """What ``kv_reduce_backward`` returns, by name (empty where not asked for)."""
+
+    k: Tensor
+    v: Tensor
+    kv_pos: Tensor
+    weight: Tensor
+    k_norm_weight: Tensor
+    k_norm_bias: Tensor
+    v_norm_weight: Tensor
+    v_norm_bias: Tensor
+
+
+class QApplyGrads(NamedTuple):
+    """What ``q_apply_backward`` returns, by name (empty where not asked for)."""
+
+    q: Tensor
+    pos: Tensor
+    q_norm_weight: Tensor
+    q_norm_bias: Tensor
+    s: Tensor
+
+
+def _kv_reduce_setup(ctx, inputs, output) -> None:
+    k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb, eps, ones_column = inputs
+    # The inputs only: the backward recomputes the prepared operands.
+    ctx.save_for_backward(k, v, kv_pos, weight, knw, knb, vnw, vnb)
+    ctx.k_map, ctx.v_map, ctx.eps, ctx.ones_column = k_map, v_map, eps, ones_column
+
+
+def _kv_reduce_backward(ctx, grad_s):
+    k, v, kv_pos, weight, knw, knb, vnw, vnb = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    wanted = (True, True, kv_pos is not None and needs[2], weight is not None and needs[3],
+              knw is not None, knb is not None, vnw is not None, vnb is not None)
+    if torch.is_grad_enabled():  # create_graph=True: differentiate the formula
+        def formula(k, v, kv_pos, weight, knw, knb, vnw, vnb):
+            return functional.kv_reduce(
+                k, v, kv_pos=kv_pos, weight=weight, k_map=ctx.k_map,
+                k_norm=_pair_or_none(knw, knb), v_map=ctx.v_map,
+                v_norm=_pair_or_none(vnw, vnb), eps=ctx.eps, ones_column=ctx.ones_column)
+
+        inputs = (k, v, kv_pos, weight, knw, knb, vnw, vnb)
+        input_needs = (needs[0], needs[1], needs[2], needs[3], needs[5], needs[6], needs[8],
+                       needs[9])
+        grads = KvReduceGrads(*_formula_grads(formula, inputs, input_needs, (grad_s,)))
+    else:
+        grads = KvReduceGrads(*torch.ops.galerkin_ext.kv_reduce_backward(
+            grad_s, k, v, kv_pos, weight, ctx.k_map, knw, knb, ctx.v_map, vnw, vnb, ctx.eps,
+            ctx.ones_column, wanted[2], wanted[3]))
+    g = [t if ok else None for t, ok in zip(grads, wanted, strict=True)]
+    return g[0], g[1], g[2], g[3], None, g[4], g[5], None, g[6], g[7], None, None
+
+
+def _q_apply_setup(ctx, inputs, output) -> None:
+    q, pos, q_map, qnw, qnb, s, eps, normalizers = inputs
+    ctx.save_for_backward(q, pos, qnw, qnb, s)
+    ctx.q_map, ctx.eps, ctx.normalizers = q_map, eps, normalizers
+
+
+def _q_apply_backward(ctx, grad_out):
+    q, pos, qnw, qnb, s = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    wanted = (True, pos is not None and needs[1], qnw is not None, qnb is not None, True)
+    if torch.is_grad_enabled():  # create_graph=True: differentiate the formula
+        def formula(q, pos, qnw, qnb, s):
+            return functional.q_apply(q, s, pos=pos, q_map=ctx.q_map,
+                                      q_norm=_pair_or_none(qnw, qnb), eps=ctx.eps,
+                                      normalizers=ctx.normalizers)
+
+        input_needs = (needs[0], needs[1], needs[3], needs[4], needs[5])
+        grads = QApplyGrads(*_formula_grads(formula, (q, pos, qnw, qnb, s), input_needs,
+                                            (grad_out,)))
+    else:
+        grads = QApplyGrads(*torch.ops.galerkin_ext.q_apply_backward(
+            grad_out.contiguous(), q, pos, ctx.q_map, qnw, qnb, s, ctx.eps, ctx.normalizers,
+            wanted[1]))
+    g = [t if ok else None for t, ok in zip(grads, wanted, strict=True)]
+    return g[0], g[1], None, g[2], g[3], g[4], None, None
+
+
+torch.library.register_autograd("galerkin_ext::kv_reduce", _kv_reduce_backward,
+                                setup_context=_kv_reduce_setup)
+torch.library.register_autograd("galerkin_ext::q_apply", _q_apply_backward,
+                                setup_context=_q_apply_setup)
+
+
+def _opmath_dtype(t: Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _grad_like(t: Tensor | None, wanted: bool, like: Tensor) -> Tensor:
+    """A gradient's fake: shaped like ``t`` where wanted, else the empty placeholder."""
+    return like.new_empty(t.shape) if wanted and t is not None else like.new_empty((0,))
+
+
+@torch.library.register_fake("galerkin_ext::kv_reduce")
+def _kv_reduce_fake(k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb, eps, ones_column):
+    batch, heads, _, dim_k = k.shape
+    coordinates = kv_pos.shape[-1] if kv_pos is not None else 0
+    return k.new_empty((batch, heads, coordinates + dim_k,
+                        coordinates + v.shape[3] + int(ones_column)), dtype=_opmath_dtype(k))
+
+
+@torch.library.register_fake("galerkin_ext::kv_reduce_backward")
+def _kv_reduce_backward_fake(grad_s, k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb,
+                             eps, ones_column, kv_pos_grad, weight_grad):
+    return [k.new_empty(k.shape), v.new_empty(v.shape), _grad_like(kv_pos, kv_pos_grad, k),
+            _grad_like(weight, weight_grad, k), *(_grad_like(t, True, k)
+                                                 for t in (knw, knb, vnw, vnb))]
+
+
+@torch.library.register_fake("galerkin_ext::q_apply")
+def _q_apply_fake(q, pos, q_map, qnw, qnb, s, eps, normalizers):
+    width = s.shape[3] if normalizers == 0 else s.shape[3] // normalizers - 1
+    return q.new_empty((*q.shape[:3], width))
+
+
+@torch.library.register_fake("galerkin_ext::q_apply_backward")
+def _q_apply_backward_fake(grad_out, q, pos, q_map, qnw, qnb, s, eps, normalizers, pos_grad):
+    return [q.new_empty(q.shape), _grad_like(pos, pos_grad, q), _grad_like(qnw, True, q),
+            _grad_like(qnb, True, q), s.new_empty(s.shape)]

@@ -50,16 +50,19 @@ def galerkin_attention(
     v: Tensor,
     *,
     pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
     weight: Tensor | None = None,
     k_norm: Norm = None,
     v_norm: Norm = None,
     eps: float = 1e-5,
     dropout_mask: Tensor | None = None,
 ) -> Tensor:
-    """``Q̂ (K̂ᵀ W V̂)``; ``dropout_mask (B, H, d, d)`` multiplies ``K̂ᵀ W V̂`` if given."""
+    """``Q̂ (K̂ᵀ W V̂)``; ``dropout_mask (B, H, d, d)`` multiplies ``K̂ᵀ W V̂`` if given.
+    ``kv_pos``: the keys' coordinates (default ``pos``)."""
+    kv_pos = pos if kv_pos is None else kv_pos
     q_hat = concat_pos(q, pos)
-    k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), pos)
-    v_hat = concat_pos(per_head_layer_norm(v, v_norm, eps), pos)
+    k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), kv_pos)
+    v_hat = concat_pos(per_head_layer_norm(v, v_norm, eps), kv_pos)
     scores = k_hat.transpose(-2, -1) @ _weight_rows(v_hat, weight)
     if dropout_mask is not None:
         scores = scores * dropout_mask
@@ -72,6 +75,7 @@ def fourier_attention(
     v: Tensor,
     *,
     pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
     weight: Tensor | None = None,
     q_norm: Norm = None,
     k_norm: Norm = None,
@@ -79,13 +83,26 @@ def fourier_attention(
     scale: float | None = None,
     dropout_mask: Tensor | None = None,
 ) -> Tensor:
-    """``(Q̂ K̂ᵀ W) V̂ · scale`` via the N×N matrix; ``dropout_mask (B, H, N, N)`` multiplies it."""
+    """``(Q̂ K̂ᵀ W) V̂ · scale`` via the N×M matrix; ``dropout_mask (B, H, N, M)`` multiplies it.
+    ``kv_pos``: the keys' coordinates (default ``pos``)."""
+    kv_pos = pos if kv_pos is None else kv_pos
     q_hat = concat_pos(per_head_layer_norm(q, q_norm, eps), pos)
-    k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), pos)
-    v_hat = concat_pos(v, pos)
+    k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), kv_pos)
+    v_hat = concat_pos(v, kv_pos)
     if scale is None:
         scale = 1.0 / math.sqrt(q_hat.shape[-1])
     scores = q_hat @ _weight_rows(k_hat, weight).transpose(-2, -1) * scale
     if dropout_mask is not None:
         scores = scores * dropout_mask
     return scores @ v_hat
+
+
+def normalized_attention(q: Tensor, k: Tensor, v: Tensor, *, skip: bool = False) -> Tensor:
+    """GNOT's normalised linear attention as its code computes it, uniform weights and no
+    coordinates: feature softmax of q and k, ``Σ_j k̃_j``, the normaliser's inverse and the
+    context ``k̃ᵀ v`` by einsum, then ``q̃`` times both (plus ``q̃`` if ``skip``)."""
+    q, k = q.softmax(dim=-1), k.softmax(dim=-1)
+    inv = 1.0 / torch.einsum("bhnd,bhd->bhn", q, k.sum(dim=-2))
+    context = torch.einsum("bhmd,bhme->bhde", k, v)
+    out = torch.einsum("bhnd,bhde,bhn->bhne", q, context, inv)
+    return out + q if skip else out

@@ -356,8 +356,10 @@ def _good(gen):
 
 BAD = {
     "q rank 3": (lambda a: a.update(q=a["q"][0]), "q", ValueError),
-    "k other N": (lambda a: a.update(k=a["k"][:, :, :4]), "k", ValueError),
-    "v other D": (lambda a: a.update(v=torch.randn(2, 2, 5, 4)), "v", ValueError),
+    "v other M than k": (lambda a: a.update(k=a["k"][:, :, :4]), "v", ValueError),
+    "v other D than v_norm": (lambda a: a.update(v=torch.randn(2, 2, 5, 4)), "v_norm", ValueError),
+    "cross-attention without kv_pos": (lambda a: a.update(k=a["k"][:, :, :4], v=a["v"][:, :, :4]),
+                                       "kv_pos", ValueError),
     "k other B": (lambda a: a.update(k=torch.randn(1, 2, 5, 3)), "k", ValueError),
     "k other H": (lambda a: a.update(k=torch.randn(2, 3, 5, 3)), "k", ValueError),
     "pos wrong N": (lambda a: a.update(pos=torch.rand(2, 4, 1)), "pos", ValueError),
@@ -377,8 +379,6 @@ BAD = {
     "pos dtype": (lambda a: a.update(pos=a["pos"].double()), "pos", TypeError),
     "integer dtype": (lambda a: a.update(q=a["q"].int(), k=a["k"].int(), v=a["v"].int()), "q",
                       TypeError),
-    "half on CPU": (lambda a: a.update(q=a["q"].half(), k=a["k"].half(), v=a["v"].half()), "q",
-                    TypeError),
     "empty N": (lambda a: a.update(q=torch.randn(2, 2, 0, 3), k=torch.randn(2, 2, 0, 3),
                                    v=torch.randn(2, 2, 0, 3), pos=None, weight=None), "q",
                 ValueError),

@@ -1,4 +1,5 @@
-"""functional.normalized_attention and hetero_normalized_attention (GNOT's op, SPEC-gnot §1)
+"""normalized_attention and hetero_normalized_attention (GNOT's op, SPEC-gnot §1), the compiled
+(ops) and the plain (functional) forms,
 against an explicit float64 sum over the N x M pairs, and the op family's properties: zero-weight
 padding and batch mates change nothing, a key split in two with half the weight each changes
 nothing, only weight ratios matter, an input without keys adds exactly 0 with zero gradients,
@@ -8,7 +9,12 @@ import pytest
 import torch
 from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs
 
-from galerkin_ext.functional import hetero_normalized_attention, normalized_attention
+from galerkin_ext import functional, ops
+
+
+@pytest.fixture(params=[ops, functional], ids=["ops", "functional"])
+def impl(request):
+    return request.param
 
 
 def rand(*shape, gen):
@@ -46,63 +52,64 @@ def explicit(q, k, v, weight=None, pos=None, kv_pos=None, skip=False):
 
 @pytest.mark.parametrize("shape", CROSS_SHAPES, ids=str)
 @pytest.mark.parametrize("weight_shape", WEIGHT_SHAPES)
-def test_matches_explicit_sum(shape, weight_shape, gen):
+def test_matches_explicit_sum(impl, shape, weight_shape, gen):
     q, k, v, weight = cross_inputs(shape, weight_shape, gen)
     b, h, n, _, _, dv = shape
-    out = normalized_attention(q, k, v, weight=weight)
+    out = impl.normalized_attention(q, k, v, weight=weight)
     assert out.shape == (b, h, n, dv)
     torch.testing.assert_close(out, explicit(q, k, v, weight), rtol=1e-12, atol=1e-12)
 
 
-def test_coordinates_cross_attention_and_skip(gen):
+def test_coordinates_cross_attention_and_skip(impl, gen):
     b, h, n, m, d, p = 2, 2, 5, 8, 3, 2
     q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, d, gen=gen)
     pos, kv_pos = rand(n, p, gen=gen), rand(b, m, p, gen=gen)
     w = torch.rand(b, m, generator=gen, dtype=torch.float64)
-    out = normalized_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=w, skip=True)
+    out = impl.normalized_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=w, skip=True)
     assert out.shape == (b, h, n, p + d)
     torch.testing.assert_close(out, explicit(q, k, v, w, pos, kv_pos, skip=True),
                                rtol=1e-12, atol=1e-12)
     # self-attention: kv_pos defaults to pos
     k2, v2 = rand(b, h, n, d, gen=gen), rand(b, h, n, d, gen=gen)
-    torch.testing.assert_close(normalized_attention(q, k2, v2, pos=pos),
+    torch.testing.assert_close(impl.normalized_attention(q, k2, v2, pos=pos),
                                explicit(q, k2, v2, None, pos, pos), rtol=1e-12, atol=1e-12)
 
 
-def test_padding_batch_mates_ratios_split_and_permuted_keys(gen):
+def test_padding_batch_mates_ratios_split_and_permuted_keys(impl, gen):
     b, h, n, m, d = 3, 2, 6, 5, 4
     q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, d, gen=gen)
     w = torch.rand(b, m, generator=gen, dtype=torch.float64) + 0.05
-    out = normalized_attention(q, k, v, weight=w)
+    out = impl.normalized_attention(q, k, v, weight=w)
     pad = 3
     kp = torch.cat([k, 1e3 * rand(b, h, pad, d, gen=gen)], dim=2)
     vp = torch.cat([v, 1e6 * rand(b, h, pad, d, gen=gen)], dim=2)
     wp = torch.cat([w, torch.zeros(b, pad, dtype=torch.float64)], dim=1)
-    torch.testing.assert_close(normalized_attention(q, kp, vp, weight=wp), out,
+    torch.testing.assert_close(impl.normalized_attention(q, kp, vp, weight=wp), out,
                                rtol=1e-12, atol=1e-12)
     for i in range(b):
-        alone = normalized_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], weight=w[i : i + 1])
+        alone = impl.normalized_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1],
+                                          weight=w[i : i + 1])
         torch.testing.assert_close(alone, out[i : i + 1], rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(normalized_attention(q, k, v, weight=7.5 * w), out,
+    torch.testing.assert_close(impl.normalized_attention(q, k, v, weight=7.5 * w), out,
                                rtol=1e-12, atol=1e-12)
     idx = torch.tensor([0, 1, 2, 2, 3, 4])
     half = w[:, idx].clone()
     half[:, 2:4] /= 2
-    torch.testing.assert_close(normalized_attention(q, k[:, :, idx], v[:, :, idx], weight=half),
-                               out, rtol=1e-12, atol=1e-12)
+    split = impl.normalized_attention(q, k[:, :, idx], v[:, :, idx], weight=half)
+    torch.testing.assert_close(split, out, rtol=1e-12, atol=1e-12)
     perm = torch.randperm(m, generator=gen)
     torch.testing.assert_close(
-        normalized_attention(q, k[:, :, perm], v[:, :, perm], weight=w[:, perm]), out,
+        impl.normalized_attention(q, k[:, :, perm], v[:, :, perm], weight=w[:, perm]), out,
         rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("skip", [False, True])
-def test_input_without_keys_adds_zero_with_zero_gradients(skip, gen):
+def test_input_without_keys_adds_zero_with_zero_gradients(impl, skip, gen):
     q, k, v = (rand(2, 2, 4, 3, gen=gen).requires_grad_() for _ in range(3))
     w = torch.rand(2, 4, generator=gen, dtype=torch.float64) + 0.1
     w[1] = 0.0
     w.requires_grad_()
-    out = normalized_attention(q, k, v, weight=w, skip=skip)
+    out = impl.normalized_attention(q, k, v, weight=w, skip=skip)
     q_tilde = torch.softmax(q[1], -1).detach()
     torch.testing.assert_close(out[1].detach(), q_tilde if skip else torch.zeros_like(q_tilde),
                                rtol=0, atol=0)
@@ -112,7 +119,7 @@ def test_input_without_keys_adds_zero_with_zero_gradients(skip, gen):
     assert torch.isfinite(q.grad).all() and (q.grad[1] == 0).all() != skip
 
 
-def test_hetero_sum_mean_and_masked_input(gen):
+def test_hetero_sum_mean_and_masked_input(impl, gen):
     b, h, n, d = 2, 2, 5, 4
     q = rand(b, h, n, d, gen=gen)
     ms = (3, 7, 1)
@@ -120,45 +127,47 @@ def test_hetero_sum_mean_and_masked_input(gen):
     vs = [rand(b, h, m, d, gen=gen) for m in ms]
     ws = [torch.rand(b, m, generator=gen, dtype=torch.float64) + 0.1 for m in ms]
     ws[1][0] = 0.0  # sample 0 has no points of input 1
-    singles = [normalized_attention(q, k, v, weight=w) for k, v, w in zip(ks, vs, ws, strict=True)]
+    singles = [impl.normalized_attention(q, k, v, weight=w)
+               for k, v, w in zip(ks, vs, ws, strict=True)]
     total = sum(singles)
     q_tilde = torch.softmax(q, -1)
-    torch.testing.assert_close(hetero_normalized_attention(q, ks, vs, weights=ws),
+    torch.testing.assert_close(impl.hetero_normalized_attention(q, ks, vs, weights=ws),
                                total + q_tilde, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(
-        hetero_normalized_attention(q, ks, vs, weights=ws, reduce="mean", skip=False),
+        impl.hetero_normalized_attention(q, ks, vs, weights=ws, reduce="mean", skip=False),
         total / 3, rtol=1e-12, atol=1e-12)
     assert (singles[1][0] == 0).all()
     for i, (k, v, w) in enumerate(zip(ks, vs, ws, strict=True)):  # the pairwise formula, too
         torch.testing.assert_close(singles[i], explicit(q, k, v, w), rtol=1e-12, atol=1e-12)
 
 
-def test_gradcheck(gen):
+def test_gradcheck(impl, gen):
     q, k, v = rand(2, 2, 3, 2, gen=gen), rand(2, 2, 4, 2, gen=gen), rand(2, 2, 4, 2, gen=gen)
     pos, kv_pos = rand(3, 1, gen=gen), rand(2, 4, 1, gen=gen)
     w = torch.rand(2, 4, generator=gen, dtype=torch.float64) + 0.2
     inputs = tuple(t.requires_grad_() for t in (q, k, v, pos, kv_pos, w))
     assert torch.autograd.gradcheck(
-        lambda q, k, v, pos, kv_pos, w: normalized_attention(
+        lambda q, k, v, pos, kv_pos, w: impl.normalized_attention(
             q, k, v, pos=pos, kv_pos=kv_pos, weight=w, skip=True), inputs)
     k2 = rand(2, 2, 5, 2, gen=gen).requires_grad_()
     v2 = rand(2, 2, 5, 2, gen=gen).requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda q, k, v, k2, v2: hetero_normalized_attention(q, [k, k2], [v, v2], reduce="mean"),
+        lambda q, k, v, k2, v2: impl.hetero_normalized_attention(q, [k, k2], [v, v2],
+                                                                 reduce="mean"),
         (inputs[0], inputs[1], inputs[2], k2, v2))
 
 
-def test_non_contiguous_float32_and_compile(gen):
+def test_non_contiguous_float32_and_compile(impl, gen):
     base = torch.randn(2, 6, 3, 8, generator=gen)
     k, v = base.transpose(1, 2), base.flip(-1).transpose(1, 2)
     q = torch.randn(2, 3, 8, 5, generator=gen).transpose(2, 3)
     w = torch.rand(6, 2, generator=gen).T
-    out = normalized_attention(q, k, v, weight=w)
+    out = impl.normalized_attention(q, k, v, weight=w)
     ref = explicit(q.double(), k.double(), v.double(), w.double())
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
 
     def f(q, k, v, w):
-        return normalized_attention(q, k, v, weight=w, skip=True)
+        return impl.normalized_attention(q, k, v, weight=w, skip=True)
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k, v, w), f(q, k, v, w))
@@ -168,31 +177,31 @@ Q, K, V = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7,
 
 
 @pytest.mark.parametrize(("call", "error", "match"), [
-    (lambda: normalized_attention(Q, K[..., :3], V), ValueError,
+    (lambda m: m.normalized_attention(Q, K[..., :3], V), ValueError,
      r"k: expected shape \(B, H, M, D\) = \(2, 2, M, 4\)"),
-    (lambda: normalized_attention(Q, K, V[:, :, :6]), ValueError, r"v: expected shape"),
-    (lambda: normalized_attention(Q, K, V, weight=torch.rand(5)), ValueError,
+    (lambda m: m.normalized_attention(Q, K, V[:, :, :6]), ValueError, r"v: expected shape"),
+    (lambda m: m.normalized_attention(Q, K, V, weight=torch.rand(5)), ValueError,
      r"weight: expected shape \(B, M\) = \(2, 7\)"),
-    (lambda: normalized_attention(Q, K, V, weight=-torch.rand(7)), ValueError, "non-negative"),
-    (lambda: normalized_attention(Q, K, V, pos=torch.rand(5, 1)), ValueError,
+    (lambda m: m.normalized_attention(Q, K, V, weight=-torch.rand(7)), ValueError, "non-negative"),
+    (lambda m: m.normalized_attention(Q, K, V, pos=torch.rand(5, 1)), ValueError,
      "kv_pos: required when M != N"),
-    (lambda: normalized_attention(Q, K, V, pos=torch.rand(4, 1), kv_pos=torch.rand(7, 1)),
+    (lambda m: m.normalized_attention(Q, K, V, pos=torch.rand(4, 1), kv_pos=torch.rand(7, 1)),
      ValueError, r"pos: expected shape \(B, N, P\) = \(2, 5, P\)"),
-    (lambda: normalized_attention(Q, K, V, pos=torch.rand(5, 2), kv_pos=torch.rand(7, 1)),
+    (lambda m: m.normalized_attention(Q, K, V, pos=torch.rand(5, 2), kv_pos=torch.rand(7, 1)),
      ValueError, "kv_pos: expected 2 coordinates like pos, got 1"),
-    (lambda: normalized_attention(Q, K, V, skip=True), ValueError, "skip: needs D_v == D"),
-    (lambda: normalized_attention(Q, K, V, skip=1), TypeError, "skip: expected a bool"),
-    (lambda: normalized_attention(Q, K.double(), V), TypeError, "k: expected dtype"),
-    (lambda: hetero_normalized_attention(Q, [K, K], [V]), TypeError, "ks, vs"),
-    (lambda: hetero_normalized_attention(Q, K, V), TypeError, "ks, vs"),
-    (lambda: hetero_normalized_attention(Q, [K, K], [V, V[:, :, :2]]), ValueError,
+    (lambda m: m.normalized_attention(Q, K, V, skip=True), ValueError, "skip: needs D_v == D"),
+    (lambda m: m.normalized_attention(Q, K, V, skip=1), TypeError, "skip: expected a bool"),
+    (lambda m: m.normalized_attention(Q, K.double(), V), TypeError, "k: expected dtype"),
+    (lambda m: m.hetero_normalized_attention(Q, [K, K], [V]), TypeError, "ks, vs"),
+    (lambda m: m.hetero_normalized_attention(Q, K, V), TypeError, "ks, vs"),
+    (lambda m: m.hetero_normalized_attention(Q, [K, K], [V, V[:, :, :2]]), ValueError,
      r"vs\[1\]: expected shape"),
-    (lambda: hetero_normalized_attention(Q, [K], [V], weights=[torch.rand(3)]), ValueError,
+    (lambda m: m.hetero_normalized_attention(Q, [K], [V], weights=[torch.rand(3)]), ValueError,
      r"weights\[0\]: expected shape"),
-    (lambda: hetero_normalized_attention(Q, [K], [V], weights=[None, None]), ValueError,
+    (lambda m: m.hetero_normalized_attention(Q, [K], [V], weights=[None, None]), ValueError,
      "weights: expected 1 entries"),
-    (lambda: hetero_normalized_attention(Q, [K], [V], reduce="max"), ValueError, "reduce"),
+    (lambda m: m.hetero_normalized_attention(Q, [K], [V], reduce="max"), ValueError, "reduce"),
 ])
-def test_errors(call, error, match):
+def test_errors(impl, call, error, match):
     with pytest.raises(error, match=match):
-        call()
+        call(impl)

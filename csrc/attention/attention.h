@@ -32,6 +32,7 @@ struct OperandSpec {
   bool weighted;                               // scale rows by the quadrature weight
   const std::optional<at::Tensor>& norm_weight;  // (H, D) contiguous, or None for no norm
   const std::optional<at::Tensor>& norm_bias;    // (H, D) contiguous, present with norm_weight
+  bool softmax = false;  // the row map is a softmax over [pos | x] instead of [pos | LN(x)]
 };
 
 // The inputs of one attention call after validation; pos, weight and the norm parameters are

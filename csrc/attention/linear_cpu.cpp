@@ -15,7 +15,7 @@
 // against 96 columns at the Burgers shape; the inner dimension may be anything). So where D is a
 // multiple of 8 and d is not, BLAS computes output columns [P, d) and a small loop the P
 // coordinate columns; elsewhere BLAS computes all ld columns, zero-padded.
-#include "prepare_cpu.h"
+#include "chunks_cpu.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -28,44 +28,14 @@ namespace galerkin_ext {
 namespace {
 
 using at::Tensor;
+using cpu::build_chunk;
+using cpu::chunk_backward;
+using cpu::Chunking;
 using cpu::RowGradSums;
 using cpu::Rows;
 
-// Points per chunk: a chunk operand takes at most 128 KiB, so the two to four a task holds stay
-// in L2, and the chunk count is a multiple of the thread count (the loops are statically split).
-struct Chunking {
-  int64_t rows, count;
-  Chunking(int64_t n, int64_t ld, int64_t element_size) {
-    const int64_t cache_rows = std::max<int64_t>(8, 128 * 1024 / element_size / ld / 8 * 8);
-    const int64_t threads = at::get_num_threads();
-    const int64_t per_thread = ((n + cache_rows - 1) / cache_rows + threads - 1) / threads;
-    const int64_t target = per_thread * threads;
-    rows = ((n + target - 1) / target + 7) / 8 * 8;
-    count = (n + rows - 1) / rows;
-  }
-};
-
 // The first m rows of a (rows, ld) chunk buffer.
 Tensor head(const Tensor& chunk, int64_t m) { return chunk.narrow(0, 0, m); }
-
-// Builds rows [n0, n0 + m) of operand (b, h) into chunk (rows, ld), their statistics into stats.
-template <typename scalar_t, typename acc_t>
-void build_chunk(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
-                 acc_t eps, acc_t* scratch, Tensor& chunk, acc_t* stats) {
-  cpu::prepare_rows(r, b, h, n0, m, eps, scratch, chunk.mutable_data_ptr<scalar_t>(),
-                    chunk.size(1), stats);
-}
-
-// Row backward of rows [n0, n0 + m) of operand (b, h): the gradients w.r.t. the prepared rows
-// are in chunk (rows, ld); grad_x rows go to grad_x (B, H, N, D) contiguous.
-template <typename scalar_t, typename acc_t>
-void chunk_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
-                    const Tensor& chunk, const acc_t* stats, Tensor& grad_x, acc_t* xhat,
-                    acc_t* dy, const RowGradSums<acc_t>& sums) {
-  scalar_t* dx = grad_x.mutable_data_ptr<scalar_t>() + ((b * r.H + h) * r.N + n0) * r.D;
-  cpu::prepare_rows_backward(r, b, h, n0, m, stats, chunk.const_data_ptr<scalar_t>(),
-                             chunk.size(1), dx, r.D, xhat, dy, sums);
-}
 
 // y[i, c] = Σ_j l[i, j] · cols[c, j] for the first `p` columns of y (rows i < m, j < k).
 template <typename scalar_t>

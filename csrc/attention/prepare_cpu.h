@@ -14,6 +14,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 // The CPU kernels are cloned for AVX-512 and AVX2 machines, picked at load time (the build itself
 // targets the baseline x86-64), so their loops vectorise at the machine's width: compiled for
@@ -60,6 +63,7 @@ struct Rows {
   bool weighted;
   const scalar_t* gamma;   // null when the operand has no norm
   const scalar_t* beta;
+  bool softmax;            // rows are softmax([pos | x]) (then gamma is null)
 
   explicit Rows(const OperandSpec& s)
       : B(s.x.size(0)), H(s.x.size(1)), N(s.x.size(2)), D(s.x.size(3)),
@@ -72,7 +76,8 @@ struct Rows {
         weight_sb(s.weight && s.weight->dim() == 2 ? N : 0),
         weighted(s.weighted),
         gamma(s.norm_weight ? s.norm_weight->const_data_ptr<scalar_t>() : nullptr),
-        beta(s.norm_bias ? s.norm_bias->const_data_ptr<scalar_t>() : nullptr) {}
+        beta(s.norm_bias ? s.norm_bias->const_data_ptr<scalar_t>() : nullptr),
+        softmax(s.softmax) {}
 
   // Copies row (b, h, n) of x into dst, converted to the accumulation type.
   template <typename acc_t>
@@ -91,19 +96,76 @@ struct Rows {
   }
 };
 
+// exp(x) for x <= 0 (as in a softmax, x = z - max z), written so that the row loops vectorise
+// (glibc's scalar exp did not, and made the softmax rows 3x slower than torch's): Cody-Waite
+// reduction x = n ln2 + r, |r| <= ln2 / 2, a Taylor polynomial of e^r (degree 7 for float, 13
+// for double: below half an ulp of truncation error), and 2^n from its exponent bits. Results
+// below the smallest normal number become 0; NaN stays NaN.
+template <typename T>
+inline T exp_nonpositive(T x) {
+  constexpr bool is_float = sizeof(T) == 4;
+  using Bits = std::conditional_t<is_float, int32_t, int64_t>;
+  constexpr T kLowest = is_float ? T(-87.3) : T(-708.3);  // e^kLowest > smallest normal
+  constexpr T kLog2e = T(1.4426950408889634074);
+  constexpr T kLn2Hi = is_float ? T(0.693359375) : T(6.93145751953125E-1);
+  constexpr T kLn2Lo = is_float ? T(-2.12194440e-4) : T(1.42860682030941723212E-6);
+  constexpr int kDegree = is_float ? 7 : 13;
+  constexpr int kMantissa = is_float ? 23 : 52;
+  constexpr Bits kBias = is_float ? 127 : 1023;
+  const T clamped = x < kLowest ? kLowest : x;  // NaN passes through (the comparison is false)
+  const T n = std::floor(clamped * kLog2e + T(0.5));
+  const T r = clamped - n * kLn2Hi - n * kLn2Lo;
+  constexpr T kInverse[14] = {T(0), T(1), T(1) / 2, T(1) / 3, T(1) / 4, T(1) / 5, T(1) / 6,
+                              T(1) / 7, T(1) / 8, T(1) / 9, T(1) / 10, T(1) / 11, T(1) / 12,
+                              T(1) / 13};
+  T p = T(1);
+  for (int i = kDegree; i >= 1; --i) p = T(1) + p * r * kInverse[i];  // Horner: Σ r^i / i!
+  const Bits bits = (static_cast<Bits>(n) + kBias) << kMantissa;
+  T scale;
+  std::memcpy(&scale, &bits, sizeof(T));
+  return x < kLowest ? T(0) : p * scale;
+}
+
 template <typename acc_t>
 struct RowStats {
-  acc_t mean, rstd;  // (0, 1) for an operand without a norm
+  // The norm's (mean, rstd); (0, 1) for an operand without a norm; the softmax's
+  // (max, 1 / Σ exp(z - max)).
+  acc_t mean, rstd;
 };
 
-// Writes the prepared row (b, h, n) to out[0, ld): [s·pos | s·LN_h(x) | 0], s the row scale.
-// `row` is D elements of scratch. Returns the norm's statistics.
+// z = [pos | x] of row (b, h, n) into z (P + D elements).
+template <typename scalar_t, typename acc_t>
+void load_softmax_input(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n, acc_t* z) {
+  if (r.pos) {
+    const scalar_t* p = r.pos + b * r.pos_sb + n * r.P;
+    for (int64_t j = 0; j < r.P; ++j) z[j] = acc_t(p[j]);
+  }
+  r.load(b, h, n, z + r.P);
+}
+
+// Writes the prepared row (b, h, n) to out[0, ld): [s·pos | s·LN_h(x) | 0], or
+// [s·softmax([pos | x]) | 0] for a softmax operand, s the row scale. `row` is P + D elements of
+// scratch. Returns the row map's statistics.
 template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
 RowStats<acc_t> prepare_row(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n,
                             acc_t eps, acc_t* row, scalar_t* out, int64_t ld) {
-  r.load(b, h, n, row);
   std::fill(out + r.P + r.D, out + ld, scalar_t(0));
   const acc_t s = r.template scale<acc_t>(b, n);
+  if (r.softmax) {
+    const int64_t width = r.P + r.D;
+    load_softmax_input(r, b, h, n, row);
+    acc_t top = row[0];
+    for (int64_t j = 1; j < width; ++j) top = std::max(top, row[j]);
+    acc_t sum = 0;
+    for (int64_t j = 0; j < width; ++j) {
+      row[j] = exp_nonpositive(row[j] - top);
+      sum += row[j];
+    }
+    const acc_t inv = acc_t(1) / sum;
+    for (int64_t j = 0; j < width; ++j) out[j] = static_cast<scalar_t>(row[j] * inv * s);
+    return {top, inv};
+  }
+  r.load(b, h, n, row);
   if (r.pos) {
     const scalar_t* p = r.pos + b * r.pos_sb + n * r.P;
     for (int64_t j = 0; j < r.P; ++j) out[j] = static_cast<scalar_t>(acc_t(p[j]) * s);
@@ -142,13 +204,37 @@ struct RowGradSums {
   acc_t* grad_beta;    // (H, D)
 };
 
+// Backward of a softmax row (prepare_row): y = softmax(z), z = [pos | x], prepared row s·y.
+template <typename scalar_t, typename acc_t>
+void softmax_row_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n,
+                          RowStats<acc_t> st, const scalar_t* grad, scalar_t* dx, acc_t* y,
+                          acc_t* dz, const RowGradSums<acc_t>& sums) {
+  const int64_t width = r.P + r.D;
+  load_softmax_input(r, b, h, n, y);
+  acc_t dot = 0;  // Σ grad_j y_j
+  for (int64_t j = 0; j < width; ++j) {
+    y[j] = exp_nonpositive(y[j] - st.mean) * st.rstd;
+    dot += acc_t(grad[j]) * y[j];
+  }
+  const acc_t s = r.template scale<acc_t>(b, n);
+  if (sums.grad_weight) sums.grad_weight[b * r.weight_sb + n] += dot;
+  // dz = y ∘ (s·grad − s·⟨grad, y⟩)
+  for (int64_t j = 0; j < width; ++j) dz[j] = y[j] * s * (acc_t(grad[j]) - dot);
+  if (sums.grad_pos) {
+    acc_t* gp = sums.grad_pos + b * r.pos_sb + n * r.P;
+    for (int64_t j = 0; j < r.P; ++j) gp[j] += dz[j];
+  }
+  for (int64_t j = 0; j < r.D; ++j) dx[j] = static_cast<scalar_t>(dz[r.P + j]);
+}
+
 // Backward of prepare_row. `grad` (ld elements) is the gradient w.r.t. the prepared row; the
 // gradient w.r.t. x is written to dx (D elements), which may alias grad + P: grad is read whole
-// first. `xhat` and `dy` are D elements of scratch each.
+// first. `xhat` and `dy` are P + D elements of scratch each.
 template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
 void prepare_row_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n,
                           RowStats<acc_t> st, const scalar_t* grad, scalar_t* dx, acc_t* xhat,
                           acc_t* dy, const RowGradSums<acc_t>& sums) {
+  if (r.softmax) return softmax_row_backward(r, b, h, n, st, grad, dx, xhat, dy, sums);
   const bool norm = r.gamma != nullptr;
   const scalar_t* gam = norm ? r.gamma + h * r.D : nullptr;
   const scalar_t* bet = norm ? r.beta + h * r.D : nullptr;
@@ -199,14 +285,14 @@ void prepare_row_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t
 }
 
 // Rows [n0, n0 + m) of operand (b, h), prepared into out (row stride ld), and their statistics
-// into stats as (mean, rstd) pairs. `scratch`: D elements.
+// into stats as (mean, rstd) pairs. `scratch`: P + D elements.
 template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
 void prepare_rows(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
                   acc_t eps, acc_t* scratch, scalar_t* out, int64_t ld, acc_t* stats);
 
 // Backward of prepare_rows: grad (row stride ld) holds the gradients w.r.t. the prepared rows,
 // stats their (mean, rstd) pairs; grad_x rows go to dx (row stride ldx; dx = grad + P with
-// ldx = ld works in place). `xhat`, `dy`: D elements each.
+// ldx = ld works in place). `xhat`, `dy`: P + D elements each.
 template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
 void prepare_rows_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
                            const acc_t* stats, const scalar_t* grad, int64_t ld, scalar_t* dx,

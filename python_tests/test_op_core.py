@@ -1,0 +1,305 @@
+"""The op core, torch.ops.galerkin_ext.kv_reduce and q_apply (csrc/attention/core.h), and the
+attention functions composed from it on the CPU, against explicit float64 sums written here:
+every row map, coordinates shared or per sample, weights, the normaliser's column, M != N,
+M = 1, N = 1, sizes off the chunk sizes, non-contiguous inputs; gradcheck of every
+differentiable input, opcheck, torch.compile, bitwise repeatability, padding invariance."""
+
+import pytest
+import torch
+
+from galerkin_ext import functional, ops
+
+F64 = torch.float64
+
+
+def rand(*shape, gen, dtype=F64):
+    return torch.randn(*shape, generator=gen, dtype=dtype)
+
+
+def explicit_row(x, pos, kind, norm, eps=1e-5):
+    """One prepared row per (b, h, n), by loops: [pos | x], [pos | LN(x)] or softmax([pos | x])."""
+    b_, h_, n_, d_ = x.shape
+    p_ = 0 if pos is None else pos.shape[-1]
+    out = torch.empty(b_, h_, n_, p_ + d_, dtype=F64)
+    for b in range(b_):
+        for h in range(h_):
+            for n in range(n_):
+                row = x[b, h, n].double()
+                coords = (torch.zeros(0, dtype=F64) if pos is None
+                          else (pos[b, n] if pos.dim() == 3 else pos[n]).double())
+                if kind == "softmax":
+                    z = torch.cat([coords, row])
+                    e = torch.exp(z - z.max())
+                    out[b, h, n] = e / e.sum()
+                    continue
+                if kind == "layer_norm":
+                    mean = row.sum() / d_
+                    var = ((row - mean) ** 2).sum() / d_
+                    row = (row - mean) / torch.sqrt(var + eps) * norm[0][h].double() + norm[1][h]
+                out[b, h, n] = torch.cat([coords, row])
+    return out
+
+
+def explicit_s(k, v, kv_pos, weight, k_map, k_norm, v_map, v_norm, ones_column):
+    """S[b, h] = Σ_j w_j k̂_j v̂_jᵀ as a sum of outer products over the keys."""
+    kh = explicit_row(k, kv_pos, k_map, k_norm)
+    vh = explicit_row(v, kv_pos, v_map, v_norm)
+    if ones_column:
+        vh = torch.cat([vh, torch.ones(*vh.shape[:3], 1, dtype=F64)], dim=-1)
+    b_, h_, m_, _ = k.shape
+    s = torch.zeros(b_, h_, kh.shape[-1], vh.shape[-1], dtype=F64)
+    for b in range(b_):
+        for j in range(m_):
+            w = 1.0 / m_ if weight is None else float(weight[b, j] if weight.dim() == 2
+                                                      else weight[j])
+            for h in range(h_):
+                s[b, h] += w * torch.outer(kh[b, h, j], vh[b, h, j])
+    return s
+
+
+def explicit_apply(q, pos, q_map, q_norm, s, normalizers):
+    """Q̂ S, or Σ_l (Q̂ S_l) / (Q̂ s_l) with 0/0 := 0, row by row."""
+    y = explicit_row(q, pos, q_map, q_norm) @ s.double()
+    if normalizers == 0:
+        return y
+    block = y.shape[-1] // normalizers
+    out = torch.zeros(*y.shape[:3], block - 1, dtype=F64)
+    for lo in range(0, y.shape[-1], block):
+        num, den = y[..., lo:lo + block - 1], y[..., lo + block - 1:lo + block]
+        out += torch.where(den != 0, num / torch.where(den != 0, den, 1.0), 0.0)
+    return out
+
+
+def norm_pair(heads, dim, gen, dtype=F64):
+    return 1 + 0.2 * rand(heads, dim, gen=gen, dtype=dtype), 0.1 * rand(heads, dim, gen=gen,
+                                                                          dtype=dtype)
+
+
+# (B, H, N, M, D_k, D_v, P, pos layout, weight layout, non-contiguous)
+SHAPES = [
+    (1, 1, 1, 1, 1, 1, 0, None, None, False),
+    (2, 3, 5, 1, 4, 2, 1, "batched", "batched", True),
+    (2, 2, 1, 9, 3, 5, 2, "shared", "shared", False),
+    (3, 2, 37, 29, 5, 4, 2, "batched", "batched", True),
+    (1, 2, 300, 211, 7, 6, 1, "shared", None, True),  # several chunks, off the chunk size
+]
+MAPS = [("identity", "identity"), ("layer_norm", "layer_norm"), ("softmax", "identity"),
+        ("layer_norm", "identity")]
+
+
+def core_inputs(shape, maps, gen, dtype=F64):
+    b, h, n, m, dk, dv, p, pos_kind, weight_kind, strided = shape
+    k_map, v_map = maps
+
+    def operand(rows, dim):
+        if strided:  # a (B, N, H, D) projection viewed per head
+            return rand(b, rows, h, dim, gen=gen, dtype=dtype).transpose(1, 2)
+        return rand(b, h, rows, dim, gen=gen, dtype=dtype)
+
+    def coords(rows):
+        if pos_kind is None:
+            return None
+        return rand(*((b,) if pos_kind == "batched" else ()), rows, p, gen=gen, dtype=dtype)
+
+    weight = None
+    if weight_kind is not None:
+        weight = torch.rand(*((b,) if weight_kind == "batched" else ()), m, generator=gen,
+                            dtype=dtype)
+        weight[..., 0] = 0.0  # a masked key
+    return dict(
+        q=operand(n, dk), k=operand(m, dk), v=operand(m, dv), pos=coords(n), kv_pos=coords(m),
+        weight=weight, k_map=k_map, v_map=v_map,
+        k_norm=norm_pair(h, dk, gen, dtype) if k_map == "layer_norm" else None,
+        v_norm=norm_pair(h, dv, gen, dtype) if v_map == "layer_norm" else None,
+        q_norm=norm_pair(h, dk, gen, dtype) if k_map == "layer_norm" else None)
+
+
+def reduce_args(x, ones_column):
+    k_norm, v_norm = x["k_norm"] or (None, None), x["v_norm"] or (None, None)
+    return (x["k"], x["v"], x["kv_pos"], x["weight"], x["k_map"], *k_norm, x["v_map"], *v_norm,
+            1e-5, ones_column)
+
+
+def apply_args(x, s, normalizers):
+    q_norm = x["q_norm"] or (None, None)
+    return (x["q"], x["pos"], x["k_map"], *q_norm, s, 1e-5, normalizers)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("maps", MAPS, ids=str)
+def test_kv_reduce_and_q_apply_match_explicit_sums(shape, maps, gen):
+    x = core_inputs(shape, maps, gen)
+    for ones_column in (False, True):
+        s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(x, ones_column))
+        expected = explicit_s(x["k"], x["v"], x["kv_pos"], x["weight"], x["k_map"], x["k_norm"],
+                              x["v_map"], x["v_norm"], ones_column)
+        assert s.dtype == F64
+        torch.testing.assert_close(s, expected, rtol=1e-12, atol=1e-12)
+        normalizers = int(ones_column)
+        out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, normalizers))
+        torch.testing.assert_close(
+            out, explicit_apply(x["q"], x["pos"], x["k_map"], x["q_norm"], s, normalizers),
+            rtol=1e-10, atol=1e-12)
+
+
+def test_several_normalizers_and_a_block_without_keys(gen):
+    x = core_inputs((2, 2, 6, 5, 3, 4, 1, "batched", "batched", False), ("softmax", "identity"),
+                    gen)
+    s1 = torch.ops.galerkin_ext.kv_reduce(*reduce_args(x, True))
+    x["weight"][1] = 0.0  # sample 1 has no keys in the second block
+    s2 = torch.ops.galerkin_ext.kv_reduce(*reduce_args(x, True))
+    s = torch.cat([s1, s2], dim=-1)
+    out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, 2))
+    torch.testing.assert_close(out, explicit_apply(x["q"], x["pos"], "softmax", None, s, 2),
+                               rtol=1e-12, atol=1e-12)
+    alone = torch.ops.galerkin_ext.q_apply(*apply_args(x, s1, 1))
+    torch.testing.assert_close(out[1], alone[1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("maps", MAPS, ids=str)
+def test_gradcheck_every_input(maps, gen):
+    x = core_inputs((2, 2, 4, 3, 3, 2, 1, "batched", "batched", True), maps, gen)
+    x["weight"] = x["weight"] + 0.1
+    names = ["q", "k", "v", "pos", "kv_pos", "weight"]
+    tensors = [x[n].detach().requires_grad_() for n in names]
+    norms = [p.detach().requires_grad_() for key in ("q_norm", "k_norm", "v_norm")
+             for p in (x[key] or ())]
+    ones_column = maps[0] == "softmax"
+
+    def f(q, k, v, pos, kv_pos, weight, *norm_params):
+        it = iter(norm_params)
+        y = {**x, "q": q, "k": k, "v": v, "pos": pos, "kv_pos": kv_pos, "weight": weight}
+        for key in ("q_norm", "k_norm", "v_norm"):
+            if x[key] is not None:
+                y[key] = (next(it), next(it))
+        s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(y, ones_column))
+        return torch.ops.galerkin_ext.q_apply(*apply_args(y, s, int(ones_column)))
+
+    assert torch.autograd.gradcheck(f, (*tensors, *norms))
+    assert torch.autograd.gradgradcheck(f, (*tensors, *norms))
+
+
+@pytest.mark.parametrize("maps", [("layer_norm", "layer_norm"), ("softmax", "identity")],
+                         ids=str)
+def test_opcheck(maps, gen):
+    x = core_inputs((2, 2, 5, 3, 3, 2, 1, "shared", "batched", True), maps, gen,
+                    dtype=torch.float32)
+    ones_column = maps[0] == "softmax"
+    args = reduce_args(x, ones_column)
+    torch.library.opcheck(torch.ops.galerkin_ext.kv_reduce, args)
+    s = torch.ops.galerkin_ext.kv_reduce(*args)
+    torch.library.opcheck(torch.ops.galerkin_ext.q_apply, apply_args(x, s, int(ones_column)))
+    torch.library.opcheck(torch.ops.galerkin_ext.kv_reduce_backward,
+                          (torch.randn_like(s), *args[:-1], ones_column, True, True))
+    out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, int(ones_column)))
+    torch.library.opcheck(torch.ops.galerkin_ext.q_apply_backward,
+                          (torch.randn_like(out), *apply_args(x, s, int(ones_column)), False))
+
+
+def test_repeatable_bit_for_bit(gen):
+    x = core_inputs((2, 4, 3000, 2500, 16, 16, 2, "batched", "batched", True),
+                    ("layer_norm", "layer_norm"), gen, dtype=torch.float32)
+    leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "pos", "weight")]
+
+    def run():
+        out = ops.galerkin_attention(x["q"], x["k"], x["v"], pos=x["pos"], kv_pos=x["kv_pos"],
+                                     weight=x["weight"], k_norm=x["k_norm"],
+                                     v_norm=x["v_norm"])
+        return [out, *torch.autograd.grad(out.square().sum(), leaves)]
+
+    for a, b in zip(run(), run(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_galerkin_and_fourier_cross_attention_match_the_pairwise_sum(gen):
+    x = core_inputs((2, 3, 23, 17, 5, 5, 2, "batched", "batched", True),
+                    ("layer_norm", "layer_norm"), gen)
+    q_hat = explicit_row(x["q"], x["pos"], "identity", None)
+    k_hat = explicit_row(x["k"], x["kv_pos"], "layer_norm", x["k_norm"])
+    v_hat = explicit_row(x["v"], x["kv_pos"], "layer_norm", x["v_norm"])
+    w = x["weight"]
+    expected = torch.einsum("bhnd,bhmd,bm,bhme->bhne", q_hat, k_hat, w, v_hat)
+    out = ops.galerkin_attention(x["q"], x["k"], x["v"], pos=x["pos"], kv_pos=x["kv_pos"],
+                                 weight=w, k_norm=x["k_norm"], v_norm=x["v_norm"])
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    for path in ("factored", "quadratic"):
+        out = ops.fourier_attention(x["q"], x["k"], x["v"], pos=x["pos"], kv_pos=x["kv_pos"],
+                                    weight=w, q_norm=x["q_norm"], k_norm=x["k_norm"],
+                                    path=path, scale=0.3)
+        q_ln = explicit_row(x["q"], x["pos"], "layer_norm", x["q_norm"])
+        v_plain = explicit_row(x["v"], x["kv_pos"], "identity", None)
+        expected = 0.3 * torch.einsum("bhnd,bhmd,bm,bhme->bhne", q_ln, k_hat, w, v_plain)
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", ["galerkin", "fourier", "normalized"])
+def test_padding_keys_and_batch_mates_change_nothing(fn, gen):
+    """Extra keys of weight 0 change no output (float64, 1e-12); a sample alone = in a batch."""
+    b, h, n, m, d, p = 3, 2, 11, 7, 4, 2
+    q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, d, gen=gen)
+    pos, kv_pos = rand(b, n, p, gen=gen), rand(b, m, p, gen=gen)
+    w = torch.rand(b, m, generator=gen, dtype=F64) + 0.1
+    norm = norm_pair(h, d, gen)
+
+    def call(q, k, v, pos, kv_pos, w):
+        if fn == "galerkin":
+            return ops.galerkin_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=w,
+                                          k_norm=norm, v_norm=norm)
+        if fn == "fourier":
+            return ops.fourier_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=w,
+                                         q_norm=norm, k_norm=norm)
+        return ops.normalized_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=w, skip=True)
+
+    out = call(q, k, v, pos, kv_pos, w)
+    pad = 5
+    padded = call(q, torch.cat([k, rand(b, h, pad, d, gen=gen)], 2),
+                  torch.cat([v, rand(b, h, pad, d, gen=gen)], 2), pos,
+                  torch.cat([kv_pos, rand(b, pad, p, gen=gen)], 1),
+                  torch.cat([w, torch.zeros(b, pad, dtype=F64)], 1))
+    torch.testing.assert_close(padded, out, rtol=1e-12, atol=1e-12)
+    for i in range(b):
+        s = slice(i, i + 1)
+        torch.testing.assert_close(call(q[s], k[s], v[s], pos[s], kv_pos[s], w[s]), out[s],
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_core_agrees_with_the_formulas_and_compiles(gen):
+    x = core_inputs((2, 2, 40, 31, 6, 6, 2, "shared", "batched", True),
+                    ("layer_norm", "layer_norm"), gen, dtype=torch.float32)
+
+    def cross(q, k, v, pos, kv_pos, weight):
+        return (ops.galerkin_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=weight,
+                                       k_norm=x["k_norm"], v_norm=x["v_norm"])
+                + ops.normalized_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=weight,
+                                           skip=True))
+
+    args = (x["q"], x["k"], x["v"], x["pos"], x["kv_pos"], x["weight"])
+    eager = cross(*args)
+    formula = (functional.kernel_attention(
+        x["q"], x["k"], x["v"], pos=x["pos"], kv_pos=x["kv_pos"], weight=x["weight"],
+        q_norm=None, k_norm=x["k_norm"], v_norm=x["v_norm"], eps=1e-5, scale=1.0,
+        path="factored", dropout_mask=None)[0]
+        + functional.normalized_attention(*args[:3], pos=x["pos"], kv_pos=x["kv_pos"],
+                                          weight=x["weight"], skip=True))
+    torch.testing.assert_close(eager, formula, rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(cross, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(*args), eager)
+
+
+def test_direct_calls_are_checked(gen):
+    k, v = rand(2, 2, 5, 3, gen=gen), rand(2, 2, 5, 4, gen=gen)
+    with pytest.raises(RuntimeError, match="k_map: expected 'identity'"):
+        torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "norm", None, None, "identity", None,
+                                         None, 1e-5, False)
+    with pytest.raises(RuntimeError, match="k_norm: layer_norm needs"):
+        torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "layer_norm", None, None,
+                                         "identity", None, None, 1e-5, False)
+    with pytest.raises(RuntimeError, match="v: expected shape"):
+        torch.ops.galerkin_ext.kv_reduce(k, v[:, :, :4], None, None, "identity", None, None,
+                                         "identity", None, None, 1e-5, False)
+    s = torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "identity", None, None, "identity",
+                                         None, None, 1e-5, True)
+    with pytest.raises(RuntimeError, match="normalizers"):
+        torch.ops.galerkin_ext.q_apply(k, None, "identity", None, None, s, 1e-5, 2)
+    with pytest.raises(RuntimeError, match="s: expected shape"):
+        torch.ops.galerkin_ext.q_apply(v, None, "identity", None, None, s, 1e-5, 1)
