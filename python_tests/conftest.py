@@ -1,14 +1,19 @@
 """Shared fixtures. Random inputs are fresh every run; the seed is printed in the header and can
 be fixed with GALERKIN_TEST_SEED=<int> to reproduce a failure."""
 
+import atexit
 import os
 import random
+import shutil
 import tempfile
 import zlib
 
 # A private inductor cache: the on-disk FX-graph cache does not key on custom ops' fake kernels,
-# so graphs compiled against an older build of this package could be reused.
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="galerkin_ext_inductor_")
+# so graphs compiled against an older build of this package could be reused. Removed at exit,
+# so that test runs leave no folders behind in /tmp.
+_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="galerkin_ext_inductor_")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
+atexit.register(shutil.rmtree, _INDUCTOR_CACHE, ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

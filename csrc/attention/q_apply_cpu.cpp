@@ -2,8 +2,9 @@
 //   forward:  out_c = Q̂_c S, then with L normalisers out = Σ_l num_l / den_l per row
 //   backward: G' = ∂out/∂(Q̂ S) applied to grad_out (row-local); dS = Σ_chunks Q̂_cᵀ G'_c;
 //             dQ̂_c = G'_c Sᵀ, then the row map's backward
-// For a normalised block y = n / δ (n = Q̂ S_l, δ = Q̂ s_l): ∂/∂n = g / δ and ∂/∂δ = -⟨g, y⟩ / δ,
-// so G' is [g / δ | -⟨g, n⟩ / δ²] per block and both products keep the forward's shapes.
+// For a normalised block y = n / δ (n = Q̂ S_l, δ = Q̂ s_l): ∂/∂n = g / δ and
+// ∂/∂δ = -⟨g, y⟩ / δ, so G' is [g / δ | -⟨g, n⟩ / δ²] per block and both products keep the
+// forward's shapes.
 // δ = 0 (a sample whose keys all have weight 0) gives 0 and zero gradients: 0/0 := 0.
 #include "chunks_cpu.h"
 #include "core.h"
@@ -101,7 +102,9 @@ Tensor forward_impl(const QApplyInputs& in, double eps_in) {
         if (L > 0) {
           normalize_rows(src, ldw, m, L, width, dst);
         } else {
-          for (int64_t i = 0; i < m; ++i) std::memcpy(dst + i * W, src + i * ldw, W * sizeof(scalar_t));
+          for (int64_t i = 0; i < m; ++i) {
+            std::memcpy(dst + i * W, src + i * ldw, W * sizeof(scalar_t));
+          }
         }
       }
     }
@@ -150,7 +153,9 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
           at::mm_out(y, block(qc, m, ldq), s[bh]);
           normalize_rows_backward(gsrc, yc.const_data_ptr<scalar_t>(), ldw, m, L, width, gdst);
         } else {
-          for (int64_t i = 0; i < m; ++i) std::memcpy(gdst + i * ldw, gsrc + i * W, W * sizeof(scalar_t));
+          for (int64_t i = 0; i < m; ++i) {
+            std::memcpy(gdst + i * ldw, gsrc + i * W, W * sizeof(scalar_t));
+          }
         }
         Tensor slot = partial[c][bh];
         at::mm_out(slot, block(qc, m, dq).t(), block(gc, m, ldw));
