@@ -2,9 +2,9 @@
 
 Subpackages (imported on use, so that ``import galerkin_ext`` stays light):
 
-* ``ops`` -- the compiled attention ops (C++/CUDA), with autograd and fake kernels;
-* ``functional`` -- plain-PyTorch formulas where no compiled op applies (GNOT's normalised
-  attention, single and heterogeneous);
+* ``ops`` -- the compiled attention ops (C++/CUDA), with autograd and fake kernels: the Galerkin,
+  Fourier and normalised (GNOT) types on one op core, ``kv_reduce`` and ``q_apply``;
+* ``functional`` -- the same formulas in plain PyTorch, where no compiled op applies;
 * ``quadrature`` -- quadrature weights of key points (1-D trapezoid, grids, simplicial meshes);
 * ``reference`` -- the same math in plain PyTorch, the way the original code computes it;
 * ``layers``, ``models`` -- the paper's networks (``models.build_model``);
