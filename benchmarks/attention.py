@@ -40,7 +40,7 @@ import original  # benchmarks/original.py: the script's folder is first on sys.p
 import torch
 
 from galerkin_ext import ops, reference
-from galerkin_ext.training import describe_device, write_json
+from galerkin_ext.training import command_line, describe_device, write_json
 
 SHAPES = {  # name: (B, H, N, M, D, P)
     "burgers": (4, 1, 8192, 8192, 96, 1),
@@ -358,7 +358,7 @@ def main() -> None:
         device=describe_device(dev.name),
         torch=torch.__version__,
         cuda=torch.version.cuda,
-        command=" ".join(["python", *sys.argv]),
+        command=command_line(),
         copy_gbps=copy_gbps,
         threads=torch.get_num_threads(),
         rows=rows,

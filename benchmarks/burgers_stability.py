@@ -21,7 +21,6 @@ The arms run in parallel processes, one thread each.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import multiprocessing
 import os
 import statistics
@@ -31,13 +30,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import original  # benchmarks/original.py: the script's folder is first on sys.path
 import torch
 from torch.utils.data import DataLoader
 
 from galerkin_ext.data import BurgersDataset
 from galerkin_ext.losses import OperatorLoss, relative_l2
 from galerkin_ext.models import build_model
-from galerkin_ext.training import cached_data, write_json
+from galerkin_ext.training import cached_data, command_line, write_json
 
 ARMS = ("raw", "scaled")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "burgers.py"
@@ -45,11 +45,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "burgers.py"
 
 def _example() -> Any:
     """``examples/burgers.py`` as a module: its paper preset is the one place of the settings."""
-    spec = importlib.util.spec_from_file_location("burgers_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return original.exec_file("burgers_example", EXAMPLE)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=len(args.arms), mp_context=spawn) as pool:
         arms = list(pool.map(run_arm, args.arms, [args] * len(args.arms),
                              [data] * len(args.arms)))
-    result = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
+    result = {"command": command_line(), "torch": torch.__version__,
               "device": f"cpu ({os.cpu_count()} cores, one thread per arm)", "n": args.n,
               "attention": args.attention, "arms": arms}
     write_json(args.out, result)

@@ -31,6 +31,7 @@ import torch
 from galerkin_ext.data.burgers import solve_burgers
 from galerkin_ext.data.generate import generate_burgers, generate_darcy
 from galerkin_ext.data.storage import read_h5
+from galerkin_ext.training import command_line
 
 FULL = {"burgers": 2048, "darcy": 2048}
 TARGET_S = {"burgers": 180.0, "darcy": 1200.0}
@@ -133,7 +134,7 @@ def main() -> int:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
         },
-        "command": " ".join(sys.argv),
+        "command": command_line(),
     }
     try:
         problems = ("burgers", "darcy") if args.problem == "all" else (args.problem,)

@@ -95,7 +95,7 @@ def available() -> bool:
     return package_root() is not None
 
 
-def _exec_file(name: str, path: Path) -> types.ModuleType:
+def exec_file(name: str, path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -124,9 +124,9 @@ def load() -> types.ModuleType:
     stand_ins = {"utils_ft": types.ModuleType("utils_ft"), "torchinfo": torchinfo}
     saved = {name: sys.modules.get(name) for name in ("layers", *stand_ins)}
     try:
-        layers = _exec_file(f"{PACKAGE}_original_layers", root / "layers.py")
+        layers = exec_file(f"{PACKAGE}_original_layers", root / "layers.py")
         sys.modules.update(layers=layers, **stand_ins)
-        model = _exec_file(f"{PACKAGE}_original_model", root / "model.py")
+        model = exec_file(f"{PACKAGE}_original_model", root / "model.py")
     finally:
         for name, module in saved.items():
             if module is None:

@@ -7,7 +7,6 @@ where the time goes without a hardware profiler.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 from attention import SHAPES, make_fn, workload
 from torch.profiler import ProfilerActivity, profile
 
-from galerkin_ext.training import write_json
+from galerkin_ext.training import command_line, describe_device, write_json
 
 
 def parse_args() -> argparse.Namespace:
@@ -61,9 +60,9 @@ def main() -> None:
     records = []
     for name in args.shapes.split(","):
         shape = SHAPES[name]
-        x, leaves, grad = workload(shape, "cuda", dtype, gen)
         for op in args.ops.split(","):
-            fn = make_fn(op, "ours", shape, "cuda")
+            x, leaves, grad = workload(op, shape, "cuda", dtype, gen)
+            fn = make_fn(op, "ours", shape, "cuda", dtype)
 
             def fwd(fn=fn, x=x):
                 with torch.no_grad():
@@ -80,8 +79,8 @@ def main() -> None:
                     print(f"  {us:9.1f} us  {kernel}")
                 records.append(dict(op=op, shape=name, kind=kind, dtype=args.dtype,
                                     wall_us=wall_us, kernel_us=kernels))
-    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                  command=" ".join(["python", *sys.argv]), records=records)
+    result = dict(device=describe_device("cuda"), torch=torch.__version__,
+                  command=command_line(), records=records)
     write_json(args.out, result)
 
 

@@ -57,7 +57,7 @@ from galerkin_ext._checks import check_choice, check_int
 from galerkin_ext.layers import cinn_sizes
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
-from galerkin_ext.training import describe_device, write_json
+from galerkin_ext.training import command_line, describe_device, write_json
 
 # ----------------------------------------------------------------------------------------------
 # Config (SPEC §5 and the paper's Table 1).
@@ -372,7 +372,7 @@ def bench_row(model_name: str, attention: str, args: argparse.Namespace) -> list
             "it_per_s": args.steps / statistics.median(w.seconds) if w else None,
             "peak_mem_mb": max(w.peak_mb) if w and w.peak_mb else None,
             "device": describe_device(device),
-            "command": command(),
+            "command": command_line(),
             "batch": args.batch,
             "n": args.n if model_name == "burgers" else args.darcy_fine ** 2,
             "attention_tokens": args.n if model_name == "burgers" else args.darcy_coarse ** 2,
@@ -403,10 +403,6 @@ def bench_row(model_name: str, attention: str, args: argparse.Namespace) -> list
 # Output
 
 
-def command() -> str:
-    return " ".join(["python", *sys.argv])
-
-
 def print_table(records: list[dict[str, Any]]) -> None:
     print(f"{'model':8s} {'attention':12s} {'impl':9s} {'it/s':>9s} {'peak MiB':>10s} "
           f"{'ours/original':>14s}  note")
@@ -434,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": describe_device(args.device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "command": command(),
+        "command": command_line(),
         "precision": args.precision,
         "batch": args.batch,
         "steps": args.steps,

@@ -51,6 +51,17 @@ def check_probability(value: object, name: str) -> float:
     return float(value)
 
 
+def check_scale(value: object, default: float) -> float:
+    """An attention scale: ``value`` as a finite float, or ``default`` for ``None``."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
+        value
+    ):
+        raise ValueError(f"scale: expected a finite float or None, got {value!r}")
+    return float(value)
+
+
 def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
     """``value`` if it is one of ``choices``."""
     if value not in choices:

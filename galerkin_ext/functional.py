@@ -18,6 +18,7 @@ gradients (``0/0 := 0``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -72,9 +73,13 @@ def norm_map(norm: Norm) -> str:
     return "identity" if norm is None else "layer_norm"
 
 
+def opmath_dtype(t: Tensor) -> torch.dtype:
+    """The dtype ``S`` is accumulated in: float64 for float64 inputs, else float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def _opmath(t: Tensor) -> Tensor:
-    """``t`` in the dtype ``S`` is accumulated in: float64 stays, the rest becomes float32."""
-    return t if t.dtype == torch.float64 else t.float()
+    return t.to(opmath_dtype(t))
 
 
 def kv_reduce(
@@ -173,8 +178,23 @@ def kernel_attention(
     return attn @ v_hat, attn
 
 
-def factored_attention(q, k, v, *, pos, kv_pos, weight, q_norm, k_norm, v_norm, eps, scale,
-                       dropout_mask, kv_reduce_fn, q_apply_fn) -> tuple[Tensor, Tensor]:
+def factored_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None,
+    kv_pos: Tensor | None,
+    weight: Tensor | None,
+    q_norm: Norm,
+    k_norm: Norm,
+    v_norm: Norm,
+    eps: float,
+    scale: float,
+    dropout_mask: Tensor | None,
+    kv_reduce_fn: Callable[..., Tensor],
+    q_apply_fn: Callable[..., Tensor],
+) -> tuple[Tensor, Tensor]:
     """``out = Q̂ A`` with ``A = scale · S ∘ mask``, ``S = K̂ᵀ W V̂``, composed from a key-side
     reduction and a query-side apply with the signatures of :func:`kv_reduce` and
     :func:`q_apply` (these formulas or the compiled ops). Returns ``(out, A)``, ``A`` in
@@ -223,6 +243,22 @@ def resolve_kv_pos(pos: Tensor | None, kv_pos: Tensor | None, q: Tensor, k: Tens
     return kv_pos
 
 
+def log_weight_bias(weight: Tensor, batch: int, m: int) -> tuple[Tensor, Tensor]:
+    """Quadrature weights ``(B, M)`` or ``(M,)`` as the additive logit bias of softmax attention,
+    ``log(w / max_j w)`` of shape ``(B, M)``, and ``has_keys (B, 1)``: whether a sample has any
+    key. Constant weights give an exact zero bias; ``w_j = 0`` gives ``-inf`` (key removed) with
+    a finite gradient; a sample without keys gets a zero bias, and its output must be zeroed
+    with ``has_keys``."""
+    w = weight.expand(batch, m)
+    top = w.amax(dim=1, keepdim=True)
+    has_keys = top > 0
+    ratio = w / torch.where(has_keys, top, torch.ones_like(top))
+    # the clamp keeps log's gradient finite where the bias is -inf
+    bias = torch.where(ratio > 0, ratio.clamp_min(torch.finfo(w.dtype).tiny).log(),
+                       torch.full_like(ratio, -math.inf))
+    return torch.where(has_keys, bias, torch.zeros_like(bias)), has_keys
+
+
 def unit_weights(weight: Tensor | None, batch: int, m: int) -> Tensor | None:
     """Key weights scaled to sum 1 per sample (0 where they sum to 0) for the normalised forms,
     where only their ratios matter: the sums stay bounded. ``None`` stays uniform."""
@@ -263,10 +299,9 @@ def normalized_attention(
     Returns:
         ``(B, H, N, P + D_v)``.
     """
-    ks, vs, kv_pos_list, weights = [k], [v], [kv_pos], [weight]
-    resolved = check_normalized(q, ks, vs, pos, kv_pos_list, weights, "sum", skip, single_names)
-    return normalized_formula(q, ks, vs, pos, resolved, weights, "sum", skip,
-                              kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+    return normalized_core(q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight],
+                           reduce="sum", skip=skip, hetero=False, kv_reduce_fn=kv_reduce,
+                           q_apply_fn=q_apply)
 
 
 def hetero_normalized_attention(
@@ -299,19 +334,68 @@ def hetero_normalized_attention(
     Returns:
         ``(B, H, N, P + D_v)``.
     """
-    ks, vs, kv_pos, weights = input_lists(ks, vs, kv_pos, weights)
-    resolved = check_normalized(q, ks, vs, pos, kv_pos, weights, reduce, skip, hetero_names)
-    return normalized_formula(q, ks, vs, pos, resolved, weights, reduce, skip,
-                              kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+    return normalized_core(q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce,
+                           skip=skip, hetero=True, kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
 
 
-def input_lists(
+def normalized_core(
+    q: Tensor,
+    ks: Sequence[Tensor],
+    vs: Sequence[Tensor],
+    *,
+    pos: Tensor | None,
+    kv_pos: Sequence[Tensor | None] | None,
+    weights: Sequence[Tensor | None] | None,
+    reduce: str,
+    skip: bool,
+    hetero: bool,
+    kv_reduce_fn: Callable[..., Tensor],
+    q_apply_fn: Callable[..., Tensor],
+) -> Tensor:
+    """The normalised forms, single (``hetero=False``: one input, messages name ``k``, ``v``,
+    ``kv_pos``, ``weight``) and heterogeneous (messages name ``ks[i]``, …): checks the arguments,
+    then composes a key-side reduction and a query-side apply with the signatures of
+    :func:`kv_reduce` and :func:`q_apply` (these formulas or the compiled ops): one
+    ``[S_l | s_l]`` block per input, then one apply with ``L`` normalisers."""
+    ks, vs, kv_pos, weights = _input_lists(ks, vs, kv_pos, weights)
+    check_choice(reduce, "reduce", ("sum", "mean"))
+    if not isinstance(skip, bool):
+        raise TypeError(f"skip: expected a bool, got {skip!r}")
+    resolved = []  # every argument is checked before any work
+    for i, (k, v, k_pos, w) in enumerate(zip(ks, vs, kv_pos, weights, strict=True)):
+        k_name, v_name, pos_name, w_name = ((f"ks[{i}]", f"vs[{i}]", f"kv_pos[{i}]",
+                                             f"weights[{i}]") if hetero
+                                            else ("k", "v", "kv_pos", "weight"))
+        batch, _, _, m, dv = check_attention_operands(q, k, v, k_name, v_name)
+        if dv != vs[0].shape[3]:
+            raise ValueError(f"{v_name}: expected D_v = {vs[0].shape[3]} like the first input "
+                             f"(the inputs' terms are summed), got {dv}")
+        if w is not None:
+            check_quadrature_weight(w, batch, m, k, k_name, axis="M", name=w_name)
+        resolved.append((resolve_kv_pos(pos, k_pos, q, k, pos_name), unit_weights(w, batch, m)))
+    if skip and vs[0].shape[3] != q.shape[3]:
+        raise ValueError(f"skip: needs D_v == D (the output's width P + D_v equals q̃'s P + D), "
+                         f"got D_v = {vs[0].shape[3]}, D = {q.shape[3]}")
+    blocks = [kv_reduce_fn(k, v, kv_pos=k_pos, weight=w, k_map="softmax", k_norm=None,
+                           v_map="identity", v_norm=None, eps=0.0, ones_column=True)
+              for k, v, (k_pos, w) in zip(ks, vs, resolved, strict=True)]
+    s = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
+    out = q_apply_fn(q, s, pos=pos, q_map="softmax", q_norm=None, eps=0.0,
+                     normalizers=len(blocks))
+    if reduce == "mean":
+        out = out / len(blocks)
+    if skip:
+        out = out + row_map(q, pos, "softmax", None, 0.0)
+    return out
+
+
+def _input_lists(
     ks: Sequence[Tensor],
     vs: Sequence[Tensor],
     kv_pos: Sequence[Tensor | None] | None,
     weights: Sequence[Tensor | None] | None,
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor | None], list[Tensor | None]]:
-    """The heterogeneous form's per-input arguments as lists, one entry per input (checked)."""
+    """The per-input arguments as lists, one entry per input (checked)."""
     if isinstance(ks, Tensor) or isinstance(vs, Tensor) or not isinstance(
         ks, Sequence
     ) or not isinstance(vs, Sequence) or len(ks) == 0 or len(ks) != len(vs):
@@ -324,63 +408,3 @@ def input_lists(
             raise ValueError(f"{name}: expected {n_inputs} entries (one per input), got "
                              f"{len(seq)}")
     return list(ks), list(vs), kv_pos, weights
-
-
-def single_names(i: int) -> tuple[str, str, str, str]:
-    """Argument names of :func:`normalized_attention`'s one input, for messages."""
-    return "k", "v", "kv_pos", "weight"
-
-
-def hetero_names(i: int) -> tuple[str, str, str, str]:
-    """Argument names of :func:`hetero_normalized_attention`'s input ``i``, for messages."""
-    return f"ks[{i}]", f"vs[{i}]", f"kv_pos[{i}]", f"weights[{i}]"
-
-
-def check_normalized(
-    q: Tensor,
-    ks: list[Tensor],
-    vs: list[Tensor],
-    pos: Tensor | None,
-    kv_pos: list[Tensor | None],
-    weights: list[Tensor | None],
-    reduce: str,
-    skip: bool,
-    names: Callable[[int], tuple[str, str, str, str]],
-) -> list[Tensor | None]:
-    """Checks the normalised forms' arguments; returns each input's resolved coordinates."""
-    check_choice(reduce, "reduce", ("sum", "mean"))
-    if not isinstance(skip, bool):
-        raise TypeError(f"skip: expected a bool, got {skip!r}")
-    resolved = []
-    for i, (k, v, k_pos, w) in enumerate(zip(ks, vs, kv_pos, weights, strict=True)):
-        k_name, v_name, pos_name, w_name = names(i)
-        batch, _, _, m, dv = check_attention_operands(q, k, v, k_name, v_name)
-        if dv != vs[0].shape[3]:
-            raise ValueError(f"{v_name}: expected D_v = {vs[0].shape[3]} like the first input "
-                             f"(the inputs' terms are summed), got {dv}")
-        resolved.append(resolve_kv_pos(pos, k_pos, q, k, pos_name))
-        if w is not None:
-            check_quadrature_weight(w, batch, m, k, k_name, axis="M", name=w_name)
-    if skip and vs[0].shape[3] != q.shape[3]:
-        raise ValueError(f"skip: needs D_v == D (the output's width P + D_v equals q̃'s P + D), "
-                         f"got D_v = {vs[0].shape[3]}, D = {q.shape[3]}")
-    return resolved
-
-
-def normalized_formula(q, ks, vs, pos, kv_pos, weights, reduce, skip, *, kv_reduce_fn,
-                       q_apply_fn) -> Tensor:
-    """The normalised forms on checked arguments (:func:`check_normalized`), composed from a
-    key-side reduction and a query-side apply (:func:`kv_reduce` and :func:`q_apply`, or the
-    compiled ops): one ``[S_l | s_l]`` block per input, then one apply with ``L`` normalisers."""
-    blocks = [kv_reduce_fn(k, v, kv_pos=p, weight=unit_weights(w, k.shape[0], k.shape[2]),
-                           k_map="softmax", k_norm=None, v_map="identity", v_norm=None,
-                           eps=0.0, ones_column=True)
-              for k, v, p, w in zip(ks, vs, kv_pos, weights, strict=True)]
-    s = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
-    out = q_apply_fn(q, s, pos=pos, q_map="softmax", q_norm=None, eps=0.0,
-                     normalizers=len(blocks))
-    if reduce == "mean":
-        out = out / len(blocks)
-    if skip:
-        out = out + row_map(q, pos, "softmax", None, 0.0)
-    return out

@@ -36,6 +36,7 @@ from ._checks import (
     check_like,
     check_probability,
     check_quadrature_weight,
+    check_scale,
 )
 
 Norm = tuple[Tensor, Tensor] | None
@@ -166,19 +167,14 @@ def kernel_attention(
     quadratic = check_choice(path, "path", ("factored", "quadratic")) == "quadratic"
     coordinates = pos.shape[-1] if pos is not None else 0
     width = q.shape[3] + coordinates
-    if scale is None:
-        scale = 1.0 / math.sqrt(width)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
-        scale
-    ):
-        raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
+    scale = check_scale(scale, 1.0 / math.sqrt(width))
     mask = None
     if dropout_p > 0.0:
         shape = (n, m) if quadratic else (width, coordinates + dim_v)
         keep = 1.0 - dropout_p
         mask = torch.empty((batch, heads, *shape), dtype=q.dtype, device=q.device)
         mask = mask.bernoulli_(keep).div_(keep)
-    eps, scale = float(eps), float(scale)
+    eps = float(eps)
     if (q.is_cuda and _CUDA_BUILT and self_attention and dim_v == q.shape[3]
             and not _autodiff_beyond_the_op()):
         out, attn, *_ = torch.ops.galerkin_ext.attention_forward(
@@ -216,11 +212,9 @@ def normalized_attention(
     key ``j``; a sample without keys gets 0, with zero gradients. Arguments and result as
     :func:`galerkin_ext.functional.normalized_attention`: ``(B, H, N, P + D_v)``.
     """
-    ks, vs, kv_pos_list, weights = [k], [v], [kv_pos], [weight]
-    resolved = functional.check_normalized(q, ks, vs, pos, kv_pos_list, weights, "sum", skip,
-                                           functional.single_names)
-    return functional.normalized_formula(q, ks, vs, pos, resolved, weights, "sum", skip,
-                                         kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+    return functional.normalized_core(
+        q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight], reduce="sum", skip=skip,
+        hetero=False, kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
 
 
 def hetero_normalized_attention(
@@ -239,11 +233,9 @@ def hetero_normalized_attention(
     one ``kv_reduce`` per input, one ``q_apply`` for all. Arguments and result as
     :func:`galerkin_ext.functional.hetero_normalized_attention`.
     """
-    ks, vs, kv_pos, weights = functional.input_lists(ks, vs, kv_pos, weights)
-    resolved = functional.check_normalized(q, ks, vs, pos, kv_pos, weights, reduce, skip,
-                                           functional.hetero_names)
-    return functional.normalized_formula(q, ks, vs, pos, resolved, weights, reduce, skip,
-                                         kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+    return functional.normalized_core(
+        q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce, skip=skip,
+        hetero=True, kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,29 +328,16 @@ def continuum_attention(
     """
     batch, _, _, m, _ = check_attention_operands(q, k, v)
     dim = q.shape[3]
-    if scale is None:
-        scale = 1.0 / math.sqrt(dim)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
-        scale
-    ):
-        raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
+    scale = check_scale(scale, 1.0 / math.sqrt(dim))
     _check_dropout(dropout_p, training)
     p = dropout_p if training else 0.0
     if weight is None:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p,
-                                                                scale=float(scale))
+                                                                scale=scale)
     check_quadrature_weight(weight, batch, m, k, "k", axis="M")
-    w = weight.expand(batch, m)
-    top = w.amax(dim=1, keepdim=True)
-    has_keys = top > 0
-    # log(w / max w): 0 for the largest weight, so constant weights add an exact zero bias;
-    # the clamp keeps log's gradient finite where the bias is -inf (removed keys).
-    ratio = w / torch.where(has_keys, top, torch.ones_like(top))
-    bias = torch.where(ratio > 0, ratio.clamp_min(torch.finfo(w.dtype).tiny).log(),
-                       torch.full_like(ratio, -math.inf))
-    bias = torch.where(has_keys, bias, torch.zeros_like(bias))  # no keys: finite, zeroed below
+    bias, has_keys = functional.log_weight_bias(weight, batch, m)
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias[:, None, None, :].to(q.dtype), dropout_p=p, scale=float(scale))
+        q, k, v, attn_mask=bias[:, None, None, :].to(q.dtype), dropout_p=p, scale=scale)
     return out * has_keys[:, :, None, None].to(out.dtype)
 
 
@@ -621,10 +600,6 @@ torch.library.register_autograd("galerkin_ext::q_apply", _q_apply_backward,
                                 setup_context=_q_apply_setup)
 
 
-def _opmath_dtype(t: Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 def _grad_like(t: Tensor | None, wanted: bool, like: Tensor) -> Tensor:
     """A gradient's fake: shaped like ``t`` where wanted, else the empty placeholder."""
     return like.new_empty(t.shape) if wanted and t is not None else like.new_empty((0,))
@@ -634,8 +609,9 @@ def _grad_like(t: Tensor | None, wanted: bool, like: Tensor) -> Tensor:
 def _kv_reduce_fake(k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb, eps, ones_column):
     batch, heads, _, dim_k = k.shape
     coordinates = kv_pos.shape[-1] if kv_pos is not None else 0
-    return k.new_empty((batch, heads, coordinates + dim_k,
-                        coordinates + v.shape[3] + int(ones_column)), dtype=_opmath_dtype(k))
+    width_v = coordinates + v.shape[3] + int(ones_column)
+    return k.new_empty((batch, heads, coordinates + dim_k, width_v),
+                       dtype=functional.opmath_dtype(k))
 
 
 @torch.library.register_fake("galerkin_ext::kv_reduce_backward")

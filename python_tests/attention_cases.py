@@ -92,12 +92,17 @@ def fourier(x, impl=ops, **kw):
                                   q_norm=x["n1"], k_norm=x["n2"], eps=1e-5, **kw)
 
 
-def cast(val, dtype):
-    if val is None:
-        return None
-    if isinstance(val, tuple):
-        return tuple(t.to(dtype) for t in val)
-    return val.to(dtype)
+def rand(*shape, gen, dtype=F64):
+    return torch.randn(*shape, generator=gen, dtype=dtype)
+
+
+def map_inputs(x: dict, fn) -> dict:
+    """``fn`` applied to every tensor of an input dict (norms are pairs; absent inputs None)."""
+    def one(val):
+        if isinstance(val, tuple):
+            return tuple(fn(t) for t in val)
+        return fn(val) if val is not None else None
+    return {key: one(val) for key, val in x.items()}
 
 
 def grad_inputs(x):

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_cases import CASES, Case, cast, fourier, galerkin, grad_inputs, op_args
+from attention_cases import (
+    CASES,
+    Case,
+    fourier,
+    galerkin,
+    grad_inputs,
+    map_inputs,
+    op_args,
+)
 from attention_cases import make_inputs as make_cpu_inputs
 
 from galerkin_ext import ops, reference
@@ -40,18 +48,9 @@ def poison_cuda_cache(megabytes: int = 256) -> None:
     del large, small
 
 
-def map_inputs(x: dict, fn) -> dict:
-    """``fn`` applied to every tensor of an input dict (norms are pairs; absent inputs None)."""
-    def one(val):
-        if isinstance(val, tuple):
-            return tuple(fn(t) for t in val)
-        return fn(val) if val is not None else None
-    return {key: one(val) for key, val in x.items()}
-
-
 def to_cuda(x: dict, dtype) -> dict:
     """Detached CUDA copies in ``dtype`` (leaves again, for the tests that differentiate)."""
-    return map_inputs(x, lambda t: cast(t, dtype).detach().cuda())
+    return map_inputs(x, lambda t: t.to(dtype).detach().cuda())
 
 
 def as_reference(x: dict) -> dict:
@@ -215,3 +214,27 @@ def test_forward_and_backward_are_bitwise_reproducible(dtype, gen):
             runs.append((out, *torch.autograd.grad(out, tensors, upstream)))
         for a, b in zip(*runs, strict=True):
             assert torch.equal(a, b), (fn.__name__, kw)
+
+
+@pytest.mark.parametrize("dim", [5, 140], ids=["fused", "prepared"])  # d > 128: whole operands
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-3, 1e20, 1e36])
+def test_layer_norm_across_the_float32_range_cuda(magnitude, dim, gen):
+    """As the CPU test: float32 rows of any magnitude are normalised right in both CUDA paths
+    (the fused linear kernel and the whole-operand preparation); a constant row gives the bias;
+    non-finite input stays non-finite."""
+    q = torch.randn(2, 2, 7, dim, generator=gen)
+    k = magnitude * torch.randn(2, 2, 7, dim, generator=gen)
+    v = torch.randn(2, 2, 7, dim, generator=gen)
+    k[0, 0, 3] = magnitude  # a constant row
+    norm = (1 + 0.1 * torch.randn(2, dim, generator=gen), 0.1 * torch.randn(2, dim, generator=gen))
+    norm64 = tuple(p.double() for p in norm)
+    out = ops.galerkin_attention(q.cuda(), k.cuda(), v.cuda(),
+                                 k_norm=tuple(p.cuda() for p in norm),
+                                 v_norm=tuple(p.cuda() for p in norm))
+    ref = reference.galerkin_attention(q.double(), k.double(), v.double(), k_norm=norm64,
+                                       v_norm=norm64)
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=1e-4, atol=1e-5)
+    k[1, 1, 2, 0] = torch.inf
+    out = ops.galerkin_attention(q.cuda(), k.cuda(), v.cuda(),
+                                 k_norm=tuple(p.cuda() for p in norm))
+    assert not torch.isfinite(out[1, 1]).all()

@@ -11,11 +11,11 @@ from attention_cases import (
     CASES,
     F64,
     Case,
-    cast,
     fourier,
     galerkin,
     grad_inputs,
     make_inputs,
+    map_inputs,
     op_args,
 )
 
@@ -45,7 +45,7 @@ def test_fourier_matches_reference(case, path, gen):
 @pytest.mark.parametrize("case", CASES[2:6], ids=str)
 def test_float32_close_to_float64_reference(case, gen):
     x64 = make_inputs(case, gen)
-    x32 = {key: cast(val, torch.float32) for key, val in x64.items()}
+    x32 = map_inputs(x64, lambda t: t.to(torch.float32))
     for fn in (galerkin, fourier):
         out = fn(x32)
         assert out.dtype == torch.float32
@@ -226,7 +226,7 @@ def test_gradients_match_reference_float32(gen):
     _, leaves = grad_inputs(x32)
     for t in leaves:
         t.requires_grad_()
-    x64 = {key: _detached64(val) for key, val in x32.items()}
+    x64 = map_inputs(x32, lambda t: t.detach().double().requires_grad_())
     for fn in (galerkin, fourier):
         names, t32 = grad_inputs(x32)
         _, t64 = grad_inputs(x64)
@@ -284,14 +284,6 @@ def test_fused_cpu_path_chunking(threads, coordinate_grads, gen):
                 torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=label)
     finally:
         torch.set_num_threads(before)
-
-
-def _detached64(val):
-    if val is None:
-        return None
-    if isinstance(val, tuple):
-        return tuple(_detached64(t) for t in val)
-    return val.detach().double().requires_grad_()
 
 
 def test_no_grad_where_not_required(gen):

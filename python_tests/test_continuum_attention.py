@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs
+from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs, rand
 
 from galerkin_ext import ops
 from galerkin_ext.quadrature import trapezoid_weights
@@ -34,9 +34,6 @@ def explicit(q, k, v, weight=None, scale=None):
             out[bi, hi] = num / den
     return out
 
-
-def rand(*shape, gen):
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("shape", CROSS_SHAPES, ids=str)

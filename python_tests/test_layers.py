@@ -128,6 +128,23 @@ def test_attention_empty_batch(attention_type):
     assert attn(x, torch.rand(0, 5, 1), torch.rand(0, 5)).shape == (0, 5, 8)
 
 
+@pytest.mark.parametrize("return_attention", [False, True])
+def test_softmax_attention_sample_without_keys_is_finite(return_attention, gen):
+    """A sample whose weights are all 0 has no keys: 0 (before out_proj), not NaN; its batch
+    mates are unchanged."""
+    attn = SimpleAttention(8, 2, "softmax", pos_dim=1).double()
+    _randomise(attn, gen)
+    x = torch.randn(2, 5, 8, generator=gen, dtype=torch.float64)
+    pos = torch.rand(5, 1, generator=gen, dtype=torch.float64)
+    weight = torch.rand(2, 5, generator=gen, dtype=torch.float64)
+    weight[1] = 0.0
+    out = attn(x, pos, weight, return_attention=return_attention)
+    out = out[0] if return_attention else out
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[1], attn.out_proj(torch.zeros(5, 2 * 5, dtype=torch.float64)))
+    torch.testing.assert_close(out[:1], attn(x[:1], pos, weight[:1]))
+
+
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 def test_instance_norm_uses_quadrature_weights(attention_type, gen):
     """A point with weight 0 changes neither the statistics nor the other outputs."""

@@ -7,7 +7,7 @@ M != N, M = 1, N = 1, gradcheck, torch.compile, clear errors."""
 
 import pytest
 import torch
-from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs
+from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs, rand
 
 from galerkin_ext import functional, ops
 
@@ -16,9 +16,6 @@ from galerkin_ext import functional, ops
 def impl(request):
     return request.param
 
-
-def rand(*shape, gen):
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
 def cat_pos(x, pos):

@@ -6,14 +6,9 @@ differentiable input, opcheck, torch.compile, bitwise repeatability, padding inv
 
 import pytest
 import torch
+from attention_cases import F64, rand
 
 from galerkin_ext import functional, ops
-
-F64 = torch.float64
-
-
-def rand(*shape, gen, dtype=F64):
-    return torch.randn(*shape, generator=gen, dtype=dtype)
 
 
 def explicit_row(x, pos, kind, norm, eps=1e-5):

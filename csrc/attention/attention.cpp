@@ -14,13 +14,6 @@ using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
 // Memory-safety checks for direct callers of the op; ops.py gives friendlier messages first.
-void check_same(const Tensor& t, const Tensor& q, const char* name) {
-  TORCH_CHECK(t.device() == q.device(), name, ": expected device ", q.device(), ", got ",
-              t.device());
-  TORCH_CHECK(t.scalar_type() == q.scalar_type(), name, ": expected dtype ", q.scalar_type(),
-              ", got ", t.scalar_type());
-}
-
 void check_norm(const OptTensor& w, const OptTensor& b, const Tensor& q, const char* name) {
   TORCH_CHECK(w.has_value() == b.has_value(), name,
               ": norm weight and bias must be given together");

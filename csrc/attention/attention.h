@@ -17,6 +17,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <optional>
 #include <tuple>
@@ -49,6 +50,15 @@ struct AttentionInputs {
             norm_bias[slot]};
   }
 };
+
+// For direct callers of the ops (memory safety; ops.py gives friendlier messages first): t on
+// like's device with like's dtype.
+inline void check_same(const at::Tensor& t, const at::Tensor& like, const char* name) {
+  TORCH_CHECK(t.device() == like.device(), name, ": expected device ", like.device(), ", got ",
+              t.device());
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, ": expected dtype ",
+              like.scalar_type(), ", got ", t.scalar_type());
+}
 
 // Dtype of statistics and accumulators: double for double inputs, float for the rest.
 inline at::ScalarType opmath_dtype(const at::Tensor& t) {

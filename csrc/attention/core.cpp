@@ -21,13 +21,6 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-void check_same(const Tensor& t, const Tensor& like, const char* name) {
-  TORCH_CHECK(t.device() == like.device(), name, ": expected device ", like.device(), ", got ",
-              t.device());
-  TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, ": expected dtype ",
-              like.scalar_type(), ", got ", t.scalar_type());
-}
-
 void check_operand(const Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 4, name, ": expected shape (B, H, points, D), got ", x.sizes());
   TORCH_CHECK(x.size(3) > 0, name, ": expected D >= 1, got ", x.sizes());
@@ -109,7 +102,7 @@ QApplyInputs q_inputs(const Tensor& q, const OptTensor& pos, std::string_view q_
   in.N = q.size(2);
   in.D = q.size(3);
   in.P = in.pos ? in.pos->size(-1) : 0;
-  const auto opmath = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto opmath = opmath_dtype(q);
   TORCH_CHECK(s.device() == q.device() && s.scalar_type() == opmath, "s: expected ", opmath,
               " on ", q.device(), ", got ", s.scalar_type(), " on ", s.device());
   TORCH_CHECK(s.dim() == 4 && s.size(0) == in.B && s.size(1) == in.H &&

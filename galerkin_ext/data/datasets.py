@@ -301,7 +301,7 @@ class BurgersDataset(Dataset):
         data = _load(source, ("a", "u"), idx, sub)
         if _needs_fit(n, split, n_train, n_valid, target_normalizer, "target_normalizer"):
             train = data if split == "train" else _load(source, ("a", "u"), np.arange(n_train),
-                                                        sub)
+                                                        {"u": sub["u"]})
             target_normalizer = UnitGaussianNormalizer(train["u"].reshape(-1))
         self.target_normalizer = copy.deepcopy(target_normalizer).to(dtype)
         self.resolution = resolution

@@ -66,7 +66,7 @@ def _numeric(path: Path, key: str, value: object) -> np.ndarray:
     if array.dtype.kind not in "biuf":
         raise ValueError(f"{str(path)!r}: variable {key!r} holds {array.dtype} data "
                          f"({array.dtype.kind!r} kind), expected a numeric array")
-    return array.astype(np.float64)
+    return array.astype(np.float64, copy=False)
 
 
 def read_burgers_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ from .._checks import (
     check_probability,
     check_quadrature_weight,
 )
-from ..functional import concat_pos, per_head_layer_norm
+from ..functional import concat_pos, log_weight_bias, per_head_layer_norm
 from ._checks import check_tensor
 
 ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
@@ -150,8 +150,8 @@ class SimpleAttention(nn.Module):
             raise ValueError(f"x: expected shape (B, N, d_model) with d_model = {self.d_model}, "
                              f"got {tuple(x.shape)}")
         self._check_pos(pos, x)
-        if weight is not None and (self.attention_type in ("softmax", "linear")
-                                   or self.norm == "instance"):
+        if weight is not None and (self.attention_type == "linear" or self.norm == "instance"
+                                   or (self.attention_type == "softmax" and return_attention)):
             # Otherwise the op validates the weights itself: one host sync, not two.
             check_quadrature_weight(weight, batch, n, x, "x")
 
@@ -246,16 +246,18 @@ def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
     q_hat = concat_pos(per_head_layer_norm(q, norms.get("q"), eps), pos)
     k_hat = concat_pos(per_head_layer_norm(k, norms.get("k"), eps), pos)
     v_hat = concat_pos(v, pos)
-    # Quadrature weights enter as softmax(QKᵀ/sqrt(d) + log w): w = 0 masks a key out and
-    # uniform weights shift every logit equally, i.e. change nothing.
-    bias = None if weight is None else weight.log().expand(q.shape[0], -1)[:, None, None, :]
     if not return_attention:
-        return F.scaled_dot_product_attention(q_hat, k_hat, v_hat, attn_mask=bias,
-                                              dropout_p=dropout_p), None
+        return ops.continuum_attention(q_hat, k_hat, v_hat, weight=weight, dropout_p=dropout_p,
+                                       training=True), None
+    # softmax(QKᵀ/sqrt(d) + log w), with continuum_attention's bias (a sample without keys
+    # gives 0, not NaN)
     logits = q_hat @ k_hat.transpose(-2, -1) / math.sqrt(q_hat.shape[-1])
-    if bias is not None:
-        logits = logits + bias
+    if weight is not None:
+        bias, has_keys = log_weight_bias(weight, q.shape[0], k.shape[2])
+        logits = logits + bias[:, None, None, :]
     attn = _dropout(logits.softmax(dim=-1), dropout_p)
+    if weight is not None:
+        attn = attn * has_keys[:, :, None, None]
     return attn @ v_hat, attn
 
 

@@ -8,7 +8,8 @@ and what the example scripts in ``examples/`` share.
 * :func:`setup_distributed`, :func:`cleanup_distributed`, :class:`DistributedContext`
   (:mod:`.distributed`; ``torchrun`` + DDP);
 * :func:`experiment_parser`, :func:`resolve_config`, :func:`cached_data`, :func:`plot_1d`,
-  :func:`plot_2d`, :func:`write_metrics`, :func:`describe_device` (:mod:`.experiment`).
+  :func:`plot_2d`, :func:`write_metrics`, :func:`describe_device`, :func:`command_line`
+  (:mod:`.experiment`).
 """
 
 from .checkpoint import (
@@ -29,6 +30,7 @@ from .distributed import (
 from .experiment import (
     ATTENTION_TYPES,
     cached_data,
+    command_line,
     default_cache_dir,
     describe_device,
     experiment_parser,
@@ -61,6 +63,7 @@ __all__ = [
     "cleanup_distributed",
     "default_cache_dir",
     "default_forward",
+    "command_line",
     "describe_device",
     "evaluate",
     "experiment_parser",

@@ -182,13 +182,18 @@ def write_metrics(
         "epochs": result["epochs"], "train_seconds": result["train_seconds"],
         "n_params": sum(p.numel() for p in model.parameters()), "device": str(ctx.device),
         "device_name": describe_device(ctx.device), "world_size": ctx.world_size,
-        "command": shlex.join(["python", *sys.argv]), **extra, "config": dict(config),
+        "command": command_line(), **extra, "config": dict(config),
         "history": result["history"],
     }
     write_json(Path(out_dir) / "metrics.json", metrics)
     print(f"evaluation relative L2: {test_rel_l2:.4e} (best epoch {result['best_epoch']} of "
           f"{result['epochs']}, {result['train_seconds']:.0f} s of training)", flush=True)
     return metrics
+
+
+def command_line() -> str:
+    """This process's command line, as a shell would take it back: ``python script.py ...``."""
+    return shlex.join(["python", *sys.argv])
 
 
 def describe_device(device: torch.device | str) -> str:
