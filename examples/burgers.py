@@ -42,7 +42,7 @@ from galerkin_ext.training import (
 # included (threshold we hold it to: 2e-2).
 PRESETS = {
     "quick": {
-        "threads": 1,  # small ops: one thread is faster than OpenMP syncs on a busy 2-core CPU
+        "threads": 1,  # small ops; two torch threads stall whenever another process takes a core
         # 256 solver modes are exact here (a 512-mode solve agrees to 1e-12) and 4x cheaper.
         "data": {"resolution": 2048, "solve_resolution": 256, "seed": 0},
         "n_train": 384, "n_eval": 100, "n": 512,

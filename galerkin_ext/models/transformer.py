@@ -115,8 +115,8 @@ class SimpleTransformer1d(nn.Module):
                              f"{self.in_channels}, got {tuple(x.shape)}")
         batch, n, _ = x.shape
         # A grid shared by the batch stays (n, 1): the attention ops broadcast it for free.
-        pos = expand_grid(grid, "grid", batch, (n,), 1).to(x.dtype)
-        pos = grid.to(x.dtype) if grid.dim() == 2 else pos
+        expanded = expand_grid(grid, "grid", batch, (n,), 1)
+        pos = (grid if grid.dim() == 2 else expanded).to(x.dtype)
         h = self.lift(x)
         for layer in self.encoder:
             h = layer(h, pos)
@@ -243,15 +243,15 @@ class SimpleTransformer2d(nn.Module):
             raise ValueError(f"x: expected shape (B, {n}, {n}, {self.in_channels}) "
                              f"(fine = {n}), got {tuple(x.shape)}")
         batch = x.shape[0]
-        shared = isinstance(grid, Tensor) and grid.dim() == 3
+        shared = isinstance(grid, Tensor) and grid.dim() == 3 and batch > 0
         grid = expand_grid(grid, "grid", batch, (n, n), 2).to(x.dtype)
         # A grid shared by the batch is interpolated once and broadcast by the attention ops.
         coarse_grid = F.interpolate(
-            (grid[:1] if shared and batch else grid).permute(0, 3, 1, 2), size=(m, m),
+            (grid[:1] if shared else grid).permute(0, 3, 1, 2), size=(m, m),
             mode="bilinear", align_corners=True,
         ).permute(0, 2, 3, 1)
         pos = coarse_grid.reshape(-1, m * m, 2)
-        pos = pos[0] if shared and batch else pos
+        pos = pos[0] if shared else pos
 
         h = self.dropout(self.downsampler(x).flatten(1, 2))
         for layer in self.encoder:
