@@ -42,7 +42,7 @@ if ls .whl/galerkin_transformer-*.whl > /dev/null 2>&1; then
   impls=$impls,original
 fi
 gpu=$($py -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
-cuda_tests=python_tests/test_attention_cuda.py
+cuda_tests="python_tests/test_op_core_cuda.py python_tests/test_attention_cuda.py"
 # pytest -q hides the header with the inputs' seed: fix it here, so a failure can be rerun.
 export GALERKIN_TEST_SEED=${GALERKIN_TEST_SEED:-$((RANDOM * 32768 + RANDOM))}
 echo "GALERKIN_TEST_SEED=$GALERKIN_TEST_SEED"
@@ -56,7 +56,7 @@ stage sanitize 420 bash -c "
   timeout ${MEMCHECK_LIMIT:-300} compute-sanitizer --tool memcheck $py -m pytest $cuda_tests -q \
     -p no:cacheprovider > $out/memcheck.log 2>&1; tail -4 $out/memcheck.log
   timeout 100 compute-sanitizer --tool racecheck $py -m pytest $cuda_tests -q -p no:cacheprovider \
-    -k 'forward_matches and float32 and (B3H1N65 or B2H2N1000)' > $out/racecheck.log 2>&1
+    -k 'match_explicit_sums and float32 and (65 or 2100)' > $out/racecheck.log 2>&1
   tail -4 $out/racecheck.log"
 stage bench 420 bash -c "
   $py benchmarks/attention.py --device cuda --impls $impls --reps 20 \
@@ -69,7 +69,7 @@ stage bench 420 bash -c "
 stage profile 240 bash -c "
   $py benchmarks/profile_cuda.py --shapes burgers,darcy_coarse,large --out $out/profile.json \
     > $out/profile.log 2>&1; cat $out/profile.log
-  ncu --clock-control none -k regex:'reduce_kernel|apply_|finalize_kernel' --launch-count 12 \
+  ncu --clock-control none -k regex:'reduce_kernel|apply_|sum_kernel' --launch-count 12 \
     --metrics gpu__time_duration.sum,dram__bytes.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
     $py benchmarks/profile_cuda.py --shapes large --ops galerkin --reps 1 --out $out/ncu.json \
     > $out/ncu.log 2>&1; grep -E '^  [a-z_]+|duration|dram__|sm__|registers' $out/ncu.log | head -90"

@@ -1,6 +1,6 @@
 // The galerkin_ext op library (schemas) and the Python module that loads it.
-// Implementations are registered per device next to their kernels (attention/attention.cpp).
-#include "attention/limits.h"
+// Implementations are registered per device in attention/core.cpp.
+#include "attention/cuda_limits.h"
 
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
@@ -29,20 +29,6 @@ TORCH_LIBRARY(galerkin_ext, m) {
       "q_apply_backward(Tensor grad_out, Tensor q, Tensor? pos, str q_map, "
       "Tensor? q_norm_weight, Tensor? q_norm_bias, Tensor s, float eps, int normalizers, "
       "bool pos_grad) -> Tensor[]");
-  // Returns (out, attn). The backward recomputes the prepared operands from the inputs.
-  m.def(
-      "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? pos, Tensor? weight, "
-      "Tensor? q_norm_weight, Tensor? q_norm_bias, Tensor? k_norm_weight, Tensor? k_norm_bias, "
-      "Tensor? v_norm_weight, Tensor? v_norm_bias, Tensor? dropout_mask, float eps, float scale, "
-      "bool quadratic) -> (Tensor, Tensor)");
-  // Returns gradients for (q, k, v, pos, weight, q/k/v norm weight and bias); an empty tensor
-  // where no gradient was asked for or the input is absent.
-  m.def(
-      "attention_backward(Tensor grad_out, Tensor? grad_attn, Tensor q, Tensor k, Tensor v, "
-      "Tensor? pos, Tensor? weight, Tensor? q_norm_weight, Tensor? q_norm_bias, "
-      "Tensor? k_norm_weight, Tensor? k_norm_bias, Tensor? v_norm_weight, Tensor? v_norm_bias, "
-      "Tensor? dropout_mask, Tensor attn, float eps, float scale, bool quadratic, bool pos_grad, "
-      "bool weight_grad) -> Tensor[]");
 }
 
 PYBIND11_MODULE(_C, m) {
@@ -54,6 +40,8 @@ PYBIND11_MODULE(_C, m) {
     return false;
 #endif
   }, "Whether the CUDA kernels were compiled in.");
-  m.def("linear_cuda_fits", &galerkin_ext::linear_cuda_fits,
-        "Whether rows of width d with P coordinates take the fused CUDA linear path.");
+  // Read once at import by ops.py, which routes larger shapes to the formulas.
+  m.attr("cuda_max_width") = galerkin_ext::cuda::kMaxWidth;
+  m.attr("cuda_max_coordinates") = galerkin_ext::cuda::kMaxCoordinates;
+  m.attr("cuda_max_batch_heads") = galerkin_ext::cuda::kMaxGridY;
 }

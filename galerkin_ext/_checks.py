@@ -86,12 +86,26 @@ def check_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None
         raise TypeError(f"{name}: expected dtype {like.dtype} like {like_name}, got {t.dtype}")
 
 
+def check_param_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None:
+    """A parameter of ``like``'s rows (quadrature weight, norm parameters): ``like``'s device and
+    dtype, or float32 for float16/bfloat16 ``like``, which keeps weights below 2^-14 from going
+    subnormal and an autocast model's norm parameters in full precision (as the compiled ops'
+    check_param in csrc/attention/core.cpp)."""
+    if like.dtype in (torch.float16, torch.bfloat16) and t.dtype == torch.float32:
+        if t.device != like.device:
+            raise ValueError(f"{name}: expected a tensor on {like.device} like {like_name}, "
+                             f"got one on {t.device}")
+        return
+    check_like(t, name, like, like_name)
+
+
 def check_quadrature_weight(
     weight: object, batch: int, n: int, like: Tensor, like_name: str = "q", axis: str = "N",
     name: str = "weight",
 ) -> None:
     """Validate quadrature weights for ``n`` points and a batch of ``batch``: a tensor of shape
-    ``(B, N)`` or ``(N,)`` with the dtype and device of ``like``, finite and non-negative
+    ``(B, N)`` or ``(N,)`` on ``like``'s device (dtype: :func:`check_param_like`), finite and
+    non-negative
     (``axis`` names the points' axis in the messages, e.g. ``"M"`` for keys; ``name`` the
     argument).
 
@@ -100,7 +114,7 @@ def check_quadrature_weight(
     """
     if not isinstance(weight, Tensor):
         raise TypeError(f"{name}: expected a tensor or None, got {type(weight).__name__}")
-    check_like(weight, name, like, like_name)
+    check_param_like(weight, name, like, like_name)
     if weight.shape not in ((batch, n), (n,)):
         raise ValueError(
             f"{name}: expected shape (B, {axis}) = ({batch}, {n}) or ({axis},) = ({n},), "

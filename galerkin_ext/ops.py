@@ -7,15 +7,15 @@ values ``k (B, H, M, D)``, ``v (B, H, M, D_v)`` with ``kv_pos (B, M, P)`` or ``(
 shape ``(H, D)``, one affine layer norm per head. Coordinates go in front of every head after the
 norm, so outputs are ``(B, H, N, P + D_v)``.
 
-The op core (``csrc/attention/core.h``) is two compiled ops with compiled backwards:
-``torch.ops.galerkin_ext.kv_reduce`` builds ``S = K̂ᵀ W V̂`` and ``q_apply`` applies it to
-``Q̂``, each forming its prepared operands in cache, never in memory. Galerkin, factored Fourier
-and GNOT's normalised attention are compositions of the two; the quadratic Fourier order and
-``continuum_attention`` are pairwise and run on ATen (SDPA for the latter). This module adds input
-validation, dropout masks, autograd and fake kernels. Where the compiled core does not run yet
-(CUDA tensors: the core's CUDA twins are still to come; forward-mode and ``torch.func``
-autodiff), the plain formulas of :mod:`galerkin_ext.functional` compute the same; on CUDA,
-self-attention keeps the earlier fused op ``attention_forward``.
+The op core (``csrc/attention/core.h``) is two compiled ops with compiled backwards, each with
+a CPU and a CUDA twin: ``torch.ops.galerkin_ext.kv_reduce`` builds ``S = K̂ᵀ W V̂`` and
+``q_apply`` applies it to ``Q̂``, each forming its prepared operands in cache (CPU) or registers
+(CUDA), never in memory. Galerkin, factored Fourier and GNOT's normalised attention are
+compositions of the two; the quadratic Fourier order and ``continuum_attention`` are pairwise and
+run on ATen (SDPA for the latter). This module adds input validation, dropout masks, autograd and
+fake kernels. Where the compiled core does not run (CPU half types, CUDA rows wider than
+``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the plain formulas of
+:mod:`galerkin_ext.functional` compute the same.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ._checks import (
     check_attention_operands,
     check_choice,
     check_float,
-    check_like,
+    check_param_like,
     check_probability,
     check_quadrature_weight,
     check_scale,
@@ -43,6 +43,10 @@ Norm = tuple[Tensor, Tensor] | None
 
 # Read once: a call into the extension inside traced code would break torch.compile's graph.
 _CUDA_BUILT = bool(_C.cuda_built())
+_CUDA_MAX_WIDTH = int(_C.cuda_max_width)
+_CUDA_MAX_COORDINATES = int(_C.cuda_max_coordinates)
+_CUDA_MAX_BATCH_HEADS = int(_C.cuda_max_batch_heads)
+_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def cuda_built() -> bool:
@@ -155,7 +159,6 @@ def kernel_attention(
         q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm = _autocast(
             q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm)
     batch, heads, n, m, dim_v = check_attention_operands(q, k, v)
-    self_attention = kv_pos is None and m == n
     kv_pos = functional.resolve_kv_pos(pos, kv_pos, q, k)
     if weight is not None:
         check_quadrature_weight(weight, batch, m, k, "k", axis="M")
@@ -175,14 +178,8 @@ def kernel_attention(
         mask = torch.empty((batch, heads, *shape), dtype=q.dtype, device=q.device)
         mask = mask.bernoulli_(keep).div_(keep)
     eps = float(eps)
-    if (q.is_cuda and _CUDA_BUILT and self_attention and dim_v == q.shape[3]
-            and not _autodiff_beyond_the_op()):
-        out, attn, *_ = torch.ops.galerkin_ext.attention_forward(
-            q, k, v, pos, weight, *_norm_pair(q_norm), *_norm_pair(k_norm), *_norm_pair(v_norm),
-            mask, eps, scale, quadratic,
-        )
-        return out, attn
-    if quadratic:
+    if quadratic:  # the pairwise formula multiplies the parameters in the activations' dtype
+        weight, q_norm, k_norm, v_norm = _cast(q.dtype, weight, q_norm, k_norm, v_norm)
         return functional.kernel_attention(
             q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
             v_norm=v_norm, eps=eps, scale=scale, path="quadratic", dropout_mask=mask)
@@ -257,7 +254,9 @@ def kv_reduce(
 ) -> Tensor:
     """``S = K̂ᵀ W V̂`` on checked arguments (as :func:`galerkin_ext.functional.kv_reduce`):
     the compiled op where it runs, else the formula."""
-    if not _compiled_core(k):
+    coordinates = kv_pos.shape[-1] if kv_pos is not None else 0
+    widths = (coordinates + k.shape[3], coordinates + v.shape[3] + int(ones_column))
+    if not _compiled_core(k, widths, coordinates):
         return functional.kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map,
                                     k_norm=k_norm, v_map=v_map, v_norm=v_norm, eps=eps,
                                     ones_column=ones_column)
@@ -278,18 +277,25 @@ def q_apply(
     """``Q̂ S``, or ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` over ``normalizers`` blocks, on checked arguments
     (as :func:`galerkin_ext.functional.q_apply`): the compiled op where it runs, else the
     formula."""
-    if not _compiled_core(q):
+    coordinates = pos.shape[-1] if pos is not None else 0
+    if not _compiled_core(q, (coordinates + q.shape[3], s.shape[3]), coordinates):
         return functional.q_apply(q, s, pos=pos, q_map=q_map, q_norm=q_norm, eps=eps,
                                   normalizers=normalizers)
     return torch.ops.galerkin_ext.q_apply(q, pos, q_map, *_norm_pair(q_norm), s, eps,
                                           normalizers)
 
 
-def _compiled_core(x: Tensor) -> bool:
-    """The compiled kv_reduce/q_apply take CPU float32/float64 tensors (CUDA twins to come)
-    under plain reverse-mode autograd."""
-    return (x.device.type in ("cpu", "meta") and x.dtype in (torch.float32, torch.float64)
-            and not _autodiff_beyond_the_op())
+def _compiled_core(x: Tensor, widths: tuple[int, int], coordinates: int) -> bool:
+    """Whether the compiled kv_reduce/q_apply run, under plain reverse-mode autograd: on CPU
+    float32/float64 tensors; on CUDA, where the kernels were built, for rows and ``S`` sides of
+    ``widths`` up to ``_C.cuda_max_width``."""
+    if _autodiff_beyond_the_op():
+        return False
+    if x.device.type in ("cpu", "meta"):
+        return x.dtype in (torch.float32, torch.float64)
+    return (x.device.type == "cuda" and _CUDA_BUILT and x.dtype in _CUDA_DTYPES
+            and max(widths) <= _CUDA_MAX_WIDTH and coordinates <= _CUDA_MAX_COORDINATES
+            and x.shape[0] * x.shape[1] <= _CUDA_MAX_BATCH_HEADS)
 
 
 def continuum_attention(
@@ -341,22 +347,29 @@ def continuum_attention(
     return out * has_keys[:, :, None, None].to(out.dtype)
 
 
-def _autocast(*tensors):
-    """Under autocast the op runs like a matmul: in the autocast dtype on CUDA (statistics and
-    accumulation stay float32 inside), in float32 on CPU, where the kernels have no half types.
-    Norm parameters, kept float32 by the user's model, are cast along with the activations."""
-    device = next(t for t in tensors if isinstance(t, Tensor)).device.type
-    dtype = torch.get_autocast_dtype(device) if device == "cuda" else torch.float32
-
-    def cast(t):
+def _cast(dtype: torch.dtype, *items):
+    """``items`` with each floating tensor, also inside a norm pair, in ``dtype``; anything else
+    as it is (the argument checks come after)."""
+    def one(t):
         if isinstance(t, Tensor) and t.is_floating_point():
             return t.to(dtype)
         if isinstance(t, (tuple, list)):
-            return tuple(cast(p) for p in t)
+            return tuple(one(p) for p in t)
         return t
 
+    return tuple(one(t) for t in items)
+
+
+def _autocast(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm):
+    """Under autocast the op runs like a matmul: on CUDA the activations and coordinates in the
+    autocast dtype (statistics and accumulation stay float32 inside) while the quadrature weight
+    and the norm parameters stay float32 (their gradients are not rounded, and weights below
+    2^-14 are not subnormal); on CPU, where the kernels have no half types, all in float32."""
+    device = q.device.type
+    low = torch.get_autocast_dtype(device) if device == "cuda" else torch.float32
     with torch.autocast(device, enabled=False):
-        return tuple(cast(t) for t in tensors)
+        return (*_cast(low, q, k, v, pos, kv_pos),
+                *_cast(torch.float32, weight, q_norm, k_norm, v_norm))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -380,7 +393,7 @@ def _check_norm(norm: Norm, name: str, like: Tensor, like_name: str = "q") -> No
     for i, p in enumerate(norm):
         if not isinstance(p, Tensor):
             raise TypeError(f"{name}[{i}]: expected a tensor, got {type(p).__name__}")
-        check_like(p, f"{name}[{i}]", like, like_name)
+        check_param_like(p, f"{name}[{i}]", like, like_name)
         if p.shape != (heads, dim):
             raise ValueError(
                 f"{name}[{i}]: expected shape (H, D) = ({heads}, {dim}), got {tuple(p.shape)}"
@@ -396,58 +409,12 @@ def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:
 # Autograd and fake (meta) kernels of the compiled ops
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, eps, scale, quadratic = inputs
-    _out, attn = output
-    # The inputs, not the prepared operands: the backward recomputes those (cheaper than memory).
-    ctx.save_for_backward(q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn)
-    ctx.eps, ctx.scale, ctx.quadratic = eps, scale, quadratic
-    ctx.set_materialize_grads(False)
-
-
 def _autodiff_beyond_the_op() -> bool:
     """Forward-mode AD (dual tensors) or a ``torch.func`` transform is active: the compiled op
     has neither a forward derivative nor functorch rules, so the plain formula runs instead."""
     if torch.compiler.is_compiling():
         return False
     return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
-
-
-def _backward(ctx, grad_out, grad_attn):
-    if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-        return _differentiable_backward(ctx, grad_out, grad_attn)
-    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn = ctx.saved_tensors
-    if grad_out is None:  # only the attention matrix was used
-        width = q.shape[-1] + (pos.shape[-1] if pos is not None else 0)
-        grad_out = q.new_zeros((*q.shape[:3], width))
-    needs = ctx.needs_input_grad
-    grads = torch.ops.galerkin_ext.attention_backward(
-        grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, attn,
-        ctx.eps, ctx.scale, ctx.quadratic, pos is not None and needs[3],
-        weight is not None and needs[4],
-    )
-    present = (True, True, True, pos is not None and needs[3], weight is not None and needs[4],
-               qnw is not None, qnb is not None, knw is not None, knb is not None,
-               vnw is not None, vnb is not None)
-    return (*(g if ok else None for g, ok in zip(grads, present, strict=True)),
-            None, None, None, None)
-
-
-def _differentiable_backward(ctx, grad_out, grad_attn):
-    """The gradients as a differentiable function of the inputs (for second-order derivatives,
-    ``create_graph=True``): the plain formula, recomputed and differentiated by autograd."""
-    q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, _attn = ctx.saved_tensors
-
-    def formula(q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb):
-        return functional.kernel_attention(
-            q, k, v, pos=pos, kv_pos=pos, weight=weight, q_norm=_pair_or_none(qnw, qnb),
-            k_norm=_pair_or_none(knw, knb), v_norm=_pair_or_none(vnw, vnb), eps=ctx.eps,
-            scale=ctx.scale, path="quadratic" if ctx.quadratic else "factored",
-            dropout_mask=mask)
-
-    inputs = (q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb)
-    return (*_formula_grads(formula, inputs, ctx.needs_input_grad, (grad_out, grad_attn)),
-            None, None, None, None)
 
 
 def _pair_or_none(weight: Tensor | None, bias: Tensor | None) -> Norm:
@@ -467,50 +434,6 @@ def _formula_grads(formula, inputs, needs, grads) -> list[Tensor | None]:
     for i, g in zip(wanted, found, strict=True):
         result[i] = g
     return result
-
-
-torch.library.register_autograd(
-    "galerkin_ext::attention_forward", _backward, setup_context=_setup_context
-)
-
-
-def _padded_width(d):
-    """Row length of the op's internal operands: mirrors padded_width() in attention.h (opcheck
-    compares these fake kernels with the real ones, so the two cannot drift apart unnoticed)."""
-    up = (d + 7) // 8 * 8
-    return up if (up - d) * 8 <= d else d
-
-
-@torch.library.register_fake("galerkin_ext::attention_forward")
-def _attention_forward_fake(q, k, v, pos, weight, qnw, qnb, knw, knb, vnw, vnb, mask, eps,
-                            scale, quadratic):
-    batch, heads, n, dim = q.shape
-    width = dim + (pos.shape[-1] if pos is not None else 0)
-    side = n if quadratic else width
-    return q.new_empty((batch, heads, n, width)), q.new_empty((batch, heads, side, side))
-
-
-@torch.library.register_fake("galerkin_ext::attention_backward")
-def _attention_backward_fake(grad_out, grad_attn, q, k, v, pos, weight, qnw, qnb, knw, knb, vnw,
-                             vnb, mask, attn, eps, scale, quadratic, pos_grad, weight_grad):
-    empty = q.new_empty((0,))
-    heads, dim = q.shape[1], q.shape[3]
-    norm_grads = []
-    for norm_weight in (qnw, knw, vnw):
-        shape = (heads, dim) if norm_weight is not None else (0,)
-        norm_grads += [q.new_empty(shape), q.new_empty(shape)]
-    coordinates = pos.shape[-1] if pos is not None else 0
-    width = dim + coordinates
-    fused = q.device.type == "cpu" or _C.linear_cuda_fits(width, coordinates)
-    if not quadratic and fused:  # the fused paths write them dense
-        qkv = [q.new_empty(q.shape) for _ in range(3)]
-    else:  # views (B, H, N, D) of the padded operand gradients, formed in place there
-        batch, n = q.shape[0], q.shape[2]
-        buffer = (batch, heads, n, _padded_width(width))
-        qkv = [q.new_empty(buffer)[..., width - dim:width] for _ in range(3)]
-    return [*qkv,
-            q.new_empty(pos.shape) if pos_grad else empty,
-            q.new_empty(weight.shape) if weight_grad else empty, *norm_grads]
 
 
 class KvReduceGrads(NamedTuple):
@@ -601,8 +524,8 @@ torch.library.register_autograd("galerkin_ext::q_apply", _q_apply_backward,
 
 
 def _grad_like(t: Tensor | None, wanted: bool, like: Tensor) -> Tensor:
-    """A gradient's fake: shaped like ``t`` where wanted, else the empty placeholder."""
-    return like.new_empty(t.shape) if wanted and t is not None else like.new_empty((0,))
+    """A gradient's fake: like ``t`` where wanted, else ``like``'s empty placeholder."""
+    return t.new_empty(t.shape) if wanted and t is not None else like.new_empty((0,))
 
 
 @torch.library.register_fake("galerkin_ext::kv_reduce")

@@ -114,13 +114,6 @@ def grad_inputs(x):
     return names, tensors
 
 
-def op_args(x, quadratic, mask=None, scale=0.5):
-    """Positional arguments of the raw op: norms on (q, k) if quadratic (Fourier), else (k, v)."""
-    n1, n2 = x["n1"], x["n2"]
-    norms = (*n1, *n2, None, None) if quadratic else (None, None, *n1, *n2)
-    return (x["q"], x["k"], x["v"], x["pos"], x["weight"], *norms, mask, 1e-5, scale, quadratic)
-
-
 # Cross-attention shapes (B, H, N, M, D, D_v): M != N, N = 1, M = 1, D = 1.
 CROSS_SHAPES = [(2, 3, 7, 5, 4, 6), (1, 1, 1, 9, 3, 2), (2, 2, 6, 1, 5, 5), (3, 1, 4, 4, 1, 1)]
 WEIGHT_SHAPES = ["none", "shared", "batched"]

@@ -1,4 +1,6 @@
-"""The CUDA kernels against the float64 reference, CPU parity, gradients, opcheck, CUDA graphs.
+"""The attention functions on CUDA (the op core's CUDA twins, and the formulas for shapes beyond
+the kernels) against the float64 reference: CPU parity, gradients, CUDA graphs, torch.compile.
+The ops themselves: test_op_core_cuda.py.
 
 Skipped where there is no GPU or the extension was built without CUDA. Outputs are "poisoned":
 the caching allocator's free blocks are filled with NaN first, so an element a kernel forgets
@@ -16,7 +18,6 @@ from attention_cases import (
     galerkin,
     grad_inputs,
     map_inputs,
-    op_args,
 )
 from attention_cases import make_inputs as make_cpu_inputs
 
@@ -60,16 +61,37 @@ def as_reference(x: dict) -> dict:
     return map_inputs(x, lambda t: t.detach().cpu().double())
 
 
+def check_graph_replay(step, leaves: list[torch.Tensor]) -> None:
+    """Captures ``step()`` (returning tensors) in a CUDA graph, then twice refills ``leaves``
+    with fresh values, replays, and compares with an eager ``step()``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the graph (allocator pools, lazy init)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for _ in range(2):
+        for t in leaves:
+            with torch.no_grad():
+                t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, expected in zip(captured, step(), strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.double().cpu() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
-# Beyond the shared cases: the fused CUDA kernels' tile edges (rows of width d = P + D up to
-# 128 in tiles of 8 to 64 rows; wider rows take the whole-operand path) and many points.
+# Beyond the shared cases: the kernels' tile edges (rows of width d = P + D up to 128; wider
+# rows run on the formulas) and many points.
 CUDA_CASES = CASES + [
     Case(2, 3, 200, 33, P=2, weight="batched", layout="projected"),
-    Case(3, 1, 65, 127, P=1, weight="batched", layout="sliced"),   # d = 128, the widest fused
-    Case(1, 2, 40, 129, P=0, weight="shared"),                     # d = 129: whole operands
+    Case(3, 1, 65, 127, P=1, weight="batched", layout="sliced"),   # d = 128, the widest
+    Case(1, 2, 40, 129, P=0, weight="shared"),                     # d = 129: the formulas
     Case(2, 2, 1000, 63, P=2, shared_pos=True, weight="batched"),  # d = 65: 16-thread tiles
     Case(1, 1, 4099, 8, P=1, weight="batched", layout="projected"),
 ]
@@ -80,7 +102,7 @@ CUDA_CASES = CASES + [
 def test_forward_matches_float64_reference(case, dtype, gen):
     x = to_cuda(make_cpu_inputs(case, gen), dtype)
     x64 = as_reference(x)
-    for fn, paths in ((galerkin, [{}]), (fourier, [{"path": "linear"}, {"path": "quadratic"}])):
+    for fn, paths in ((galerkin, [{}]), (fourier, [{"path": "factored"}, {"path": "quadratic"}])):
         expected = fn(x64, reference)
         for kw in paths:
             poison_cuda_cache()
@@ -128,7 +150,7 @@ def test_half_precision_sums_over_many_points_do_not_overflow(gen):
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("variant", ["galerkin", "fourier-linear", "fourier-quadratic"])
+@pytest.mark.parametrize("variant", ["galerkin", "fourier-factored", "fourier-quadratic"])
 def test_gradcheck_float64_cuda(variant, gen):
     case = Case(2, 2, 5, 3, P=2, weight="batched", layout="projected")
     # requires_grad=True draws weights away from 0, where finite differences would leave w >= 0
@@ -149,13 +171,44 @@ def test_gradcheck_float64_cuda(variant, gen):
     assert torch.autograd.gradcheck(call, tensors, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("quadratic", [False, True])
-def test_opcheck_cuda(quadratic, gen):
-    case = Case(2, 2, 9, 5, P=1, weight="batched")
-    x = to_cuda(make_cpu_inputs(case, gen, requires_grad=False), torch.float32)
-    for t in grad_inputs(x)[1]:
-        t.requires_grad_()
-    torch.library.opcheck(torch.ops.galerkin_ext.attention_forward, op_args(x, quadratic))
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
+def test_cross_and_normalized_attention_match_the_reference(dtype, gen):
+    """M != N with their own coordinates and weights (Galerkin, both Fourier paths) and GNOT's
+    normalised attention, single and heterogeneous, against the float64 CPU functions."""
+    b, h, n, m, d, p = 2, 3, 301, 157, 16, 2
+    cpu = {"q": torch.randn(b, h, n, d, generator=gen, dtype=torch.float64),
+           "k": torch.randn(b, h, m, d, generator=gen, dtype=torch.float64),
+           "v": torch.randn(b, h, m, d, generator=gen, dtype=torch.float64),
+           "pos": torch.rand(b, n, p, generator=gen, dtype=torch.float64),
+           "kv_pos": torch.rand(b, m, p, generator=gen, dtype=torch.float64),
+           "weight": torch.rand(b, m, generator=gen, dtype=torch.float64)}
+    cpu["weight"][0, :10] = 0.0
+    norm = (1 + 0.2 * torch.randn(h, d, generator=gen, dtype=torch.float64),
+            0.1 * torch.randn(h, d, generator=gen, dtype=torch.float64))
+    x = {key: t.to("cuda", dtype) for key, t in cpu.items()}
+    ref = {key: t.cpu().double() for key, t in x.items()}
+    x_norm = tuple(t.to("cuda", dtype) for t in norm)
+    ref_norm = tuple(t.cpu().double() for t in x_norm)
+
+    def calls(y, nrm):
+        common = dict(pos=y["pos"], kv_pos=y["kv_pos"], weight=y["weight"])
+        return [
+            ops.galerkin_attention(y["q"], y["k"], y["v"], k_norm=nrm, v_norm=nrm, **common),
+            ops.fourier_attention(y["q"], y["k"], y["v"], q_norm=nrm, k_norm=nrm,
+                                  path="factored", **common),
+            ops.fourier_attention(y["q"], y["k"], y["v"], q_norm=nrm, k_norm=nrm,
+                                  path="quadratic", **common),
+            ops.normalized_attention(y["q"], y["k"], y["v"], skip=True, **common),
+            ops.hetero_normalized_attention(
+                y["q"], [y["k"], y["k"][:, :, :50]], [y["v"], y["v"][:, :, :50]], pos=y["pos"],
+                kv_pos=[y["kv_pos"], y["kv_pos"][:, :50]],
+                weights=[y["weight"], y["weight"][:, :50]], reduce="mean"),
+        ]
+
+    poison_cuda_cache()
+    for got, want in zip(calls(x, x_norm), calls(ref, ref_norm), strict=True):
+        assert got.is_cuda and got.dtype == dtype and torch.isfinite(got).all()
+        assert rel_err(got, want) <= TOLERANCE[dtype]
 
 
 def test_cuda_graph_capture_and_replay(gen):
@@ -171,22 +224,7 @@ def test_cuda_graph_capture_and_replay(gen):
         out = galerkin(y) + fourier(y)
         return torch.autograd.grad(out, list(static.values()), upstream)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up outside the graph (allocator pools, lazy init)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grads = step()
-    for _ in range(2):
-        for t in static.values():
-            with torch.no_grad():
-                t.copy_(torch.randn_like(t))
-        graph.replay()
-        torch.cuda.synchronize()
-        for got, expected in zip(grads, step(), strict=True):
-            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    check_graph_replay(step, list(static.values()))
 
 
 def test_torch_compile_cuda(gen):
@@ -206,7 +244,8 @@ def test_forward_and_backward_are_bitwise_reproducible(dtype, gen):
     for t in tensors:
         t.requires_grad_()
     upstream = torch.randn(case.B, case.H, case.N, case.D + case.P, device="cuda", dtype=dtype)
-    for fn, kw in ((galerkin, {}), (fourier, {"path": "linear"}), (fourier, {"path": "quadratic"})):
+    for fn, kw in ((galerkin, {}), (fourier, {"path": "factored"}),
+                   (fourier, {"path": "quadratic"})):
         runs = []
         for _ in range(2):
             poison_cuda_cache()
@@ -216,12 +255,11 @@ def test_forward_and_backward_are_bitwise_reproducible(dtype, gen):
             assert torch.equal(a, b), (fn.__name__, kw)
 
 
-@pytest.mark.parametrize("dim", [5, 140], ids=["fused", "prepared"])  # d > 128: whole operands
+@pytest.mark.parametrize("dim", [5, 140], ids=["kernels", "formulas"])  # d > 128: formulas
 @pytest.mark.parametrize("magnitude", [1e-30, 1e-3, 1e20, 1e36])
 def test_layer_norm_across_the_float32_range_cuda(magnitude, dim, gen):
-    """As the CPU test: float32 rows of any magnitude are normalised right in both CUDA paths
-    (the fused linear kernel and the whole-operand preparation); a constant row gives the bias;
-    non-finite input stays non-finite."""
+    """As the CPU test: float32 rows of any magnitude are normalised right by the kernels and
+    by the formulas; a constant row gives the bias; non-finite input stays non-finite."""
     q = torch.randn(2, 2, 7, dim, generator=gen)
     k = magnitude * torch.randn(2, 2, 7, dim, generator=gen)
     v = torch.randn(2, 2, 7, dim, generator=gen)

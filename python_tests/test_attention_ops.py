@@ -16,7 +16,6 @@ from attention_cases import (
     grad_inputs,
     make_inputs,
     map_inputs,
-    op_args,
 )
 
 from galerkin_ext import ops, reference
@@ -108,19 +107,28 @@ def test_attention_matrix(gen):
 # Dropout on the attention matrix
 
 
+def _with_dropout(x, quadratic, **kw):
+    """ops.kernel_attention as Fourier (norms on q, k) for the quadratic path, as Galerkin
+    (norms on k, v) for the factored one, with dropout on its attention matrix."""
+    norms = (dict(q_norm=x["n1"], k_norm=x["n2"]) if quadratic
+             else dict(k_norm=x["n1"], v_norm=x["n2"]))
+    return ops.kernel_attention(x["q"], x["k"], x["v"], pos=x["pos"], weight=x["weight"],
+                                path="quadratic" if quadratic else "factored", **norms, **kw)
+
+
 @pytest.mark.parametrize("quadratic", [False, True])
 def test_dropout_mask_matches_reference(quadratic, gen):
+    """The op draws its inverted-dropout mask (on the N × M matrix, or on S) from torch's
+    generator and applies it as the reference does."""
     case = Case(2, 2, 13, 5, P=1, weight="batched")
     x = make_inputs(case, gen)
     side = case.N if quadratic else case.D + case.P
-    mask = (torch.rand(2, 2, side, side, generator=gen) > 0.4).double() / 0.6
-    if quadratic:
-        expected = fourier(x, reference, dropout_mask=mask)
-        scale = 1 / math.sqrt(case.D + case.P)
-    else:
-        expected = galerkin(x, reference, dropout_mask=mask)
-        scale = 1.0
-    got = torch.ops.galerkin_ext.attention_forward(*op_args(x, quadratic, mask, scale))[0]
+    scale = 1 / math.sqrt(case.D + case.P) if quadratic else 1.0
+    torch.manual_seed(3)
+    got, _ = _with_dropout(x, quadratic, scale=scale, dropout_p=0.4)
+    torch.manual_seed(3)
+    mask = torch.empty(2, 2, side, side, dtype=F64).bernoulli_(0.6).div_(0.6)
+    expected = (fourier if quadratic else galerkin)(x, reference, dropout_mask=mask)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -207,12 +215,11 @@ def test_every_autodiff_mode(case, variant, gen):
 def test_gradcheck_through_attention_matrix_and_dropout(quadratic, gen):
     case = Case(2, 2, 5, 3, P=1, weight="batched")
     x = make_inputs(case, gen, requires_grad=True)
-    side = case.N if quadratic else case.D + case.P
-    mask = (torch.rand(2, 2, side, side, generator=gen) > 0.5).double() * 2
 
     def call(q, k, v, pos, w):
-        out, attn = torch.ops.galerkin_ext.attention_forward(
-            q, k, v, pos, w, None, None, *x["n1"], *x["n2"], mask, 1e-5, 0.7, quadratic)[:2]
+        torch.manual_seed(5)  # the same mask in every evaluation
+        out, attn = _with_dropout({**x, "q": q, "k": k, "v": v, "pos": pos, "weight": w},
+                                  quadratic, scale=0.7, dropout_p=0.5)
         return out.sin().sum() + (attn * attn).sum()
 
     assert torch.autograd.gradcheck(call, [x[key] for key in ("q", "k", "v", "pos", "weight")])
@@ -295,26 +302,7 @@ def test_no_grad_where_not_required(gen):
 
 
 # ----------------------------------------------------------------------------------------------
-# torch.library.opcheck and torch.compile
-
-
-@pytest.mark.parametrize("quadratic", [False, True])
-@pytest.mark.parametrize("case", [GRAD_CASES[0], GRAD_CASES[1], GRAD_CASES[4]], ids=str)
-def test_opcheck_forward(case, quadratic, gen):
-    x = make_inputs(case, gen, dtype=torch.float32, requires_grad=True)
-    torch.library.opcheck(torch.ops.galerkin_ext.attention_forward, op_args(x, quadratic))
-
-
-@pytest.mark.parametrize("quadratic", [False, True])
-@pytest.mark.parametrize("case", [GRAD_CASES[0], GRAD_CASES[4]], ids=str)
-def test_opcheck_backward(case, quadratic, gen):
-    x = make_inputs(case, gen, dtype=torch.float32)
-    args = op_args(x, quadratic)
-    out, attn = torch.ops.galerkin_ext.attention_forward(*args)
-    grad_out = torch.randn(out.shape, generator=gen)
-    grad_attn = torch.randn(attn.shape, generator=gen)
-    bwd_args = (grad_out, grad_attn, *args[:12], attn, 1e-5, 0.5, quadratic, True, True)
-    torch.library.opcheck(torch.ops.galerkin_ext.attention_backward, bwd_args)
+# torch.compile (opcheck of the compiled ops: test_op_core.py)
 
 
 def test_torch_compile_fullgraph(gen):
@@ -419,14 +407,6 @@ def test_meta_tensors_give_shapes(gen):
         assert attn.shape == ((2, 3, 5, 5) if path == "quadratic" else (2, 3, 6, 6))
 
 
-def test_op_checks_shapes_when_called_directly(gen):
-    x = make_inputs(Case(2, 2, 5, 3, P=1), gen, dtype=torch.float32)
-    args = list(op_args(x, False))
-    args[11] = torch.ones(2, 2, 3, 3)  # dropout mask must be (B, H, d, d) = (2, 2, 4, 4)
-    with pytest.raises(RuntimeError, match="dropout_mask"):
-        torch.ops.galerkin_ext.attention_forward(*args)
-
-
 def test_autocast_casts_like_matmul(gen):
     """bf16 activations from autocast Linears meet float32 norm parameters: no dtype error."""
     x = make_inputs(Case(2, 2, 9, 4, P=1, weight="batched"), gen, dtype=torch.float32)
@@ -463,3 +443,21 @@ def test_layer_norm_across_the_float32_range(magnitude, gen):
     # non-finite input stays non-finite, as in torch's layer norm
     k[1, 1, 2, 0] = math.inf
     assert not torch.isfinite(ops.galerkin_attention(q, k, v, k_norm=norm)[1, 1]).all()
+
+
+@pytest.mark.parametrize("path", ["factored", "quadratic"])
+def test_float32_parameters_beside_half_activations(path, gen):
+    """Quadrature weights and norm parameters may stay float32 beside bfloat16 activations (as
+    autocast leaves them on CUDA); other mixes are errors naming the argument."""
+    x = make_inputs(Case(2, 2, 9, 4, P=1, weight="batched"), gen, dtype=torch.float32)
+    low = {key: x[key].bfloat16() for key in ("q", "k", "v", "pos")}
+    out = ops.fourier_attention(low["q"], low["k"], low["v"], pos=low["pos"], weight=x["weight"],
+                                q_norm=x["n1"], k_norm=x["n2"], path=path)
+    assert out.dtype == torch.bfloat16
+    expected = fourier({**x, **{key: t.float() for key, t in low.items()}}, path=path)
+    torch.testing.assert_close(out.float(), expected, rtol=3e-2, atol=3e-2)
+    with pytest.raises(TypeError, match="^weight"):
+        ops.fourier_attention(x["q"], x["k"], x["v"], pos=x["pos"], weight=x["weight"].double())
+    with pytest.raises(TypeError, match=r"^k_norm\[0\]"):
+        ops.fourier_attention(low["q"], low["k"], low["v"], pos=low["pos"],
+                              k_norm=tuple(p.double() for p in x["n2"]))

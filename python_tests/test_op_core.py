@@ -179,7 +179,11 @@ def test_gradcheck_every_input(maps, gen):
 def test_opcheck(maps, gen):
     x = core_inputs((2, 2, 5, 3, 3, 2, 1, "shared", "batched", True), maps, gen,
                     dtype=torch.float32)
-    ones_column = maps[0] == "softmax"
+    run_opchecks(x, maps[0] == "softmax")
+
+
+def run_opchecks(x, ones_column):
+    """opcheck of the four ops of the core on core_inputs x (any device)."""
     args = reduce_args(x, ones_column)
     torch.library.opcheck(torch.ops.galerkin_ext.kv_reduce, args)
     s = torch.ops.galerkin_ext.kv_reduce(*args)
@@ -188,7 +192,8 @@ def test_opcheck(maps, gen):
                           (torch.randn_like(s), *args[:-1], ones_column, True, True))
     out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, int(ones_column)))
     torch.library.opcheck(torch.ops.galerkin_ext.q_apply_backward,
-                          (torch.randn_like(out), *apply_args(x, s, int(ones_column)), False))
+                          (torch.randn_like(out), *apply_args(x, s, int(ones_column)),
+                           x["pos"] is not None))
 
 
 def test_repeatable_bit_for_bit(gen):

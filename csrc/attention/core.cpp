@@ -28,10 +28,28 @@ void check_operand(const Tensor& x, const char* name) {
               x.scalar_type());
 }
 
-// pos (B, n, P) or (n, P), or weight (B, n) or (n,), of the rows of x (B, H, n, D).
+// A parameter (quadrature weight, norm parameters) of x: x's dtype, or float32 for half and
+// bfloat16 x, which keeps small weights (1/N < 2^-14 is subnormal in half) and the norm
+// parameters of an autocast model in full precision.
+void check_param(const Tensor& t, const Tensor& x, const char* name) {
+  const bool reduced = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
+  if (reduced && t.scalar_type() == at::kFloat) {
+    TORCH_CHECK(t.device() == x.device(), name, ": expected device ", x.device(), ", got ",
+                t.device());
+    return;
+  }
+  check_same(t, x, name);
+}
+
+// pos (B, n, P) or (n, P), or weight (B, n) or (n,) (a parameter: check_param), of the rows of
+// x (B, H, n, D).
 OptTensor rows_tensor(const OptTensor& t, const Tensor& x, int64_t trailing, const char* name) {
   if (!t) return std::nullopt;
-  check_same(*t, x, name);
+  if (trailing == 0) {
+    check_param(*t, x, name);
+  } else {
+    check_same(*t, x, name);
+  }
   const int64_t B = x.size(0), n = x.size(2), dim = t->dim() - trailing;
   TORCH_CHECK((dim == 2 && t->size(0) == B && t->size(1) == n) || (dim == 1 && t->size(0) == n),
               name, ": expected leading shape (B, n) or (n,) with B = ", B, ", n = ", n,
@@ -46,8 +64,10 @@ std::pair<OptTensor, OptTensor> norm_pair(RowMap map, const OptTensor& w, const 
   TORCH_CHECK(w.has_value() == norm && b.has_value() == norm, name,
               norm ? ": layer_norm needs its weight and bias" : ": given without layer_norm");
   if (!norm) return {};
+  TORCH_CHECK(w->scalar_type() == b->scalar_type(), name, ": weight and bias dtypes differ: ",
+              w->scalar_type(), " and ", b->scalar_type());
   for (const Tensor* t : {&*w, &*b}) {
-    check_same(*t, x, name);
+    check_param(*t, x, name);
     TORCH_CHECK(t->dim() == 2 && t->size(0) == x.size(1) && t->size(1) == x.size(3), name,
                 ": expected shape (H, D) = (", x.size(1), ", ", x.size(3), "), got ",
                 t->sizes());
@@ -126,15 +146,17 @@ struct KernelGuard {
   c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
 };
 
+// The schemas' functions, one instantiation per device twin.
+template <Tensor (*Twin)(const KvReduceInputs&, double)>
 Tensor kv_reduce(const Tensor& k, const Tensor& v, const OptTensor& kv_pos,
                  const OptTensor& weight, c10::string_view k_map, const OptTensor& k_norm_weight,
                  const OptTensor& k_norm_bias, c10::string_view v_map,
                  const OptTensor& v_norm_weight, const OptTensor& v_norm_bias, double eps,
                  bool ones_column) {
   const KernelGuard guard;
-  return kv_reduce_cpu(kv_inputs(k, v, kv_pos, weight, k_map, k_norm_weight, k_norm_bias, v_map,
-                                 v_norm_weight, v_norm_bias, ones_column),
-                       eps);
+  return Twin(kv_inputs(k, v, kv_pos, weight, k_map, k_norm_weight, k_norm_bias, v_map,
+                        v_norm_weight, v_norm_bias, ones_column),
+              eps);
 }
 
 std::vector<Tensor> empty_for_undefined(std::vector<Tensor> grads, const Tensor& like) {
@@ -144,6 +166,7 @@ std::vector<Tensor> empty_for_undefined(std::vector<Tensor> grads, const Tensor&
   return grads;
 }
 
+template <KvReduceGrads (*Twin)(const KvReduceInputs&, const Tensor&, double, bool, bool)>
 std::vector<Tensor> kv_reduce_backward(
     const Tensor& grad_s, const Tensor& k, const Tensor& v, const OptTensor& kv_pos,
     const OptTensor& weight, c10::string_view k_map, const OptTensor& k_norm_weight,
@@ -156,21 +179,23 @@ std::vector<Tensor> kv_reduce_backward(
   TORCH_CHECK(grad_s.sizes() == at::IntArrayRef({in.B, in.H, in.key_width(), in.value_width()}),
               "grad_s: expected shape (B, H, d_k, d_v) = (", in.B, ", ", in.H, ", ",
               in.key_width(), ", ", in.value_width(), "), got ", grad_s.sizes());
+  TORCH_CHECK(grad_s.device() == k.device() && at::isFloatingType(grad_s.scalar_type()),
+              "grad_s: expected a floating tensor on ", k.device(), ", got ",
+              grad_s.scalar_type(), " on ", grad_s.device());
   TORCH_CHECK(!kv_pos_grad || in.kv_pos, "kv_pos_grad: requested without kv_pos");
   TORCH_CHECK(!weight_grad || in.weight, "weight_grad: requested without weight");
-  return empty_for_undefined(
-      kv_reduce_backward_cpu(in, grad_s.to(k.scalar_type()), eps, kv_pos_grad, weight_grad)
-          .list(),
-      k);
+  return empty_for_undefined(Twin(in, grad_s, eps, kv_pos_grad, weight_grad).list(), k);
 }
 
+template <Tensor (*Twin)(const QApplyInputs&, double)>
 Tensor q_apply(const Tensor& q, const OptTensor& pos, c10::string_view q_map,
                const OptTensor& q_norm_weight, const OptTensor& q_norm_bias, const Tensor& s,
                double eps, int64_t normalizers) {
   const KernelGuard guard;
-  return q_apply_cpu(q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers), eps);
+  return Twin(q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers), eps);
 }
 
+template <QApplyGrads (*Twin)(const QApplyInputs&, const Tensor&, double, bool)>
 std::vector<Tensor> q_apply_backward(const Tensor& grad_out, const Tensor& q,
                                      const OptTensor& pos, c10::string_view q_map,
                                      const OptTensor& q_norm_weight,
@@ -183,16 +208,25 @@ std::vector<Tensor> q_apply_backward(const Tensor& grad_out, const Tensor& q,
               grad_out.sizes());
   check_same(grad_out, q, "grad_out");
   TORCH_CHECK(!pos_grad || in.pos, "pos_grad: requested without pos");
-  return empty_for_undefined(q_apply_backward_cpu(in, grad_out, eps, pos_grad).list(), q);
+  return empty_for_undefined(Twin(in, grad_out, eps, pos_grad).list(), q);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(galerkin_ext, CPU, m) {
-  m.impl("kv_reduce", &kv_reduce);
-  m.impl("kv_reduce_backward", &kv_reduce_backward);
-  m.impl("q_apply", &q_apply);
-  m.impl("q_apply_backward", &q_apply_backward);
+  m.impl("kv_reduce", &kv_reduce<kv_reduce_cpu>);
+  m.impl("kv_reduce_backward", &kv_reduce_backward<kv_reduce_backward_cpu>);
+  m.impl("q_apply", &q_apply<q_apply_cpu>);
+  m.impl("q_apply_backward", &q_apply_backward<q_apply_backward_cpu>);
 }
+
+#ifdef GALERKIN_EXT_WITH_CUDA
+TORCH_LIBRARY_IMPL(galerkin_ext, CUDA, m) {
+  m.impl("kv_reduce", &kv_reduce<kv_reduce_cuda>);
+  m.impl("kv_reduce_backward", &kv_reduce_backward<kv_reduce_backward_cuda>);
+  m.impl("q_apply", &q_apply<q_apply_cuda>);
+  m.impl("q_apply_backward", &q_apply_backward<q_apply_backward_cuda>);
+}
+#endif
 
 }  // namespace galerkin_ext

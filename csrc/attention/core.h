@@ -12,7 +12,8 @@
 // GNOT = softmax on q, k with a normaliser per input function. Cross-attention is M != N.
 //
 // The prepared operands never exist as whole tensors: the CPU twins (kv_reduce_cpu.cpp,
-// q_apply_cpu.cpp) form them chunk by chunk in cache. Reductions over points are per-chunk
+// q_apply_cpu.cpp) form them chunk by chunk in cache, the CUDA twins (kv_reduce_cuda.cpp,
+// q_apply_cuda.cpp on the kernels of core_cuda.cuh) row by row in registers and shared memory. Reductions over points are per-chunk
 // partials summed in chunk order, so results are bit-for-bit reproducible. The backward ops
 // recompute the row maps from the inputs; no operand is saved.
 #pragma once
@@ -82,11 +83,21 @@ struct QApplyGrads {
   std::vector<at::Tensor> list() const { return {q, pos, q_norm_weight, q_norm_bias, s}; }
 };
 
+// The device twins: kv_reduce_cpu.cpp / kv_reduce_cuda.cpp, q_apply_cpu.cpp / q_apply_cuda.cpp.
+// grad_s may have any floating dtype; grad_out has q's.
 at::Tensor kv_reduce_cpu(const KvReduceInputs& in, double eps);
 KvReduceGrads kv_reduce_backward_cpu(const KvReduceInputs& in, const at::Tensor& grad_s,
                                      double eps, bool kv_pos_grad, bool weight_grad);
 at::Tensor q_apply_cpu(const QApplyInputs& in, double eps);
 QApplyGrads q_apply_backward_cpu(const QApplyInputs& in, const at::Tensor& grad_out, double eps,
                                  bool pos_grad);
+#ifdef GALERKIN_EXT_WITH_CUDA
+at::Tensor kv_reduce_cuda(const KvReduceInputs& in, double eps);
+KvReduceGrads kv_reduce_backward_cuda(const KvReduceInputs& in, const at::Tensor& grad_s,
+                                      double eps, bool kv_pos_grad, bool weight_grad);
+at::Tensor q_apply_cuda(const QApplyInputs& in, double eps);
+QApplyGrads q_apply_backward_cuda(const QApplyInputs& in, const at::Tensor& grad_out, double eps,
+                                  bool pos_grad);
+#endif
 
 }  // namespace galerkin_ext

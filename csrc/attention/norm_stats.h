@@ -1,5 +1,5 @@
 // Layer-norm statistics that stay right across the whole floating-point range, shared by the
-// CPU rows (prepare_cpu.h) and the CUDA rows (prepare_cuda.cu, linear_cuda.cu).
+// CPU rows (prepare_cpu.h) and the CUDA rows (rows_cuda.cuh).
 //
 // A float32 row of magnitude 1e20 has squares of 1e40, past float32's range: the variance
 // overflowed, rstd became 0 and the output silently the bias. Rows with max |x| > 1 are

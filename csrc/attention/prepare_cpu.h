@@ -1,7 +1,7 @@
-// Kernels of the CPU operand preparation (attention.h): one row of a prepared operand and its
-// backward (inline), and the same over a range of rows (prepare_rows, prepare_rows_backward),
-// compiled for several instruction sets in prepare_cpu.cpp. Used by the whole-tensor preparation
-// (prepare_cpu.cpp) and the fused linear path (linear_cpu.cpp), which so compute identical rows.
+// The CPU row maps (attention.h's OperandSpec): one prepared row and its backward (inline), and
+// the same over a range of rows (prepare_rows, prepare_rows_backward), compiled for several
+// instruction sets in prepare_cpu.cpp. Used by the CPU twins of the op core through
+// chunks_cpu.h.
 #pragma once
 
 #include "attention.h"
