@@ -1,4 +1,5 @@
-"""Argument checks shared by the whole package.
+"""Argument checks shared by the whole package (ops, layers, models, data, training): each
+written once here.
 
 Each returns the value (converted) or raises with the argument's name and what was expected:
 ``"name: expected ..., got ..."``; ``TypeError`` for the wrong kind of value, ``ValueError`` for one
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -167,3 +170,79 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device: expected a CPU or CUDA device, got {device!r}")
     return dev
+
+
+def check_tensor(x: object, name: str, ndim: int, shape_doc: str) -> Tensor:
+    """``x`` if it is a floating-point tensor of rank ``ndim``; ``shape_doc`` names the dims."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a tensor of shape {shape_doc}, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected shape {shape_doc}, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    return x
+
+
+def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], dim: int) -> Tensor:
+    """Accept a grid shared by the batch ``(*points, dim)`` or per sample ``(B, *points, dim)``.
+
+    Returns the grid expanded (a view, no copy) to ``(B, *points, dim)``.
+    """
+    doc = f"({', '.join(map(str, points))}, {dim}) or (B, {', '.join(map(str, points))}, {dim})"
+    if not isinstance(grid, Tensor):
+        raise TypeError(f"{name}: expected a tensor of shape {doc}, got {type(grid).__name__}")
+    given = tuple(grid.shape)  # the message reports what the caller passed
+    if grid.dim() == len(points) + 1:
+        grid = grid.unsqueeze(0)
+    if grid.dim() != len(points) + 2 or tuple(grid.shape[1:]) != (*points, dim) or (
+        grid.shape[0] not in (1, batch)
+    ):
+        raise ValueError(f"{name}: expected shape {doc} with B = {batch}, got {given}")
+    return grid.expand(batch, *points, dim)
+
+
+def check_dropout(dropout_p: float, training: bool) -> None:
+    """The public functions' dropout arguments (p is checked even when not training)."""
+    check_probability(dropout_p, "dropout_p")
+    if not isinstance(training, bool):
+        raise TypeError(f"training: expected a bool, got {type(training).__name__}")
+
+
+def check_norm(norm: object, name: str, like: Tensor,
+               like_name: str = "q") -> tuple[Tensor, Tensor] | None:
+    """A ``(weight, bias)`` pair of shape ``(H, D)`` of ``like (B, H, ·, D)``, or None."""
+    if norm is None:
+        return None
+    if not isinstance(norm, (tuple, list)) or len(norm) != 2:
+        raise TypeError(f"{name}: expected None or a (weight, bias) pair of tensors, got {norm!r}")
+    heads, dim = like.shape[1], like.shape[3]
+    for i, p in enumerate(norm):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{name}[{i}]: expected a tensor, got {type(p).__name__}")
+        check_param_like(p, f"{name}[{i}]", like, like_name)
+        if p.shape != (heads, dim):
+            raise ValueError(
+                f"{name}[{i}]: expected shape (H, D) = ({heads}, {dim}), got {tuple(p.shape)}"
+            )
+    return norm[0], norm[1]
+
+
+def check_pos(pos: Tensor | None, x: Tensor, name: str, points: str) -> None:
+    """``pos`` fits the rows of ``x (B, H, n, D)``: ``(B, n, P)`` or ``(n, P)``, or None."""
+    if pos is None:
+        return
+    if not isinstance(pos, Tensor):
+        raise TypeError(f"{name}: expected a tensor or None, got {type(pos).__name__}")
+    check_like(pos, name, x)
+    batch, _, n, _ = x.shape
+    if not ((pos.dim() == 3 and pos.shape[:2] == (batch, n)) or (pos.dim() == 2
+                                                                   and pos.shape[0] == n)):
+        raise ValueError(f"{name}: expected shape (B, {points}, P) = ({batch}, {n}, P) or "
+                         f"({points}, P) = ({n}, P), got {tuple(pos.shape)}")
+
+
+def check_path(path: object, name: str = "path") -> Path:
+    """``path`` (a ``str`` or ``os.PathLike``) as a :class:`~pathlib.Path`."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(path).__name__}")
+    return Path(path)

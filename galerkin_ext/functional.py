@@ -8,7 +8,8 @@
 * :func:`normalized_attention` — GNOT's normalised linear attention (SPEC §2b, SPEC-gnot §1);
 * :func:`hetero_normalized_attention` — its heterogeneous form over several input functions;
 * :func:`row_map`, :func:`per_head_layer_norm`, :func:`concat_pos` — the row maps they share
-  with the layers; the argument checks of these forms, shared with :mod:`galerkin_ext.ops`.
+  with the layers; :func:`resolve_kv_pos` and :func:`normalized_core`, the argument handling
+  these forms share with :mod:`galerkin_ext.ops` (the checks themselves are in ``_checks``).
 
 The factored and normalised forms cost O((N + M) d d_v) per head: the key side is reduced to
 ``S`` first, and no ``N × M`` matrix is formed. Padding is weight 0; a sample never depends on its
@@ -24,7 +25,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ._checks import check_attention_operands, check_choice, check_like, check_quadrature_weight
+from ._checks import (
+    check_attention_operands,
+    check_choice,
+    check_pos,
+    check_quadrature_weight,
+)
 
 __all__ = ["concat_pos", "hetero_normalized_attention", "kernel_attention", "kv_reduce",
            "normalized_attention", "per_head_layer_norm", "q_apply", "row_map"]
@@ -209,20 +215,6 @@ def factored_attention(
     out = q_apply_fn(q, attn, pos=pos, q_map=norm_map(q_norm), q_norm=q_norm, eps=eps,
                      normalizers=0)
     return out, attn.to(q.dtype)
-
-
-def check_pos(pos: Tensor | None, x: Tensor, name: str, points: str) -> None:
-    """``pos`` fits the rows of ``x (B, H, n, D)``: ``(B, n, P)`` or ``(n, P)``, or None."""
-    if pos is None:
-        return
-    if not isinstance(pos, Tensor):
-        raise TypeError(f"{name}: expected a tensor or None, got {type(pos).__name__}")
-    check_like(pos, name, x)
-    batch, _, n, _ = x.shape
-    if not ((pos.dim() == 3 and pos.shape[:2] == (batch, n)) or (pos.dim() == 2
-                                                                   and pos.shape[0] == n)):
-        raise ValueError(f"{name}: expected shape (B, {points}, P) = ({batch}, {n}, P) or "
-                         f"({points}, P) = ({n}, P), got {tuple(pos.shape)}")
 
 
 def resolve_kv_pos(pos: Tensor | None, kv_pos: Tensor | None, q: Tensor, k: Tensor,

@@ -32,8 +32,9 @@ from . import _C, functional
 from ._checks import (
     check_attention_operands,
     check_choice,
+    check_dropout,
     check_float,
-    check_param_like,
+    check_norm,
     check_probability,
     check_quadrature_weight,
     check_scale,
@@ -78,7 +79,7 @@ def galerkin_attention(
     Cost O((N + M) d d_v). ``dropout_p`` drops entries of the ``d × d_v`` matrix ``K̂ᵀ W V̂`` when
     ``training``. Returns ``(B, H, N, P + D_v)``.
     """
-    _check_dropout(dropout_p, training)
+    check_dropout(dropout_p, training)
     out, _ = kernel_attention(
         q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps,
         scale=1.0, path="factored", dropout_p=dropout_p if training else 0.0,
@@ -110,7 +111,7 @@ def fourier_attention(
     materialises the ``N × M`` matrix (needed for dropout on it). ``"auto"`` takes the factored
     path unless dropout is active. Returns ``(B, H, N, P + D_v)``.
     """
-    _check_dropout(dropout_p, training)
+    check_dropout(dropout_p, training)
     check_choice(path, "path", ("auto", "factored", "quadratic"))
     dropout_active = training and dropout_p > 0.0
     if path == "factored" and dropout_active:
@@ -162,9 +163,9 @@ def kernel_attention(
     kv_pos = functional.resolve_kv_pos(pos, kv_pos, q, k)
     if weight is not None:
         check_quadrature_weight(weight, batch, m, k, "k", axis="M")
-    q_norm = _check_norm(q_norm, "q_norm", q)
-    k_norm = _check_norm(k_norm, "k_norm", q)
-    v_norm = _check_norm(v_norm, "v_norm", v, "v")
+    q_norm = check_norm(q_norm, "q_norm", q)
+    k_norm = check_norm(k_norm, "k_norm", q)
+    v_norm = check_norm(v_norm, "v_norm", v, "v")
     check_float(eps, "eps")
     check_probability(dropout_p, "dropout_p")
     quadratic = check_choice(path, "path", ("factored", "quadratic")) == "quadratic"
@@ -335,7 +336,7 @@ def continuum_attention(
     batch, _, _, m, _ = check_attention_operands(q, k, v)
     dim = q.shape[3]
     scale = check_scale(scale, 1.0 / math.sqrt(dim))
-    _check_dropout(dropout_p, training)
+    check_dropout(dropout_p, training)
     p = dropout_p if training else 0.0
     if weight is None:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p,
@@ -370,35 +371,6 @@ def _autocast(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm):
     with torch.autocast(device, enabled=False):
         return (*_cast(low, q, k, v, pos, kv_pos),
                 *_cast(torch.float32, weight, q_norm, k_norm, v_norm))
-
-
-# ----------------------------------------------------------------------------------------------
-# Validation: every message names the argument and what was expected.
-
-
-def _check_dropout(dropout_p: float, training: bool) -> None:
-    """The public functions' dropout arguments (p is checked even when not training)."""
-    check_probability(dropout_p, "dropout_p")
-    if not isinstance(training, bool):
-        raise TypeError(f"training: expected a bool, got {type(training).__name__}")
-
-
-def _check_norm(norm: Norm, name: str, like: Tensor, like_name: str = "q") -> Norm:
-    """A ``(weight, bias)`` pair of shape ``(H, D)`` of ``like (B, H, ·, D)``, or None."""
-    if norm is None:
-        return None
-    if not isinstance(norm, (tuple, list)) or len(norm) != 2:
-        raise TypeError(f"{name}: expected None or a (weight, bias) pair of tensors, got {norm!r}")
-    heads, dim = like.shape[1], like.shape[3]
-    for i, p in enumerate(norm):
-        if not isinstance(p, Tensor):
-            raise TypeError(f"{name}[{i}]: expected a tensor, got {type(p).__name__}")
-        check_param_like(p, f"{name}[{i}]", like, like_name)
-        if p.shape != (heads, dim):
-            raise ValueError(
-                f"{name}[{i}]: expected shape (H, D) = ({heads}, {dim}), got {tuple(p.shape)}"
-            )
-    return norm[0], norm[1]
 
 
 def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:

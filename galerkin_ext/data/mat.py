@@ -17,13 +17,13 @@ import h5py
 import numpy as np
 import scipy.io
 
+from .._checks import check_path
+
 __all__ = ["load_mat", "read_burgers_mat", "read_darcy_mat", "is_mat_v73"]
 
 
-def _check_path(path: object) -> Path:
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    p = Path(path)
+def _existing_file(path: object) -> Path:
+    p = check_path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path: no such file {str(p)!r}")
     return p
@@ -31,7 +31,7 @@ def _check_path(path: object) -> Path:
 
 def is_mat_v73(path: str | os.PathLike[str]) -> bool:
     """True if ``path`` is an HDF5-based (MATLAB v7.3) file."""
-    return bool(h5py.is_hdf5(_check_path(path)))
+    return bool(h5py.is_hdf5(_existing_file(path)))
 
 
 def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -39,7 +39,7 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.
 
     Raises ``KeyError`` naming the missing variables and the ones present.
     """
-    p = _check_path(path)
+    p = _existing_file(path)
     if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
         raise TypeError(f"keys must be a sequence of variable names, got {keys!r}")
     if is_mat_v73(p):

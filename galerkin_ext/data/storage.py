@@ -30,6 +30,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from .._checks import check_path
+
 __all__ = [
     "SCHEMA",
     "DataFileError",
@@ -56,9 +58,7 @@ def partial_path(path: str | os.PathLike[str]) -> Path:
 
 def check_output_path(path: object) -> Path:
     """Validate an output path: ``str``/``PathLike`` ending in .h5/.hdf5, in an existing folder."""
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"out must be a path (str or os.PathLike), got {type(path).__name__}")
-    p = Path(path)
+    p = check_path(path, "out")
     if p.suffix.lower() not in _SUFFIXES:
         raise ValueError(f"out must name an HDF5 file ending in .h5 or .hdf5, got {str(p)!r}")
     if p.is_dir():

@@ -26,9 +26,9 @@ from .._checks import (
     check_int,
     check_probability,
     check_quadrature_weight,
+    check_tensor,
 )
 from ..functional import concat_pos, log_weight_bias, per_head_layer_norm
-from ._checks import check_tensor
 
 ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
 NORM_SCHEMES = ("attn", "layer", "instance", None)

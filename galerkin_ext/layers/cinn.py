@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_int, check_probability
-from ._checks import check_tensor, make_activation
+from .._checks import check_int, check_probability, check_tensor
+from .activation import make_activation
 
 
 class CiNNSizes(NamedTuple):

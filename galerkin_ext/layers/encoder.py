@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .._checks import check_int, check_probability
-from ._checks import make_activation
+from .activation import make_activation
 from .attention import SimpleAttention
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_choice, check_int, check_probability
-from ._checks import check_tensor, expand_grid, make_activation
+from .._checks import check_choice, check_int, check_probability, check_tensor, expand_grid
+from .activation import make_activation
 from .spectral import SpectralConv1d, SpectralConv2d
 
 _SPECTRAL = {1: SpectralConv1d, 2: SpectralConv2d}

@@ -12,8 +12,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_int, check_probability
-from ._checks import check_tensor, make_activation
+from .._checks import check_int, check_probability, check_tensor
+from .activation import make_activation
 
 
 def _activation_or_identity(activation: str | None) -> nn.Module:

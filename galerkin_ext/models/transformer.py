@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_choice, check_int, check_probability
+from .._checks import check_choice, check_int, check_probability, check_tensor, expand_grid
 from ..layers import (
     CiNNDownsampler,
     CiNNUpsampler,
@@ -21,7 +21,6 @@ from ..layers import (
     SpectralRegressor,
     cinn_sizes,
 )
-from ..layers._checks import check_tensor, expand_grid
 
 
 def _encoder(num_layers: int, **layer_kwargs: object) -> nn.ModuleList:

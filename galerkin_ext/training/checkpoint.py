@@ -32,6 +32,8 @@ from typing import IO, Any
 
 import torch
 
+from .._checks import check_path
+
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CheckpointError",
@@ -55,19 +57,13 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, corrupt, or not a galerkin_ext training checkpoint."""
 
 
-def _check_path(path: object, name: str = "path") -> Path:
-    if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(path).__name__}")
-    return Path(path)
-
-
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``.
 
     The data are flushed and fsync-ed before the rename, so after a crash ``path`` holds either
     its old content or the complete new one.  Returns ``path`` as a :class:`~pathlib.Path`.
     """
-    p = _check_path(path)
+    p = check_path(path)
     if not callable(write):
         raise TypeError(f"write: expected a callable taking a binary file, got {write!r}")
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -177,7 +173,7 @@ def load_checkpoint(
         CheckpointError: the file is truncated/corrupt, not a galerkin_ext checkpoint, of another
             kind, or lacks a field of its kind.
     """
-    p = _check_path(path)
+    p = check_path(path)
     if kind is not None and kind not in _REQUIRED:
         raise ValueError(f"kind: expected one of {sorted(_REQUIRED)} or None, got {kind!r}")
     if not p.is_file():

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
-from .._checks import check_float, check_int
+from .._checks import check_float, check_int, check_path
 from ..losses import relative_l2
 from .checkpoint import load_checkpoint, save_checkpoint, stray_temporary_files, write_csv
 from .distributed import DistributedContext
@@ -121,9 +120,7 @@ class TrainConfig:
 def _writable_dir(path: object) -> Path:
     """``path`` as a folder this process can write to (created if missing), checked now rather
     than after the first epoch."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"out_dir: expected a path, got {type(path).__name__}")
-    folder = Path(path)
+    folder = check_path(path, "out_dir")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
