@@ -174,11 +174,13 @@ def test_gradcheck_every_input(maps, gen):
     assert torch.autograd.gradgradcheck(f, (*tensors, *norms))
 
 
-@pytest.mark.parametrize("maps", [("layer_norm", "layer_norm"), ("softmax", "identity")],
-                         ids=str)
+@pytest.mark.parametrize("maps", [("layer_norm", "layer_norm"), ("softmax", "identity"),
+                                  ("identity", "identity")], ids=str)
 def test_opcheck(maps, gen):
     x = core_inputs((2, 2, 5, 3, 3, 2, 1, "shared", "batched", True), maps, gen,
                     dtype=torch.float32)
+    if maps == ("identity", "identity"):  # no coordinates: q_apply's direct products
+        x = {**x, "pos": None, "kv_pos": None}
     run_opchecks(x, maps[0] == "softmax")
 
 
@@ -189,7 +191,8 @@ def run_opchecks(x, ones_column):
     s = torch.ops.galerkin_ext.kv_reduce(*args)
     torch.library.opcheck(torch.ops.galerkin_ext.q_apply, apply_args(x, s, int(ones_column)))
     torch.library.opcheck(torch.ops.galerkin_ext.kv_reduce_backward,
-                          (torch.randn_like(s), *args[:-1], ones_column, True, True))
+                          (torch.randn_like(s), *args[:-1], ones_column, x["kv_pos"] is not None,
+                           x["weight"] is not None))
     out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, int(ones_column)))
     torch.library.opcheck(torch.ops.galerkin_ext.q_apply_backward,
                           (torch.randn_like(out), *apply_args(x, s, int(ones_column)),

@@ -6,6 +6,12 @@
 // ∂/∂δ = -⟨g, y⟩ / δ, so G' is [g / δ | -⟨g, n⟩ / δ²] per block and both products keep the
 // forward's shapes.
 // δ = 0 (a sample whose keys all have weight 0) gives 0 and zero gradients: 0/0 := 0.
+// The identity map without coordinates or normalisers (Galerkin's queries on a mesh given no
+// coordinates) has nothing to prepare: Q̂ = q, and the products run on q as it is
+// (direct_forward, direct_backward). At GNOT's shape that took Galerkin cross-attention from
+// 1.32x to 1.48x eager (fwd+bwd, one run each of benchmarks/attention.py); with coordinates,
+// adding pos S_pos costs a pass over the output that the chunks avoid (Burgers' shape: 1.27x
+// against 1.42x), so those keep the chunks.
 #include "chunks_cpu.h"
 #include "core.h"
 
@@ -74,6 +80,20 @@ Tensor padded_s(const QApplyInputs& in, int64_t ldq, int64_t ldw) {
   Tensor s = at::zeros({in.B * in.H, ldq, ldw}, in.s.options());
   s.narrow(1, 0, dq).narrow(2, 0, in.W).copy_(in.s.view({in.B * in.H, dq, in.W}));
   return s;
+}
+
+// Whether Q̂ S is the plain product q S.
+bool direct(const QApplyInputs& in) {
+  return in.q_map == RowMap::kIdentity && in.P == 0 && in.normalizers == 0;
+}
+
+Tensor direct_forward(const QApplyInputs& in) { return at::matmul(in.q, in.s); }
+
+QApplyGrads direct_backward(const QApplyInputs& in, const Tensor& g) {
+  QApplyGrads grads;
+  grads.q = at::matmul(g, in.s.transpose(2, 3));
+  grads.s = at::matmul(in.q.transpose(2, 3), g);
+  return grads;
 }
 
 template <typename scalar_t>
@@ -177,6 +197,7 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
 }  // namespace
 
 Tensor q_apply_cpu(const QApplyInputs& in, double eps) {
+  if (direct(in)) return direct_forward(in);
   return AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "galerkin_ext_q_apply_cpu", [&] {
     return forward_impl<scalar_t>(in, eps);
   });
@@ -184,6 +205,7 @@ Tensor q_apply_cpu(const QApplyInputs& in, double eps) {
 
 QApplyGrads q_apply_backward_cpu(const QApplyInputs& in, const Tensor& grad_out, double eps,
                                  bool pos_grad) {
+  if (direct(in)) return direct_backward(in, grad_out);
   return AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "galerkin_ext_q_apply_backward_cpu", [&] {
     return backward_impl<scalar_t>(in, grad_out, eps, pos_grad);
   });
