@@ -163,10 +163,12 @@ def test_ctrl_c_ends_training_with_one_line(tmp_path, burgers_file):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
+        stdout, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, stderr
+    # (once, in a CI run on a loaded machine, the script ran to its end with status 0: the
+    # output says how far it had got when the signal came)
+    assert proc.returncode == 130, f"stdout:\n{stdout}\nstderr:\n{stderr}"
     assert "interrupted" in stderr and "--resume" in stderr and "Traceback" not in stderr
     assert load_checkpoint(out / "last.pt", "last")["epoch"] >= 1
 

@@ -1,0 +1,123 @@
+"""A catalogue of faults a user meets and what the package does about them.
+
+Here: a data generation killed (SIGKILL) or interrupted (SIGINT) at several points of its run
+resumes to a file identical to an uninterrupted one, and an interrupt ends with one line.
+
+Elsewhere, one test each (test_catalogue_points_to_existing_tests keeps this list true):
+
+* training killed mid-epoch, resumed to the same numbers:
+  test_examples.py::test_resume_after_sigkill_matches_uninterrupted_run
+* training interrupted: one line, ``last.pt`` kept:
+  test_examples.py::test_ctrl_c_ends_training_with_one_line
+* resuming with a setting that changes the model, data or schedule is refused, naming it:
+  test_examples.py::test_resume_refuses_changed_settings
+* the temporary files a kill leaves are removed on resume:
+  test_training.py::test_resume_removes_stray_temporary_files
+* a failed write keeps the old file: test_training.py::test_atomic_write_keeps_old_file_on_failure
+* a checkpoint with a flipped bit, truncated or not ours:
+  test_training.py::test_checkpoint_checksum_finds_a_flipped_bit,
+  test_training.py::test_corrupt_checkpoint_gives_clear_error
+* a data file with a flipped bit (HDF5 checksums), truncated, or of another kind:
+  test_data_storage.py::test_checksums_find_a_flipped_bit,
+  test_data_storage.py::test_truncated_and_foreign_files_are_rejected,
+  test_data_datasets.py::test_datasets_from_generated_files
+* a ``.mat`` file that is missing, not MATLAB, or lacks a variable:
+  test_data_mat.py::test_missing_keys_and_bad_files
+* a generation interrupted inside the process, resumed, and refused with other parameters:
+  test_data_storage.py::test_resume_after_interruption_gives_the_same_file
+* files written with the user's umask: test_training.py::test_written_files_respect_the_umask
+* bad command lines fail before any work: test_examples.py::test_bad_command_lines_fail_clearly
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from galerkin_ext.data.storage import partial_path, read_h5
+
+TESTS = Path(__file__).resolve().parent
+# Small enough for seconds, long enough (per chunk of 2 samples) for kills to land mid-run.
+GENERATE = ["generate", "burgers", "--n-samples", "16", "--chunk-size", "2", "--resolution",
+            "128", "--solve-resolution", "128", "--n-steps", "400", "--seed", "5",
+            "--no-progress"]
+
+
+def _generate(out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "galerkin_ext.data", *GENERATE, "--out",
+                             str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen) -> float:
+    """Waits until ``path`` exists (the generation has started its work); returns when."""
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.02)
+    return time.monotonic()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, float, float]:
+    """The reference file, and when its generation started work (the partial file appeared)
+    and ended, in seconds from the process's start."""
+    out = tmp_path_factory.mktemp("faults") / "reference.h5"
+    start = time.monotonic()
+    proc = _generate(out)
+    working = _wait_for(partial_path(out), proc) - start
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr
+    return out, working, time.monotonic() - start
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize("fraction", [0.2, 0.5, 0.9])
+def test_generation_stopped_anywhere_resumes_to_the_same_file(uninterrupted, sig, fraction,
+                                                              tmp_path):
+    """SIGKILL at a fraction of an uninterrupted run's duration (before the partial file exists,
+    between chunks or inside one), SIGINT at a fraction of its working time (an interrupt
+    during Python's start-up, before any work, shows Python's own traceback), then a resume:
+    the same arrays as the uninterrupted run, and an interrupt ends with one line."""
+    reference, working, duration = uninterrupted
+    out = tmp_path / "data.h5"
+    start = time.monotonic()
+    proc = _generate(out)
+    if sig == signal.SIGINT:
+        start = _wait_for(partial_path(out), proc)
+        duration -= working
+    time.sleep(max(0.0, start + fraction * duration - time.monotonic()))
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=600)
+    if proc.returncode == 0:  # finished before the signal came (only near the end)
+        assert fraction > 0.5 and out.is_file()
+    elif sig == signal.SIGINT:
+        assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+        assert "interrupted" in stderr and "--resume" in stderr
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    if not out.is_file():
+        assert not out.exists()  # never a half-written final file
+        resumed = _generate(out, "--resume")
+        _, stderr = resumed.communicate(timeout=600)
+        assert resumed.returncode == 0, stderr
+    assert not partial_path(out).exists()
+    a, b = read_h5(reference), read_h5(out)
+    for key in ("a", "u"):
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_catalogue_points_to_existing_tests():
+    named = re.findall(r"(test_\w+\.py)::(test_\w+)", __doc__)
+    assert named
+    for file, name in named:
+        tree = ast.parse((TESTS / file).read_text())
+        functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert name in functions, f"{file}::{name} is in the catalogue but not in {file}"
