@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from galerkin_ext import ops
 
 F64 = torch.float64
+
+# The mark of the CUDA test files.
+needs_cuda = pytest.mark.skipif(
+    not (torch.cuda.is_available() and ops.cuda_built()),
+    reason="needs a CUDA device and galerkin_ext built with CUDA",
+)
 
 
 @dataclass(frozen=True)

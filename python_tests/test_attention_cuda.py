@@ -18,15 +18,13 @@ from attention_cases import (
     galerkin,
     grad_inputs,
     map_inputs,
+    needs_cuda,
 )
 from attention_cases import make_inputs as make_cpu_inputs
 
 from galerkin_ext import ops, reference
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and ops.cuda_built()),
-    reason="needs a CUDA device and galerkin_ext built with CUDA",
-)
+pytestmark = needs_cuda
 
 # Relative tolerances per dtype against the float64 reference (TF32 stays off in these tests).
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2,

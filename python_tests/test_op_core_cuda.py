@@ -11,12 +11,15 @@ Skipped where there is no GPU or the extension was built without CUDA. Outputs a
 
 import pytest
 import torch
+from attention_cases import needs_cuda
 from test_attention_cuda import check_graph_replay, poison_cuda_cache, rel_err
 from test_op_core import (
     MAPS,
     SHAPES,
     apply_args,
+    core_fn,
     core_inputs,
+    core_leaves,
     explicit_apply,
     explicit_s,
     reduce_args,
@@ -25,10 +28,7 @@ from test_op_core import (
 
 from galerkin_ext import ops
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and ops.cuda_built()),
-    reason="needs a CUDA device and galerkin_ext built with CUDA",
-)
+pytestmark = needs_cuda
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 3e-3,
              torch.bfloat16: 2e-2}
@@ -98,25 +98,12 @@ def test_several_normalizers_and_a_block_without_keys(dtype, gen):
         TOLERANCE[dtype]
 
 
-def _grads(x, maps, ones_column, upstream_gen):
-    """Outputs and gradients of every input of kv_reduce then q_apply, for x's device/dtype."""
-    names = ["q", "k", "v", "pos", "kv_pos", "weight"]
-    leaves = [x[n].detach().requires_grad_() for n in names if x[n] is not None]
-    norms = [p.detach().requires_grad_() for key in ("q_norm", "k_norm", "v_norm")
-             for p in (x[key] or ())]
-    y = dict(x)
-    it = iter(leaves)
-    for n in names:
-        if x[n] is not None:
-            y[n] = next(it)
-    it = iter(norms)
-    for key in ("q_norm", "k_norm", "v_norm"):
-        if x[key] is not None:
-            y[key] = (next(it), next(it))
-    s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(y, ones_column))
-    out = torch.ops.galerkin_ext.q_apply(*apply_args(y, s, int(ones_column)))
+def _grads(x, ones_column, upstream_gen):
+    """Output and gradients of every input of kv_reduce then q_apply, for x's device/dtype."""
+    leaves = core_leaves(x)
+    out = core_fn(x, ones_column)(*leaves)
     upstream = torch.randn(out.shape, generator=upstream_gen, dtype=torch.float64)
-    return out, torch.autograd.grad(out, [*leaves, *norms], upstream.to(out))
+    return out, torch.autograd.grad(out, leaves, upstream.to(out))
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
@@ -129,8 +116,8 @@ def test_gradients_match_the_float64_cpu_core(shape, maps, dtype, gen):
     ones_column = maps[0] == "softmax"
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     poison_cuda_cache()
-    _, got = _grads(x, maps, ones_column, torch.Generator().manual_seed(seed))
-    _, want = _grads(to_reference(x), maps, ones_column, torch.Generator().manual_seed(seed))
+    _, got = _grads(x, ones_column, torch.Generator().manual_seed(seed))
+    _, want = _grads(to_reference(x), ones_column, torch.Generator().manual_seed(seed))
     for g, w in zip(got, want, strict=True):
         assert g.is_cuda and torch.isfinite(g).all()
         assert rel_err(g, w) <= 10 * TOLERANCE[dtype]
@@ -141,22 +128,7 @@ def test_gradcheck_float64(maps, gen):
     x = to_cuda(core_inputs((2, 2, 4, 3, 3, 2, 1, "batched", "batched", True), maps, gen),
                 torch.float64)
     x["weight"] = x["weight"] + 0.1
-    ones_column = maps[0] == "softmax"
-    names = ["q", "k", "v", "pos", "kv_pos", "weight"]
-    tensors = [x[n].detach().requires_grad_() for n in names]
-    norms = [p.detach().requires_grad_() for key in ("q_norm", "k_norm", "v_norm")
-             for p in (x[key] or ())]
-
-    def f(*leaves):
-        y = {**x, **dict(zip(names, leaves[:6], strict=True))}
-        it = iter(leaves[6:])
-        for key in ("q_norm", "k_norm", "v_norm"):
-            if x[key] is not None:
-                y[key] = (next(it), next(it))
-        s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(y, ones_column))
-        return torch.ops.galerkin_ext.q_apply(*apply_args(y, s, int(ones_column)))
-
-    assert torch.autograd.gradcheck(f, (*tensors, *norms))
+    assert torch.autograd.gradcheck(core_fn(x, maps[0] == "softmax"), core_leaves(x))
 
 
 @pytest.mark.parametrize("maps", [("layer_norm", "layer_norm"), ("softmax", "identity")],
@@ -177,7 +149,7 @@ def test_forward_and_backward_are_bitwise_reproducible(maps, dtype, gen):
     runs = []
     for _ in range(2):
         poison_cuda_cache()
-        out, grads = _grads(x, maps, maps[0] == "softmax", torch.Generator().manual_seed(1))
+        out, grads = _grads(x, maps[0] == "softmax", torch.Generator().manual_seed(1))
         runs.append((out, *grads))
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
@@ -198,7 +170,7 @@ def test_float32_parameters_with_half_activations(dtype, gen):
     expected = explicit_s(ref["k"], ref["v"], ref["kv_pos"], ref["weight"], "layer_norm",
                           ref["k_norm"], "layer_norm", ref["v_norm"], False)
     assert rel_err(s, expected) <= TOLERANCE[dtype]
-    _, grads = _grads(low, ("layer_norm", "layer_norm"), False, torch.Generator().manual_seed(2))
+    _, grads = _grads(low, False, torch.Generator().manual_seed(2))
     assert grads[5].dtype == torch.float32 and grads[-1].dtype == torch.float32
 
 
