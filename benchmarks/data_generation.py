@@ -31,7 +31,7 @@ import torch
 from galerkin_ext.data.burgers import solve_burgers
 from galerkin_ext.data.generate import generate_burgers, generate_darcy
 from galerkin_ext.data.storage import read_h5
-from galerkin_ext.training import command_line
+from galerkin_ext.training import command_line, write_json
 
 FULL = {"burgers": 2048, "darcy": 2048}
 TARGET_S = {"burgers": 180.0, "darcy": 1200.0}
@@ -149,9 +149,7 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    tmp = json_out.with_name(json_out.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, json_out)  # never a half-written results file
+    write_json(json_out, results)
     return 0
 
 
