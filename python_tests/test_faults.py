@@ -51,10 +51,17 @@ GENERATE = ["generate", "burgers", "--n-samples", "16", "--chunk-size", "2", "--
             "--no-progress"]
 
 
+def default_sigint() -> None:
+    """preexec_fn of a child that a test interrupts: SIGINT as a terminal gives it. A shell
+    without job control starts background commands with SIGINT ignored, and Python keeps an
+    inherited SIG_IGN (a CI run started that way once saw the interrupts have no effect)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _generate(out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "galerkin_ext.data", *GENERATE, "--out",
                              str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen) -> float:
