@@ -264,12 +264,11 @@ def test_repeated_calls_are_bitwise_equal(path, gen):
 
 @pytest.mark.parametrize("coordinate_grads", [True, False])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_fused_cpu_path_chunking(threads, coordinate_grads, gen):
-    """The fused CPU linear path splits points into chunks by cache size and thread count (here
-    several chunks with a short last one); every split must give the reference's values and
-    gradients, including the sums over chunks of the pos, weight and norm gradients. D = 96 with
-    P = 1 also takes its GEMM split (BLAS for the 96 feature columns, a loop for the coordinate
-    column), which skips the coordinate columns of the gradients when pos and weight need none."""
+def test_cpu_core_chunking(threads, coordinate_grads, gen):
+    """The CPU twins split the points into chunks by cache size and thread count (here 4 or 6
+    chunks with a short last one); every split must give the reference's values and gradients,
+    including the sums over chunks of the pos, weight and norm gradients, with and without the
+    coordinate and weight gradients asked for."""
     case = Case(2, 2, 1100, 96, P=1, shared_pos=True, weight="shared", layout="projected")
     x = make_inputs(case, gen, requires_grad=True)
     names, tensors = grad_inputs(x)
