@@ -165,13 +165,20 @@ def kernel_attention(
     ``Q̂ = [pos | LN(q)]``, ``K̂, V̂ = [kv_pos | LN(·)]`` (a norm only where given);
     ``A = scale · K̂ᵀ W V̂`` and ``out = Q̂ A`` (``"factored"``) or ``A = scale · Q̂ K̂ᵀ W`` and
     ``out = A V̂`` (``"quadratic"``); ``A`` is multiplied by ``dropout_mask`` when given.
-    Returns ``(out, A)``.
+    Returns ``(out, A)``: ``out`` in ``q``'s dtype, ``A`` in the opmath dtype (float32 for half
+    types), in which both paths compute: the quadratic path's products too, as cuBLAS would
+    otherwise be allowed to reduce half-precision products in half under ATen's default flags.
     """
     if path == "factored":
         return factored_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=weight,
                                   q_norm=q_norm, k_norm=k_norm, v_norm=v_norm, eps=eps,
                                   scale=scale, dropout_mask=dropout_mask,
                                   kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+    out_dtype = q.dtype
+    q, k, v, pos, kv_pos, weight = (None if t is None else _opmath(t)
+                                    for t in (q, k, v, pos, kv_pos, weight))
+    q_norm, k_norm, v_norm = (None if n is None else tuple(_opmath(p) for p in n)
+                              for n in (q_norm, k_norm, v_norm))
     q_hat = row_map(q, pos, norm_map(q_norm), q_norm, eps)
     k_hat = row_map(k, kv_pos, norm_map(k_norm), k_norm, eps)
     v_hat = row_map(v, kv_pos, norm_map(v_norm), v_norm, eps)
@@ -181,7 +188,7 @@ def kernel_attention(
     attn = scale * (q_hat @ k_hat.transpose(-2, -1)) * w
     if dropout_mask is not None:
         attn = attn * dropout_mask
-    return attn @ v_hat, attn
+    return (attn @ v_hat).to(out_dtype), attn
 
 
 def factored_attention(
@@ -203,8 +210,8 @@ def factored_attention(
 ) -> tuple[Tensor, Tensor]:
     """``out = Q̂ A`` with ``A = scale · S ∘ mask``, ``S = K̂ᵀ W V̂``, composed from a key-side
     reduction and a query-side apply with the signatures of :func:`kv_reduce` and
-    :func:`q_apply` (these formulas or the compiled ops). Returns ``(out, A)``, ``A`` in
-    ``q``'s dtype."""
+    :func:`q_apply` (these formulas or the compiled ops). Returns ``(out, A)``, ``A`` in the
+    opmath dtype (float32 for half types) in which ``S`` is accumulated."""
     attn = kv_reduce_fn(k, v, kv_pos=kv_pos, weight=weight, k_map=norm_map(k_norm),
                         k_norm=k_norm, v_map=norm_map(v_norm), v_norm=v_norm, eps=eps,
                         ones_column=False)
@@ -214,7 +221,7 @@ def factored_attention(
         attn = attn * dropout_mask
     out = q_apply_fn(q, attn, pos=pos, q_map=norm_map(q_norm), q_norm=q_norm, eps=eps,
                      normalizers=0)
-    return out, attn.to(q.dtype)
+    return out, attn
 
 
 def resolve_kv_pos(pos: Tensor | None, kv_pos: Tensor | None, q: Tensor, k: Tensor,

@@ -151,7 +151,8 @@ def kernel_attention(
     (``path="factored"``), or ``out = A V̂`` with ``A = scale · Q̂ K̂ᵀ W`` of shape
     ``(B, H, N, M)`` (``path="quadratic"``). ``dropout_p > 0`` applies inverted dropout to ``A``
     (always: callers decide on training). ``scale=None`` means ``1/sqrt(D + P)``. Returns
-    ``(out (B, H, N, P + D_v), A)``; ``A`` is differentiable too, for losses or visualisation.
+    ``(out (B, H, N, P + D_v), A)``; ``A`` is differentiable too, for losses or visualisation,
+    and is in the dtype the products accumulate in (float32 for half types).
     """
     # (autocast exists for CPU and CUDA only: meta tensors, e.g., go straight to the op)
     if isinstance(q, Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
@@ -176,11 +177,11 @@ def kernel_attention(
     if dropout_p > 0.0:
         shape = (n, m) if quadratic else (width, coordinates + dim_v)
         keep = 1.0 - dropout_p
-        mask = torch.empty((batch, heads, *shape), dtype=q.dtype, device=q.device)
+        mask = torch.empty((batch, heads, *shape), dtype=functional.opmath_dtype(q),
+                           device=q.device)  # 1 / keep unrounded, as A is
         mask = mask.bernoulli_(keep).div_(keep)
     eps = float(eps)
-    if quadratic:  # the pairwise formula multiplies the parameters in the activations' dtype
-        weight, q_norm, k_norm, v_norm = _cast(q.dtype, weight, q_norm, k_norm, v_norm)
+    if quadratic:
         return functional.kernel_attention(
             q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
             v_norm=v_norm, eps=eps, scale=scale, path="quadratic", dropout_mask=mask)

@@ -77,6 +77,10 @@ SHAPES = [
     (2, 2, 1, 9, 3, 5, 2, "shared", "shared", False),
     (3, 2, 37, 29, 5, 4, 2, "batched", "batched", True),
     (1, 2, 300, 211, 7, 6, 1, "shared", None, True),  # several chunks, off the chunk size
+    # The CPU products' column blocks (widths of several vectors, uneven, a partial last
+    # vector) and their 64-row blocks; P = 0 with identity maps is the direct path (q as is).
+    (2, 2, 200, 70, 24, 40, 0, None, None, False),
+    (1, 3, 131, 67, 17, 33, 1, "batched", None, True),
 ]
 MAPS = [("identity", "identity"), ("layer_norm", "layer_norm"), ("softmax", "identity"),
         ("layer_norm", "identity")]

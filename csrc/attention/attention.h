@@ -1,5 +1,5 @@
 // Declarations shared by the op core's twins (core.h): one operand's inputs and row map, the
-// direct callers' dtype checks, the accumulation dtype and the CPU GEMMs' aligned row length.
+// direct callers' dtype checks and the accumulation dtype.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,14 +34,6 @@ inline void check_same(const at::Tensor& t, const at::Tensor& like, const char* 
 // Dtype of statistics and accumulators: double for double inputs, float for the rest.
 inline at::ScalarType opmath_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
-// Row length of the CPU twins' chunk buffers: d rounded up to a multiple of 8 elements when that
-// wastes at most d/8, so the GEMMs get aligned rows (with MKL on 2 cores the N×d·d×d products
-// took 6.7 ms at d = 97 against 5.0 ms at d = 104). The zero padding changes no result.
-inline int64_t padded_width(int64_t d) {
-  const int64_t up = (d + 7) / 8 * 8;
-  return (up - d) * 8 <= d ? up : d;
 }
 
 }  // namespace galerkin_ext

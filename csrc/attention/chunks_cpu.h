@@ -1,8 +1,8 @@
 // Chunks of prepared rows for the fused CPU kernels (kv_reduce_cpu.cpp, q_apply_cpu.cpp): the row
-// kernels (prepare_cpu.h) build a chunk, single-threaded BLAS GEMMs consume it while it is still
+// kernels (prepare_cpu.h) build a chunk, the products of gemm_cpu.h consume it while it is still
 // in cache, and no operand-sized buffer is ever written. Against whole prepared operands this
-// removes most of the memory traffic, and the GEMMs run faster on cache-resident chunks (MKL, 2
-// cores: ~92 GF/s per thread against ~70).
+// removes most of the memory traffic. Chunk buffers have vector_width rows (zero padded), so the
+// products load whole vectors.
 #pragma once
 
 #include "prepare_cpu.h"
@@ -33,11 +33,6 @@ struct Chunking {
   int64_t first(int64_t c) const { return c * rows; }
   int64_t size(int64_t c, int64_t n) const { return std::min(rows, n - c * rows); }
 };
-
-// The first m rows of a (rows, ld) chunk buffer, first `cols` columns.
-inline at::Tensor block(const at::Tensor& chunk, int64_t m, int64_t cols) {
-  return chunk.narrow(0, 0, m).narrow(1, 0, cols);
-}
 
 // Builds rows [n0, n0 + m) of operand (b, h) into chunk (rows, ld), their statistics into stats.
 template <typename scalar_t, typename acc_t>

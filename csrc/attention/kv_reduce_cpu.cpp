@@ -6,6 +6,7 @@
 // summed per chunk, then over chunks in order.
 #include "chunks_cpu.h"
 #include "core.h"
+#include "gemm_cpu.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -15,7 +16,6 @@ namespace galerkin_ext {
 namespace {
 
 using at::Tensor;
-using cpu::block;
 using cpu::Chunking;
 using cpu::Rows;
 
@@ -32,13 +32,12 @@ Tensor forward_impl(const KvReduceInputs& in, double eps_in) {
   const scalar_t eps = scalar_t(eps_in);
   const int64_t B = in.B, H = in.H, M = in.M;
   const int64_t dk = in.key_width(), dv = in.value_width();
-  const int64_t ldk = padded_width(dk), ldv = padded_width(dv);
+  const int64_t ldk = cpu::vector_width(dk), ldv = cpu::vector_width(dv);
   const auto opts = in.k.options();
   const Rows<scalar_t> kr(in.key()), vr(in.value());
   const Chunking ch(M, std::max(ldk, ldv), sizeof(scalar_t));
 
-  // (dk, ldv) partials: BLAS writes aligned output rows (padded_width); V̂'s padding is zero.
-  Tensor partial = at::empty({ch.count, B * H, dk, ldv}, opts);
+  Tensor partial = at::empty({ch.count, B * H, dk, dv}, opts);
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     Tensor kc = at::empty({ch.rows, ldk}, opts), vc = at::empty({ch.rows, ldv}, opts);
     cpu::AlignedBuffer<scalar_t> scratch(std::max(dk, dv)), stats(2 * ch.rows);
@@ -48,12 +47,13 @@ Tensor forward_impl(const KvReduceInputs& in, double eps_in) {
         cpu::build_chunk(kr, bh / H, bh % H, m0, m, eps, scratch.data(), kc, stats.data());
         cpu::build_chunk(vr, bh / H, bh % H, m0, m, eps, scratch.data(), vc, stats.data());
         if (in.ones_column) set_ones<scalar_t>(vc, m, dv - 1);
-        Tensor slot = partial[c][bh];
-        at::mm_out(slot, block(kc, m, dk).t(), block(vc, m, ldv));
+        cpu::rows_transposed_times_rows(kc.const_data_ptr<scalar_t>(), ldk,
+                                        vc.const_data_ptr<scalar_t>(), ldv, m, dk, dv,
+                                        partial[c][bh].mutable_data_ptr<scalar_t>(), dv);
       }
     }
   });
-  return partial.sum(0).narrow(-1, 0, dv).contiguous().view({B, H, dk, dv});
+  return partial.sum(0).view({B, H, dk, dv});  // in chunk order
 }
 
 template <typename scalar_t>
@@ -62,13 +62,13 @@ KvReduceGrads backward_impl(const KvReduceInputs& in, const Tensor& grad_s, doub
   const scalar_t eps = scalar_t(eps_in);
   const int64_t B = in.B, H = in.H, M = in.M;
   const int64_t dk = in.key_width(), dv = in.value_width();
-  const int64_t ldk = padded_width(dk), ldv = padded_width(dv);
+  const int64_t ldk = cpu::vector_width(dk), ldv = cpu::vector_width(dv);
   const auto opts = in.k.options();
   const Rows<scalar_t> kr(in.key()), vr(in.value());
   const Chunking ch(M, std::max(ldk, ldv), sizeof(scalar_t));
-  // dS zero-padded to (ldk, ldv), so that every product writes aligned rows.
-  const Tensor ds = at::zeros({B * H, ldk, ldv}, opts);
-  ds.narrow(1, 0, dk).narrow(2, 0, dv).copy_(grad_s.reshape({B * H, dk, dv}));
+  // dS and dSᵀ per (b, h), contiguous in k's dtype.
+  const Tensor ds = grad_s.to(opts.dtype()).reshape({B * H, dk, dv}).contiguous();
+  const Tensor ds_t = ds.transpose(1, 2).contiguous();
 
   KvReduceGrads grads;
   grads.k = at::empty({B, H, M, in.Dk}, opts);
@@ -104,9 +104,12 @@ KvReduceGrads backward_impl(const KvReduceInputs& in, const Tensor& grad_s, doub
         cpu::build_chunk(kr, b, h, m0, m, eps, scratch.data(), kc, k_stats.data());
         cpu::build_chunk(vr, b, h, m0, m, eps, scratch.data(), vc, v_stats.data());
         if (in.ones_column) set_ones<scalar_t>(vc, m, dv - 1);
-        Tensor dk_block = block(dkc, m, ldk), dv_block = block(dvc, m, ldv);
-        at::mm_out(dk_block, block(vc, m, ldv), ds[bh].t());
-        at::mm_out(dv_block, block(kc, m, ldk), ds[bh]);
+        cpu::rows_times_matrix(vc.const_data_ptr<scalar_t>(), ldv,
+                               ds_t.const_data_ptr<scalar_t>() + bh * dv * dk, dk, m, dv, dk,
+                               dkc.mutable_data_ptr<scalar_t>(), ldk);
+        cpu::rows_times_matrix(kc.const_data_ptr<scalar_t>(), ldk,
+                               ds.const_data_ptr<scalar_t>() + bh * dk * dv, dv, m, dk, dv,
+                               dvc.mutable_data_ptr<scalar_t>(), ldv);
         cpu::chunk_backward(kr, b, h, m0, m, dkc, k_stats.data(), grads.k, scratch.data(),
                             dy.data(), k_sums);
         cpu::chunk_backward(vr, b, h, m0, m, dvc, v_stats.data(), grads.v, scratch.data(),

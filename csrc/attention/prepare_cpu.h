@@ -127,6 +127,24 @@ inline T exp_nonpositive(T x) {
   return x < kLowest ? T(0) : p * scale;
 }
 
+// max |row[j]|, found on the bit patterns: an unsigned max vectorises where a float max (with
+// its NaN rules) does not. Magnitudes order like their bit patterns; a NaN, above infinity,
+// comes out as NaN.
+template <typename acc_t>
+acc_t max_magnitude(const acc_t* row, int64_t n) {
+  using Bits = std::conditional_t<sizeof(acc_t) == 4, uint32_t, uint64_t>;
+  constexpr Bits kMagnitude = ~(Bits(1) << (8 * sizeof(Bits) - 1));
+  Bits top = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    Bits bits;
+    std::memcpy(&bits, row + j, sizeof bits);
+    top = std::max(top, Bits(bits & kMagnitude));
+  }
+  acc_t max_abs;
+  std::memcpy(&max_abs, &top, sizeof max_abs);
+  return max_abs;
+}
+
 template <typename acc_t>
 struct RowStats {
   // The norm's (mean, rstd); (0, 1) for an operand without a norm; the softmax's
@@ -178,16 +196,15 @@ RowStats<acc_t> prepare_row(const Rows<scalar_t>& r, int64_t b, int64_t h, int64
   }
   // Passes over a row that stays in cache: its scale (norm_stats.h), the exact mean, then the
   // biased variance.
-  acc_t max_abs = 0;
-  for (int64_t j = 0; j < r.D; ++j) max_abs = std::max(max_abs, std::abs(row[j]));
-  const acc_t sc = galerkin_ext::norm_scale(max_abs);
+  const acc_t sc = galerkin_ext::norm_scale(max_magnitude(row, r.D));
   const acc_t inv = acc_t(1) / sc;
+  const acc_t inv_d = acc_t(1) / acc_t(r.D);
   acc_t sum = 0;
   for (int64_t j = 0; j < r.D; ++j) sum += row[j] * inv;
-  const acc_t mean = sum / acc_t(r.D) * sc;
+  const acc_t mean = sum / acc_t(r.D) * sc;  // divided: a constant row's mean must be exact
   acc_t sq = 0;
   for (int64_t j = 0; j < r.D; ++j) sq += (row[j] - mean) * inv * ((row[j] - mean) * inv);
-  const acc_t rstd = galerkin_ext::norm_rstd(sq, sc, acc_t(r.D), eps);
+  const acc_t rstd = galerkin_ext::norm_rstd(sq, inv, inv_d, eps);
   const scalar_t* g = r.gamma + h * r.D;
   const scalar_t* bt = r.beta + h * r.D;
   for (int64_t j = 0; j < r.D; ++j) {
@@ -278,8 +295,9 @@ void prepare_row_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t
     dgamma[j] += dy[j] * xhat[j];
     dbeta[j] += dy[j];
   }
-  c1 /= acc_t(r.D);
-  c2 /= acc_t(r.D);
+  const acc_t inv_d = acc_t(1) / acc_t(r.D);
+  c1 *= inv_d;
+  c2 *= inv_d;
   for (int64_t j = 0; j < r.D; ++j) {
     dx[j] = static_cast<scalar_t>(st.rstd * (dy[j] * acc_t(gam[j]) - c1 - xhat[j] * c2));
   }

@@ -7,25 +7,21 @@
 // forward's shapes.
 // δ = 0 (a sample whose keys all have weight 0) gives 0 and zero gradients: 0/0 := 0.
 // The identity map without coordinates or normalisers (Galerkin's queries on a mesh given no
-// coordinates) has nothing to prepare: Q̂ = q, and the products run on q as it is
-// (direct_forward, direct_backward). At GNOT's shape that took Galerkin cross-attention from
-// 1.32x to 1.48x eager (fwd+bwd, one run each of benchmarks/attention.py); with coordinates,
-// adding pos S_pos costs a pass over the output that the chunks avoid (Burgers' shape: 1.27x
-// against 1.42x), so those keep the chunks.
+// coordinates) has nothing to prepare: Q̂ = q, and the products run on views of q's rows, chunk
+// by chunk (direct_forward, direct_backward), so the backward's two products share one read of
+// each chunk of q and grad_out from cache.
 #include "chunks_cpu.h"
 #include "core.h"
+#include "gemm_cpu.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
-#include <cstring>
-
 namespace galerkin_ext {
 namespace {
 
 using at::Tensor;
-using cpu::block;
 using cpu::Chunking;
 using cpu::Rows;
 
@@ -73,26 +69,62 @@ void normalize_rows_backward(const scalar_t* g, const scalar_t* y, int64_t ld, i
   }
 }
 
-// S zero-padded to (B·H, ldq, ldw): the products write aligned output rows (padded_width) and
-// Q̂'s zero padding meets zero rows.
-Tensor padded_s(const QApplyInputs& in, int64_t ldq, int64_t ldw) {
-  const int64_t dq = in.query_width();
-  Tensor s = at::zeros({in.B * in.H, ldq, ldw}, in.s.options());
-  s.narrow(1, 0, dq).narrow(2, 0, in.W).copy_(in.s.view({in.B * in.H, dq, in.W}));
-  return s;
-}
-
-// Whether Q̂ S is the plain product q S.
+// Whether Q̂ S is the plain product q S (and grad_out's rows, of W columns, can be loaded as
+// whole vectors in place).
 bool direct(const QApplyInputs& in) {
-  return in.q_map == RowMap::kIdentity && in.P == 0 && in.normalizers == 0;
+  return in.q_map == RowMap::kIdentity && in.P == 0 && in.normalizers == 0 &&
+         in.W == cpu::vector_width(in.W);
 }
 
-Tensor direct_forward(const QApplyInputs& in) { return at::matmul(in.q, in.s); }
+// q's rows as (B·H, N, D), contiguous, and the chunking of the direct products.
+struct DirectRows {
+  Tensor q;
+  Chunking ch;
+  explicit DirectRows(const QApplyInputs& in)
+      : q(in.q.contiguous().view({in.B * in.H, in.N, in.D})),
+        ch(in.N, std::max(in.D, in.W), in.q.element_size()) {}
+  Tensor rows(const Tensor& t, int64_t bh, int64_t c) const {
+    return t[bh].narrow(0, ch.first(c), ch.size(c, t.size(1)));
+  }
+};
 
-QApplyGrads direct_backward(const QApplyInputs& in, const Tensor& g) {
+Tensor direct_forward(const QApplyInputs& in) {
+  const DirectRows d(in);
+  const Tensor s = in.s.view({in.B * in.H, in.D, in.W});
+  Tensor out = at::empty({in.B * in.H, in.N, in.W}, d.q.options());
+  at::parallel_for(0, d.ch.count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t bh = 0; bh < in.B * in.H; ++bh) {
+        Tensor y = d.rows(out, bh, c);
+        cpu::rows_times_matrix(y, d.rows(d.q, bh, c), s[bh]);
+      }
+    }
+  });
+  return out.view({in.B, in.H, in.N, in.W});
+}
+
+// grad_q = g Sᵀ and grad_S = Σ_chunks q_cᵀ g_c, summed in chunk order.
+QApplyGrads direct_backward(const QApplyInputs& in, const Tensor& grad_out) {
+  const DirectRows d(in);
+  const int64_t BH = in.B * in.H;
+  const Tensor s = in.s.view({BH, in.D, in.W});
+  const Tensor s_t = s.transpose(1, 2).contiguous();
+  const Tensor g = grad_out.contiguous().view({BH, in.N, in.W});
+  Tensor grad_q = at::empty({BH, in.N, in.D}, d.q.options());
+  Tensor partial = at::empty({d.ch.count, BH, in.D, in.W}, s.options());
+  at::parallel_for(0, d.ch.count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t bh = 0; bh < BH; ++bh) {
+        const Tensor gc = d.rows(g, bh, c);
+        Tensor slot = partial[c][bh], dq = d.rows(grad_q, bh, c);
+        cpu::rows_transposed_times_rows(slot, d.rows(d.q, bh, c), gc);
+        cpu::rows_times_matrix(dq, gc, s_t[bh]);
+      }
+    }
+  });
   QApplyGrads grads;
-  grads.q = at::matmul(g, in.s.transpose(2, 3));
-  grads.s = at::matmul(in.q.transpose(2, 3), g);
+  grads.q = grad_q.view({in.B, in.H, in.N, in.D});
+  grads.s = partial.sum(0).view({in.B, in.H, in.D, in.W});
   return grads;
 }
 
@@ -101,30 +133,29 @@ Tensor forward_impl(const QApplyInputs& in, double eps_in) {
   const scalar_t eps = scalar_t(eps_in);
   const int64_t B = in.B, H = in.H, N = in.N, W = in.W, L = in.normalizers;
   const int64_t dq = in.query_width(), width = in.out_width();
-  const int64_t ldq = padded_width(dq), ldw = padded_width(W);
+  const int64_t ldq = cpu::vector_width(dq), ldw = cpu::vector_width(W);
   const auto opts = in.q.options();
   const Rows<scalar_t> qr(in.query());
   const Chunking ch(N, std::max(ldq, ldw), sizeof(scalar_t));
-  const Tensor s = padded_s(in, ldq, ldw);
 
   Tensor out = at::empty({B, H, N, width}, opts);
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
-    Tensor qc = at::empty({ch.rows, ldq}, opts), yc = at::empty({ch.rows, ldw}, opts);
+    Tensor qc = at::empty({ch.rows, ldq}, opts);
+    Tensor yc = L > 0 ? at::empty({ch.rows, ldw}, opts) : Tensor();
     cpu::AlignedBuffer<scalar_t> scratch(dq), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = ch.first(c), m = ch.size(c, N);
       for (int64_t bh = 0; bh < B * H; ++bh) {
         cpu::build_chunk(qr, bh / H, bh % H, n0, m, eps, scratch.data(), qc, stats.data());
-        Tensor y = block(yc, m, ldw);
-        at::mm_out(y, block(qc, m, ldq), s[bh]);
+        const scalar_t* q_rows = qc.const_data_ptr<scalar_t>();
+        const scalar_t* s_bh = in.s.const_data_ptr<scalar_t>() + bh * dq * W;
         scalar_t* dst = out.mutable_data_ptr<scalar_t>() + (bh * N + n0) * width;
-        const scalar_t* src = yc.const_data_ptr<scalar_t>();
         if (L > 0) {
-          normalize_rows(src, ldw, m, L, width, dst);
+          scalar_t* y = yc.mutable_data_ptr<scalar_t>();
+          cpu::rows_times_matrix(q_rows, ldq, s_bh, W, m, dq, W, y, ldw);
+          normalize_rows(y, ldw, m, L, width, dst);
         } else {
-          for (int64_t i = 0; i < m; ++i) {
-            std::memcpy(dst + i * W, src + i * ldw, W * sizeof(scalar_t));
-          }
+          cpu::rows_times_matrix(q_rows, ldq, s_bh, W, m, dq, W, dst, W);
         }
       }
     }
@@ -138,11 +169,11 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
   const scalar_t eps = scalar_t(eps_in);
   const int64_t B = in.B, H = in.H, N = in.N, W = in.W, L = in.normalizers;
   const int64_t dq = in.query_width(), width = in.out_width();
-  const int64_t ldq = padded_width(dq), ldw = padded_width(W);
+  const int64_t ldq = cpu::vector_width(dq), ldw = cpu::vector_width(W);
   const auto opts = in.q.options();
   const Rows<scalar_t> qr(in.query());
   const Chunking ch(N, std::max(ldq, ldw), sizeof(scalar_t));
-  const Tensor s = padded_s(in, ldq, ldw);
+  const Tensor s_t = in.s.view({B * H, dq, W}).transpose(1, 2).contiguous();  // Sᵀ per (b, h)
   const Tensor g = grad_out.contiguous();
 
   QApplyGrads grads;
@@ -150,10 +181,10 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
   if (pos_grad) grads.pos = at::zeros(in.pos->sizes(), opts);
   const bool norm = in.q_norm_weight.has_value();
   const Tensor norm_partial = norm ? at::zeros({ch.count, 2, H, in.D}, opts) : Tensor();
-  Tensor partial = at::empty({ch.count, B * H, dq, ldw}, opts);
+  Tensor partial = at::empty({ch.count, B * H, dq, W}, opts);
 
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
-    // gc's columns [W, ldw) stay zero: the products run over the aligned width ldw.
+    // G'_c, rows padded to whole vectors (rows_transposed_times_rows).
     Tensor qc = at::empty({ch.rows, ldq}, opts), gc = at::zeros({ch.rows, ldw}, opts);
     Tensor yc = L > 0 ? at::empty({ch.rows, ldw}, opts) : Tensor();
     cpu::AlignedBuffer<scalar_t> scratch(dq), dy(dq), stats(2 * ch.rows);
@@ -169,24 +200,27 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
         const scalar_t* gsrc = g.const_data_ptr<scalar_t>() + (bh * N + n0) * width;
         scalar_t* gdst = gc.mutable_data_ptr<scalar_t>();
         if (L > 0) {
-          Tensor y = block(yc, m, ldw);
-          at::mm_out(y, block(qc, m, ldq), s[bh]);
-          normalize_rows_backward(gsrc, yc.const_data_ptr<scalar_t>(), ldw, m, L, width, gdst);
+          scalar_t* y = yc.mutable_data_ptr<scalar_t>();
+          cpu::rows_times_matrix(qc.const_data_ptr<scalar_t>(), ldq,
+                                 in.s.const_data_ptr<scalar_t>() + bh * dq * W, W, m, dq, W, y,
+                                 ldw);
+          normalize_rows_backward(gsrc, y, ldw, m, L, width, gdst);
         } else {
           for (int64_t i = 0; i < m; ++i) {
             std::memcpy(gdst + i * ldw, gsrc + i * W, W * sizeof(scalar_t));
           }
         }
-        Tensor slot = partial[c][bh];
-        at::mm_out(slot, block(qc, m, dq).t(), block(gc, m, ldw));
-        Tensor dq_block = block(qc, m, ldq);  // Q̂_c is spent: it now takes dQ̂_c = G'_c Sᵀ
-        at::mm_out(dq_block, block(gc, m, ldw), s[bh].t());
+        cpu::rows_transposed_times_rows(qc.const_data_ptr<scalar_t>(), ldq, gdst, ldw, m, dq, W,
+                                        partial[c][bh].mutable_data_ptr<scalar_t>(), W);
+        // Q̂_c is spent: it now takes dQ̂_c = G'_c Sᵀ.
+        cpu::rows_times_matrix(gdst, ldw, s_t.const_data_ptr<scalar_t>() + bh * W * dq, dq, m, W,
+                               dq, qc.mutable_data_ptr<scalar_t>(), ldq);
         cpu::chunk_backward(qr, b, h, n0, m, qc, stats.data(), grads.q, scratch.data(),
                             dy.data(), sums);
       }
     }
   });
-  grads.s = partial.sum(0).narrow(-1, 0, W).contiguous().view({B, H, dq, W});
+  grads.s = partial.sum(0).view({B, H, dq, W});  // in chunk order
   if (norm) {
     grads.q_norm_weight = norm_partial.select(1, 0).sum(0);  // in chunk order
     grads.q_norm_bias = norm_partial.select(1, 1).sum(0);

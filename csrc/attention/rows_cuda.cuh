@@ -164,17 +164,18 @@ __device__ __forceinline__ Stats<A> row_stats(const Rows<T, A>& r, int lane, dou
   for (int c = 0; c < LC; ++c) max_abs = max(max_abs, fabs(row.x[c]));  // zero past D
   const A sc = galerkin_ext::norm_scale(warp_max(max_abs));
   const A inv = A(1) / sc;
+  const A inv_d = A(1) / A(D);
   A sum = 0;
 #pragma unroll
   for (int c = 0; c < LC; ++c) sum += row.x[c] * inv;
-  const A mean = warp_sum(sum) / A(D) * sc;
+  const A mean = warp_sum(sum) / A(D) * sc;  // divided: a constant row's mean must be exact
   A sq = 0;
 #pragma unroll
   for (int c = 0; c < LC; ++c) {
     const A centred = lane + kWarp * c < D ? (row.x[c] - mean) * inv : A(0);
     sq += centred * centred;
   }
-  return {mean, galerkin_ext::norm_rstd(warp_sum(sq), sc, A(D), A(eps))};
+  return {mean, galerkin_ext::norm_rstd(warp_sum(sq), inv, inv_d, A(eps))};
 }
 
 // The unscaled prepared feature value of lane column c (LN(x), x or softmax(z)[P + j]).
