@@ -38,9 +38,10 @@ GALERKIN_HD A norm_scale(A max_abs) {
   return scale;
 }
 
-// 1 / sqrt(var + eps) for var = sq_scaled · inv_d · scale², with sq_scaled = Σ ((x - mean) / scale)²,
-// inv_scale = 1 / scale and inv_d = 1 / d. scale is a power of two, so multiplying by inv_scale
-// is exact, and the only division left on the row's dependency chain is the last one.
+// 1 / sqrt(var + eps) for var = sq_scaled · inv_d · scale², with
+// sq_scaled = Σ ((x - mean) / scale)², inv_scale = 1 / scale and inv_d = 1 / d. scale is a power
+// of two, so multiplying by inv_scale is exact, and the only division left on the row's
+// dependency chain is the last one.
 template <typename A>
 GALERKIN_HD A norm_rstd(A sq_scaled, A inv_scale, A inv_d, A eps) {
   using std::sqrt;
