@@ -4,6 +4,10 @@
   coordinates in every head, the paper's norm schemes and initialisation.
 * :class:`EncoderLayer`, :class:`FeedForward` — the post-norm Transformer encoder layer.
 * :class:`SpectralConv1d`, :class:`SpectralConv2d` — FNO-style spectral convolutions.
+* :class:`ContinuumAttention`, :class:`ContinuumEncoderLayer`,
+  :func:`auto_quadrature_weights` — continuum attention and the TNO's encoder layer.
+* :class:`SpectralConv` (Fourier integral operator with mode skipping), :class:`AFNOFilter`,
+  :class:`AFNOBlock` — the continuum-attention paper's Fourier layers.
 * :class:`SpectralRegressor`, :class:`PointwiseRegressor` — decoders.
 * :class:`CiNNDownsampler`, :class:`CiNNUpsampler`, :func:`cinn_sizes` — the 2-D CiNN.
 * :class:`Denormalizer` — target de-normalisation with statistics in buffers.
@@ -14,7 +18,14 @@ All fields are channels-last: ``(B, N, C)`` token sequences, ``(B, n, C)`` 1-D a
 
 from .attention import ATTENTION_TYPES, NORM_SCHEMES, SimpleAttention
 from .cinn import CiNNDownsampler, CiNNSizes, CiNNUpsampler, cinn_sizes
+from .continuum import (
+    ContinuumAttention,
+    ContinuumEncoderLayer,
+    auto_quadrature_weights,
+    resolve_quadrature_weight,
+)
 from .encoder import EncoderLayer, FeedForward
+from .fourier import AFNOBlock, AFNOFilter, SpectralConv
 from .normalization import Denormalizer
 from .regressors import PointwiseRegressor, SpectralRegressor
 from .spectral import SpectralConv1d, SpectralConv2d
@@ -22,16 +33,23 @@ from .spectral import SpectralConv1d, SpectralConv2d
 __all__ = [
     "ATTENTION_TYPES",
     "NORM_SCHEMES",
+    "AFNOBlock",
+    "AFNOFilter",
     "CiNNDownsampler",
     "CiNNSizes",
     "CiNNUpsampler",
+    "ContinuumAttention",
+    "ContinuumEncoderLayer",
     "Denormalizer",
     "EncoderLayer",
     "FeedForward",
     "PointwiseRegressor",
     "SimpleAttention",
+    "SpectralConv",
     "SpectralConv1d",
     "SpectralConv2d",
     "SpectralRegressor",
+    "auto_quadrature_weights",
     "cinn_sizes",
+    "resolve_quadrature_weight",
 ]

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from .continuum import AFNO, TNO, FNOChannelMLP, GTEncoder
 from .fno import FNO1d, FNO2d
 from .transformer import SimpleTransformer1d, SimpleTransformer2d
 
@@ -29,6 +30,24 @@ _MODELS: dict[str, tuple[Callable[..., nn.Module], dict[str, Any], str]] = {
     ),
     "fno1d": (FNO1d, {}, "FNO baseline, 1-D: width 64, 16 modes, 4 layers (549,569 params)"),
     "fno2d": (FNO2d, {}, "FNO baseline, 2-D: width 32, 12 modes, 4 layers (2,368,001 params)"),
+    # Continuum attention (SPEC-continuum §2): TNO forward(u (B, N, d_u), x (N, d), weight).
+    "tno_l63": (TNO, {"in_dim": 1, "out_dim": 2, "domain_dim": 1, "token0_dim": 4},
+                "TNO, Lorenz-63 (a): x and the token [x0, y0, z0, t0] -> (y, z); 128 wide, "
+                "8 heads, 6 layers (598,786 params)"),
+    "tno_l63_y": (TNO, {"in_dim": 1, "out_dim": 1, "domain_dim": 1},
+                  "TNO, Lorenz-63 (b): x -> y (598,017 params)"),
+    "tno_cde": (TNO, {"in_dim": 1, "out_dim": 1, "domain_dim": 1},
+                "TNO, controlled ODE: u -> z (598,017 params)"),
+    "tno_darcy": (TNO, {"in_dim": 1, "out_dim": 1, "domain_dim": 2},
+                  "TNO, Darcy 64^2: a -> u on the flattened grid (598,145 params)"),
+    "fno_ca": (FNOChannelMLP, {},
+               "FNO baseline of the continuum-attention paper (NeuralOperator layout): width "
+               "128, 12 modes, 4 layers, channel MLPs (5,671,553 params)"),
+    "afno": (AFNO, {}, "AFNO baseline (PhysicsNeMo layout) on a 64^2 grid only: 128 wide, "
+             "4 blocks, 8 diagonal blocks (1,088,641 params)"),
+    "gt_encoder": (GTEncoder, {},
+                   "Galerkin Transformer encoder (Fourier attention, 4 layers, 128 wide, "
+                   "4 heads) with linear lift and projection, Darcy (534,657 params)"),
 }
 
 # The reference raises the encoder dropout of softmax and linear attention to 0.1.
@@ -44,7 +63,10 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     """Build one of the paper's models with its published configuration.
 
     Names: ``'burgers'`` (:class:`SimpleTransformer1d`), ``'darcy'`` and ``'darcy_inverse'``
-    (:class:`SimpleTransformer2d`), ``'fno1d'`` (:class:`FNO1d`), ``'fno2d'`` (:class:`FNO2d`).
+    (:class:`SimpleTransformer2d`), ``'fno1d'`` (:class:`FNO1d`), ``'fno2d'`` (:class:`FNO2d`);
+    the continuum-attention paper's ``'tno_l63'``, ``'tno_l63_y'``, ``'tno_cde'``,
+    ``'tno_darcy'`` (:class:`TNO`), ``'fno_ca'`` (:class:`FNOChannelMLP`), ``'afno'``
+    (:class:`AFNO`) and ``'gt_encoder'`` (:class:`GTEncoder`).
     ``overrides`` are constructor arguments of that class, e.g. ``attention_type='galerkin'``,
     ``norm='layer'``, ``d_model``, ``n_head``, ``num_layers``, ``fine=211, coarse=61``.
 
@@ -55,7 +77,10 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
 
     Forward signatures: see the classes; 1-D ``model(x (B, n, 1), grid (n, 1)) → (B, n, 1)``,
     2-D ``model(x (B, n, n, 1), grid (n, n, 2)) → (B, n, n, 1)`` (``'darcy'``) or
-    ``(B, m, m, 1)`` on the coarse grid (``'darcy_inverse'``).
+    ``(B, m, m, 1)`` on the coarse grid (``'darcy_inverse'``). The TNOs and ``'gt_encoder'``
+    take point sets, ``model(u (B, N, d_u), x (N, d)) → (B, N, d_z)`` (the TNO also
+    ``weight='auto'`` and, for ``'tno_l63'``, ``token0 (B, 4)``); ``'fno_ca'`` and ``'afno'``
+    grids, ``model(u (B, s, s, 1), x (s, s, 2)) → (B, s, s, 1)``.
     """
     if not isinstance(name, str) or name not in _MODELS:
         raise ValueError(f"name: expected one of {list(_MODELS)}, got {name!r}")
@@ -76,7 +101,7 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
             fine >= 211
         )
         config["eps"] = 1e-5 if fine_galerkin else 1e-7
-    if "attention_type" in allowed and default("attention_type") in ("softmax", "linear") and (
+    if "encoder_dropout" in allowed and default("attention_type") in ("softmax", "linear") and (
         "encoder_dropout" not in overrides
     ):
         config.setdefault("ffn_dropout", default("encoder_dropout"))

@@ -1,0 +1,234 @@
+"""Fourier layers of the continuum-attention models (SPEC-continuum §2), channels-last:
+
+* :class:`SpectralConv` — the Fourier integral operator ``F⁻¹(R · F u)`` of the ViT NO, FANO and
+  the FNO baseline: complex channel mixing per retained mode, no bias, no pointwise residual
+  (unlike :class:`~galerkin_ext.layers.SpectralConv2d` of the Galerkin Transformer models),
+  with mode skipping so that one set of weights runs on any grid.
+* :class:`AFNOFilter`, :class:`AFNOBlock` — the Adaptive Fourier Neural Operator's token mixer
+  (a block-diagonal complex MLP on every mode) and its pre-norm block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._checks import check_float, check_int, check_tensor
+from .activation import make_activation
+
+__all__ = ["AFNOBlock", "AFNOFilter", "SpectralConv"]
+
+
+def _apply_to_complex(fn: Callable[[Tensor], Tensor], t: Tensor) -> Tensor:
+    """``fn`` (a ``Module._apply`` conversion) on a complex tensor through its real view: a
+    real dtype becomes the matching complex one; a half type keeps complex64 (FFTs in half
+    precision are poorly supported and the weights are few)."""
+    converted = fn(torch.view_as_real(t))
+    if converted.is_complex():  # an explicit complex target dtype
+        return fn(t)
+    if converted.dtype in (torch.float32, torch.float64):
+        return torch.view_as_complex(converted.contiguous())
+    return t.to(converted.device)
+
+
+class _ComplexParametersModule(nn.Module):
+    """A module whose complex parameters survive real-dtype conversions.
+
+    ``nn.Module.to(torch.float64)`` casts complex parameters to float64, silently dropping
+    their imaginary parts, and ``.double()`` leaves them complex64; here both give complex128
+    (``.float()`` complex64), so the usual model conversions keep the operator.
+    """
+
+    def _apply(self, fn, recurse=True):  # nn.Module's (untyped) signature
+        names = [name for name, p in self._parameters.items() if p is not None and p.is_complex()]
+        hidden = {name: self._parameters[name] for name in names}
+        for name in names:  # None keeps the registration order (state_dict keys) intact
+            self._parameters[name] = None
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            self._parameters.update(hidden)
+        with torch.no_grad():
+            for p in hidden.values():
+                p.data = _apply_to_complex(fn, p.data)
+                if p.grad is not None:
+                    p.grad = _apply_to_complex(fn, p.grad)
+        return self
+
+
+class SpectralConv(_ComplexParametersModule):
+    """Fourier integral operator on a periodic 2-D grid: ``irfft2(R(k) · rfft2(x)(k))``.
+
+    The first axis keeps wavenumbers ``k₁ ∈ [-m, m)`` (two blocks of weights, ``weight_pos`` for
+    ``k₁ ∈ [0, m)`` and ``weight_neg`` for ``k₁ ∈ [-m, -1]``), the second axis (the real FFT's
+    half axis) ``k₂ ∈ [0, m₂)`` with ``m₂ = last_modes`` (default ``m``). Each retained mode mixes
+    the channels with its own complex ``(c_in, c_out)`` matrix; all other modes are zero.
+    FFT norm ``"backward"``; no bias.
+
+    **Mode skipping.** On a ``p₁ × p₂`` grid, modes with ``|k_i| > ⌊(p_i - 1)/2⌋`` are left out
+    (they alias or are the unpaired Nyquist mode), so the layer runs on any grid, patches of
+    8² with ``m = 12`` included, and a band-limited input gives the same function on every grid
+    that resolves it.
+
+    Weights are complex parameters (a complex entry counts once in ``numel``), initialised with
+    real and imaginary parts ``U(0, 1/(c_in c_out))``. ``model.to(torch.float64)`` and
+    ``model.double()`` make them complex128.
+
+    Args:
+        in_channels, out_channels: ``c_in``, ``c_out``.
+        modes: ``m``, the retained wavenumbers per sign along the first axis.
+        last_modes: ``m₂``, along the second axis (default ``m``).
+
+    Input ``(B, p₁, p₂, c_in)``, output ``(B, p₁, p₂, c_out)``, any ``p₁, p₂ >= 1``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, modes: int,
+                 last_modes: int | None = None) -> None:
+        super().__init__()
+        self.in_channels = check_int(in_channels, "in_channels")
+        self.out_channels = check_int(out_channels, "out_channels")
+        self.modes = check_int(modes, "modes")
+        self.last_modes = self.modes if last_modes is None else check_int(last_modes,
+                                                                          "last_modes")
+        shape = (in_channels, out_channels, self.modes, self.last_modes)
+        bound = 1.0 / (in_channels * out_channels)
+        self.weight_pos = nn.Parameter(torch.empty(shape, dtype=torch.complex64))
+        self.weight_neg = nn.Parameter(torch.empty(shape, dtype=torch.complex64))
+        with torch.no_grad():
+            for weight in (self.weight_pos, self.weight_neg):
+                torch.view_as_real(weight).uniform_(0.0, bound)
+
+    def extra_repr(self) -> str:
+        return (f"in_channels={self.in_channels}, out_channels={self.out_channels}, "
+                f"modes={self.modes}, last_modes={self.last_modes}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (B, p₁, p₂, in_channels)`` → ``(B, p₁, p₂, out_channels)``."""
+        check_tensor(x, "x", 4, "(B, p1, p2, in_channels)")
+        batch, p1, p2, channels = x.shape
+        if channels != self.in_channels or 0 in (p1, p2):
+            raise ValueError(f"x: expected shape (B, p1, p2, in_channels) with p1, p2 >= 1 and "
+                             f"in_channels = {self.in_channels}, got {tuple(x.shape)}")
+        if batch == 0:  # MKL's FFT refuses an empty batch
+            return x.new_zeros(0, p1, p2, self.out_channels)
+        # The largest |k| each axis resolves without aliasing or a Nyquist mode.
+        n_pos = min(self.modes, (p1 - 1) // 2 + 1)  # k₁ = 0 .. n_pos - 1
+        n_neg = min(self.modes, (p1 - 1) // 2)  # k₁ = -n_neg .. -1
+        n_last = min(self.last_modes, (p2 - 1) // 2 + 1)
+        x_ft = torch.fft.rfft2(x, dim=(1, 2))
+        weight_pos = self.weight_pos.to(x_ft.dtype)
+        weight_neg = self.weight_neg.to(x_ft.dtype)
+        out_ft = x_ft.new_zeros(batch, p1, p2 // 2 + 1, self.out_channels)
+        out_ft[:, :n_pos, :n_last] = torch.einsum(
+            "bxyi,ioxy->bxyo", x_ft[:, :n_pos, :n_last], weight_pos[:, :, :n_pos, :n_last])
+        if n_neg:
+            # weight_neg[..., j, :] holds k₁ = j - m: the last n_neg rows are k₁ = -n_neg .. -1
+            out_ft[:, p1 - n_neg:, :n_last] = torch.einsum(
+                "bxyi,ioxy->bxyo", x_ft[:, p1 - n_neg:, :n_last],
+                weight_neg[:, :, self.modes - n_neg:, :n_last])
+        return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2))
+
+
+class AFNOFilter(nn.Module):
+    """The AFNO token mixer: ``x + irfft2(S_λ(MLP(rfft2(x))))`` on a 2-D grid.
+
+    ``rfft2`` (norm ``"ortho"``) over the grid, then on every mode a block-diagonal complex
+    two-layer MLP on the channels (``num_blocks`` blocks of ``d_model / num_blocks``; ReLU on the
+    real and imaginary parts of the hidden layer), soft-shrinkage ``S_λ`` of the real and
+    imaginary parts (``λ = sparsity_threshold``), ``irfft2``, plus the filter's input. No mode
+    truncation.
+
+    The complex weights are stored as real tensors with a leading ``(re, im)`` axis — ``w1``,
+    ``w2`` of shape ``(2, num_blocks, block, block)``, ``b1``, ``b2`` of shape
+    ``(2, num_blocks, block)`` — so each complex entry is two parameters
+    (``4 d_model (block + 1)`` in all).
+
+    Args:
+        d_model: channels; ``num_blocks`` must divide it.
+        num_blocks: ``b``, the number of diagonal blocks.
+        sparsity_threshold: ``λ >= 0``.
+        init_scale: the weights are ``init_scale · N(0, 1)``.
+
+    Input and output ``(B, s₁, s₂, d_model)``.
+    """
+
+    def __init__(self, d_model: int, num_blocks: int = 8, sparsity_threshold: float = 0.01,
+                 init_scale: float = 0.02) -> None:
+        super().__init__()
+        self.d_model = check_int(d_model, "d_model")
+        self.num_blocks = check_int(num_blocks, "num_blocks")
+        if d_model % num_blocks:
+            raise ValueError(f"num_blocks: expected a divisor of d_model = {d_model}, "
+                             f"got {num_blocks}")
+        self.block = d_model // num_blocks
+        self.sparsity_threshold = check_float(sparsity_threshold, "sparsity_threshold",
+                                              low_inclusive=True)
+        scale = check_float(init_scale, "init_scale")
+        square, vector = (2, num_blocks, self.block, self.block), (2, num_blocks, self.block)
+        self.w1 = nn.Parameter(scale * torch.randn(square))
+        self.b1 = nn.Parameter(scale * torch.randn(vector))
+        self.w2 = nn.Parameter(scale * torch.randn(square))
+        self.b2 = nn.Parameter(scale * torch.randn(vector))
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, num_blocks={self.num_blocks}, "
+                f"sparsity_threshold={self.sparsity_threshold}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (B, s₁, s₂, d_model)`` → ``(B, s₁, s₂, d_model)``."""
+        check_tensor(x, "x", 4, "(B, s1, s2, d_model)")
+        batch, s1, s2, channels = x.shape
+        if channels != self.d_model:
+            raise ValueError(f"x: expected shape (B, s1, s2, d_model) with d_model = "
+                             f"{self.d_model}, got {tuple(x.shape)}")
+        if batch == 0:
+            return x
+        x_ft = torch.fft.rfft2(x, dim=(1, 2), norm="ortho")
+        x_ft = x_ft.reshape(*x_ft.shape[:3], self.num_blocks, self.block)
+        hidden = self._complex_linear(x_ft, self.w1, self.b1)
+        hidden = torch.complex(F.relu(hidden.real), F.relu(hidden.imag))
+        out = self._complex_linear(hidden, self.w2, self.b2)
+        out = torch.complex(F.softshrink(out.real, self.sparsity_threshold),
+                            F.softshrink(out.imag, self.sparsity_threshold))
+        out = out.reshape(*out.shape[:3], channels)
+        return torch.fft.irfft2(out, s=(s1, s2), dim=(1, 2), norm="ortho") + x
+
+    @staticmethod
+    def _complex_linear(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        """Per block: ``z (..., nb, block) @ (W_re + i W_im) + (b_re + i b_im)``."""
+        w = torch.complex(weight[0], weight[1]).to(z.dtype)
+        b = torch.complex(bias[0], bias[1]).to(z.dtype)
+        return torch.einsum("...ni,nio->...no", z, w) + b
+
+
+class AFNOBlock(nn.Module):
+    """Pre-norm AFNO block: ``x ← x + F(LN x)`` (``F`` = :class:`AFNOFilter`, which adds its own
+    input), then ``x ← x + MLP(LN x)`` with ``MLP = Lin(d, r d) → GELU → Lin(r d, d)``.
+
+    Args:
+        d_model, num_blocks, sparsity_threshold: the filter.
+        mlp_ratio: ``r``, the MLP's hidden width over ``d_model``.
+        activation: of the MLP.
+        eps: of the two layer norms.
+
+    Input and output ``(B, s₁, s₂, d_model)``.
+    """
+
+    def __init__(self, d_model: int, num_blocks: int = 8, mlp_ratio: int = 4,
+                 sparsity_threshold: float = 0.01, activation: str = "gelu",
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        self.filter = AFNOFilter(d_model, num_blocks, sparsity_threshold)
+        self.norm1 = nn.LayerNorm(d_model, eps=check_float(eps, "eps"))
+        self.norm2 = nn.LayerNorm(d_model, eps=eps)
+        hidden = d_model * check_int(mlp_ratio, "mlp_ratio")
+        self.mlp = nn.Sequential(nn.Linear(d_model, hidden), make_activation(activation),
+                                 nn.Linear(hidden, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (B, s₁, s₂, d_model)`` → ``(B, s₁, s₂, d_model)``."""
+        x = x + self.filter(self.norm1(x))
+        return x + self.mlp(self.norm2(x))

@@ -1,0 +1,366 @@
+"""Models of "Continuum Attention for Neural Operators" (SPEC-continuum §2) and the paper's
+Darcy baselines.
+
+* :class:`TNO` — the Transformer Neural Operator on any point set: ``[u, x]`` lifted pointwise,
+  post-LN encoder layers with continuum attention, pointwise projection.
+* :class:`FNOChannelMLP` (``'fno_ca'``) — the FNO in the NeuralOperator library's layout.
+* :class:`AFNO` (``'afno'``) — the AFNO in the PhysicsNeMo layout, tied to one grid.
+* :class:`GTEncoder` (``'gt_encoder'``) — the Galerkin Transformer's encoder between TNO-style
+  linear lift and projection.
+
+Point-set models take ``u (B, N, d_u)`` with coordinates ``x (N, d)`` or ``(B, N, d)``; grid
+models take ``u (B, s₁, s₂, d_u)`` with ``x (s₁, s₂, 2)`` or ``(B, s₁, s₂, 2)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._checks import check_int, check_like, check_probability, check_tensor, expand_grid
+from ..layers.continuum import ContinuumEncoderLayer, resolve_quadrature_weight
+from ..layers.encoder import EncoderLayer
+from ..layers.fourier import AFNOBlock, SpectralConv
+
+__all__ = ["AFNO", "TNO", "FNOChannelMLP", "GTEncoder"]
+
+
+def _check_points(model: nn.Module, u: object, x: object, in_dim: int,
+                  domain_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``u (B, N, in_dim)``, ``x (N, d)`` / ``(B, N, d)`` like ``u``; returns ``u``, ``x`` as
+    given and ``x`` expanded to ``(B, N, d)``."""
+    check_tensor(u, "u", 3, "(B, N, in_dim)")
+    assert isinstance(u, Tensor)
+    batch, n, channels = u.shape
+    if channels != in_dim or n == 0:
+        raise ValueError(f"u: expected shape (B, N, in_dim) with N >= 1 and in_dim = {in_dim} "
+                         f"({type(model).__name__}), got {tuple(u.shape)}")
+    expanded = expand_grid(x, "x", batch, (n,), domain_dim)
+    assert isinstance(x, Tensor)
+    check_like(x, "x", u, "u")
+    return u, x, expanded
+
+
+def _check_grid(model: nn.Module, u: object, x: object, in_dim: int) -> Tensor:
+    """``u (B, s₁, s₂, in_dim)``, ``x (s₁, s₂, 2)`` / ``(B, s₁, s₂, 2)`` like ``u``; returns
+    ``[u, x]`` of shape ``(B, s₁, s₂, in_dim + 2)``."""
+    check_tensor(u, "u", 4, "(B, s1, s2, in_dim)")
+    assert isinstance(u, Tensor)
+    batch, s1, s2, channels = u.shape
+    if channels != in_dim or 0 in (s1, s2):
+        raise ValueError(f"u: expected shape (B, s1, s2, in_dim) with in_dim = {in_dim} "
+                         f"({type(model).__name__}), got {tuple(u.shape)}")
+    expanded = expand_grid(x, "x", batch, (s1, s2), 2)
+    check_like(expanded, "x", u, "u")
+    return torch.cat([u, expanded], dim=-1)
+
+
+class TNO(nn.Module):
+    """Transformer Neural Operator (paper §4.2): ``P ∘ E_L ∘ … ∘ E_1 ∘ R`` on any point set.
+
+    * Lift ``R``: ``Linear(d_u + d, d_model)`` on ``[u(x), x]`` at every point (the coordinates
+      are the only positional encoding).
+    * ``num_layers`` :class:`~galerkin_ext.layers.ContinuumEncoderLayer` (post-LN, GELU
+      feed-forward of width ``dim_feedforward``, dropout ``dropout``) attending with the
+      points' quadrature weights.
+    * Projection ``P``: ``Linear(d_model, d_z)`` at every point.
+
+    The output lives on the input points. One set of parameters runs at any ``N >= 1``.
+
+    **Initial-condition token** (``token0_dim``; Lorenz-63 (a)): ``Linear(token0_dim, d_model)``
+    on ``token0`` (e.g. ``[x(0), y(0), z(0), t₀]``) replaces the lifted token of the initial
+    time, the point with the smallest coordinate among those of non-zero weight (the first
+    such point on ties; the authors' code replaces the first token); the length is unchanged.
+    Needs ``domain_dim = 1``.
+
+    **Averaging variant** (paper §5, ``layer_norm=False``): no layer norms; the lift becomes the
+    MLP ``R₂ GELU(R₁[u, x] + b) + b̃`` and the projection ``P₂ GELU(P₁[v, x] + b) + b̃`` (hidden
+    width ``d_model``), with which the layers can represent the domain average (Theorem 22).
+
+    Args:
+        in_dim: ``d_u``, input channels.
+        out_dim: ``d_z``, output channels.
+        domain_dim: ``d``, coordinates per point.
+        d_model, n_head, num_layers: encoder width, heads and depth.
+        token0_dim: width of the initial-condition token, or ``None``.
+        layer_norm: ``True`` for the paper's TNO, ``False`` for the averaging variant.
+        dim_feedforward: hidden width of the feed-forward blocks.
+        dropout: on the encoder's residual branches.
+        scale: attention logits' factor (``None``: ``1/sqrt(d_model / n_head)``).
+
+    Parameters at the defaults: ``6 · 99,584`` in the encoder, ``(d_u + d + 1) d_model`` in the
+    lift, ``(d_model + 1) d_z`` in the projection and ``(token0_dim + 1) d_model`` in the token
+    lift (598,145 for Darcy, ``d_u = 1, d = 2, d_z = 1``).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, domain_dim: int, d_model: int = 128,
+                 n_head: int = 8, num_layers: int = 6, token0_dim: int | None = None,
+                 layer_norm: bool = True, dim_feedforward: int = 128, dropout: float = 1e-4,
+                 scale: float | None = None) -> None:
+        super().__init__()
+        self.in_dim = check_int(in_dim, "in_dim")
+        self.out_dim = check_int(out_dim, "out_dim")
+        self.domain_dim = check_int(domain_dim, "domain_dim")
+        check_int(d_model, "d_model")
+        if not isinstance(layer_norm, bool):
+            raise TypeError(f"layer_norm: expected a bool, got {layer_norm!r}")
+        self.layer_norm = layer_norm
+        self.token0_dim = None if token0_dim is None else check_int(token0_dim, "token0_dim")
+        if token0_dim is not None and domain_dim != 1:
+            raise ValueError(f"token0_dim: the initial-condition token replaces the token of the "
+                             f"initial time and needs domain_dim = 1, got domain_dim = "
+                             f"{domain_dim}")
+        lift_in = in_dim + domain_dim
+        if layer_norm:
+            self.lift: nn.Module = nn.Linear(lift_in, d_model)
+            self.project_hidden = None
+            self.project = nn.Linear(d_model, out_dim)
+        else:
+            self.lift = nn.Sequential(nn.Linear(lift_in, d_model), nn.GELU(),
+                                      nn.Linear(d_model, d_model))
+            # P₁ sees [v, x]; P₂ maps to the output.
+            self.project_hidden = nn.Linear(d_model + domain_dim, d_model)
+            self.project = nn.Linear(d_model, out_dim)
+        self.token0_lift = None if token0_dim is None else nn.Linear(token0_dim, d_model)
+        check_int(num_layers, "num_layers")
+        self.encoder = nn.ModuleList(
+            ContinuumEncoderLayer(d_model, n_head, dim_feedforward, dropout,
+                                  layer_norm=layer_norm, scale=scale)
+            for _ in range(num_layers))
+
+    def forward(self, u: Tensor, x: Tensor, weight: Tensor | str | None = "auto",
+                token0: Tensor | None = None) -> Tensor:
+        """Map ``u`` at the points ``x`` to the output at the same points.
+
+        Args:
+            u: ``(B, N, in_dim)`` input function values.
+            x: ``(N, domain_dim)`` coordinates shared by the batch, or ``(B, N, domain_dim)``.
+            weight: quadrature weights of the points: ``'auto'`` (trapezoid in 1-D, uniform on
+                tensor grids, an error for scattered points in ``d >= 2``; see
+                :func:`~galerkin_ext.layers.auto_quadrature_weights`), ``(N,)`` or ``(B, N)``
+                non-negative weights (zero removes a padded point), or ``None`` (plain softmax,
+                the "vanilla transformer").
+            token0: ``(B, token0_dim)``, required iff the model has ``token0_dim``.
+
+        Returns:
+            ``(B, N, out_dim)``.
+        """
+        u, x, expanded = _check_points(self, u, x, self.in_dim, self.domain_dim)
+        # A point set shared by the batch keeps (N, d): its weights are derived once; from
+        # half-precision coordinates in float32 (the ops take float32 weights for half tokens).
+        coords = x if x.dim() == 2 else expanded
+        if isinstance(weight, str) and coords.dtype in (torch.float16, torch.bfloat16):
+            coords = coords.float()
+        weight = resolve_quadrature_weight(weight, coords, coords_name="x")
+        h = self.lift(torch.cat([u, expanded], dim=-1))
+        h = self._insert_token0(h, u, expanded, weight, token0)
+        for layer in self.encoder:
+            h = layer(h, weight=weight)
+        if self.project_hidden is not None:
+            h = F.gelu(self.project_hidden(torch.cat([h, expanded], dim=-1)))
+        return self.project(h)
+
+    def _insert_token0(self, h: Tensor, u: Tensor, x: Tensor, weight: Tensor | None,
+                       token0: Tensor | None) -> Tensor:
+        """``h (B, N, d_model)`` with the initial time's token replaced by the lifted
+        ``token0``; points of zero weight (padding) are not candidates."""
+        if self.token0_lift is None:
+            if token0 is not None:
+                raise ValueError("token0: expected None, since the model has no "
+                                 "initial-condition token (token0_dim = None)")
+            return h
+        batch, n, _ = h.shape
+        doc = f"(B, token0_dim) = ({batch}, {self.token0_dim})"
+        if token0 is None:
+            raise ValueError(f"token0: expected a tensor of shape {doc} (the model has "
+                             f"token0_dim = {self.token0_dim}), got None")
+        check_tensor(token0, "token0", 2, doc)
+        check_like(token0, "token0", u, "u")
+        if tuple(token0.shape) != (batch, self.token0_dim):
+            raise ValueError(f"token0: expected shape {doc}, got {tuple(token0.shape)}")
+        times = x[..., 0]
+        if weight is not None:
+            times = times.masked_fill(weight.expand(batch, n) == 0, torch.inf)
+        first = times.argmin(dim=1)  # the initial time of each sample
+        at_first = F.one_hot(first, n).to(torch.bool)[..., None]
+        return torch.where(at_first, self.token0_lift(token0)[:, None, :], h)
+
+
+class _FNOLayer(nn.Module):
+    """One NeuralOperator-layout FNO block: ``y = K x + b + W x`` (``W`` a 1×1 skip without
+    bias), ``h = GELU(y)``, ``x' = MLP(h) + g ⊙ x`` (channel MLP of hidden width
+    ``width · expansion``, soft-gating skip ``g``), GELU after all but the last block."""
+
+    def __init__(self, width: int, modes: int, last_modes: int, expansion: float,
+                 last: bool) -> None:
+        super().__init__()
+        self.spectral = SpectralConv(width, width, modes, last_modes)
+        self.bias = nn.Parameter(torch.zeros(width))
+        self.skip = nn.Linear(width, width, bias=False)
+        hidden = max(1, round(width * expansion))
+        self.channel_mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(),
+                                         nn.Linear(hidden, width))
+        self.gate = nn.Parameter(torch.ones(width))
+        self.last = last
+        # A variance-preserving N(0, 2 / (c_in + c_out)) for this baseline's spectral weights,
+        # the NeuralOperator layout's scale (SpectralConv's U(0, 1/(c_in c_out)) is the ViT NO's
+        # and FANO's, SPEC-continuum §2; at width 128 it starts the FNO near zero).
+        std = (2.0 / (2 * width)) ** 0.5
+        with torch.no_grad():
+            for weight in (self.spectral.weight_pos, self.spectral.weight_neg):
+                torch.view_as_real(weight).normal_(0.0, std / 2**0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.gelu(self.spectral(x) + self.bias + self.skip(x))
+        out = self.channel_mlp(h) + self.gate * x
+        return out if self.last else F.gelu(out)
+
+
+class FNOChannelMLP(nn.Module):
+    """FNO in the NeuralOperator library's layout (the paper's FNO baseline, ``'fno_ca'``).
+
+    Lift MLP ``[u, x] → lifting → width`` (GELU), ``num_layers`` blocks (spectral convolution
+    with ``n_modes`` wavenumbers per axis — ``k₁ ∈ [-n/2, n/2)``, ``k₂ ∈ [0, n/2]`` — plus bias,
+    a 1×1 skip, a channel MLP of hidden width ``width · expansion`` with a soft-gating skip;
+    GELU), projection MLP ``width → projection → d_z`` (GELU). Mode skipping (see
+    :class:`~galerkin_ext.layers.SpectralConv`) lets it run on any grid.
+    5,671,553 parameters at the defaults.
+
+    Args:
+        in_dim, out_dim: ``d_u``, ``d_z``.
+        width, n_modes, num_layers: the Fourier blocks (``n_modes`` even).
+        lifting, projection: hidden widths of the lift and projection MLPs.
+        expansion: channel-MLP width over ``width``.
+
+    ``forward(u (B, s₁, s₂, d_u), x (s₁, s₂, 2) | (B, s₁, s₂, 2)) → (B, s₁, s₂, d_z)``.
+    """
+
+    def __init__(self, in_dim: int = 1, out_dim: int = 1, width: int = 128, n_modes: int = 12,
+                 num_layers: int = 4, lifting: int = 128, projection: int = 128,
+                 expansion: float = 0.5) -> None:
+        super().__init__()
+        self.in_dim = check_int(in_dim, "in_dim")
+        check_int(out_dim, "out_dim")
+        check_int(width, "width")
+        if check_int(n_modes, "n_modes", 2) % 2:
+            raise ValueError(f"n_modes: expected an even int >= 2 (n/2 wavenumbers per sign), "
+                             f"got {n_modes}")
+        check_int(num_layers, "num_layers")
+        if isinstance(expansion, bool) or not isinstance(expansion, (int, float)) or not (
+            expansion > 0
+        ):
+            raise ValueError(f"expansion: expected a float > 0, got {expansion!r}")
+        self.lift = nn.Sequential(nn.Linear(in_dim + 2, check_int(lifting, "lifting")),
+                                  nn.GELU(), nn.Linear(lifting, width))
+        self.layers = nn.ModuleList(
+            _FNOLayer(width, n_modes // 2, n_modes // 2 + 1, expansion, i == num_layers - 1)
+            for i in range(num_layers))
+        self.project = nn.Sequential(nn.Linear(width, check_int(projection, "projection")),
+                                     nn.GELU(), nn.Linear(projection, out_dim))
+
+    def forward(self, u: Tensor, x: Tensor) -> Tensor:
+        """``u (B, s₁, s₂, d_u)``, ``x (s₁, s₂, 2)`` or ``(B, s₁, s₂, 2)`` →
+        ``(B, s₁, s₂, d_z)``."""
+        h = self.lift(_check_grid(self, u, x, self.in_dim))
+        for layer in self.layers:
+            h = layer(h)
+        return self.project(h)
+
+
+class AFNO(nn.Module):
+    """AFNO in the PhysicsNeMo layout (the paper's AFNO baseline, ``'afno'``), without patching.
+
+    Pointwise embedding ``Linear(d_u + 2, d_model)`` of ``[u, x]`` (a patch-1 convolution), a
+    learned positional embedding of shape ``(s₁ s₂, d_model)``, ``num_layers``
+    :class:`~galerkin_ext.layers.AFNOBlock`, head ``Linear(d_model, d_z)``. The positional
+    embedding ties the model to the ``grid`` it was built for: it is not a neural operator, and
+    other grids raise. 1,088,641 parameters at the defaults (64²).
+
+    Args:
+        in_dim, out_dim: ``d_u``, ``d_z``.
+        grid: ``(s₁, s₂)``.
+        d_model, num_layers, num_blocks, mlp_ratio, sparsity_threshold: the blocks.
+
+    ``forward(u (B, s₁, s₂, d_u), x (s₁, s₂, 2) | (B, s₁, s₂, 2)) → (B, s₁, s₂, d_z)``.
+    """
+
+    def __init__(self, in_dim: int = 1, out_dim: int = 1, grid: tuple[int, int] = (64, 64),
+                 d_model: int = 128, num_layers: int = 4, num_blocks: int = 8,
+                 mlp_ratio: int = 4, sparsity_threshold: float = 0.01) -> None:
+        super().__init__()
+        self.in_dim = check_int(in_dim, "in_dim")
+        if not isinstance(grid, (tuple, list)) or len(grid) != 2:
+            raise ValueError(f"grid: expected (s1, s2), got {grid!r}")
+        self.grid = (check_int(grid[0], "grid[0]"), check_int(grid[1], "grid[1]"))
+        self.embed = nn.Linear(in_dim + 2, check_int(d_model, "d_model"))
+        self.pos_embed = nn.Parameter(torch.empty(self.grid[0] * self.grid[1], d_model))
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        check_int(num_layers, "num_layers")
+        self.blocks = nn.ModuleList(
+            AFNOBlock(d_model, num_blocks, mlp_ratio, sparsity_threshold)
+            for _ in range(num_layers))
+        self.head = nn.Linear(d_model, check_int(out_dim, "out_dim"))
+
+    def forward(self, u: Tensor, x: Tensor) -> Tensor:
+        """``u (B, s₁, s₂, d_u)``, ``x (s₁, s₂, 2)`` or ``(B, s₁, s₂, 2)`` →
+        ``(B, s₁, s₂, d_z)``, on the model's grid only."""
+        check_tensor(u, "u", 4, "(B, s1, s2, in_dim)")
+        if tuple(u.shape[1:3]) != self.grid:
+            raise ValueError(
+                f"u: the AFNO was built for a {self.grid[0]}×{self.grid[1]} grid and its learned "
+                f"positional embedding has one row per grid point, got a "
+                f"{u.shape[1]}×{u.shape[2]} grid: the AFNO is not a neural operator (build a new "
+                "model for this grid)")
+        h = self.embed(_check_grid(self, u, x, self.in_dim))
+        h = h + self.pos_embed.view(*self.grid, -1)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+class GTEncoder(nn.Module):
+    """The Galerkin Transformer's encoder between TNO-style linear maps (``'gt_encoder'``).
+
+    ``Linear(d_u + d, d_model)`` on ``[u, x]``, ``num_layers``
+    :class:`~galerkin_ext.layers.EncoderLayer` with :class:`~galerkin_ext.layers.SimpleAttention`
+    (``attention_type`` Fourier by default, norm ``'attn'``, the coordinates in every head),
+    ``Linear(d_model, d_z)``. 534,657 parameters at the defaults (Darcy, ``d_u = 1``).
+
+    Args:
+        in_dim, out_dim, domain_dim: ``d_u``, ``d_z``, ``d``.
+        d_model, n_head, num_layers, dim_feedforward: the encoder.
+        attention_type: ``'fourier'`` (paper) or ``'galerkin'`` (also ``'softmax'``,
+            ``'linear'``).
+        norm: the encoder's norm scheme (see :class:`~galerkin_ext.layers.EncoderLayer`).
+        dropout: the encoder's dropout.
+
+    ``forward(u (B, N, d_u), x (N, d) | (B, N, d), weight=None) → (B, N, d_z)``; ``weight``
+    ``(N,)`` or ``(B, N)`` quadrature weights (default uniform ``1/N``).
+    """
+
+    def __init__(self, in_dim: int = 1, out_dim: int = 1, domain_dim: int = 2,
+                 d_model: int = 128, n_head: int = 4, num_layers: int = 4,
+                 dim_feedforward: int = 256, attention_type: str = "fourier",
+                 norm: str | None = "attn", dropout: float = 0.0) -> None:
+        super().__init__()
+        self.in_dim = check_int(in_dim, "in_dim")
+        self.domain_dim = check_int(domain_dim, "domain_dim")
+        self.lift = nn.Linear(in_dim + domain_dim, check_int(d_model, "d_model"))
+        check_int(num_layers, "num_layers")
+        check_probability(dropout, "dropout")
+        self.encoder = nn.ModuleList(
+            EncoderLayer(d_model, n_head, attention_type=attention_type, pos_dim=domain_dim,
+                         dim_feedforward=dim_feedforward, norm=norm, dropout=dropout)
+            for _ in range(num_layers))
+        self.project = nn.Linear(d_model, check_int(out_dim, "out_dim"))
+
+    def forward(self, u: Tensor, x: Tensor, weight: Tensor | None = None) -> Tensor:
+        """``u (B, N, d_u)``, ``x (N, d)`` or ``(B, N, d)``, ``weight (N,)`` / ``(B, N)`` /
+        ``None`` → ``(B, N, d_z)``."""
+        u, x, expanded = _check_points(self, u, x, self.in_dim, self.domain_dim)
+        h = self.lift(torch.cat([u, expanded], dim=-1))
+        pos = x if x.dim() == 2 else expanded  # a shared grid is broadcast by the ops
+        for layer in self.encoder:
+            h = layer(h, pos, weight)
+        return self.project(h)

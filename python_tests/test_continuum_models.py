@@ -1,0 +1,513 @@
+"""Tests of the continuum-attention layers and models (SPEC-continuum §1.1, §1.3, §2, §6):
+exact parameter counts, shapes at any N, the quadrature properties (permutation, duplication,
+zero-weight padding, averaging) at the layer and model level, weight='auto', the L63 token,
+the averaging variant, AFNO's fixed grid, SpectralConv's mode skipping, the quadrature orders
+of cross-attention, and clear errors. Small widths except where parameters are counted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from galerkin_ext import ops
+from galerkin_ext.layers import (
+    AFNOBlock,
+    AFNOFilter,
+    ContinuumAttention,
+    ContinuumEncoderLayer,
+    SpectralConv,
+    auto_quadrature_weights,
+)
+from galerkin_ext.models import AFNO, TNO, FNOChannelMLP, GTEncoder, available_models, build_model
+from galerkin_ext.quadrature import trapezoid_weights
+
+F64 = torch.float64
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def square_grid(s: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(s, s, 2)`` node coordinates on [0, 1]²."""
+    t = torch.linspace(0, 1, s, dtype=dtype)
+    return torch.stack(torch.meshgrid(t, t, indexing="ij"), dim=-1)
+
+
+def small_tno(gen: torch.Generator, **kwargs) -> TNO:
+    """A float64 TNO in eval mode with random biases and norm parameters (so nothing is
+    trivially symmetric). Without layer norms the parameters are smaller, which keeps the
+    outputs O(1), so that absolute tolerances mean the same as with them."""
+    config = {"in_dim": 1, "out_dim": 2, "domain_dim": 1, "d_model": 16, "n_head": 2,
+              "num_layers": 2, "dim_feedforward": 24, **kwargs}
+    model = TNO(**config).to(F64).eval()
+    std = 0.5 if model.layer_norm else 0.15
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=F64) * std)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter counts (SPEC-continuum §2 table)
+
+
+@pytest.mark.parametrize(("name", "count"), [
+    ("tno_l63", 598_786), ("tno_l63_y", 598_017), ("tno_cde", 598_017), ("tno_darcy", 598_145),
+    ("fno_ca", 5_671_553), ("afno", 1_088_641), ("gt_encoder", 534_657),
+])
+def test_parameter_counts_of_the_paper(name, count):
+    assert name in available_models()
+    assert n_params(build_model(name)) == count
+
+
+def test_encoder_layer_and_variant_counts():
+    assert n_params(ContinuumEncoderLayer(128, 8)) == 99_584
+    assert n_params(ContinuumEncoderLayer(128, 8, layer_norm=False)) == 99_584 - 2 * 256
+    # 6 layers + lift Linear(d_u + d, 128) + projection Linear(128, d_z)
+    assert n_params(TNO(1, 1, 2)) == 6 * 99_584 + 4 * 128 + 129
+    # the averaging variant: no norms; R₂f(R₁[u,x]+b)+b̃ and P₂f(P₁[v,x]+b)+b̃ of width 128
+    lift = (2 + 1) * 128 + 129 * 128
+    projection = (128 + 1 + 1) * 128 + 129
+    assert n_params(TNO(1, 1, 1, layer_norm=False)) == 6 * 99_072 + lift + projection
+    # the Galerkin encoder's 'galerkin' row has the same count as 'fourier'
+    assert n_params(build_model("gt_encoder", attention_type="galerkin")) == 534_657
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes, any N
+
+
+def test_tno_one_parameter_set_at_any_n(gen):
+    model = small_tno(gen)
+    for n in (1, 2, 5, 17):
+        x = torch.rand(n, 1, generator=gen, dtype=F64)
+        u = torch.randn(3, n, 1, generator=gen, dtype=F64)
+        out = model(u, x)
+        assert out.shape == (3, n, 2) and bool(torch.isfinite(out).all())
+        # per-sample coordinates, user weights of either shape, plain softmax
+        xb = x.expand(3, n, 1)
+        torch.testing.assert_close(model(u, xb), out, rtol=0, atol=1e-13)
+        w = trapezoid_weights(x[:, 0].sort().values)[x[:, 0].argsort().argsort()] if n > 1 \
+            else torch.ones(1, dtype=F64)
+        torch.testing.assert_close(model(u, x, w), out, rtol=0, atol=1e-13)
+        torch.testing.assert_close(model(u, x, w.expand(3, n)), out, rtol=0, atol=1e-13)
+        assert model(u, x, None).shape == (3, n, 2)
+
+
+def test_tno_on_a_2d_grid_float32(gen):
+    model = TNO(2, 1, 2, d_model=16, n_head=4, num_layers=1, dim_feedforward=16).eval()
+    for s in (4, 7):
+        x = square_grid(s).reshape(-1, 2)
+        out = model(torch.randn(2, s * s, 2, generator=gen), x)
+        assert out.shape == (2, s * s, 1) and out.dtype == torch.float32
+    # the uniform 'auto' weights of a tensor grid are plain softmax
+    u = torch.randn(2, 16, 2, generator=gen)
+    x = square_grid(4).reshape(-1, 2)
+    torch.testing.assert_close(model(u, x), model(u, x, None))
+
+
+def test_grid_baselines_and_gt_encoder_shapes(gen):
+    fno = FNOChannelMLP(width=8, n_modes=12, lifting=8, projection=8)
+    for s in (8, 13, 16):  # mode skipping: any grid
+        out = fno(torch.randn(2, s, s, 1, generator=gen), square_grid(s))
+        assert out.shape == (2, s, s, 1)
+    afno = AFNO(2, 3, grid=(8, 6), d_model=16, num_layers=2, num_blocks=4)
+    t = torch.linspace(0, 1, 8)
+    grid = torch.stack(torch.meshgrid(t, t[:6], indexing="ij"), dim=-1)
+    assert afno(torch.randn(2, 8, 6, 2, generator=gen), grid).shape == (2, 8, 6, 3)
+    gt = GTEncoder(d_model=16, n_head=2, num_layers=2, dim_feedforward=16)
+    x = square_grid(5).reshape(-1, 2)
+    assert gt(torch.randn(2, 25, 1, generator=gen), x).shape == (2, 25, 1)
+    assert gt(torch.randn(2, 25, 1, generator=gen), x.expand(2, 25, 2)).shape == (2, 25, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC §6 properties at the layer and model level
+
+
+def test_tno_permutation_equivariance(gen):
+    """weight='auto' follows the sorted order, so a joint permutation of (u, x) permutes the
+    output (float64, 1e-12), also with the averaging variant."""
+    for model in (small_tno(gen), small_tno(gen, layer_norm=False)):
+        n = 23
+        x = torch.rand(n, 1, generator=gen, dtype=F64) * 3 - 1
+        u = torch.randn(2, n, 1, generator=gen, dtype=F64)
+        perm = torch.randperm(n, generator=gen)
+        out = model(u, x)
+        torch.testing.assert_close(model(u[:, perm], x[perm]), out[:, perm], rtol=0, atol=1e-12)
+        # per-sample point sets, permuted differently per sample
+        xb = torch.rand(2, n, 1, generator=gen, dtype=F64)
+        perms = torch.stack([torch.randperm(n, generator=gen) for _ in range(2)])
+        out = model(u, xb)
+        gathered = [(u[b, perms[b]], xb[b, perms[b]], out[b, perms[b]]) for b in range(2)]
+        moved = model(torch.stack([g[0] for g in gathered]), torch.stack([g[1] for g in gathered]))
+        torch.testing.assert_close(moved, torch.stack([g[2] for g in gathered]), rtol=0,
+                                   atol=1e-12)
+    # the 'auto' weights are not the plain softmax: the grid matters
+    x = torch.linspace(0, 1, 9, dtype=F64)[:, None] ** 3
+    u = torch.randn(1, 9, 1, generator=gen, dtype=F64)
+    assert (model(u, x) - model(u, x, None)).abs().max() > 1e-6
+
+
+def test_duplicated_key_with_half_weight_changes_nothing(gen):
+    attn = ContinuumAttention(12, 3).to(F64)
+    x = torch.randn(2, 5, 12, generator=gen, dtype=F64)
+    ctx = torch.randn(2, 7, 12, generator=gen, dtype=F64)
+    w = torch.rand(2, 7, generator=gen, dtype=F64) + 0.1
+    out = attn(x, ctx, weight=w)
+    split_ctx = torch.cat([ctx, ctx[:, 3:4]], dim=1)
+    split_w = torch.cat([w, w[:, 3:4] / 2], dim=1)
+    split_w[:, 3] /= 2
+    torch.testing.assert_close(attn(x, split_ctx, weight=split_w), out, rtol=0, atol=1e-12)
+    # plain softmax counts the copy twice
+    assert (attn(x, split_ctx) - attn(x, ctx)).abs().max() > 1e-6
+    # the TNO with 'auto': a repeated point shares its trapezoid weight with its copy
+    model = small_tno(gen)
+    xs = torch.linspace(0, 1, 9, dtype=F64)[:, None] ** 2
+    u = torch.randn(2, 9, 1, generator=gen, dtype=F64)
+    out = model(u, xs)
+    idx = torch.tensor([*range(9), 4])
+    doubled = model(u[:, idx], xs[idx])
+    torch.testing.assert_close(doubled[:, :9], out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(doubled[:, 9], out[:, 4], rtol=0, atol=1e-12)
+
+
+def test_zero_weight_padding_changes_no_real_output(gen):
+    """A variable-N batch padded with junk points of weight 0 (float64, 1e-12)."""
+    model = small_tno(gen)
+    sizes = (6, 9)
+    xs = [torch.rand(n, 1, generator=gen, dtype=F64).sort(dim=0).values for n in sizes]
+    us = [torch.randn(1, n, 1, generator=gen, dtype=F64) for n in sizes]
+    alone = [model(u, x) for u, x in zip(us, xs, strict=True)]
+    n_max = max(sizes) + 3
+    x_pad = 5 * torch.randn(2, n_max, 1, generator=gen, dtype=F64)  # junk everywhere
+    u_pad = 5 * torch.randn(2, n_max, 1, generator=gen, dtype=F64)
+    w_pad = torch.zeros(2, n_max, dtype=F64)
+    for b, (u, x) in enumerate(zip(us, xs, strict=True)):
+        n = x.shape[0]
+        x_pad[b, :n], u_pad[b, :n] = x, u[0]
+        w_pad[b, :n] = trapezoid_weights(x[:, 0])
+    padded = model(u_pad, x_pad, w_pad)
+    for b, n in enumerate(sizes):
+        torch.testing.assert_close(padded[b, :n], alone[b][0], rtol=0, atol=1e-12)
+
+
+def test_averaging_reduction():
+    """Q = K = 0, V = W_o = I: every query gets Σ w_j v_j / Σ w_j (paper eq. 36)."""
+    attn = ContinuumAttention(6, 2).to(F64)
+    with torch.no_grad():
+        for linear in (attn.query, attn.key):
+            linear.weight.zero_()
+            linear.bias.zero_()
+        for linear in (attn.value, attn.out_proj):
+            linear.weight.copy_(torch.eye(6, dtype=F64))
+            linear.bias.zero_()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 6, generator=g, dtype=F64)
+    ctx = torch.randn(2, 9, 6, generator=g, dtype=F64)
+    w = torch.rand(2, 9, generator=g, dtype=F64)
+    mean = (w[..., None] * ctx).sum(1) / w.sum(1)[:, None]
+    torch.testing.assert_close(attn(x, ctx, weight=w), mean[:, None].expand(2, 4, 6),
+                               rtol=0, atol=1e-13)
+    # self-attention with 'auto' on a graded 1-D grid: the trapezoid average
+    coords = torch.linspace(0, 1, 9, dtype=F64)[:, None] ** 2
+    w = trapezoid_weights(coords[:, 0])
+    mean = (w[:, None] * ctx).sum(1) / w.sum()
+    torch.testing.assert_close(attn(ctx, weight="auto", coords=coords),
+                               mean[:, None].expand(2, 9, 6), rtol=0, atol=1e-13)
+
+
+def test_auto_weights(gen):
+    # 1-D, any order, batched, N = 1
+    x = torch.rand(2, 8, generator=gen, dtype=F64)
+    w = auto_quadrature_weights(x[..., None])
+    for b in range(2):
+        order = x[b].argsort()
+        torch.testing.assert_close(w[b, order], trapezoid_weights(x[b, order]))
+    torch.testing.assert_close(auto_quadrature_weights(torch.tensor([[0.3]])), torch.ones(1))
+    # a tensor grid in any order: uniform if equispaced ...
+    grid = square_grid(5, F64).reshape(-1, 2)[torch.randperm(25, generator=gen)]
+    torch.testing.assert_close(auto_quadrature_weights(grid), torch.ones(25, dtype=F64))
+    # ... else the product of the per-axis trapezoid weights; a batch of different grids
+    a, c = torch.tensor([0.0, 0.1, 0.5, 1.0], dtype=F64), torch.tensor([0.0, 1.0, 3.0], dtype=F64)
+    graded = torch.stack(torch.meshgrid(a, c, indexing="ij"), dim=-1).reshape(-1, 2)
+    expected = torch.outer(trapezoid_weights(a), trapezoid_weights(c)).reshape(-1)
+    torch.testing.assert_close(auto_quadrature_weights(graded), expected)
+    both = auto_quadrature_weights(torch.stack([graded, graded.flip(0)]))
+    torch.testing.assert_close(both, torch.stack([expected, expected.flip(0)]))
+    # scattered points in 2-D: a clear error that names the cure
+    scattered = torch.rand(10, 2, generator=gen)
+    with pytest.raises(ValueError, match=r"x: weight='auto'.*scattered.*mesh_weights"):
+        TNO(1, 1, 2, d_model=8, n_head=2, num_layers=1)(torch.randn(1, 10, 1), scattered)
+    with pytest.raises(ValueError, match=r"coords\[1\]: .*scattered"):
+        auto_quadrature_weights(torch.stack([square_grid(3).reshape(-1, 2),
+                                             torch.rand(9, 2, generator=gen)]))
+    # ... while explicit weights work on them
+    out = TNO(1, 1, 2, d_model=8, n_head=2, num_layers=1)(torch.randn(1, 10, 1), scattered,
+                                                          torch.rand(10, generator=gen) + 0.1)
+    assert out.shape == (1, 10, 1)
+
+
+def test_l63_initial_condition_token(gen):
+    """token0 replaces the lifted token of the initial time: u there is ignored, token0 is
+    not, the point may sit anywhere in the sequence, and the length is unchanged."""
+    model = small_tno(gen, token0_dim=4)
+    x = torch.linspace(0, 2, 11, dtype=F64)[:, None]
+    u = torch.randn(2, 11, 1, generator=gen, dtype=F64)
+    token0 = torch.randn(2, 4, generator=gen, dtype=F64)
+    out = model(u, x, token0=token0)
+    assert out.shape == (2, 11, 2)
+    u_changed = u.clone()
+    u_changed[:, 0] += 1.0
+    torch.testing.assert_close(model(u_changed, x, token0=token0), out, rtol=0, atol=1e-13)
+    assert (model(u, x, token0=token0 + 1.0) - out).abs().max() > 1e-6
+    perm = torch.randperm(11, generator=gen)
+    torch.testing.assert_close(model(u[:, perm], x[perm], token0=token0), out[:, perm],
+                               rtol=0, atol=1e-12)
+    # zero-weight padding at earlier times is not the initial time
+    x_pad = torch.cat([x, torch.tensor([[-1.0], [-2.0]], dtype=F64)])
+    u_pad = torch.cat([u, torch.randn(2, 2, 1, generator=gen, dtype=F64)], dim=1)
+    w_pad = torch.cat([trapezoid_weights(x[:, 0]), torch.zeros(2, dtype=F64)])
+    torch.testing.assert_close(model(u_pad, x_pad, w_pad, token0)[:, :11], out, rtol=0,
+                               atol=1e-12)
+    with pytest.raises(ValueError, match="token0: expected a tensor of shape"):
+        model(u, x)
+    with pytest.raises(ValueError, match=r"token0: expected shape \(B, token0_dim\) = \(2, 4\)"):
+        model(u, x, token0=token0[:, :3])
+    with pytest.raises(ValueError, match="token0: expected None"):
+        small_tno(gen)(u, x, token0=token0)
+    with pytest.raises(ValueError, match="token0_dim: .*domain_dim = 1"):
+        TNO(1, 1, 2, token0_dim=4)
+
+
+def test_averaging_variant_forward(gen):
+    model = small_tno(gen, layer_norm=False)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    x = torch.rand(7, 1, generator=gen, dtype=F64)
+    out = model(torch.randn(3, 7, 1, generator=gen, dtype=F64), x)
+    assert out.shape == (3, 7, 2) and bool(torch.isfinite(out).all())
+
+
+def test_afno_is_tied_to_its_grid(gen):
+    afno = AFNO(d_model=16, grid=(8, 8), num_layers=1, num_blocks=2)
+    assert afno(torch.randn(1, 8, 8, 1), square_grid(8)).shape == (1, 8, 8, 1)
+    with pytest.raises(ValueError, match="not a neural operator"):
+        afno(torch.randn(1, 16, 16, 1), square_grid(16))
+
+
+def test_afno_filter_matches_its_definition(gen):
+    """The block-diagonal complex MLP written out per block with complex matrices."""
+    filt = AFNOFilter(8, num_blocks=2, sparsity_threshold=0.01).to(F64)
+    with torch.no_grad():
+        for p in filt.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=F64) * 0.3)
+    x = torch.randn(2, 6, 5, 8, generator=gen, dtype=F64)
+    spec = torch.fft.rfft2(x, dim=(1, 2), norm="ortho")
+    out = torch.zeros_like(spec)
+    for blk in range(2):
+        cols = slice(4 * blk, 4 * blk + 4)
+        w1 = torch.complex(filt.w1[0, blk], filt.w1[1, blk])
+        w2 = torch.complex(filt.w2[0, blk], filt.w2[1, blk])
+        b1 = torch.complex(filt.b1[0, blk], filt.b1[1, blk])
+        b2 = torch.complex(filt.b2[0, blk], filt.b2[1, blk])
+        h = spec[..., cols] @ w1 + b1
+        h = torch.complex(h.real.relu(), h.imag.relu())
+        o = h @ w2 + b2
+        shrink = torch.nn.functional.softshrink
+        out[..., cols] = torch.complex(shrink(o.real, 0.01), shrink(o.imag, 0.01))
+    expected = torch.fft.irfft2(out, s=(6, 5), dim=(1, 2), norm="ortho") + x
+    torch.testing.assert_close(filt(x), expected, rtol=0, atol=1e-12)
+    block = AFNOBlock(8, num_blocks=2).to(F64)
+    assert block(x).shape == x.shape
+
+
+# ---------------------------------------------------------------------------------------------
+# SpectralConv (§6.8)
+
+
+def _trig_polynomial(s: int, coeffs: dict, dtype=F64) -> torch.Tensor:
+    """``u (1, s, s, C)`` = Σ_k Re(c_k e^{i k·x}) on the periodic grid x = 2π (i, j) / s."""
+    t = 2 * math.pi * torch.arange(s, dtype=F64) / s
+    x1, x2 = torch.meshgrid(t, t, indexing="ij")
+    u = 0
+    for (k1, k2), c in coeffs.items():
+        u = u + (c[None, None, :] * torch.exp(1j * (k1 * x1 + k2 * x2))[..., None]).real
+    return u[None].to(dtype)
+
+
+def test_spectral_conv_mode_skipping_agrees_across_grids(gen):
+    """A trigonometric polynomial with |k| <= 3 through SpectralConv(m=6) on 16², 32², 64²:
+    the outputs agree on the shared points (1e-12 in float64, 1e-5 in float32)."""
+    conv = SpectralConv(2, 3, 6)
+    coeffs = {(k1, k2): torch.randn(2, generator=gen, dtype=torch.complex128)
+              for k1 in range(-3, 4) for k2 in range(0, 4)}
+    for dtype, tol in ((F64, 1e-12), (torch.float32, 1e-5)):
+        outs = {s: conv(_trig_polynomial(s, coeffs, dtype)) for s in (16, 32, 64)}
+        for s in (32, 64):
+            step = s // 16
+            torch.testing.assert_close(outs[s][:, ::step, ::step], outs[16], rtol=0, atol=tol)
+    # patches coarser than the modes run (p = 8, m = 12), odd and single-point grids too
+    big = SpectralConv(3, 2, 12)
+    for shape in ((8, 8), (7, 5), (1, 1), (2, 3)):
+        assert big(torch.randn(2, *shape, 3, generator=gen)).shape == (2, *shape, 2)
+
+
+def test_spectral_conv_against_explicit_modes(gen):
+    """Each mode k is multiplied by its own matrix: weight_pos holds k₁ ∈ [0, m), weight_neg
+    k₁ = j - m; the real FFT's k₂ = 0 column keeps the real part (its conjugate pairs)."""
+    m, s = 4, 12
+    conv = SpectralConv(2, 2, m)
+    coeffs = {(k1, k2): torch.randn(2, generator=gen, dtype=torch.complex128)
+              for k1 in range(-3, 4) for k2 in range(0, 4)}
+    u = _trig_polynomial(s, coeffs)
+
+    def matrix(k1, k2):
+        w = conv.weight_pos[:, :, k1, k2] if k1 >= 0 else conv.weight_neg[:, :, m + k1, k2]
+        return w.to(torch.complex128)
+
+    t = 2 * math.pi * torch.arange(s, dtype=F64) / s
+    x1, x2 = torch.meshgrid(t, t, indexing="ij")
+    expected = torch.zeros(s, s, 2, dtype=F64)
+    for k1 in range(-3, 4):
+        for k2 in range(0, 4):
+            # u's FFT coefficient of mode (k1, k2): Re(c e^{ik·x}) puts c/2 at +k; on the
+            # k2 = 0 column the conjugate of mode (-k1, 0) lands on (k1, 0) too
+            if k2:
+                c = coeffs[(k1, k2)] / 2
+            else:
+                c = (coeffs[(k1, 0)] + coeffs[(-k1, 0)].conj()) / 2
+            wave = torch.exp(1j * (k1 * x1 + k2 * x2))[..., None]
+            term = (c @ matrix(k1, k2))[None, None, :] * wave
+            expected += (2 * term.real) if k2 else term.real
+    torch.testing.assert_close(conv(u)[0], expected, rtol=0, atol=1e-10)
+
+
+def test_spectral_conv_init_count_and_dtype_conversions():
+    conv = SpectralConv(3, 4, 5, last_modes=2)
+    assert n_params(conv) == 2 * 3 * 4 * 5 * 2  # complex entries count once
+    parts = torch.view_as_real(conv.weight_pos)
+    assert float(parts.detach().min()) >= 0 and float(parts.detach().max()) <= 1 / 12
+    imag = conv.weight_neg.imag.clone()
+    conv.to(F64)  # nn.Module.to would otherwise drop the imaginary parts
+    assert conv.weight_neg.dtype == torch.complex128
+    torch.testing.assert_close(conv.weight_neg.imag, imag.to(F64))
+    assert list(conv.state_dict()) == ["weight_pos", "weight_neg"]
+    assert conv.float().weight_pos.dtype == torch.complex64
+    assert conv.double().weight_pos.dtype == torch.complex128
+
+
+# ---------------------------------------------------------------------------------------------
+# Quadrature orders of cross-attention, M != N (§6.6; the self-attention case on a graded grid
+# is in test_continuum_attention.py)
+
+
+def _cross_attention_setup():
+    g = torch.Generator().manual_seed(17)
+    wq, wk, wv = (torch.randn(3, 4, generator=g, dtype=F64) for _ in range(3))
+
+    def features(y: torch.Tensor) -> torch.Tensor:  # a smooth u: [0, 1] → R³
+        return torch.stack([torch.sin(2 * math.pi * y), torch.cos(3 * y), y * y], dim=-1)
+
+    queries = torch.linspace(0.05, 0.95, 7, dtype=F64)  # M = 7 query points
+    q = (features(queries) @ wq)[None, None]
+
+    def attend(y: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """Keys and values at points ``y (B, N)``."""
+        f = features(y)
+        return ops.continuum_attention(q.expand(y.shape[0], 1, 7, 4), (f @ wk)[:, None],
+                                       (f @ wv)[:, None], weight=weight)[:, 0]
+
+    fine = torch.linspace(0, 1, 2**14 + 1, dtype=F64)[None]
+    return attend, attend(fine, trapezoid_weights(fine))
+
+
+def _slope(ns, errors) -> float:
+    logs = torch.log(torch.tensor(ns, dtype=F64)), torch.log(torch.tensor(errors, dtype=F64))
+    centred = logs[0] - logs[0].mean()
+    return float((centred * (logs[1] - logs[1].mean())).sum() / (centred**2).sum())
+
+
+@pytest.mark.parametrize("mesh", ["uniform", "graded"])
+def test_cross_attention_trapezoid_is_second_order(mesh):
+    attend, exact = _cross_attention_setup()
+    ns = [2**p for p in range(5, 11)]
+    errors, plain = [], []
+    for n in ns:
+        xi = torch.linspace(0, 1, n, dtype=F64)
+        y = (xi + 0.15 * torch.sin(2 * math.pi * xi) if mesh == "graded" else xi)[None]
+        errors.append(float((attend(y, trapezoid_weights(y)) - exact).abs().max()))
+        plain.append(float((attend(y, None) - exact).abs().max()))
+    assert abs(_slope(ns, errors) + 2) < 0.2
+    if mesh == "graded":  # unweighted softmax converges to another operator
+        assert min(plain) > 10 * errors[-1] and plain[-1] > 0.5 * plain[-2]
+
+
+def test_cross_attention_monte_carlo_is_half_order():
+    attend, exact = _cross_attention_setup()
+    g = torch.Generator().manual_seed(3)
+    ns = [2**p for p in range(5, 11)]
+    rms = []
+    for n in ns:
+        y = torch.rand(64, n, generator=g, dtype=F64)  # 64 seeds, weights volume / n
+        err = attend(y, torch.full((n,), 1.0 / n, dtype=F64)) - exact
+        rms.append(float(err.square().mean().sqrt()))
+    assert abs(_slope(ns, rms) + 0.5) < 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors name the argument
+
+
+@pytest.mark.parametrize(("build", "error", "match"), [
+    (lambda: TNO(0, 1, 1), ValueError, "in_dim: expected an int >= 1"),
+    (lambda: TNO(1, 1, 1, d_model=12, n_head=5), ValueError, "n_head: expected a divisor"),
+    (lambda: TNO(1, 1, 1, layer_norm=1), TypeError, "layer_norm: expected a bool"),
+    (lambda: TNO(1, 1, 1, dropout=1.5), ValueError, "dropout: expected a float in"),
+    (lambda: SpectralConv(2, 2, 0), ValueError, "modes: expected an int >= 1"),
+    (lambda: AFNOFilter(10, num_blocks=4), ValueError, "num_blocks: expected a divisor"),
+    (lambda: AFNO(grid=64), ValueError, "grid: expected"),
+    (lambda: FNOChannelMLP(n_modes=7), ValueError, "n_modes: expected an even int"),
+    (lambda: ContinuumEncoderLayer(8, 2, dim_feedforward=0), ValueError, "dim_feedforward"),
+    (lambda: build_model("tno_nope"), ValueError, "name: expected one of"),
+])
+def test_constructor_errors(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_forward_errors():
+    model = TNO(2, 1, 1, d_model=8, n_head=2, num_layers=1)
+    u, x = torch.randn(2, 5, 2), torch.linspace(0, 1, 5)[:, None]
+    cases = [
+        (lambda: model(u[..., :1], x), ValueError, r"u: expected shape \(B, N, in_dim\)"),
+        (lambda: model(u[:, :0], x[:0]), ValueError, "N >= 1"),
+        (lambda: model(u, x[:4]), ValueError, r"x: expected shape \(5, 1\) or \(B, 5, 1\)"),
+        (lambda: model(u, x.double()), TypeError, "x: expected dtype"),
+        (lambda: model(u, x, "trapezoid"), ValueError, r"weight: expected one of \['auto'\]"),
+        (lambda: model(u, x, [1.0] * 5), TypeError, "weight: expected 'auto', None or a tensor"),
+        (lambda: model(u, x, torch.rand(4)), ValueError, r"weight: expected shape"),
+        (lambda: model(u, x, -torch.rand(5)), ValueError, "weight: expected finite, non-neg"),
+        (lambda: ContinuumAttention(8, 2)(u), ValueError, r"x: expected shape \(B, N, d_model\)"),
+        (lambda: ContinuumAttention(8, 2)(torch.randn(2, 3, 8), torch.randn(1, 4, 8)),
+         ValueError, "context: expected shape"),
+        (lambda: ContinuumAttention(8, 2)(torch.randn(2, 3, 8), weight="auto"), ValueError,
+         "weight: 'auto' derives the weights from the key points' coordinates"),
+        (lambda: auto_quadrature_weights(torch.rand(5)), ValueError,
+         r"coords: expected shape \(N, d\) or \(B, N, d\)"),
+        (lambda: auto_quadrature_weights(torch.tensor([[0.0], [float("nan")]])), ValueError,
+         "coords: expected finite"),
+        (lambda: SpectralConv(2, 2, 3)(torch.randn(1, 4, 4, 3)), ValueError,
+         r"x: expected shape \(B, p1, p2, in_channels\)"),
+        (lambda: FNOChannelMLP(width=4, lifting=4, projection=4)(torch.randn(1, 8, 8, 1),
+                                                                 square_grid(6)),
+         ValueError, r"x: expected shape \(8, 8, 2\)"),
+        (lambda: GTEncoder(d_model=8, n_head=2, num_layers=1)(torch.randn(1, 9, 2),
+                                                              square_grid(3).reshape(-1, 2)),
+         ValueError, "u: expected shape"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match):
+            call()
