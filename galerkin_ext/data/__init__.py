@@ -1,16 +1,21 @@
-"""Data for the three experiments of the Galerkin Transformer paper (SPEC §4).
+"""Data for the three experiments of the Galerkin Transformer paper (SPEC §4) and the data part
+of the continuum-attention experiments (SPEC-continuum §3: Lorenz-63, controlled ODE, lognormal
+and piecewise-constant Darcy).
 
 Modules (imported lazily, so the solver worker processes stay light):
 
 * :mod:`.random_fields` -- seeded Gaussian random fields (Burgers ``u0``, Darcy coefficients);
 * :mod:`.burgers` -- :func:`solve_burgers`, pseudo-spectral ETDRK4, CPU or GPU;
 * :mod:`.darcy` -- :func:`solve_darcy`, 5-point finite differences, sparse direct solve;
+* :mod:`.ode` -- time grids, RK4, Lorenz-63, the controlled ODE's exact solution;
 * :mod:`.storage` -- the HDF5 schema, resumable chunked writing and checked reading;
-* :mod:`.generate` -- :func:`generate_burgers`, :func:`generate_darcy`;
+* :mod:`.generate` -- :func:`generate_burgers`, :func:`generate_darcy`,
+  :func:`generate_lorenz63`, :func:`generate_cde`;
 * :mod:`.datasets` -- PyTorch datasets (Burgers, Darcy forward and inverse), normaliser;
 * :mod:`.mat` -- readers for the original ``.mat`` benchmark files.
 
-Command line: ``python -m galerkin_ext.data generate {burgers,darcy} --out FILE.h5 ...`` and
+Command line: ``python -m galerkin_ext.data generate {burgers,darcy,lorenz63,cde} --out FILE.h5
+...`` and
 ``python -m galerkin_ext.data info FILE.h5``.
 """
 
@@ -29,6 +34,15 @@ _EXPORTS = {
     "threshold_coefficient": "random_fields",
     "generate_burgers": "generate",
     "generate_darcy": "generate",
+    "generate_lorenz63": "generate",
+    "generate_cde": "generate",
+    "time_grid": "ode",
+    "rk4": "ode",
+    "solve_lorenz63": "ode",
+    "sample_lorenz63_initial": "ode",
+    "sample_cde_control": "ode",
+    "cde_control": "ode",
+    "solve_cde": "ode",
     "read_h5": "storage",
     "inspect_h5": "storage",
     "DataFileError": "storage",
@@ -43,7 +57,8 @@ _EXPORTS = {
     "read_burgers_mat": "mat",
     "read_darcy_mat": "mat",
 }
-_SUBMODULES = ("random_fields", "burgers", "darcy", "storage", "generate", "datasets", "mat")
+_SUBMODULES = ("random_fields", "burgers", "darcy", "ode", "storage", "generate", "datasets",
+               "mat")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

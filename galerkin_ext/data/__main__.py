@@ -1,4 +1,8 @@
-"""Command line: ``python -m galerkin_ext.data {generate,info} ...`` (see ``--help``)."""
+"""Command line: ``python -m galerkin_ext.data {generate,info} ...`` (see ``--help``).
+
+``generate {burgers,darcy,lorenz63,cde}`` writes a resumable HDF5 file; ``info`` prints its
+metadata, completeness and (for the continuum sets) summary statistics as JSON.
+"""
 
 from __future__ import annotations
 
@@ -7,37 +11,82 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .._cli import nonnegative_int, positive_int
+from .._cli import nonnegative_int, positive_float, positive_int
+
+PROBLEMS = ("burgers", "darcy", "lorenz63", "cde")
+# Problem-specific options (argparse dest -> problems that take it).  burgers and darcy have
+# always ignored each other's options; the newer ones are refused where they do not apply.
+_APPLIES = {
+    "resolution": ("burgers", "darcy"),
+    "workers": ("burgers", "darcy"),
+    "solve_resolution": ("burgers", "darcy"),
+    "n_steps": ("burgers", "darcy"),
+    "device": ("burgers", "darcy"),
+    "coef": ("darcy",),
+    "sigma": ("darcy",),
+    "tau": ("darcy",),
+    "alpha": ("darcy",),
+    "dt": ("lorenz63", "cde"),
+    "t_end": ("lorenz63", "cde"),
+    "grid": ("lorenz63", "cde"),
+    "max_step": ("lorenz63",),
+    "decay": ("cde",),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for the tests and ``--help``)."""
     parser = argparse.ArgumentParser(
         prog="python -m galerkin_ext.data",
-        description="Generate or inspect the Burgers/Darcy data sets (HDF5).",
+        description="Generate or inspect the data sets (HDF5): Burgers, Darcy, Lorenz-63 and "
+                    "the controlled ODE.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a data set into FILE.h5 (resumable)")
-    gen.add_argument("problem", choices=("burgers", "darcy"))
+    gen.add_argument("problem", choices=PROBLEMS)
     gen.add_argument("--out", required=True, help="output file, .h5 or .hdf5")
-    gen.add_argument("--n-samples", type=positive_int, default=2048,
-                     help="number of samples (default 2048 for both problems)")
+    gen.add_argument("--n-samples", type=positive_int, default=None,
+                     help="number of samples (default: burgers 2048, darcy 2048 or 4000 with "
+                          "--coef, lorenz63 and cde 10000)")
     gen.add_argument("--resolution", type=positive_int, default=None,
-                     help="grid points per axis (default: burgers 8192, darcy 421)")
-    gen.add_argument("--seed", type=nonnegative_int, default=0)
+                     help="grid points per axis (default: burgers 8192, darcy 421 or 64 with "
+                          "--coef)")
+    gen.add_argument("--seed", type=nonnegative_int, default=0,
+                     help="sample i depends only on (seed, i); give a zero-shot set its own seed")
     gen.add_argument("--chunk-size", type=positive_int, default=None,
-                     help="samples per stored chunk (default: burgers 256, darcy 32)")
+                     help="samples per stored chunk (default: burgers 256, darcy 32, lorenz63 "
+                          "and cde 1000)")
     mode = gen.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue an interrupted generation")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing file")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.add_argument("--workers", type=positive_int, default=None,
                      help="darcy: worker processes (default: all usable cores)")
-    gen.add_argument("--solve-resolution", type=positive_int, default=1024,
+    gen.add_argument("--solve-resolution", type=positive_int, default=None,
                      help="burgers: grid the solver runs on before zero-padding (default 1024)")
     gen.add_argument("--n-steps", type=positive_int, default=None,
                      help="burgers: ETDRK4 steps (default t_end / 1e-3)")
     gen.add_argument("--device", default=None, help="burgers: torch device, e.g. cuda")
+    gen.add_argument("--coef", choices=("lognormal", "piecewise"), default=None,
+                     help="darcy: the continuum-attention coefficient, exp(g) or 12/3 where "
+                          "g >= 0 / g < 0 (default: SPEC.md's set)")
+    gen.add_argument("--sigma", type=positive_float, default=None,
+                     help="darcy --coef: amplitude of g (default 12)")
+    gen.add_argument("--tau", type=positive_float, default=None,
+                     help="darcy: tau of the covariance (default 3, or 6 with --coef)")
+    gen.add_argument("--alpha", type=positive_float, default=None,
+                     help="darcy: exponent of the covariance (default 2)")
+    gen.add_argument("--dt", type=positive_float, default=None,
+                     help="lorenz63/cde: uniform time step (default 0.01): t = 0, dt, ... <= t_end")
+    gen.add_argument("--t-end", type=positive_float, default=None,
+                     help="lorenz63/cde: end of the time interval (default 2)")
+    gen.add_argument("--grid", choices=("uniform", "nonuniform"), default=None,
+                     help="lorenz63/cde: 'nonuniform' is the paper's grid (41), "
+                          "{0.01 n, n <= 100} U {1 + 0.005 n, n = 1..200}")
+    gen.add_argument("--max-step", type=positive_float, default=None,
+                     help="lorenz63: largest RK4 step (default 1e-3)")
+    gen.add_argument("--decay", action="store_true", default=None,
+                     help="cde: weight term j of the control by 1/j (the authors' code)")
     info = sub.add_parser("info", help="print the metadata and completeness of a data file")
     info.add_argument("file")
     return parser
@@ -45,7 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 failed, 130 interrupted)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        for dest, problems in _APPLIES.items():
+            if getattr(args, dest) is not None and args.problem not in problems:
+                if args.problem in ("burgers", "darcy") and problems == ("burgers", "darcy"):
+                    continue
+                parser.error(f"--{dest.replace('_', '-')} does not apply to {args.problem} "
+                             f"(only to {', '.join(problems)})")
     from .storage import DataFileError
 
     try:
@@ -55,28 +112,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(inspect_h5(args.file), indent=2))
             return 0
         common = {
-            "n_samples": args.n_samples,
             "seed": args.seed,
             "resume": args.resume,
             "overwrite": args.overwrite,
             "progress": not args.no_progress,
         }
-        if args.chunk_size is not None:
-            common["chunk_size"] = args.chunk_size
+        # Unset options fall back on the generators' defaults.
+        for dest in ("n_samples", "chunk_size", "sigma", "tau", "alpha", "dt", "t_end", "grid",
+                     "max_step", "decay"):
+            if getattr(args, dest) is not None:
+                common[dest] = getattr(args, dest)
         if args.problem == "burgers":
             from .generate import generate_burgers
 
             path = generate_burgers(
                 args.out, resolution=args.resolution or 8192,
-                solve_resolution=args.solve_resolution, n_steps=args.n_steps,
+                solve_resolution=args.solve_resolution or 1024, n_steps=args.n_steps,
                 device=args.device, **common,
             )
-        else:
+        elif args.problem == "darcy":
             from .generate import generate_darcy
 
             path = generate_darcy(
-                args.out, resolution=args.resolution or 421, workers=args.workers, **common
+                args.out, resolution=args.resolution, coef=args.coef, workers=args.workers,
+                **common,
             )
+        elif args.problem == "lorenz63":
+            from .generate import generate_lorenz63
+
+            path = generate_lorenz63(args.out, **common)
+        else:
+            from .generate import generate_cde
+
+            path = generate_cde(args.out, **common)
         print(f"wrote {path}")
         return 0
     except KeyboardInterrupt:

@@ -115,13 +115,14 @@ def sample_and_solve(
     """Worker task of the generator: coefficient sample ``index`` and its solution.
 
     ``args = (seed, index, resolution, params)`` with ``params`` holding ``alpha``, ``tau``,
-    ``high``, ``low`` and ``f``; returns ``(a, u)``, each ``(K, K)``.  Sampling here, in the
+    ``high``, ``low`` and ``f``, and for the continuum sets ``coef`` (``"piecewise"`` or
+    ``"lognormal"``) and ``sigma``; returns ``(a, u)``, each ``(K, K)``.  Sampling here, in the
     worker, spreads it over the cores too.
     """
     seed, index, resolution, p = args
     a = sample_darcy_coefficient(
         1, resolution, seed=seed, start=index, alpha=p["alpha"], tau=p["tau"],
-        high=p["high"], low=p["low"],
+        high=p["high"], low=p["low"], kind=p.get("coef", "piecewise"), sigma=p.get("sigma", 1.0),
     )[0]
     return a, _solve_one(a, np.full(a.shape, p["f"]))
 

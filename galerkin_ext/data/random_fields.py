@@ -13,7 +13,10 @@ on the batch it is drawn in: chunked, resumed and parallel generation give ident
   eigenvalues ``pi^2 (k1^2 + k2^2) + tau^2``, zero mean (mode ``(0, 0)`` dropped), modes
   ``0 <= k1, k2 < K`` evaluated at the nodes ``x_i = i / (K - 1)``.  Defaults ``alpha=2, tau=3``.
   :func:`threshold_coefficient` maps it to the piecewise-constant coefficient (12 where
-  ``f >= 0``, else 3).
+  ``f >= 0``, else 3).  An amplitude ``sigma`` scales the field, ``g = sigma f ~ N(0, sigma^2
+  (-Delta + tau^2 I)^(-alpha))``: the continuum-attention sets (SPEC-continuum §3) use
+  ``sigma=12, tau=6, alpha=2`` with the lognormal coefficient ``exp(g)`` or the threshold of
+  ``g`` (which does not depend on ``sigma``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.fft
 
-from .._checks import check_float, check_int
+from .._checks import check_choice, check_float, check_int
 
 __all__ = [
     "sample_periodic_grf_1d",
@@ -33,9 +36,13 @@ __all__ = [
     "sample_rng",
 ]
 
-# Independent random streams for the two kinds of field (part of every sample's seed).
+# Independent random streams for each kind of sample (part of every sample's seed).  Stream 3 is
+# the inverse problem's noise (datasets.py); the ODE sets of .ode use 4 and 5.
 STREAM_BURGERS = 1
 STREAM_DARCY = 2
+STREAM_LORENZ63 = 4
+STREAM_CDE = 5
+DARCY_COEFFICIENTS = ("piecewise", "lognormal")
 
 
 def sample_rng(seed: int, stream: int, index: int) -> np.random.Generator:
@@ -126,15 +133,17 @@ def sample_neumann_grf_2d(
     start: int = 0,
     alpha: float = 2.0,
     tau: float = 3.0,
+    sigma: float = 1.0,
 ) -> np.ndarray:
-    """Draw samples ``start .. start + n_samples - 1`` of the 2-D Neumann field.
+    """Draw samples ``start .. start + n_samples - 1`` of the 2-D Neumann field times ``sigma``.
 
     Returns an array of shape ``(n_samples, K, K)``, float64, at the nodes ``x_i = i / (K - 1)``.
     """
     n_samples, start = _check_batch(n_samples, start)
     resolution = check_int(resolution, "resolution", 3)
     seed = check_int(seed, "seed", 0)
-    amp = neumann_grf_2d_amplitudes(resolution, alpha, tau)
+    # x * 1.0 == x exactly, so the default leaves the SPEC.md fields bit-identical.
+    amp = neumann_grf_2d_amplitudes(resolution, alpha, tau) * check_float(sigma, "sigma")
     coef = np.empty((n_samples, resolution, resolution))
     for row in range(n_samples):
         rng = sample_rng(seed, STREAM_DARCY, start + row)
@@ -162,9 +171,19 @@ def sample_darcy_coefficient(
     tau: float = 3.0,
     high: float = 12.0,
     low: float = 3.0,
+    kind: str = "piecewise",
+    sigma: float = 1.0,
 ) -> np.ndarray:
-    """Thresholded Neumann field: the Darcy coefficient, shape ``(n_samples, K, K)``, float64."""
+    """The Darcy coefficient of the field ``g`` of :func:`sample_neumann_grf_2d`.
+
+    ``kind="piecewise"``: ``high`` where ``g >= 0``, else ``low`` (the default arguments give
+    SPEC.md's coefficient); ``kind="lognormal"``: ``exp(g)`` (``high``/``low`` unused).
+    Returns shape ``(n_samples, K, K)``, float64.
+    """
+    check_choice(kind, "kind", DARCY_COEFFICIENTS)
     field = sample_neumann_grf_2d(
-        n_samples, resolution, seed=seed, start=start, alpha=alpha, tau=tau
+        n_samples, resolution, seed=seed, start=start, alpha=alpha, tau=tau, sigma=sigma
     )
+    if kind == "lognormal":
+        return np.exp(field)
     return threshold_coefficient(field, high, low)

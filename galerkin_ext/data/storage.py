@@ -2,14 +2,27 @@
 
 Schema (version 1) of a file written by :mod:`galerkin_ext.data.generate`:
 
-* dataset ``a``: the inputs, shape ``(n_samples, *grid)`` -- Burgers ``u0`` ``(n, N)`` float64;
-  Darcy coefficient ``(n, K, K)`` float32 (its values 3 and 12 are exact in float32).
-* dataset ``u``: the solutions, ``(n_samples, *grid)`` float64.
+* per-sample datasets, shape ``(n_samples, *grid, *components)``:
+
+  - Burgers and Darcy: ``a``, the inputs -- Burgers ``u0`` ``(n, N)`` float64; Darcy coefficient
+    ``(n, K, K)``, float32 when piecewise constant (3 and 12 are exact in float32), float64 when
+    lognormal -- and ``u``, the solutions, ``(n_samples, *grid)`` float64;
+  - Lorenz-63 and the controlled ODE (:mod:`.ode`): ``input`` ``(n, T, 1)`` and ``output``
+    ``(n, T, d)``, float64.
+
+  A dataset attribute ``grid_ndim`` says how many axes after the sample axis are grid axes
+  (absent: all of them); the others hold components.
+* static datasets (attribute ``static`` true), shared by all samples: ``coords`` ``(T, 1)``,
+  the sample times of the ODE sets; ``grid_ndim`` = all axes but the last.
 * dataset ``completed``: ``(n_chunks,)`` uint8, 1 once chunk ``i`` (samples
   ``[i * chunk_size, (i + 1) * chunk_size)``) has been written and flushed.
-* attributes: ``schema`` (``"galerkin_ext.data/1"``), ``generator`` (``"burgers"``/``"darcy"``),
-  ``parameters`` (JSON object of the generator's parameters), ``seed``, ``n_samples``,
-  ``chunk_size``, ``package_version``, and ``complete`` (true only after every chunk is done).
+* optional dataset ``statistics``: ``(n_chunks, n_fields, 3)`` float64, the count, mean and sum
+  of squared deviations of each summary field (attribute ``names``, a JSON list) over chunk
+  ``i``, written with the chunk; :func:`inspect_h5` combines the completed chunks.
+* attributes: ``schema`` (``"galerkin_ext.data/1"``), ``generator`` (``"burgers"``,
+  ``"darcy"``, ``"lorenz63"``, ``"cde"``), ``parameters`` (JSON object of the generator's
+  parameters), ``seed``, ``n_samples``, ``chunk_size``, ``package_version``, and ``complete``
+  (true only after every chunk is done).
 
 A generation writes to ``FILE.partial`` and renames it to ``FILE`` only once it is complete, so
 ``FILE`` never exists half-written; an interrupted run leaves ``FILE.partial`` with its
@@ -82,14 +95,43 @@ def _open(path: Path, mode: str) -> h5py.File:
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """Shape (without the sample axis) and dtype of one stored array."""
+    """Shape (without the sample axis) and dtype of one stored array; the first ``grid_ndim``
+    axes of ``shape`` are grid axes, the rest components (``None``: all are grid axes)."""
 
     shape: tuple[int, ...]
     dtype: str
+    grid_ndim: int | None = None
+
+
+_RESERVED = ("completed", "statistics")
+
+
+def _moments(values: np.ndarray) -> tuple[float, float, float]:
+    """Count, mean and sum of squared deviations of ``values`` (any shape), in float64."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size == 0:
+        return 0.0, 0.0, 0.0
+    mean = float(v.mean())
+    return float(v.size), mean, float(np.sum((v - mean) ** 2))
+
+
+def _combine(rows: np.ndarray) -> tuple[float, float, float]:
+    """Combine per-chunk ``(count, mean, M2)`` rows (Chan et al.'s pairwise update, stable)."""
+    n, mean, m2 = 0.0, 0.0, 0.0
+    for nb, mb, m2b in rows:
+        if nb == 0:
+            continue
+        total = n + nb
+        delta = mb - mean
+        mean += delta * nb / total
+        m2 += m2b + delta * delta * n * nb / total
+        n = total
+    return n, mean, m2
 
 
 class ChunkedWriter:
-    """Write ``a``/``u`` chunk by chunk into ``FILE.partial``, then publish it as ``FILE``.
+    """Write the per-sample arrays chunk by chunk into ``FILE.partial``, then publish it as
+    ``FILE``.
 
     Use :meth:`open`, then :meth:`pending_chunks`, :meth:`write_chunk` for each, :meth:`finish`.
     """
@@ -99,6 +141,9 @@ class ChunkedWriter:
         self.file = file
         self.chunk_size = chunk_size
         self.n_samples = n_samples
+        self.statistics: list[str] = (
+            json.loads(_attr(file["statistics"], "names")) if "statistics" in file else []
+        )
 
     @classmethod
     def open(
@@ -111,10 +156,16 @@ class ChunkedWriter:
         n_samples: int,
         chunk_size: int,
         arrays: dict[str, ArraySpec],
+        static: dict[str, np.ndarray] | None = None,
+        statistics: Sequence[str] = (),
         resume: bool = False,
         overwrite: bool = False,
     ) -> ChunkedWriter:
         """Create (or, with ``resume``, reopen) the partial file for a generation.
+
+        ``arrays``: the per-sample arrays; ``static``: arrays shared by every sample, shape
+        ``(*grid, d)`` (e.g. coordinates), written now; ``statistics``: names of the summary
+        fields that every :meth:`write_chunk` gives.
 
         Raises ``FileExistsError`` if ``out`` or its partial file exists and neither ``resume``
         nor ``overwrite`` is set, and :class:`DataFileError` if a partial file to resume is
@@ -125,6 +176,14 @@ class ChunkedWriter:
 
         if resume and overwrite:
             raise ValueError("resume and overwrite are mutually exclusive")
+        static = {k: np.asarray(v) for k, v in (static or {}).items()}
+        for name in (*arrays, *static):
+            if name in _RESERVED:
+                raise ValueError(f"arrays: {name!r} is reserved for the file's bookkeeping")
+        for name, value in static.items():
+            if value.ndim < 1:
+                raise ValueError(f"static: {name!r} must have shape (*grid, d), got {value.shape}")
+        statistics = list(statistics)
         final = check_output_path(out)
         part = partial_path(final)
         if final.exists() and not overwrite:
@@ -153,7 +212,7 @@ class ChunkedWriter:
         if resume and part.exists():
             f = _open(part, "r+")
             try:
-                cls._check_resumable(f, part, attrs, arrays)
+                cls._check_resumable(f, part, attrs, arrays, static, statistics)
                 chunk_size = int(f.attrs["chunk_size"])  # the record is per stored chunk size
             except BaseException:
                 f.close()
@@ -169,9 +228,19 @@ class ChunkedWriter:
                 shape = (n_samples, *spec.shape)
                 # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap; the
                 # Fletcher-32 checksum of each chunk makes HDF5 refuse a corrupted one on read.
-                f.create_dataset(name, shape=shape, dtype=spec.dtype, chunks=(1, *spec.shape),
-                                 fletcher32=True)
+                ds = f.create_dataset(name, shape=shape, dtype=spec.dtype,
+                                      chunks=(1, *spec.shape), fletcher32=True)
+                if spec.grid_ndim is not None:
+                    ds.attrs["grid_ndim"] = spec.grid_ndim
+            for name, value in static.items():
+                ds = f.create_dataset(name, data=value)
+                ds.attrs["static"] = True
+                ds.attrs["grid_ndim"] = value.ndim - 1
             f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0)
+            if statistics:
+                ds = f.create_dataset("statistics", shape=(n_chunks, len(statistics), 3),
+                                      dtype="f8", fillvalue=0.0)
+                ds.attrs["names"] = json.dumps(statistics)
             f.flush()
         except BaseException:
             f.close()
@@ -180,7 +249,8 @@ class ChunkedWriter:
 
     @staticmethod
     def _check_resumable(
-        f: h5py.File, part: Path, attrs: dict[str, Any], arrays: dict[str, ArraySpec]
+        f: h5py.File, part: Path, attrs: dict[str, Any], arrays: dict[str, ArraySpec],
+        static: dict[str, np.ndarray], statistics: list[str],
     ) -> None:
         for key, value in attrs.items():
             if key == "package_version":
@@ -199,6 +269,16 @@ class ChunkedWriter:
             if name not in f or f[name].shape[1:] != spec.shape:
                 raise DataFileError(f"cannot resume {str(part)!r}: array {name!r} is missing or "
                                     f"has another shape than {spec.shape}")
+        for name, value in static.items():
+            if name not in f or f[name].shape != value.shape or not np.array_equal(
+                f[name][...], value
+            ):
+                raise DataFileError(f"cannot resume {str(part)!r}: its {name!r} differs from "
+                                    "this run's (use overwrite to start again)")
+        stored = json.loads(_attr(f["statistics"], "names")) if "statistics" in f else []
+        if stored != statistics:
+            raise DataFileError(f"cannot resume {str(part)!r}: it records the statistics "
+                                f"{stored}, this run {statistics}")
         if "completed" not in f or "chunk_size" not in f.attrs:
             raise DataFileError(f"cannot resume {str(part)!r}: it has no completed-chunk record")
 
@@ -216,14 +296,27 @@ class ChunkedWriter:
         pending = sum(stop - start for _, start, stop in self.pending_chunks())
         return self.n_samples - pending
 
-    def write_chunk(self, chunk: int, arrays: dict[str, np.ndarray]) -> None:
-        """Store one chunk's arrays, flush, then mark it completed (and flush again)."""
+    def write_chunk(
+        self,
+        chunk: int,
+        arrays: dict[str, np.ndarray],
+        statistics: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Store one chunk's arrays (and the moments of its summary fields ``statistics``, one
+        entry per name given to :meth:`open`), flush, then mark it completed (and flush again).
+        """
         start = chunk * self.chunk_size
         stop = min(self.n_samples, start + self.chunk_size)
+        given = sorted(statistics or {})
+        if given != sorted(self.statistics):
+            raise ValueError(f"statistics: expected the fields {self.statistics}, got {given}")
         for name, value in arrays.items():
             if value.shape[0] != stop - start:
                 raise ValueError(f"chunk {chunk} of {name!r} must have {stop - start} samples")
             self.file[name][start:stop] = value
+        if self.statistics:
+            assert statistics is not None
+            self.file["statistics"][chunk] = [_moments(statistics[k]) for k in self.statistics]
         self.file.flush()  # the data are on disk before the record says so
         self.file["completed"][chunk] = 1
         self.file.flush()
@@ -244,7 +337,7 @@ class ChunkedWriter:
             self.file.close()
 
 
-def _attr(f: h5py.File, key: str) -> Any:
+def _attr(f: h5py.File | h5py.Dataset, key: str) -> Any:
     value = f.attrs[key]
     if isinstance(value, bytes):
         return value.decode()
@@ -257,9 +350,12 @@ def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Metadata and completeness of a generated file (or its partial file), without the data.
 
     Returns a dict with ``generator``, ``parameters`` (dict), ``seed``, ``n_samples``,
-    ``chunk_size``, ``package_version``, ``complete`` (bool), ``n_done`` (samples written) and
-    ``shapes`` (``{name: shape}``).  Raises :class:`DataFileError` for a file that is missing,
-    unreadable, or not written by this package.
+    ``chunk_size``, ``package_version``, ``complete`` (bool), ``n_done`` (samples written),
+    ``shapes`` (``{name: shape}`` of the per-sample arrays), ``static`` (``{name: shape}`` of
+    the shared arrays) and ``statistics`` (``{field: {"mean", "std", "count"}}`` over the
+    samples written so far; population std; empty for files that record none).  Raises
+    :class:`DataFileError` for a file that is missing, unreadable, or not written by this
+    package.
     """
     p = Path(path)
     if not p.is_file():
@@ -272,6 +368,18 @@ def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
             chunk = int(_attr(f, "chunk_size"))
             n = int(_attr(f, "n_samples"))
             n_done = int(sum(min(n, (i + 1) * chunk) - i * chunk for i in np.flatnonzero(done)))
+            static = [k for k in f if k not in _RESERVED and f[k].attrs.get("static", False)]
+            per_sample = [k for k in f if k not in _RESERVED and k not in static]
+            if not per_sample:
+                raise KeyError("no per-sample arrays")
+            stats = {}
+            if "statistics" in f:
+                rows = f["statistics"][...][done.astype(bool)]
+                for j, name in enumerate(json.loads(_attr(f["statistics"], "names"))):
+                    count, mean, m2 = _combine(rows[:, j])
+                    stats[name] = {"mean": mean if count else None,
+                                   "std": float(np.sqrt(m2 / count)) if count else None,
+                                   "count": int(count)}
             info = {
                 "generator": _attr(f, "generator"),
                 "parameters": json.loads(_attr(f, "parameters")),
@@ -281,7 +389,9 @@ def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
                 "package_version": _attr(f, "package_version"),
                 "complete": bool(_attr(f, "complete")) and bool(done.all()),
                 "n_done": n_done,
-                "shapes": {k: tuple(f[k].shape) for k in ("a", "u")},
+                "shapes": {k: tuple(f[k].shape) for k in per_sample},
+                "static": {k: tuple(f[k].shape) for k in static},
+                "statistics": stats,
             }
         except (KeyError, OSError, ValueError) as err:
             raise DataFileError(f"{str(p)!r} is damaged or lacks schema fields: {err}") from err
@@ -300,7 +410,7 @@ def read_h5(
     indices: Sequence[int] | np.ndarray | slice | None = None,
     *,
     stride: int = 1,
-    keys: Sequence[str] = ("a", "u"),
+    keys: Sequence[str] | None = None,
     block: int = 64,
 ) -> dict[str, np.ndarray]:
     """Read samples of a complete generated file, optionally subsampling every grid axis.
@@ -308,12 +418,15 @@ def read_h5(
     Args:
         path: a finished file (a ``.partial`` or incomplete file raises :class:`DataFileError`).
         indices: which samples (default all); a slice or increasing integer indices.
-        stride: keep every ``stride``-th grid point along each spatial axis.
-        keys: arrays to read, from ``"a"`` and ``"u"``.
+        stride: keep every ``stride``-th grid point along each grid axis (not component axes).
+        keys: arrays to read (default: every per-sample array, e.g. ``"a"``, ``"u"``, or
+            ``"input"``, ``"output"``); a static array such as ``"coords"`` comes whole (no
+            sample axis), subsampled like the grid.
         block: samples read at once (bounds the memory of full-resolution reads).
 
     Returns:
-        ``{key: array of shape (n_selected, *subsampled_grid)}`` in the stored dtypes.
+        ``{key: array of shape (n_selected, *subsampled_grid, *components)}`` (static arrays:
+        ``(*subsampled_grid, d)``) in the stored dtypes.
     """
     info = inspect_h5(path)
     if not info["complete"]:
@@ -323,9 +436,12 @@ def read_h5(
         )
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
+    names = (*info["shapes"], *info["static"])
+    if keys is None:
+        keys = tuple(info["shapes"])
     for key in keys:
-        if key not in ("a", "u"):
-            raise ValueError(f"keys must be among ('a', 'u'), got {key!r}")
+        if key not in names:
+            raise ValueError(f"keys must be among {names}, got {key!r}")
     n = info["n_samples"]
     if indices is None:
         idx = np.arange(n)
@@ -341,7 +457,11 @@ def read_h5(
     with _open(Path(path), "r") as f:
         for key in keys:
             ds = f[key]
-            sub = (slice(None, None, stride),) * (ds.ndim - 1)
+            if key in info["static"]:
+                sub = (slice(None, None, stride),) * int(ds.attrs["grid_ndim"])
+                out[key] = ds[...][sub]
+                continue
+            sub = (slice(None, None, stride),) * int(ds.attrs.get("grid_ndim", ds.ndim - 1))
             try:
                 parts = [ds[_as_selection(idx[i : i + block])][(slice(None), *sub)]
                          for i in range(0, idx.size, block)]
