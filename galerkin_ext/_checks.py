@@ -127,6 +127,18 @@ def check_quadrature_weight(
         raise ValueError(f"{name}: expected finite, non-negative quadrature weights")
 
 
+def check_has_keys(weight: Tensor, batch: int, m: int, name: str = "weight") -> None:
+    """Every batch element of the quadrature weights ``(B, M)`` / ``(M,)`` has a positive one:
+    softmax attention over no keys is undefined. Skipped while tracing (data-dependent)."""
+    if is_tracing(weight):
+        return
+    empty = ~(weight.expand(batch, m) > 0).any(dim=1)
+    if bool(empty.any()):
+        raise ValueError(f"{name}: batch element {int(empty.nonzero()[0])} has no key of "
+                         "positive weight (softmax attention over no keys is undefined); "
+                         "expected at least one w_j > 0 per element")
+
+
 def check_attention_operands(
     q: object, k: object, v: object, k_name: str = "k", v_name: str = "v"
 ) -> tuple[int, int, int, int, int]:

@@ -34,6 +34,7 @@ from ._checks import (
     check_choice,
     check_dropout,
     check_float,
+    check_has_keys,
     check_norm,
     check_probability,
     check_quadrature_weight,
@@ -330,9 +331,13 @@ def continuum_attention(
         dropout_p, training: dropout of the attention probabilities, when ``training``.
 
     Returns:
-        ``(B, H, N, D_v)``.  A batch element whose weights are all 0 has no keys: its output is
-        0, with zero gradients.  Gradients with respect to ``weight`` are exact where
-        ``w > 0`` and 0 for removed keys.
+        ``(B, H, N, D_v)``.  Gradients with respect to ``weight`` are exact where ``w > 0`` and
+        0 for removed keys.
+
+    Raises:
+        ValueError: naming ``weight`` where a batch element has no key of positive weight (its
+            attention is undefined). That check reads the weights, so it is skipped while
+            tracing or capturing a CUDA graph; such an element then gives 0.
     """
     batch, _, _, m, _ = check_attention_operands(q, k, v)
     dim = q.shape[3]
@@ -343,6 +348,7 @@ def continuum_attention(
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p,
                                                                 scale=scale)
     check_quadrature_weight(weight, batch, m, k, "k", axis="M")
+    check_has_keys(weight, batch, m)
     bias, has_keys = functional.log_weight_bias(weight, batch, m)
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=bias[:, None, None, :].to(q.dtype), dropout_p=p, scale=scale)

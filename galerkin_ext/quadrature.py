@@ -1,13 +1,15 @@
-"""Quadrature weights for the key points of an attention layer (SPEC §2b).
+"""Quadrature weights for the key points of an attention layer (SPEC §2b, SPEC-continuum §1.3).
 
 An attention layer of this package is a quadrature of a kernel integral over the key points,
 ``z(x) ≈ Σ_j w_j κ(x, y_j) v(y_j)``; these functions give the weights ``w`` for the usual
 point sets, to pass as the ops' ``weight``:
 
-* :func:`trapezoid_weights` — sorted 1-D coordinates, non-uniform allowed (second order);
-* :func:`grid_weights` — a uniform tensor-product grid (trapezoid, or periodic);
-* :func:`mesh_weights` — the vertices of a triangle or tetrahedron mesh (lumped: exact for
-  functions linear on every cell).
+* :func:`trapezoid_weights` — 1-D coordinates in any order, non-uniform allowed (second order);
+* :func:`grid_weights` — a uniform tensor-product grid (trapezoid, or Riemann for periodic
+  grids and patches);
+* :func:`mesh_weights` — the vertices of a triangle or tetrahedron mesh, given or Delaunay
+  (lumped: exact for functions linear on every cell);
+* :func:`monte_carlo_weights` — points drawn uniformly from a domain (half order).
 
 Every set of weights sums to the length, area or volume of its domain.
 """
@@ -16,22 +18,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import check_float, check_int
+from ._checks import check_choice, check_float, check_int
 
-__all__ = ["grid_weights", "mesh_weights", "trapezoid_weights"]
+__all__ = ["grid_weights", "mesh_weights", "monte_carlo_weights", "trapezoid_weights"]
 
 
 def trapezoid_weights(x: Tensor) -> Tensor:
-    """Trapezoid weights of sorted 1-D coordinates.
+    """Trapezoid weights of 1-D coordinates in any order.
 
-    ``w_1 = (x_2 - x_1)/2``, ``w_j = (x_{j+1} - x_{j-1})/2``, ``w_N = (x_N - x_{N-1})/2``: they
-    sum to ``x_N - x_1`` and integrate smooth functions to second order on any grid.
+    On the sorted order, ``w_1 = (x_2 - x_1)/2``, ``w_j = (x_{j+1} - x_{j-1})/2``,
+    ``w_N = (x_N - x_{N-1})/2``, scattered back to the given order: they sum to
+    ``max x - min x`` and integrate smooth functions to second order on any grid. A repeated
+    point shares its weight with its copy; ``N = 1`` gives weight 1 (only weight ratios matter
+    to the attention).
 
     Args:
-        x: ``(..., N)`` floating-point coordinates, non-decreasing along the last axis, ``N >= 2``.
+        x: ``(..., N)`` finite floating-point coordinates, ``N >= 1``.
 
     Returns:
         ``(..., N)`` weights, ``x``'s dtype and device.
@@ -40,50 +46,56 @@ def trapezoid_weights(x: Tensor) -> Tensor:
         raise TypeError(f"x: expected a floating-point tensor of shape (..., N), got "
                         f"{getattr(x, 'dtype', type(x).__name__)} "
                         f"{tuple(getattr(x, 'shape', ()))}")
-    if x.shape[-1] < 2:
-        raise ValueError(f"x: expected at least 2 points along the last axis, got shape "
+    if x.shape[-1] < 1:
+        raise ValueError(f"x: expected at least 1 point along the last axis, got shape "
                          f"{tuple(x.shape)}")
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x: expected finite coordinates")
-    gaps = x.diff(dim=-1)
-    if bool((gaps < 0).any()):
-        raise ValueError("x: expected coordinates sorted in non-decreasing order along the "
-                         "last axis")
-    half = gaps / 2
+    if x.shape[-1] == 1:
+        return torch.ones_like(x)
+    ordered, order = x.sort(dim=-1, stable=True)
+    half = ordered.diff(dim=-1) / 2
     zero = half.new_zeros((*half.shape[:-1], 1))
-    return torch.cat([half, zero], dim=-1) + torch.cat([zero, half], dim=-1)
+    sorted_weights = torch.cat([half, zero], dim=-1) + torch.cat([zero, half], dim=-1)
+    return torch.empty_like(x).scatter_(-1, order, sorted_weights)
+
+
+GRID_RULES = ("trapezoid", "riemann")
 
 
 def grid_weights(
     shape: Sequence[int],
     lengths: Sequence[float] | None = None,
     *,
-    periodic: bool = False,
+    rule: str = "trapezoid",
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """Tensor-product weights of a uniform grid, flattened in row-major order.
+    """Tensor-product weights of a uniform grid of 1-D to 3-D, flattened in row-major order.
 
-    Axis ``a`` has ``shape[a]`` points: with ``periodic=False`` the nodes ``i L_a / (n_a - 1)``
-    including both ends (trapezoid weights, ``h/2`` at the ends); with ``periodic=True`` the
-    nodes ``i L_a / n_a`` of a periodic axis (all weights ``L_a / n_a``, the trapezoid rule of
-    a periodic function).  The weights sum to the volume ``Π_a L_a``.
+    Axis ``a`` has ``shape[a]`` points. ``rule="trapezoid"``: the nodes ``i L_a / (n_a - 1)``
+    including both ends, the product of 1-D trapezoid weights (``h/2`` at the ends).
+    ``rule="riemann"``: ``|D| / N`` at every point (periodic grids, where it is the trapezoid
+    rule of a periodic function, and the cells of patched attention). The weights sum to the
+    volume ``Π_a L_a``.
 
     Args:
-        shape: points per axis (``>= 2``, or ``>= 1`` when periodic), e.g. ``(141, 141)``.
+        shape: points per axis (``>= 2`` for the trapezoid rule, ``>= 1`` for Riemann), 1 to 3
+            axes, e.g. ``(141, 141)``.
         lengths: the domain's length per axis (default 1 each).
-        periodic: whether every axis is periodic.
+        rule: ``"trapezoid"`` or ``"riemann"``.
         dtype, device: of the result.
 
     Returns:
         ``(prod(shape),)`` weights; index ``i_0 * n_1 * ... + i_1 * ... + i_last`` is the node
         ``(i_0, i_1, ...)``, the order of ``torch.meshgrid(..., indexing="ij")`` flattened.
     """
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not shape:
-        raise TypeError(f"shape: expected a non-empty sequence of ints, got {shape!r}")
-    if not isinstance(periodic, bool):
-        raise TypeError(f"periodic: expected a bool, got {periodic!r}")
-    minimum = 1 if periodic else 2
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not (
+        1 <= len(shape) <= 3
+    ):
+        raise TypeError(f"shape: expected a sequence of 1 to 3 ints, got {shape!r}")
+    check_choice(rule, "rule", GRID_RULES)
+    minimum = 1 if rule == "riemann" else 2
     sizes = [check_int(n, f"shape[{a}]", minimum) for a, n in enumerate(shape)]
     if lengths is None:
         lengths = [1.0] * len(sizes)
@@ -95,7 +107,7 @@ def grid_weights(
     lengths = [check_float(length, f"lengths[{a}]") for a, length in enumerate(lengths)]
     weights = torch.ones((), dtype=torch.float64)
     for n, length in zip(sizes, lengths, strict=True):
-        if periodic:
+        if rule == "riemann":
             axis = torch.full((n,), length / n, dtype=torch.float64)
         else:
             axis = torch.full((n,), length / (n - 1), dtype=torch.float64)
@@ -104,17 +116,33 @@ def grid_weights(
     return weights.reshape(-1).to(dtype=dtype, device=device)
 
 
-def mesh_weights(points: Tensor, cells: Tensor) -> Tensor:
+def monte_carlo_weights(
+    n: int,
+    volume: float = 1.0,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """``volume / n`` for each of ``n`` points drawn uniformly from a domain of that volume:
+    the Monte Carlo rule, whose error falls as ``n^(-1/2)``. Returns ``(n,)``."""
+    n = check_int(n, "n")
+    volume = check_float(volume, "volume")
+    return torch.full((n,), volume / n, dtype=dtype, device=device)
+
+
+def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
     """Lumped vertex weights of a simplicial mesh: each cell's measure split equally among
     its vertices.
 
     Triangles (``cells (C, 3)``) in the plane or in space (a surface), tetrahedra
     (``cells (C, 4)``, 3-D points).  The weights sum to the mesh's area or volume and
     integrate every function that is linear on each cell exactly.  A vertex in no cell gets 0.
+    Without ``cells``, the Delaunay triangulation of the points (scipy) is the mesh: it covers
+    their convex hull.
 
     Args:
         points: ``(V, 2)`` or ``(V, 3)`` floating-point vertex coordinates.
-        cells: ``(C, 3)`` or ``(C, 4)`` integer vertex indices.
+        cells: ``(C, 3)`` or ``(C, 4)`` integer vertex indices, or ``None`` for Delaunay.
 
     Returns:
         ``(V,)`` weights, ``points``' dtype and device.
@@ -129,6 +157,8 @@ def mesh_weights(points: Tensor, cells: Tensor) -> Tensor:
         raise TypeError(f"points: expected a floating-point tensor of shape (V, 2) or (V, 3), "
                         f"got {getattr(points, 'dtype', type(points).__name__)} "
                         f"{tuple(getattr(points, 'shape', ()))}")
+    if cells is None:
+        cells = _delaunay(points)
     if not isinstance(cells, Tensor) or cells.is_floating_point() or cells.is_complex() or (
         cells.dtype == torch.bool
     ) or cells.ndim != 2 or cells.shape[1] not in (3, 4):
@@ -172,3 +202,19 @@ def mesh_weights(points: Tensor, cells: Tensor) -> Tensor:
                          "vertices are collinear or coplanar)")
     share = (measure / corners).repeat_interleave(corners)
     return points.new_zeros(n_vertices).index_add_(0, cells.reshape(-1), share)
+
+
+def _delaunay(points: Tensor) -> Tensor:
+    """The simplices of the Delaunay triangulation of ``points (V, 2|3)``, ``(C, 3|4)``."""
+    from scipy.spatial import Delaunay, QhullError
+
+    if not bool(torch.isfinite(points).all()):
+        raise ValueError("points: expected finite coordinates")
+    try:
+        triangulation = Delaunay(points.detach().cpu().double().numpy())
+    except (QhullError, ValueError) as error:
+        raise ValueError(f"points: no Delaunay triangulation of these {points.shape[0]} points "
+                         f"(fewer than {points.shape[1] + 1}, or all on a line or plane); "
+                         "pass cells") from error
+    return torch.from_numpy(np.asarray(triangulation.simplices, dtype=np.int64)).to(
+        points.device)

@@ -129,20 +129,17 @@ def test_attention_empty_batch(attention_type):
 
 
 @pytest.mark.parametrize("return_attention", [False, True])
-def test_softmax_attention_sample_without_keys_is_finite(return_attention, gen):
-    """A sample whose weights are all 0 has no keys: 0 (before out_proj), not NaN; its batch
-    mates are unchanged."""
+def test_softmax_attention_sample_without_keys_is_an_error(return_attention, gen):
+    """A sample whose weights are all 0 has no keys: softmax attention over them is undefined,
+    an error naming weight on both paths (as ops.continuum_attention)."""
     attn = SimpleAttention(8, 2, "softmax", pos_dim=1).double()
     _randomise(attn, gen)
     x = torch.randn(2, 5, 8, generator=gen, dtype=torch.float64)
     pos = torch.rand(5, 1, generator=gen, dtype=torch.float64)
     weight = torch.rand(2, 5, generator=gen, dtype=torch.float64)
     weight[1] = 0.0
-    out = attn(x, pos, weight, return_attention=return_attention)
-    out = out[0] if return_attention else out
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out[1], attn.out_proj(torch.zeros(5, 2 * 5, dtype=torch.float64)))
-    torch.testing.assert_close(out[:1], attn(x[:1], pos, weight[:1]))
+    with pytest.raises(ValueError, match="^weight: batch element 1 has no key"):
+        attn(x, pos, weight, return_attention=return_attention)
 
 
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)

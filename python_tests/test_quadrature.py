@@ -9,7 +9,12 @@ import pytest
 import torch
 from scipy.spatial import Delaunay
 
-from galerkin_ext.quadrature import grid_weights, mesh_weights, trapezoid_weights
+from galerkin_ext.quadrature import (
+    grid_weights,
+    mesh_weights,
+    monte_carlo_weights,
+    trapezoid_weights,
+)
 
 
 def _nonuniform_grid(n: int) -> torch.Tensor:
@@ -58,15 +63,24 @@ def test_trapezoid_weights_batched_and_repeated_points(gen):
                                torch.tensor([1.5, 1.5]))
 
 
+def test_trapezoid_weights_any_order_and_one_point(gen):
+    """Unsorted coordinates get the weights of their sorted order, scattered back; one point
+    gets weight 1."""
+    x = torch.rand(4, 9, generator=gen, dtype=torch.float64)
+    order = x.argsort(dim=-1)
+    want = torch.empty_like(x).scatter_(-1, order, trapezoid_weights(x.gather(-1, order)))
+    torch.testing.assert_close(trapezoid_weights(x), want, rtol=0, atol=0)
+    torch.testing.assert_close(trapezoid_weights(x).sum(-1), x.amax(-1) - x.amin(-1))
+    assert trapezoid_weights(torch.tensor([[0.3], [2.0]])).tolist() == [[1.0], [1.0]]
+
+
 def test_trapezoid_weights_errors():
     with pytest.raises(TypeError, match="x: expected a floating-point tensor"):
         trapezoid_weights(torch.arange(4))
     with pytest.raises(TypeError, match="x: expected a floating-point tensor"):
         trapezoid_weights([0.0, 1.0])
-    with pytest.raises(ValueError, match="at least 2 points"):
-        trapezoid_weights(torch.zeros(3, 1))
-    with pytest.raises(ValueError, match="sorted"):
-        trapezoid_weights(torch.tensor([0.0, 2.0, 1.0]))
+    with pytest.raises(ValueError, match="at least 1 point"):
+        trapezoid_weights(torch.zeros(3, 0))
     with pytest.raises(ValueError, match="finite"):
         trapezoid_weights(torch.tensor([0.0, float("nan"), 1.0]))
 
@@ -88,25 +102,46 @@ def test_grid_weights_volume_order_and_exactness():
                                torch.tensor([1, 2, 2, 1], dtype=torch.float64) / 6)
 
 
-def test_grid_weights_periodic_are_uniform():
-    w = grid_weights((8, 6), periodic=True, lengths=(1.0, 2 * math.pi), dtype=torch.float64)
+def test_grid_weights_riemann_are_uniform():
+    w = grid_weights((8, 6), rule="riemann", lengths=(1.0, 2 * math.pi), dtype=torch.float64)
     torch.testing.assert_close(w, torch.full((48,), 2 * math.pi / 48, dtype=torch.float64))
     # a trigonometric polynomial integrates exactly on a periodic grid
     x = torch.arange(8, dtype=torch.float64) / 8
     f = 1 + torch.cos(2 * math.pi * 3 * x)
-    w1 = grid_weights((8,), periodic=True, dtype=torch.float64)
+    w1 = grid_weights((8,), rule="riemann", dtype=torch.float64)
     assert float((w1 * f).sum()) == pytest.approx(1.0, rel=1e-15)
-    assert grid_weights((1,), periodic=True).tolist() == [1.0]
+    assert grid_weights((1,), rule="riemann").tolist() == [1.0]
+    assert float(grid_weights((3, 4, 5), rule="riemann", dtype=torch.float64).sum()) == (
+        pytest.approx(1.0, rel=1e-15))
+
+
+def test_monte_carlo_weights_converge_at_half_order():
+    """volume / n each; the error of ∫ over random points falls like n^(-1/2) (64 seeds)."""
+    torch.testing.assert_close(monte_carlo_weights(4, 2.0, dtype=torch.float64),
+                               torch.full((4,), 0.5, dtype=torch.float64))
+    sizes = [2**e for e in range(6, 13)]
+    errors = []
+    for n in sizes:
+        x = torch.rand(64, n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+        estimate = (monte_carlo_weights(n, dtype=torch.float64) * torch.exp(x)).sum(-1)
+        errors.append(float((estimate - (math.e - 1)).pow(2).mean().sqrt()))
+    slope = np.polyfit(np.log(sizes), np.log(errors), 1)[0]
+    assert -0.6 < slope < -0.4, slope
+    with pytest.raises(ValueError, match="volume: expected a finite float > 0"):
+        monte_carlo_weights(3, 0.0)
+    with pytest.raises(ValueError, match="n: expected an int >= 1"):
+        monte_carlo_weights(0)
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
-    (((),), {}, TypeError, "shape: expected a non-empty sequence"),
-    (("12",), {}, TypeError, "shape: expected a non-empty sequence"),
+    (((),), {}, TypeError, "shape: expected a sequence of 1 to 3 ints"),
+    (("12",), {}, TypeError, "shape: expected a sequence of 1 to 3 ints"),
+    (((2, 2, 2, 2),), {}, TypeError, "shape: expected a sequence of 1 to 3 ints"),
     (((4, 1),), {}, ValueError, r"shape\[1\]: expected an int >= 2"),
     (((4, 2.0),), {}, TypeError, r"shape\[1\]: expected an int"),
     (((4, 3), (1.0,)), {}, ValueError, "lengths: expected 2 lengths"),
     (((4, 3), (1.0, -2.0)), {}, ValueError, r"lengths\[1\]: expected a finite float > 0"),
-    (((4,),), {"periodic": 1}, TypeError, "periodic: expected a bool"),
+    (((4,),), {"rule": "simpson"}, ValueError, "rule: expected one of"),
 ])
 def test_grid_weights_errors(args, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -148,6 +183,19 @@ def test_mesh_weights_by_hand_and_surface():
     w = mesh_weights(tilt, cells)
     torch.testing.assert_close(w, torch.tensor([1 / 3, 1 / 6, 1 / 3, 1 / 6, 0.0],
                                                dtype=torch.float64))
+
+
+def test_mesh_weights_of_the_delaunay_triangulation():
+    """Without cells, the points' Delaunay triangulation is the mesh: the weights sum to the
+    convex hull's area and integrate linear functions exactly there."""
+    points, cells, area = _random_mesh(2, 40, seed=3)
+    w = mesh_weights(points)
+    torch.testing.assert_close(w, mesh_weights(points, cells), rtol=1e-14, atol=0)
+    assert float(w.sum()) == pytest.approx(area, rel=1e-13)
+    assert float((w * (1 + points[:, 0] - 2 * points[:, 1])).sum()) == pytest.approx(
+        1 + 0.5 - 1.0, rel=1e-13)
+    with pytest.raises(ValueError, match="points: no Delaunay triangulation"):
+        mesh_weights(torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]))
 
 
 @pytest.mark.parametrize(("points", "cells", "error", "match"), [

@@ -23,6 +23,7 @@ from .. import ops
 from .._checks import (
     check_choice,
     check_float,
+    check_has_keys,
     check_int,
     check_probability,
     check_quadrature_weight,
@@ -249,10 +250,11 @@ def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
     if not return_attention:
         return ops.continuum_attention(q_hat, k_hat, v_hat, weight=weight, dropout_p=dropout_p,
                                        training=True), None
-    # softmax(QKᵀ/sqrt(d) + log w), with continuum_attention's bias (a sample without keys
-    # gives 0, not NaN)
+    # softmax(QKᵀ/sqrt(d) + log w), with continuum_attention's bias and its rule for samples
+    # without keys (an error; 0 where tracing skips that check)
     logits = q_hat @ k_hat.transpose(-2, -1) / math.sqrt(q_hat.shape[-1])
     if weight is not None:
+        check_has_keys(weight, q.shape[0], k.shape[2])
         bias, has_keys = log_weight_bias(weight, q.shape[0], k.shape[2])
         logits = logits + bias[:, None, None, :]
     attn = _dropout(logits.softmax(dim=-1), dropout_p)

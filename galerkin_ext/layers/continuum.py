@@ -63,21 +63,13 @@ def auto_quadrature_weights(coords: Tensor, name: str = "coords") -> Tensor:
     if not bool(torch.isfinite(coords).all()):
         raise ValueError(f"{name}: expected finite coordinates")
     if coords.shape[-1] == 1:
-        return _trapezoid_any_order(coords[..., 0])
+        return trapezoid_weights(coords[..., 0])
     if coords.dim() == 2:
         return _tensor_grid_weights(coords, name)
     # A batch sharing one point set (the usual case) needs one grid analysis.
     if bool((coords == coords[:1]).all()):
         return _tensor_grid_weights(coords[0], f"{name}[0]").expand(coords.shape[0], -1)
     return torch.stack([_tensor_grid_weights(c, f"{name}[{b}]") for b, c in enumerate(coords)])
-
-
-def _trapezoid_any_order(t: Tensor) -> Tensor:
-    """Trapezoid weights of 1-D coordinates ``t (..., N)`` in any order."""
-    if t.shape[-1] == 1:
-        return torch.ones_like(t)
-    ordered, order = t.sort(dim=-1, stable=True)
-    return torch.empty_like(t).scatter_(-1, order, trapezoid_weights(ordered))
 
 
 def _tensor_grid_weights(points: Tensor, name: str) -> Tensor:
