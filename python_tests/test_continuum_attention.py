@@ -52,9 +52,25 @@ def test_uniform_weights_are_plain_sdpa(gen):
     q, k, v = rand(2, 2, 5, 4, gen=gen), rand(2, 2, 7, 4, gen=gen), rand(2, 2, 7, 3, gen=gen)
     plain = F.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(ops.continuum_attention(q, k, v), plain, rtol=0, atol=0)
-    constant = torch.full((7,), 0.37, dtype=torch.float64)
-    torch.testing.assert_close(ops.continuum_attention(q, k, v, weight=constant), plain,
-                               rtol=1e-14, atol=1e-14)
+    for c in (1e-6, 0.37, 1.0, 1e3):  # SPEC-continuum §6.2: any constant c
+        constant = torch.full((7,), c, dtype=torch.float64)
+        torch.testing.assert_close(ops.continuum_attention(q, k, v, weight=constant), plain,
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_outputs_are_bounded_by_the_weighted_values(gen):
+    """Lemma 26: each output lies in [min v_j, max v_j] over the keys of positive weight, per
+    feature, whatever the logits (large scales make the softmax nearly one-hot)."""
+    q, k, v = rand(2, 3, 6, 4, gen=gen), rand(2, 3, 9, 4, gen=gen), rand(2, 3, 9, 5, gen=gen)
+    weight = torch.rand(2, 9, generator=gen, dtype=torch.float64)
+    weight[:, ::3] = 0.0  # removed keys may hold values outside the bounds
+    v[:, :, ::3] = 100.0
+    live = (weight > 0)[:, None, :, None]
+    low = v.masked_fill(~live, math.inf).amin(dim=2, keepdim=True)
+    high = v.masked_fill(~live, -math.inf).amax(dim=2, keepdim=True)
+    for scale in (0.1, 1.0, 30.0):
+        out = ops.continuum_attention(q, k, v, weight=weight, scale=scale)
+        assert bool((out >= low - 1e-12).all()) and bool((out <= high + 1e-12).all())
 
 
 def test_zero_weight_padding_and_batch_mates(gen):
