@@ -1,7 +1,8 @@
 // q_apply on the CPU (core.h), fused: Q̂ exists only as cache-sized chunks of rows.
 //   forward:  out_c = Q̂_c S, then with L normalisers out = Σ_l num_l / den_l per row
 //   backward: G' = ∂out/∂(Q̂ S) applied to grad_out (row-local); dS = Σ_chunks Q̂_cᵀ G'_c;
-//             dQ̂_c = G'_c Sᵀ, then the row map's backward
+//             dQ̂_c = G'_c Sᵀ (with normalisers from g S_lᵀ, normalized_rows_backward, so
+//             that Q̂ S is not recomputed), then the row map's backward
 // For a normalised block y = n / δ (n = Q̂ S_l, δ = Q̂ s_l): ∂/∂n = g / δ and
 // ∂/∂δ = -⟨g, y⟩ / δ, so G' is [g / δ | -⟨g, n⟩ / δ²] per block and both products keep the
 // forward's shapes.
@@ -17,6 +18,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+
+#include <cstring>
 
 namespace galerkin_ext {
 namespace {
@@ -43,28 +46,40 @@ void normalize_rows(const scalar_t* y, int64_t ld, int64_t m, int64_t blocks, in
   }
 }
 
-// G' of the header comment into gp (row stride ld), from grad rows g (stride `width`) and the
-// recomputed products y (stride ld).
+// The normalised rows' backward without recomputing Q̂ S. With u_l = g S_lᵀ (S_l: block l's
+// numerator columns; one product for all blocks, done by the caller), δ_l = ⟨Q̂, s_l⟩ and
+// c_l = -⟨g, n_l⟩ / δ_l² = -⟨u_l, Q̂⟩ / δ_l², row by row:
+//   G' = [g / δ_l | c_l] per block (into gp, row stride ldg),
+//   dQ̂ = G' Sᵀ = Σ_l u_l / δ_l + c_l s_l (into dq_rows, row stride ldq; not aliasing q_rows).
+// u rows (stride ldu) hold the blocks' dq columns side by side; s_cols the L vectors s_l.
 template <typename scalar_t>
-void normalize_rows_backward(const scalar_t* g, const scalar_t* y, int64_t ld, int64_t m,
-                             int64_t blocks, int64_t width, scalar_t* gp) {
+void normalized_rows_backward(const scalar_t* g, int64_t width, const scalar_t* q_rows,
+                              int64_t ldq, const scalar_t* u, int64_t ldu,
+                              const scalar_t* s_cols, int64_t m, int64_t blocks, int64_t dq,
+                              scalar_t* gp, int64_t ldg, scalar_t* dq_rows) {
   for (int64_t i = 0; i < m; ++i) {
+    const scalar_t* qi = q_rows + i * ldq;
     const scalar_t* gi = g + i * width;
+    scalar_t* di = dq_rows + i * ldq;
+    std::fill(di, di + dq, scalar_t(0));
     for (int64_t l = 0; l < blocks; ++l) {
-      const scalar_t* yl = y + i * ld + l * (width + 1);
-      scalar_t* gl = gp + i * ld + l * (width + 1);
-      const scalar_t den = yl[width];
-      if (den == scalar_t(0)) {
+      const scalar_t* sl = s_cols + l * dq;
+      const scalar_t* ul = u + i * ldu + l * dq;
+      scalar_t* gl = gp + i * ldg + l * (width + 1);
+      scalar_t den = 0, dot = 0;
+      for (int64_t j = 0; j < dq; ++j) {
+        den += qi[j] * sl[j];
+        dot += ul[j] * qi[j];
+      }
+      if (den == scalar_t(0)) {  // a sample without keys: 0/0 := 0, zero gradients
         std::fill(gl, gl + width + 1, scalar_t(0));
         continue;
       }
       const scalar_t inv = scalar_t(1) / den;
-      scalar_t dot = 0;
-      for (int64_t j = 0; j < width; ++j) {
-        gl[j] = gi[j] * inv;
-        dot += gi[j] * yl[j];
-      }
-      gl[width] = -dot * inv * inv;
+      const scalar_t cl = -dot * inv * inv;
+      for (int64_t j = 0; j < width; ++j) gl[j] = gi[j] * inv;
+      gl[width] = cl;
+      for (int64_t j = 0; j < dq; ++j) di[j] += ul[j] * inv + cl * sl[j];
     }
   }
 }
@@ -173,8 +188,19 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
   const auto opts = in.q.options();
   const Rows<scalar_t> qr(in.query());
   const Chunking ch(N, std::max(ldq, ldw), sizeof(scalar_t));
-  const Tensor s_t = in.s.view({B * H, dq, W}).transpose(1, 2).contiguous();  // Sᵀ per (b, h)
   const Tensor g = grad_out.contiguous();
+  // Without normalisers dQ̂ = G' Sᵀ with G' = g; with them, the blocks' numerator columns
+  // transposed side by side, (B·H, width, L·dq), and their normaliser columns s_l, (B·H, L, dq)
+  // (normalized_rows_backward).
+  Tensor s_t, s_cols;
+  if (L == 0) {
+    s_t = in.s.view({B * H, dq, W}).transpose(1, 2).contiguous();
+  } else {
+    const Tensor blocks = in.s.view({B * H, dq, L, width + 1});
+    s_t = blocks.narrow(3, 0, width).permute({0, 3, 2, 1}).contiguous().view(
+        {B * H, width, L * dq});
+    s_cols = blocks.select(3, width).transpose(1, 2).contiguous();
+  }
 
   QApplyGrads grads;
   grads.q = at::empty({B, H, N, in.D}, opts);
@@ -184,9 +210,12 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
   Tensor partial = at::empty({ch.count, B * H, dq, W}, opts);
 
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
-    // G'_c, rows padded to whole vectors (rows_transposed_times_rows).
+    // G'_c, rows padded to whole vectors (rows_transposed_times_rows); with normalisers u_c
+    // and dQ̂_c get buffers of their own.
     Tensor qc = at::empty({ch.rows, ldq}, opts), gc = at::zeros({ch.rows, ldw}, opts);
-    Tensor yc = L > 0 ? at::empty({ch.rows, ldw}, opts) : Tensor();
+    const int64_t ldu = cpu::vector_width(L * dq);
+    Tensor uc = L > 0 ? at::empty({ch.rows, ldu}, opts) : Tensor();
+    Tensor dc = L > 0 ? at::empty({ch.rows, ldq}, opts) : qc;
     cpu::AlignedBuffer<scalar_t> scratch(dq), dy(dq), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = ch.first(c), m = ch.size(c, N);
@@ -199,23 +228,26 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
         cpu::build_chunk(qr, b, h, n0, m, eps, scratch.data(), qc, stats.data());
         const scalar_t* gsrc = g.const_data_ptr<scalar_t>() + (bh * N + n0) * width;
         scalar_t* gdst = gc.mutable_data_ptr<scalar_t>();
+        const scalar_t* q_rows = qc.const_data_ptr<scalar_t>();
         if (L > 0) {
-          scalar_t* y = yc.mutable_data_ptr<scalar_t>();
-          cpu::rows_times_matrix(qc.const_data_ptr<scalar_t>(), ldq,
-                                 in.s.const_data_ptr<scalar_t>() + bh * dq * W, W, m, dq, W, y,
-                                 ldw);
-          normalize_rows_backward(gsrc, y, ldw, m, L, width, gdst);
+          scalar_t* u = uc.mutable_data_ptr<scalar_t>();
+          cpu::rows_times_matrix(gsrc, width, s_t.const_data_ptr<scalar_t>() + bh * width * L * dq,
+                                 L * dq, m, width, L * dq, u, ldu);
+          normalized_rows_backward(gsrc, width, q_rows, ldq, u, ldu,
+                                   s_cols.const_data_ptr<scalar_t>() + bh * L * dq, m, L, dq,
+                                   gdst, ldw, dc.mutable_data_ptr<scalar_t>());
         } else {
           for (int64_t i = 0; i < m; ++i) {
             std::memcpy(gdst + i * ldw, gsrc + i * W, W * sizeof(scalar_t));
           }
         }
-        cpu::rows_transposed_times_rows(qc.const_data_ptr<scalar_t>(), ldq, gdst, ldw, m, dq, W,
+        cpu::rows_transposed_times_rows(q_rows, ldq, gdst, ldw, m, dq, W,
                                         partial[c][bh].mutable_data_ptr<scalar_t>(), W);
-        // Q̂_c is spent: it now takes dQ̂_c = G'_c Sᵀ.
-        cpu::rows_times_matrix(gdst, ldw, s_t.const_data_ptr<scalar_t>() + bh * W * dq, dq, m, W,
-                               dq, qc.mutable_data_ptr<scalar_t>(), ldq);
-        cpu::chunk_backward(qr, b, h, n0, m, qc, stats.data(), grads.q, scratch.data(),
+        if (L == 0) {  // Q̂_c is spent: it now takes dQ̂_c = G'_c Sᵀ
+          cpu::rows_times_matrix(gdst, ldw, s_t.const_data_ptr<scalar_t>() + bh * W * dq, dq, m,
+                                 W, dq, qc.mutable_data_ptr<scalar_t>(), ldq);
+        }
+        cpu::chunk_backward(qr, b, h, n0, m, dc, stats.data(), grads.q, scratch.data(),
                             dy.data(), sums);
       }
     }
