@@ -1,4 +1,5 @@
-"""PyTorch datasets: layouts, subsampling, splits, normalisers, gradients, inverse problem."""
+"""PyTorch datasets: layouts, subsampling, splits, normalisers, gradients, inverse problem, and
+the continuum-attention sets (ODE, continuum Darcy)."""
 
 import numpy as np
 import pytest
@@ -8,13 +9,15 @@ from torch.utils.data import DataLoader
 from galerkin_ext.data import generate as gen
 from galerkin_ext.data.datasets import (
     BurgersDataset,
+    ContinuumDarcyDataset,
     DarcyDataset,
     DarcyInverseDataset,
+    ODEDataset,
     UnitGaussianNormalizer,
     block_average,
     central_gradient_2d,
 )
-from galerkin_ext.data.storage import DataFileError
+from galerkin_ext.data.storage import DataFileError, read_h5
 
 
 def burgers_arrays(n=12, k=64):
@@ -202,3 +205,89 @@ def test_valid_split_of_a_separate_file_needs_the_training_normaliser():
                          target_normalizer=train.target_normalizer, dtype=torch.float64)
     assert valid.input_normalizer.mean.dtype == torch.float64
     assert train.input_normalizer.mean.dtype == torch.float32  # the given one is untouched
+
+
+@pytest.fixture(scope="module")
+def ode_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ode")
+    return {
+        "l63": gen.generate_lorenz63(folder / "l63.h5", 20, dt=0.05, progress=False),
+        "l63_zs": gen.generate_lorenz63(folder / "zs.h5", 5, grid="nonuniform", seed=1,
+                                        progress=False),
+        "cde": gen.generate_cde(folder / "cde.h5", 20, dt=0.05, progress=False),
+    }
+
+
+def test_ode_dataset_splits_tasks_and_normalisers(ode_files):
+    split = {"n_train": 10, "n_valid": 4, "n_test": 5}
+    arrays = read_h5(ode_files["l63"])
+    a = ODEDataset(ode_files["l63"], "train", task="l63_a", **split)
+    assert len(a) == 10 and a.grid.shape == (41, 1)
+    item = a[3]
+    assert {k: tuple(v.shape) for k, v in item.items()} == {
+        "x": (41, 1), "grid": (41, 1), "target": (41, 2), "token0": (4,)}
+    # per-component statistics over the training samples and times only
+    train_out = arrays["output"][:10].reshape(-1, 2)
+    np.testing.assert_allclose(a.target_normalizer.mean.numpy(), train_out.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(a.target_normalizer.std.numpy(), train_out.std(0), rtol=1e-5)
+    np.testing.assert_allclose(a.target_normalizer.decode(item["target"]).numpy(),
+                               arrays["output"][3], rtol=1e-4, atol=1e-4)
+    # the token: the initial state, normalised like the fields, then t0 = 0
+    np.testing.assert_allclose(item["token0"][:3].numpy(),
+                               torch.cat([item["x"][0], item["target"][0]]).numpy())
+    assert item["token0"][3] == 0.0
+    # task (b) learns y alone, normalised by y's statistics
+    b = ODEDataset(ode_files["l63"], "test", task="l63_b", **split)
+    assert b[0]["target"].shape == (41, 1) and "token0" not in b[0]
+    np.testing.assert_allclose(b.target_normalizer.mean.numpy(), train_out[:, :1].mean(0),
+                               rtol=1e-5)
+    np.testing.assert_array_equal(b.indices, np.arange(15, 20))
+    valid = ODEDataset(ode_files["l63"], "valid", task="l63_b", **split)
+    np.testing.assert_array_equal(valid.indices, np.arange(10, 14))
+    # a zero-shot file of test samples only takes the training normalisers, on its own grid
+    norms = {"input_normalizer": b.input_normalizer, "target_normalizer": b.target_normalizer}
+    zs = ODEDataset(ode_files["l63_zs"], "test", task="l63_b", **{**split, "n_test": 5}, **norms)
+    assert zs.grid.shape == (301, 1) and torch.equal(zs.target_normalizer.mean,
+                                                     b.target_normalizer.mean)
+    with pytest.raises(ValueError, match="give the training set's normalisers"):
+        ODEDataset(ode_files["l63_zs"], "test", task="l63_b", **{**split, "n_test": 5})
+    cde = ODEDataset(ode_files["cde"], "train", task="cde", **split)
+    assert cde[0]["target"].shape == (41, 1)
+
+
+def test_ode_dataset_bad_arguments(ode_files):
+    split = {"n_train": 10, "n_valid": 4, "n_test": 5}
+    with pytest.raises(DataFileError, match="holds cde data, expected lorenz63 data"):
+        ODEDataset(ode_files["cde"], "train", task="l63_b", **split)
+    with pytest.raises(ValueError, match="task: expected one of"):
+        ODEDataset(ode_files["cde"], "train", task="l63_c", **split)
+    with pytest.raises(ValueError, match="split: expected one of"):
+        ODEDataset(ode_files["cde"], "eval", task="cde", **split)
+    with pytest.raises(ValueError, match="fewer than n_train \\+ n_valid \\+ n_test"):
+        ODEDataset(ode_files["cde"], "train", task="cde", n_train=16, n_valid=4, n_test=5)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        ODEDataset(ode_files["cde"].with_name("missing.h5"), task="cde", **split)
+    with pytest.raises(TypeError, match="input_normalizer"):
+        ODEDataset(ode_files["cde"], "test", task="cde", **split, input_normalizer="norm")
+
+
+def test_continuum_darcy_dataset_scalar_normalisers(tmp_path):
+    d = gen.generate_darcy(tmp_path / "d.h5", 8, 9, coef="lognormal", chunk_size=4, workers=1,
+                           progress=False)
+    arrays = read_h5(d)
+    train = ContinuumDarcyDataset(d, "train", n_train=5, n_valid=1, n_test=2)
+    assert train.coef == "lognormal" and train.resolution == 9
+    assert {k: tuple(v.shape) for k, v in train[0].items()} == {
+        "x": (9, 9, 1), "coeff": (9, 9, 1), "grid": (9, 9, 2), "target": (9, 9, 1)}
+    # one global scalar each, fitted on the training samples
+    assert train.input_normalizer.mean.shape == () and train.target_normalizer.std.shape == ()
+    np.testing.assert_allclose(float(train.target_normalizer.mean), arrays["u"][:5].mean(),
+                               rtol=1e-5)
+    np.testing.assert_allclose(train[1]["coeff"][..., 0].numpy(), arrays["a"][1], rtol=1e-6)
+    test = ContinuumDarcyDataset(d, "test", n_train=5, n_valid=1, n_test=2)
+    np.testing.assert_array_equal(test.indices, [6, 7])
+    np.testing.assert_allclose(test.target_normalizer.decode(test[0]["target"])[..., 0].numpy(),
+                               arrays["u"][6], rtol=1e-4, atol=1e-7)
+    ode = gen.generate_cde(tmp_path / "c.h5", 4, dt=0.5, progress=False)
+    with pytest.raises(DataFileError, match="holds cde data, expected darcy data"):
+        ContinuumDarcyDataset(ode, n_train=2, n_valid=1, n_test=1)

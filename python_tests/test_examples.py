@@ -235,3 +235,157 @@ def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
                               text=True, timeout=TIMEOUT, env=ENV)
         assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr[-2000:])
         assert not (tmp_path / "bad" / "last.pt").exists()  # no epoch was trained
+
+
+# -- continuum attention (SPEC-continuum): lorenz63.py, controlled_ode.py, darcy_continuum.py --
+
+def _continuum_outputs(out: Path, epochs: int) -> dict:
+    """The files and metrics every continuum-attention example writes."""
+    m = _metrics(out)
+    for key in ("test_rel_l2_median", "test_rel_l2", "test_rel_l2_median_normalized",
+                "zero_shot", "config", "thresholds", "best_epoch", "history"):
+        assert key in m, key
+    assert m["epochs"] == epochs and len(m["history"]) == epochs
+    for key in ("test_rel_l2_median", "test_rel_l2", "test_rel_l2_median_normalized"):
+        assert math.isfinite(m[key]) and m[key] > 0, key
+    assert m["test"]["rel_l2_max"] >= m["test_rel_l2_median"]
+    assert (out / "prediction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    best = torch.load(out / "best.pt", weights_only=True)
+    assert best["epoch"] == m["best_epoch"] and "normalizers" in best["config"]
+    assert load_checkpoint(out / "last.pt", "last")["epoch"] == epochs
+    assert (out / "metrics.csv").read_text().count("\n") == epochs + 1
+    # tiny settings are not the preset: its thresholds are reported, not enforced
+    assert m["thresholds"]["enforced"] is False
+    return m
+
+
+def test_lorenz63_example_task_b(tmp_path):
+    """Task (b): the weighted TNO and the unweighted comparison model, zero-shot at another dt
+    and on grid (41) with the weights re-derived there; best.pt reproduces the test median."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    _run(_cmd("lorenz63.py", out, "--task", "b", "--data-dir", str(cache), "--n-train", "32",
+              "--n-valid", "8", "--n-eval", "8", "--epochs", "2", "--eval-dt", "0.04",
+              "--eval-grid", "nonuniform", "--n-zero-shot", "16"))
+    m = _continuum_outputs(out, 2)
+    assert set(m["zero_shot"]) == {"dt=0.04", "nonuniform"}
+    grid41 = m["zero_shot"]["nonuniform"]
+    assert grid41["n_points"] == 301 and not grid41["uniform"]
+    assert grid41["weights"].startswith("auto: trapezoid")
+    # grid (41): steps 0.01 on [0, 1], 0.005 on [1, 2], so trapezoid weights (normalised by
+    # their sum 2) from 0.01 / 2 inside [0, 1] down to 0.005 / 2 / 2 at t = 2
+    assert grid41["weight_max"] == pytest.approx(0.005, rel=1e-5)
+    assert grid41["weight_min"] == pytest.approx(0.00125, rel=1e-5)
+    assert m["zero_shot"]["dt=0.04"]["n_points"] == 51 and m["zero_shot"]["dt=0.04"]["uniform"]
+    assert m["train_grid"]["n_points"] == 101
+    assert set(m["unweighted"]["zero_shot"]) == {"dt=0.04", "nonuniform"}
+    assert (out / "unweighted" / "best.pt").is_file()
+    assert set(m["thresholds"]["checks"]) == {"test_rel_l2_median", "zero_shot_nonuniform_median",
+                                              "nonuniform_over_unweighted"}
+    # the checkpoint alone (with the normalisers in its config) reproduces the test median
+    from galerkin_ext.data import ODEDataset, UnitGaussianNormalizer
+    from galerkin_ext.training import error_summary
+
+    best = load_checkpoint(out / "best.pt", "best")
+    model = build_model("tno_l63_y", **best["config"]["model"])
+    model.load_state_dict(best["model"])
+    norm = UnitGaussianNormalizer(torch.zeros(2, 1))
+    norm.mean.copy_(torch.tensor(best["config"]["normalizers"]["target"]["mean"]))
+    norm.std.copy_(torch.tensor(best["config"]["normalizers"]["target"]["std"]))
+    data = best["config"]["data_files"]["eval"]
+    test = ODEDataset(data, "test", task="l63_b", n_train=32, n_valid=8, n_test=8)
+    assert error_summary(model, test, normalizer=norm,
+                         forward=lambda net, b: net(b["x"], b["grid"][0]))[
+        "rel_l2_median"] == pytest.approx(m["test_rel_l2_median"], rel=1e-4)
+
+
+def test_lorenz63_task_a_and_controlled_ode_examples(tmp_path):
+    cache = tmp_path / "cache"
+    tiny = ("--data-dir", str(cache), "--n-train", "16", "--n-valid", "4", "--n-eval", "4",
+            "--epochs", "1", "--batch-size", "8", "--dt", "0.05", "--eval-dt", "0.1",
+            "--n-zero-shot", "8", "--eval-grid")
+    out = tmp_path / "l63a"
+    _run(_cmd("lorenz63.py", out, "--task", "a", *tiny))
+    m = _continuum_outputs(out, 1)
+    assert m["config"]["task"] == "a" and "unweighted" not in m
+    assert set(m["zero_shot"]) == {"dt=0.1"} and m["thresholds"]["checks"] == {}
+    assert m["n_params"] == sum(p.numel() for p in build_model(
+        "tno_l63", **m["config"]["model"]).parameters())
+    out = tmp_path / "cde"
+    _run(_cmd("controlled_ode.py", out, *tiny, "--weight", "none"))
+    m = _continuum_outputs(out, 1)
+    assert m["config"]["weight"] is None and m["zero_shot"]["dt=0.1"]["weights"].startswith(
+        "none")
+    assert set(m["thresholds"]["checks"]) == {"test_rel_l2_median", "zero_shot_dt_worst_median"}
+    assert len(list(cache.glob("cde_n24_dt0.05_*.h5"))) == 1
+
+
+@pytest.fixture(scope="module")
+def darcy_cache(tmp_path_factory) -> Path:
+    """One data cache for the Darcy example runs: the sets are generated once."""
+    return tmp_path_factory.mktemp("darcy_cache")
+
+
+@pytest.mark.parametrize("model", ["tno", "afno"])
+def test_darcy_continuum_example(tmp_path, darcy_cache, model):
+    """Trained at 9^2, zero-shot at 13^2 (the TNO; the AFNO is tied to its grid)."""
+    out = tmp_path / "run"
+    _run(_cmd("darcy_continuum.py", out, "--model", model, "--data-dir", str(darcy_cache),
+              "--resolution", "9", "--eval-resolution", "13", "--n-zero-shot", "4",
+              "--n-train", "8", "--n-valid", "2", "--n-eval", "4", "--epochs", "2",
+              "--batch-size", "4"))
+    m = _continuum_outputs(out, 2)
+    assert m["config"]["data"]["coef"] == "lognormal" and m["config"]["loss"] == "h1"
+    assert m["history"][0]["train_rel_h1"] > 0  # the H^1 loss
+    if model == "tno":
+        z = m["zero_shot"]["s=13"]
+        assert z["n_points"] == 169 and z["weights"].startswith("auto: uniform")
+        assert math.isfinite(z["rel_l2_median"])
+        # the preset's zero-shot threshold is at s = 64: not checked at s = 13
+        assert set(m["thresholds"]["checks"]) == {"test_rel_l2_median"}
+    else:
+        assert "not a neural operator" in m["zero_shot"]["s=13"]["skipped"]
+        assert m["config"]["model"]["grid"] == [9, 9] and m["thresholds"]["checks"] == {}
+
+
+def _load_example(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_continuum_examples_refuse_bad_arguments(tmp_path, capsys):
+    """In process (the scripts' main(argv)): argparse errors name the flag; data errors come
+    before any training."""
+    l63, cde, darcy = (_load_example(n) for n in ("lorenz63", "controlled_ode",
+                                                  "darcy_continuum"))
+    out = ["--out", str(tmp_path / "bad"), "--no-progress", "--device", "cpu", "--threads",
+           str(torch.get_num_threads())]  # in process: keep pytest's thread count
+    cases = [
+        (l63, ["--task", "c"], "argument --task: invalid choice: 'c'"),
+        (l63, ["--eval-dt", "-0.01"], "argument --eval-dt"),
+        (l63, ["--eval-grid", "random"], "argument --eval-grid: invalid choice"),
+        (l63, ["--attention", "galerkin"], "unrecognized arguments: --attention"),
+        (cde, ["--dt", "0"], "argument --dt: expected a finite positive number"),
+        (darcy, ["--model", "vitno"], "argument --model: invalid choice: 'vitno'"),
+        (darcy, ["--coef", "uniform"], "argument --coef: invalid choice"),
+        (darcy, ["--loss", "h2"], "argument --loss: invalid choice"),
+        (darcy, ["--resolution", "2"], "--resolution: expected at least 3"),
+    ]
+    for module, args, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            module.main([*out, *args])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, args
+    # a data file of the other experiment is refused, naming both
+    from galerkin_ext.data import DataFileError, generate_cde
+
+    wrong = generate_cde(tmp_path / "cde.h5", 12, dt=0.1, progress=False)
+    with pytest.raises(DataFileError, match="holds cde data, expected lorenz63 data"):
+        l63.main([*out, "--data", str(wrong), "--n-train", "4", "--n-valid", "2",
+                  "--n-eval", "2"])
+    with pytest.raises(ValueError, match="fewer than n_train"):
+        cde.main([*out, "--data", str(wrong), "--n-train", "20", "--n-valid", "2",
+                  "--n-eval", "2"])
+    assert not (tmp_path / "bad" / "last.pt").exists()  # no epoch was trained

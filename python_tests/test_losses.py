@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from galerkin_ext.data.datasets import central_gradient_1d, central_gradient_2d
-from galerkin_ext.losses import OperatorLoss, relative_h1_error, relative_l2
+from galerkin_ext.losses import (
+    OperatorLoss,
+    RelativeLoss,
+    relative_h1,
+    relative_h1_error,
+    relative_l2,
+)
+from galerkin_ext.quadrature import trapezoid_weights
 
 
 def _periodic_field(b: int, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -82,6 +89,75 @@ def test_operator_loss_combines_terms(gen):
     assert set(parts) == {"rel_l2"}
 
 
+def test_relative_l2_median_and_quadrature_weights(gen):
+    target = torch.randn(6, 40, 2, generator=gen, dtype=torch.float64)
+    pred = target + 0.1 * torch.randn(6, 40, 2, generator=gen, dtype=torch.float64)
+    per = relative_l2(pred, target, "none")
+    # numpy's median: the mean of the two middle values for an even count
+    assert relative_l2(pred, target, "median").item() == pytest.approx(
+        float(per.sort().values[2:4].mean()), rel=1e-12)
+    # weights over the points; the components are summed with equal weight
+    t = torch.sort(torch.rand(40, generator=gen, dtype=torch.float64)).values
+    w = trapezoid_weights(t)
+    num = ((pred - target).square().sum(-1) * w).sum(1)
+    den = (target.square().sum(-1) * w).sum(1)
+    torch.testing.assert_close(relative_l2(pred, target, "none", weight=w), (num / den).sqrt())
+    # a weight per sample; uniform weights give the plain norm; only ratios matter
+    torch.testing.assert_close(relative_l2(pred, target, "none", weight=w.expand(6, 40)),
+                               (num / den).sqrt())
+    torch.testing.assert_close(relative_l2(pred, target, "none",
+                                           weight=torch.full((40,), 3.0, dtype=torch.float64)),
+                               per)
+    # a point of zero weight does not count: the error there is invisible
+    bump = pred.clone()
+    bump[:, 7] += 5.0
+    w0 = w.clone()
+    w0[7] = 0.0
+    torch.testing.assert_close(relative_l2(bump, target, "none", weight=w0),
+                               relative_l2(pred, target, "none", weight=w0))
+
+
+def test_relative_h1_full_norm_at_physical_spacing(gen):
+    s = 17
+    h = 1 / (s - 1)
+    x = torch.linspace(0, 1, s, dtype=torch.float64)
+    xx, yy = torch.meshgrid(x, x, indexing="ij")
+    u = (torch.sin(math.pi * xx) * torch.sin(math.pi * yy))[None, ..., None].expand(3, s, s, 1)
+    e = torch.randn(3, s, s, 1, generator=gen, dtype=torch.float64)
+    de = central_gradient_2d(e[..., 0], h)
+    du = central_gradient_2d(u[..., 0], h)
+
+    def sq(f, df):
+        return f.flatten(1).square().sum(1), df.flatten(1).square().sum(1)
+
+    (e0, e1), (u0, u1) = sq(e, de), sq(u, du)
+    torch.testing.assert_close(relative_h1(u + e, u, h, "none"), ((e0 + e1) / (u0 + u1)).sqrt())
+    torch.testing.assert_close(relative_h1(u + e, u, h, "none", form="sum"),
+                               (e0.sqrt() + e1.sqrt()) / (u0.sqrt() + u1.sqrt()))
+    # the spacing matters: the gradient term weighs (1/h)^2 against the L2 term
+    assert not torch.allclose(relative_h1(u + e, u, h, "none"), relative_h1(u + e, u, 1.0, "none"))
+    # a scaled prediction: both terms are off by the same factor
+    torch.testing.assert_close(relative_h1(1.25 * u, u, h, "none"),
+                               torch.full((3,), 0.25, dtype=torch.float64))
+
+
+def test_relative_loss(gen):
+    target = torch.randn(4, 9, 9, 1, generator=gen, dtype=torch.float64)
+    pred = (target + 0.1 * torch.randn(4, 9, 9, 1, generator=gen, dtype=torch.float64))
+    pred.requires_grad_()
+    loss, parts = RelativeLoss("h1", h=0.125)(pred, target, None, None)
+    torch.testing.assert_close(loss, relative_h1(pred, target, 0.125))
+    assert set(parts) == {"rel_l2", "rel_h1"} and not parts["rel_h1"].requires_grad
+    loss.backward()
+    assert torch.isfinite(pred.grad).all()
+    code, _ = RelativeLoss("h1-code")(pred, target)
+    torch.testing.assert_close(code, relative_h1(pred, target, 1.0, form="sum"))
+    w = trapezoid_weights(torch.linspace(0, 1, 9, dtype=torch.float64))
+    l2, parts = RelativeLoss("l2", weight=w)(pred[..., 0, :], target[..., 0, :])
+    torch.testing.assert_close(l2, relative_l2(pred[..., 0, :], target[..., 0, :], weight=w))
+    assert set(parts) == {"rel_l2"}
+
+
 def test_half_precision_prediction_is_promoted(gen):
     target = torch.randn(2, 32, 1, generator=gen)
     err = relative_l2(target.bfloat16(), target)
@@ -95,6 +171,20 @@ def test_half_precision_prediction_is_promoted(gen):
         (lambda: relative_l2(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3)), "pred"),
         (lambda: relative_l2(torch.zeros(3), torch.zeros(3)), r"pred: expected shape \(B, ...\)"),
         (lambda: relative_l2(torch.zeros(2, 3), torch.zeros(2, 3), "sum"), "reduction"),
+        (lambda: relative_l2(torch.ones(2, 5, 1), torch.ones(2, 5, 1), weight=torch.ones(4)),
+         r"weight: expected shape \(5,\) or \(2, 5\)"),
+        (lambda: relative_l2(torch.ones(2, 5, 1), torch.ones(2, 5, 1),
+                             weight=-torch.ones(5)), "weight: expected finite, non-negative"),
+        (lambda: relative_l2(torch.ones(2, 5, 1), torch.ones(2, 5, 1), weight=[1.0] * 5),
+         "weight: expected a floating-point tensor"),
+        (lambda: relative_h1(torch.ones(2, 5, 1), torch.ones(2, 5, 1), 0.1),
+         r"pred: expected shape \(B, s1, s2, C\)"),
+        (lambda: relative_h1(torch.ones(2, 5, 5, 1), torch.ones(2, 5, 5, 1), -1.0), "h:"),
+        (lambda: relative_h1(torch.ones(2, 5, 5, 1), torch.ones(2, 5, 5, 1), 0.1, form="x"),
+         "form"),
+        (lambda: RelativeLoss("h2"), "norm: expected one of"),
+        (lambda: RelativeLoss("h1"), "h: expected a finite float"),
+        (lambda: RelativeLoss("h1", h=0.1, weight=torch.ones(3)), "weight: quadrature weights"),
         (lambda: relative_h1_error(torch.zeros(2, 8, 1), torch.zeros(2, 8, 1), 0.0), "h:"),
         (lambda: relative_h1_error(torch.zeros(2, 8, 1), torch.zeros(2, 8, 2), 0.1),
          "target_grad"),

@@ -201,6 +201,10 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
         ({"grad_clip": math.inf}, "grad_clip"),
         ({"precision": "fp16"}, "precision"),
         ({"progress": 1}, "progress"),
+        ({"scheduler": "cosine"}, "scheduler"),
+        ({"plateau_factor": 1.5}, "plateau_factor"),
+        ({"early_stopping": 0}, "early_stopping"),
+        ({"clip_value": -1.0}, "clip_value"),
     ],
 )
 def test_train_config_validation(kwargs, match):
@@ -290,3 +294,105 @@ def test_checkpoint_checksum_finds_a_flipped_bit(tmp_path):
     torch.save(state, tmp_path / "old.pt")
     with pytest.warns(UserWarning, match="no checksum"):
         assert load_checkpoint(tmp_path / "old.pt")["epoch"] == 1
+
+
+def test_plateau_schedule_early_stopping_and_value_clipping(tmp_path):
+    """The continuum-attention protocol: ReduceLROnPlateau on the evaluation error (stepped per
+    epoch), early stopping, clipping by value; a resumption continues the same schedule."""
+    cfg = {"scheduler": "plateau", "plateau_patience": 0, "plateau_factor": 0.5,
+           "clip_value": 10.0, "grad_clip": None}
+    result = _trainer(tmp_path / "p", epochs=5, **cfg).fit()
+    hist = result["history"]
+    assert hist[0]["lr"] == 1e-2  # the first epoch sets the reference
+    for prev, row in zip(hist, hist[1:], strict=False):
+        # halved after every epoch without improvement (torch's relative threshold 1e-4)
+        best = min(r["eval_rel_l2"] for r in hist[: row["epoch"] - 1])
+        improved = row["eval_rel_l2"] < best * (1 - 1e-4)
+        assert row["lr"] == pytest.approx(prev["lr"] * (1.0 if improved else 0.5))
+    # early stopping: a constant evaluation error never improves after the first epoch
+    calls = {"n": 0}
+
+    def flat_metric(pred, batch):
+        calls["n"] += 1
+        return torch.ones(pred.shape[0])
+
+    trainer = _trainer(tmp_path / "e", epochs=10, early_stopping=2)
+    trainer.metric = flat_metric
+    result = trainer.fit()
+    assert result["epochs"] == 3 and result["stopped_early"] and result["best_epoch"] == 1
+    assert len(result["history"]) == 3
+    again = _trainer(tmp_path / "e", epochs=10, early_stopping=2)
+    again.metric = flat_metric
+    assert again.fit(resume=True)["epochs"] == 3  # a resumed run stays stopped
+
+
+def test_old_checkpoints_resume_with_the_new_fields_at_their_defaults(tmp_path):
+    _trainer(tmp_path, epochs=2).fit()
+    state = load_checkpoint(tmp_path / "last.pt", "last")
+    for key in ("scheduler", "plateau_factor", "plateau_patience", "early_stopping",
+                "clip_value"):
+        del state["config"]["train"][key]  # as written before these fields existed
+    save_checkpoint(tmp_path / "last.pt", **state)
+    assert _trainer(tmp_path, epochs=2).fit(resume=True)["epochs"] == 2
+
+
+def test_per_sample_errors_and_the_weighted_metric():
+    from galerkin_ext.data import UnitGaussianNormalizer
+    from galerkin_ext.losses import relative_l2
+    from galerkin_ext.quadrature import trapezoid_weights
+    from galerkin_ext.training import per_sample_errors, relative_l2_metric
+
+    data = _Linear1d(10)
+    data.grid = torch.sort(torch.rand(16, 1, generator=torch.Generator().manual_seed(1)),
+                           dim=0).values  # a non-uniform grid
+    model = _PointMLP()
+    errors = per_sample_errors(model, data, batch_size=3)
+    assert errors.shape == (10,) and errors.dtype == torch.float64
+    with torch.no_grad():
+        model.eval()
+        pred = model(data.x, data.grid)
+    torch.testing.assert_close(errors, relative_l2(pred, data.target, "none").double())
+    assert evaluate(model, data, batch_size=4) == pytest.approx(float(errors.mean()))
+    # physical units and the grid's trapezoid weights
+    norm = UnitGaussianNormalizer(torch.randn(50, 1) * 3 + 2)
+    weighted = per_sample_errors(model, data, metric=relative_l2_metric(norm))
+    w = trapezoid_weights(data.grid[:, 0].double())
+    expected = relative_l2(norm.decode(pred).double(), norm.decode(data.target).double(),
+                           "none", weight=w)
+    torch.testing.assert_close(weighted, expected, rtol=1e-5, atol=1e-7)
+    with pytest.raises(TypeError, match="normalizer"):
+        relative_l2_metric("norm")
+
+
+def test_thresholds_and_preset_identity(capsys):
+    from galerkin_ext.training import (
+        ThresholdError,
+        enforce_thresholds,
+        preset_unchanged,
+        threshold_report,
+    )
+
+    presets = {"quick": {"threads": 1, "data": {"dt": 0.02}, "n_train": 8, "n_valid": 2,
+                         "n_eval": 4, "zero_shot": {"dt": [0.01, 0.02]}, "model": {},
+                         "train": {"epochs": 3}}}
+    parser = experiment_parser("doc", presets, attention_flags=False)
+    parser.add_argument("--n-valid", type=int, default=None)
+    assert not any("--attention" in a.option_strings for a in parser._actions)
+    cfg = resolve_config(presets, parser.parse_args(["--out", "o"]))
+    assert cfg["data"]["n_samples"] == 14 and "norm" not in cfg["model"]
+    assert preset_unchanged(cfg, presets["quick"])
+    assert preset_unchanged(resolve_config(presets, parser.parse_args(
+        ["--out", "o", "--threads", "2", "--no-progress"])), presets["quick"])
+    for flags in (["--epochs", "4"], ["--n-valid", "3"]):
+        changed = resolve_config(presets, parser.parse_args(["--out", "o", *flags]))
+        assert not preset_unchanged(changed, presets["quick"]), flags
+    cfg["zero_shot"]["dt"] = [0.01]
+    assert not preset_unchanged(cfg, presets["quick"])
+    report = threshold_report({"a": 0.1, "b": 0.3}, {"a": 0.2, "b": 0.2}, enforced=True)
+    assert report["checks"]["a"]["met"] and not report["checks"]["b"]["met"]
+    assert "MISSED" in capsys.readouterr().out
+    with pytest.raises(ThresholdError, match=r"b = 3\.0000e-01 > 2\.0000e-01"):
+        enforce_thresholds(report)
+    enforce_thresholds(threshold_report({"b": 0.3}, {"b": 0.2}, enforced=False))  # no raise
+    with pytest.raises(ValueError, match="no value for the thresholds"):
+        threshold_report({}, {"a": 1.0}, enforced=True)

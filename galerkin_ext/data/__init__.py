@@ -11,7 +11,8 @@ Modules (imported lazily, so the solver worker processes stay light):
 * :mod:`.storage` -- the HDF5 schema, resumable chunked writing and checked reading;
 * :mod:`.generate` -- :func:`generate_burgers`, :func:`generate_darcy`,
   :func:`generate_lorenz63`, :func:`generate_cde`;
-* :mod:`.datasets` -- PyTorch datasets (Burgers, Darcy forward and inverse), normaliser;
+* :mod:`.datasets` -- PyTorch datasets (Burgers, Darcy forward and inverse; the ODE sets and
+  continuum Darcy), normaliser;
 * :mod:`.mat` -- readers for the original ``.mat`` benchmark files.
 
 Command line: ``python -m galerkin_ext.data generate {burgers,darcy,lorenz63,cde} --out FILE.h5
@@ -49,6 +50,8 @@ _EXPORTS = {
     "BurgersDataset": "datasets",
     "DarcyDataset": "datasets",
     "DarcyInverseDataset": "datasets",
+    "ODEDataset": "datasets",
+    "ContinuumDarcyDataset": "datasets",
     "UnitGaussianNormalizer": "datasets",
     "central_gradient_1d": "datasets",
     "central_gradient_2d": "datasets",

@@ -20,6 +20,19 @@ into a dict with a leading batch axis.  Layouts (``n`` fine points per axis, ``n
   coefficient block-averaged from the stored resolution to the coarse grid
   (:func:`block_average`).
 
+Continuum-attention sets (SPEC-continuum §3-4; our ``.h5`` files only), with inputs *and*
+targets normalised by unit-Gaussian normalisers fitted on the training split (per component in
+1-D, one global scalar in 2-D, so that they serve every grid), and three splits: ``"train"`` =
+the first ``n_train`` samples, ``"valid"`` = the next ``n_valid``, ``"test"`` = the last
+``n_test`` (a zero-shot file holds test samples only; pass the training set's normalisers):
+
+* :class:`ODEDataset` (Lorenz-63, controlled ODE; ``T`` stored times): ``x`` ``(T, 1)``,
+  ``grid`` ``(T, 1)`` the times, ``target`` ``(T, d_z)``, and for Lorenz-63 (a) ``token0``
+  ``(4,)`` = ``[x(0), y(0), z(0), t_0]`` (normalised but ``t_0``).
+* :class:`ContinuumDarcyDataset` (nodes ``x_i = i / (s - 1)`` of the stored ``s``): ``x``
+  ``(s, s, 1)`` coefficient, ``coeff`` ``(s, s, 1)`` the raw coefficient, ``grid``
+  ``(s, s, 2)``, ``target`` ``(s, s, 1)`` solution.
+
 Splits: ``"train"`` = the first ``n_train`` samples, ``"valid"`` = the last ``n_valid``.  The
 normalisers are fitted on the training samples of the same source unless given.  A source is a
 file written by :mod:`.generate` (``.h5``), an original ``.mat`` file, or a pair ``(a, u)`` of
@@ -39,7 +52,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._checks import check_float, check_int
+from .._checks import check_choice, check_float, check_int
 from . import mat as _mat
 from .random_fields import sample_rng
 from .storage import DataFileError, inspect_h5, read_h5
@@ -54,6 +67,9 @@ __all__ = [
     "BurgersDataset",
     "DarcyDataset",
     "DarcyInverseDataset",
+    "ODEDataset",
+    "ContinuumDarcyDataset",
+    "ODE_TASKS",
     "DARCY_COARSE",
     "INVERSE_COARSE",
 ]
@@ -64,6 +80,10 @@ DARCY_COARSE = {211: 61, 141: 43, 85: 29}
 INVERSE_COARSE = {141: 36, 211: 71}
 
 _STREAM_NOISE = 3  # random stream of the inverse problem's static noise
+
+#: Tasks of :class:`ODEDataset`: the generator each reads and the output components it learns.
+ODE_TASKS = {"cde": "cde", "l63_a": "lorenz63", "l63_b": "lorenz63"}
+_NORMALIZE = ("component", "scalar")
 
 Source = str | os.PathLike[str] | tuple[np.ndarray, np.ndarray]
 
@@ -476,3 +496,201 @@ class DarcyInverseDataset(Dataset):
             "pos": self.pos,
             "target": self.target[i, ..., None],
         }
+
+
+# -- continuum-attention sets (SPEC-continuum §3-4) ---------------------------------------------
+
+
+def _three_way_split(n: int, split: str, n_train: int, n_valid: int, n_test: int,
+                     fitted: bool) -> np.ndarray:
+    """Indices of ``split``: train = ``[0, n_train)``, valid = the next ``n_valid``, test = the
+    last ``n_test``.  ``fitted``: the normalisers are given, so a file of test samples only (a
+    zero-shot set) is fine; otherwise the file must hold all three splits, disjoint."""
+    check_choice(split, "split", ("train", "valid", "test"))
+    n_train = check_int(n_train, "n_train")
+    n_valid = check_int(n_valid, "n_valid", 0)
+    n_test = check_int(n_test, "n_test")
+    if split == "test" and fitted:
+        if n_test > n:
+            raise ValueError(f"n_test: the source has {n} samples, fewer than n_test = {n_test}")
+        return np.arange(n - n_test, n)
+    if n_train + n_valid + n_test > n:
+        raise ValueError(f"the source has {n} samples, fewer than n_train + n_valid + n_test = "
+                         f"{n_train} + {n_valid} + {n_test} (for a file of test samples only, "
+                         "give the training set's normalisers)")
+    if split == "train":
+        return np.arange(n_train)
+    if split == "valid":
+        if n_valid < 1:
+            raise ValueError("n_valid: expected >= 1 for the 'valid' split, got 0")
+        return np.arange(n_train, n_train + n_valid)
+    return np.arange(n - n_test, n)
+
+
+def _open_generated(source: object, generators: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`inspect_h5` of a complete file of ours written by one of ``generators``."""
+    if not isinstance(source, str | os.PathLike):
+        raise TypeError(f"source: expected the path of a generated .h5 file, got "
+                        f"{type(source).__name__}")
+    if not Path(source).is_file():
+        raise FileNotFoundError(f"source: no such file {str(source)!r}")
+    info = inspect_h5(source)
+    if info["generator"] not in generators:
+        raise DataFileError(f"source {str(source)!r} holds {info['generator']} data, expected "
+                            f"{' or '.join(generators)} data for this dataset")
+    if not info["complete"]:
+        raise DataFileError(f"source {str(source)!r} is incomplete ({info['n_done']} of "
+                            f"{info['n_samples']} samples); finish it with resume")
+    return info
+
+
+def _fit_normalizer(data: np.ndarray, how: str) -> UnitGaussianNormalizer:
+    """Unit-Gaussian statistics of ``data (n, *grid, C)``: one mean and std per component
+    (``'component'``) or over every value (``'scalar'``); either serves any grid."""
+    flat = data.reshape(-1, data.shape[-1]) if how == "component" else data.reshape(-1)
+    return UnitGaussianNormalizer(flat)
+
+
+class _NormalizedFields(Dataset):
+    """Shared part of the continuum datasets: reading a split of ``input_key``/``target_key``
+    and normalising both (see module doc)."""
+
+    def _setup(self, source: Source, split: str, keys: tuple[str, str], n_train: int,
+               n_valid: int, n_test: int, input_normalizer: UnitGaussianNormalizer | None,
+               target_normalizer: UnitGaussianNormalizer | None, how: str,
+               dtype: torch.dtype, generators: tuple[str, ...],
+               view: Callable[[np.ndarray], np.ndarray] = lambda t: t) -> dict[str, Any]:
+        """Read the split; ``view`` selects the learned components of the targets (before the
+        target normaliser is fitted).  Returns ``{input_key, target_key}`` arrays."""
+        info = _open_generated(source, generators)
+        given = [norm is not None for norm in (input_normalizer, target_normalizer)]
+        for name, norm in (("input_normalizer", input_normalizer),
+                           ("target_normalizer", target_normalizer)):
+            if norm is not None and not isinstance(norm, UnitGaussianNormalizer):
+                raise TypeError(f"{name}: expected a UnitGaussianNormalizer, got "
+                                f"{type(norm).__name__}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
+        idx = _three_way_split(info["n_samples"], split, n_train, n_valid, n_test, all(given))
+        data = read_h5(source, idx, keys=keys)  # type: ignore[arg-type]
+        data[keys[1]] = view(data[keys[1]])
+        if not all(given):
+            train = data if split == "train" else read_h5(
+                source, np.arange(n_train), keys=keys)  # type: ignore[arg-type]
+            if split != "train":
+                train[keys[1]] = view(train[keys[1]])
+            if input_normalizer is None:
+                input_normalizer = _fit_normalizer(train[keys[0]], how)
+            if target_normalizer is None:
+                target_normalizer = _fit_normalizer(train[keys[1]], how)
+        assert input_normalizer is not None and target_normalizer is not None
+        # Copies: Module.to() works in place and must not change the caller's normalisers.
+        self.input_normalizer = copy.deepcopy(input_normalizer).to(dtype)
+        self.target_normalizer = copy.deepcopy(target_normalizer).to(dtype)
+        self.info = info
+        self.indices = idx
+        return data
+
+
+class ODEDataset(_NormalizedFields):
+    """Lorenz-63 or controlled-ODE trajectories on the file's time grid (SPEC-continuum §3).
+
+    Tasks (:data:`ODE_TASKS`): ``'cde'`` ``u -> z``; ``'l63_a'`` ``x`` and ``(y0, z0)`` ->
+    ``(y, z)`` (``token0`` carries the initial state); ``'l63_b'`` ``x -> y``.  Items: ``x``
+    ``(T, 1)``, ``grid`` ``(T, 1)`` (the stored times, uniform or not), ``target`` ``(T, d_z)``
+    and for ``'l63_a'`` ``token0`` ``(4,)`` (see module doc).  Normalisers per component, fitted
+    on the first ``n_train`` samples unless given (both or neither).
+
+    Args:
+        source: a file of :func:`~galerkin_ext.data.generate_lorenz63` /
+            :func:`~galerkin_ext.data.generate_cde`.
+        split: ``'train'``, ``'valid'`` or ``'test'``.
+        task: see above.
+        n_train, n_valid, n_test: split sizes.
+        input_normalizer, target_normalizer: from the training set, for other splits of
+            other files (e.g. zero-shot sets at another ``dt``).
+        dtype: of the items.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        split: str = "train",
+        *,
+        task: str = "cde",
+        n_train: int = 8000,
+        n_valid: int = 1000,
+        n_test: int = 1000,
+        input_normalizer: UnitGaussianNormalizer | None = None,
+        target_normalizer: UnitGaussianNormalizer | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        check_choice(task, "task", list(ODE_TASKS))
+        data = self._setup(source, split, ("input", "output"), n_train, n_valid, n_test,
+                           input_normalizer, target_normalizer, "component", dtype,
+                           (ODE_TASKS[task],),
+                           view=(lambda out: out[..., :1]) if task == "l63_b" else (lambda t: t))
+        times = read_h5(source, keys=("coords",))["coords"]  # type: ignore[arg-type]
+        self.task = task
+        self.grid = torch.from_numpy(times).to(dtype)
+        raw_x = torch.from_numpy(data["input"])
+        raw_y = torch.from_numpy(data["output"])
+        self.x = self.input_normalizer.encode(raw_x.to(dtype))
+        self.target = self.target_normalizer.encode(raw_y.to(dtype))
+        self.token0 = None
+        if task == "l63_a":
+            # [x(0), y(0), z(0)] normalised like the input and the targets, then t_0
+            start = torch.cat([self.x[:, 0], self.target[:, 0]], dim=-1)
+            t0 = self.grid[0].expand(start.shape[0], 1)
+            self.token0 = torch.cat([start, t0], dim=-1)
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = {"x": self.x[i], "grid": self.grid, "target": self.target[i]}
+        if self.token0 is not None:
+            item["token0"] = self.token0[i]
+        return item
+
+
+class ContinuumDarcyDataset(_NormalizedFields):
+    """Darcy ``a -> u`` at the file's resolution ``s`` (lognormal or piecewise coefficient,
+    SPEC-continuum §3), with one global scalar normaliser each for ``a`` and ``u`` (so a model
+    trained at one resolution runs zero-shot at another).  Items: ``x`` ``(s, s, 1)``, ``coeff``
+    ``(s, s, 1)``, ``grid`` ``(s, s, 2)``, ``target`` ``(s, s, 1)`` (see module doc).
+
+    Args:
+        source: a file of :func:`~galerkin_ext.data.generate_darcy` (any ``coef``).
+        split, n_train, n_valid, n_test, input_normalizer, target_normalizer, dtype: as for
+            :class:`ODEDataset`.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        split: str = "train",
+        *,
+        n_train: int = 3600,
+        n_valid: int = 200,
+        n_test: int = 200,
+        input_normalizer: UnitGaussianNormalizer | None = None,
+        target_normalizer: UnitGaussianNormalizer | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        data = self._setup(source, split, ("a", "u"), n_train, n_valid, n_test,
+                           input_normalizer, target_normalizer, "scalar", dtype, ("darcy",))
+        self.coef = self.info["parameters"].get("coef")
+        self.resolution = int(data["a"].shape[-1])
+        self.grid = uniform_grid_2d(self.resolution).to(dtype)
+        self.coeff = torch.from_numpy(data["a"]).to(dtype)[..., None]
+        self.x = self.input_normalizer.encode(self.coeff)
+        u = torch.from_numpy(data["u"]).to(dtype)[..., None]
+        self.target = self.target_normalizer.encode(u)
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[i], "coeff": self.coeff[i], "grid": self.grid,
+                "target": self.target[i]}

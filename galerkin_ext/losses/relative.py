@@ -1,8 +1,10 @@
-"""Relative L2 / H^1 errors per sample and the paper's training loss (SPEC §5).
+"""Relative L2 / H^1 errors per sample and the papers' training losses (SPEC §5,
+SPEC-continuum §4).
 
-Every error is relative per sample, then averaged over the batch, as in the paper: a field with
+Every error is relative per sample, then averaged over the batch, as in the papers: a field with
 a small norm counts as much as a large one.  On a uniform grid the quadrature weight ``h^d``
-cancels between numerator and denominator, so plain sums are exact discrete norms.
+cancels between numerator and denominator, so plain sums are exact discrete norms; on other
+point sets :func:`relative_l2` takes the points' quadrature weights.
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ from torch import Tensor, nn
 
 from ..data.datasets import central_gradient_1d, central_gradient_2d
 
-__all__ = ["OperatorLoss", "relative_h1_error", "relative_l2"]
+__all__ = ["OperatorLoss", "RelativeLoss", "relative_h1", "relative_h1_error", "relative_l2"]
 
-_REDUCTIONS = ("mean", "none")
+# "median": the continuum-attention paper's statistic (numpy's median: the mean of the two
+# middle values for an even count).
+_REDUCTIONS = ("mean", "median", "none")
+_H1_FORMS = ("squares", "sum")
+_LOSS_NORMS = ("l2", "h1", "h1-code")
 
 
 def _check_tensor(value: object, name: str) -> Tensor:
@@ -41,16 +47,52 @@ def _float32_at_least(x: Tensor) -> Tensor:
 
 
 def _reduce(per_sample: Tensor, reduction: str) -> Tensor:
-    return per_sample.mean() if reduction == "mean" else per_sample
+    if reduction == "mean":
+        return per_sample.mean()
+    if reduction == "median":
+        return per_sample.quantile(0.5)
+    return per_sample
 
 
-def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+def _check_spacing(h: object) -> float:
+    if isinstance(h, bool) or not isinstance(h, (int, float)) or not (math.isfinite(h) and h > 0):
+        raise ValueError(f"h: expected a finite float > 0 (the grid spacing), got {h!r}")
+    return float(h)
+
+
+def _check_point_weight(weight: object, pred: Tensor) -> Tensor:
+    """Quadrature weights over the grid axes of ``pred (B, *grid, C)``: shape ``grid`` (shared
+    by the batch) or ``(B, *grid)``, finite and non-negative; returned as ``(B | 1, *grid)``."""
+    grid = tuple(pred.shape[1:-1])
+    doc = f"{grid} or {(pred.shape[0], *grid)}"
+    if not isinstance(weight, Tensor) or not weight.is_floating_point():
+        raise TypeError(f"weight: expected a floating-point tensor of shape {doc} (quadrature "
+                        f"weights of the points), got {getattr(weight, 'dtype', type(weight))}")
+    if not grid:
+        raise ValueError(f"weight: needs pred of shape (B, *grid, C) with a grid axis, got "
+                         f"{tuple(pred.shape)}")
+    if tuple(weight.shape) not in (grid, (pred.shape[0], *grid)):
+        raise ValueError(f"weight: expected shape {doc}, got {tuple(weight.shape)}")
+    if tuple(weight.shape) == grid:
+        weight = weight.unsqueeze(0)
+    if not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
+        raise ValueError("weight: expected finite, non-negative quadrature weights")
+    return weight.to(device=pred.device)
+
+
+def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean",
+                weight: Tensor | None = None) -> Tensor:
     """Per-sample ``||pred - target||_2 / ||target||_2`` over all axes but the first.
 
     Args:
         pred, target: ``(B, ...)``, same shape (e.g. ``(B, n, 1)`` or ``(B, n, n, 1)``).
-        reduction: ``'mean'`` (a scalar, the metric of the paper's tables) or ``'none'``
+        reduction: ``'mean'`` (a scalar, the metric of the Galerkin paper's tables),
+            ``'median'`` (a scalar, the continuum-attention paper's statistic) or ``'none'``
             (``(B,)``, one error per sample).
+        weight: optional quadrature weights of the points, for norms on non-uniform point
+            sets: ``pred`` is then read as ``(B, *grid, C)`` (the last axis holds components)
+            and ``weight`` has shape ``grid`` or ``(B, *grid)``; both norms become
+            ``(sum_i w_i |f_i|^2)^(1/2)``.  Only ratios of weights matter.
     """
     _check_tensor(pred, "pred")
     _check_tensor(target, "target")
@@ -59,8 +101,13 @@ def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor
                          f"got {tuple(target.shape)}")
     reduction = _check_reduction(reduction)
     pred, target = _float32_at_least(pred), _float32_at_least(target)
-    err = (pred - target).flatten(1).square().sum(1)
-    ref = target.flatten(1).square().sum(1)
+    if weight is None:
+        err = (pred - target).flatten(1).square().sum(1)
+        ref = target.flatten(1).square().sum(1)
+    else:
+        w = _check_point_weight(weight, pred).to(pred.dtype)
+        err = ((pred - target).square().sum(-1) * w).flatten(1).sum(1)
+        ref = (target.square().sum(-1) * w).flatten(1).sum(1)
     return _reduce((err / ref).sqrt(), reduction)
 
 
@@ -87,8 +134,7 @@ def relative_h1_error(
     """
     _check_tensor(pred, "pred")
     _check_tensor(target_grad, "target_grad")
-    if isinstance(h, bool) or not isinstance(h, (int, float)) or not (math.isfinite(h) and h > 0):
-        raise ValueError(f"h: expected a finite float > 0 (the grid spacing), got {h!r}")
+    h = _check_spacing(h)
     reduction = _check_reduction(reduction)
     pred, target_grad = _float32_at_least(pred), _float32_at_least(target_grad)
     if pred.ndim == 3:
@@ -122,6 +168,112 @@ def relative_h1_error(
     if weight is not None:
         err, ref = err * weight, ref * weight
     return _reduce((err.flatten(1).sum(1) / ref.flatten(1).sum(1)).sqrt(), reduction)
+
+
+def relative_h1(
+    pred: Tensor,
+    target: Tensor,
+    h: float,
+    reduction: str = "mean",
+    form: str = "squares",
+) -> Tensor:
+    """Per-sample relative H^1 error of 2-D fields on a uniform grid (SPEC-continuum §4).
+
+    ``form='squares'``: ``||e||_{H^1} / ||y||_{H^1}`` with ``||f||^2_{H^1} = ||f||^2 +
+    ||grad f||^2`` (``e = pred - target``, ``y = target``); ``form='sum'``: the authors' code,
+    ``(||e|| + ||grad e||) / (||y|| + ||grad y||)``.  Gradients by the central differences of
+    :func:`~galerkin_ext.data.datasets.central_gradient_2d` (interior nodes; the boundary ring
+    has none) at spacing ``h`` -- the physical spacing ``1 / (s - 1)`` of nodes on the unit
+    square, or ``1`` for the authors' index spacing.  The cell area ``h^2`` cancels in the ratio.
+
+    Args:
+        pred, target: ``(B, s1, s2, C)``, same shape, ``s1, s2 >= 3``; the components are
+            summed in the norms.
+        h: grid spacing of both axes.
+        reduction: ``'mean'``, ``'median'`` or ``'none'`` (``(B,)``).
+        form: ``'squares'`` or ``'sum'``.
+    """
+    _check_tensor(pred, "pred")
+    _check_tensor(target, "target")
+    if pred.ndim != 4 or min(pred.shape[1:3]) < 3:
+        raise ValueError(f"pred: expected shape (B, s1, s2, C) with s1, s2 >= 3, "
+                         f"got {tuple(pred.shape)}")
+    if target.shape != pred.shape:
+        raise ValueError(f"target: expected the shape of pred {tuple(pred.shape)}, "
+                         f"got {tuple(target.shape)}")
+    h = _check_spacing(h)
+    reduction = _check_reduction(reduction)
+    if form not in _H1_FORMS:
+        raise ValueError(f"form: expected one of {_H1_FORMS}, got {form!r}")
+    pred, target = _float32_at_least(pred), _float32_at_least(target)
+    err, ref = pred - target, target
+
+    def squares(f: Tensor) -> tuple[Tensor, Tensor]:
+        grad = central_gradient_2d(f.movedim(-1, 1), h)  # (B, C, s1, s2, 2)
+        return f.flatten(1).square().sum(1), grad.flatten(1).square().sum(1)
+
+    (e0, e1), (y0, y1) = squares(err), squares(ref)
+    if form == "squares":
+        per_sample = ((e0 + e1) / (y0 + y1)).sqrt()
+    else:
+        per_sample = (e0.sqrt() + e1.sqrt()) / (y0.sqrt() + y1.sqrt())
+    return _reduce(per_sample, reduction)
+
+
+class RelativeLoss(nn.Module):
+    """The continuum-attention paper's training loss (SPEC-continuum §4, Remark 24): the batch
+    mean of per-sample relative errors.
+
+    * ``norm='l2'``: :func:`relative_l2`, with the points' quadrature ``weight`` if given
+      (shape ``grid`` of the training data; ``None``: plain sums);
+    * ``norm='h1'``: :func:`relative_h1` at the physical spacing ``h`` (2-D);
+    * ``norm='h1-code'``: the authors' ``(||e|| + ||grad e||) / (||y|| + ||grad y||)`` at index
+      spacing (``h`` is ignored).
+
+    ``forward(pred, target, target_grad=None, coeff=None)`` (the
+    :class:`~galerkin_ext.training.Trainer`'s loss signature; the last two are unused) returns
+    ``(loss, parts)`` with the detached ``parts['rel_l2']`` (the relative L2 error of the
+    batch, weighted like the loss) and, for the H^1 losses, ``parts['rel_h1']`` (the loss).
+    """
+
+    def __init__(self, norm: str = "l2", *, h: float | None = None,
+                 weight: Tensor | None = None) -> None:
+        super().__init__()
+        if norm not in _LOSS_NORMS:
+            raise ValueError(f"norm: expected one of {_LOSS_NORMS}, got {norm!r}")
+        if norm == "h1":
+            h = _check_spacing(h)
+        if weight is not None and norm != "l2":
+            raise ValueError("weight: quadrature weights apply to norm='l2' only (the H^1 "
+                             "losses are for uniform 2-D grids)")
+        if weight is not None and (not isinstance(weight, Tensor)
+                                   or not weight.is_floating_point()):
+            raise TypeError(f"weight: expected a floating-point tensor or None, got "
+                            f"{type(weight).__name__}")
+        self.norm = norm
+        self.h = None if h is None else float(h)
+        self.weight = weight
+
+    def extra_repr(self) -> str:
+        return f"norm={self.norm!r}, h={self.h}, weighted={self.weight is not None}"
+
+    def forward(
+        self,
+        pred: Tensor,
+        target: Tensor,
+        target_grad: Tensor | None = None,
+        coeff: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(loss, parts)``; ``pred``, ``target`` ``(B, *grid, C)``."""
+        del target_grad, coeff  # the gradients are taken here; no coefficient weighting
+        if self.norm == "l2":
+            loss = relative_l2(pred, target, weight=self.weight)
+            return loss, {"rel_l2": loss.detach()}
+        if self.norm == "h1":
+            loss = relative_h1(pred, target, self.h)  # type: ignore[arg-type]
+        else:
+            loss = relative_h1(pred, target, 1.0, form="sum")
+        return loss, {"rel_l2": relative_l2(pred.detach(), target), "rel_h1": loss.detach()}
 
 
 class OperatorLoss(nn.Module):

@@ -5,6 +5,8 @@
   its merge into a preset's config;
 * :func:`cached_data` -- generate a data set once and reuse it, keyed by the generator's
   parameters, under :func:`default_cache_dir`;
+* :func:`threshold_report`, :func:`enforce_thresholds`, :func:`preset_unchanged` -- the quick
+  presets' accuracy targets, checked at the end of a run;
 * :func:`plot_1d`, :func:`plot_2d` -- ``prediction.png`` (needs matplotlib).
 """
 
@@ -27,46 +29,67 @@ import torch
 from .._cli import positive_float, positive_int
 from .checkpoint import atomic_write, write_json
 from .distributed import DistributedContext
+from .trainer import _RESUMABLE_CHANGES, default_forward, per_sample_errors, relative_l2_metric
 
 __all__ = [
     "ATTENTION_TYPES",
+    "ThresholdError",
     "cached_data",
     "default_cache_dir",
     "describe_device",
+    "describe_grid",
+    "enforce_thresholds",
+    "error_summary",
     "experiment_parser",
     "plot_1d",
+    "normalizer_config",
     "plot_2d",
+    "preset_unchanged",
     "record_data_files",
     "resolve_config",
     "run_main",
+    "threshold_report",
     "write_metrics",
 ]
 
 ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
 NORMS = ("attn", "layer")
-_PROBLEMS = ("burgers", "darcy")
+# cached_data's problems -> their generator in galerkin_ext.data.generate
+_PROBLEMS = {"burgers": "generate_burgers", "darcy": "generate_darcy",
+             "lorenz63": "generate_lorenz63", "cde": "generate_cde"}
 
 
-def experiment_parser(description: str, presets: Mapping[str, Any]) -> argparse.ArgumentParser:
+class ThresholdError(RuntimeError):
+    """A preset's run ended above one of its accuracy thresholds."""
+
+
+def experiment_parser(description: str, presets: Mapping[str, Any], *,
+                      attention_flags: bool = True) -> argparse.ArgumentParser:
     """The command line every example shares; scripts add their own resolution flags.
 
     Overrides (``--epochs``, ``--batch-size``, ``--lr``, ``--n-train``, ``--n-eval``, ``--seed``,
-    ``--precision``) default to ``None``: "keep the preset's value".
+    ``--precision``) default to ``None``: "keep the preset's value".  ``attention_flags``:
+    whether the Galerkin Transformer's ``--attention``, ``--norm`` and
+    ``--reference-dropout`` exist (the continuum-attention scripts have none of them).
     """
     if not isinstance(presets, Mapping) or not presets:
         raise ValueError("presets: expected a non-empty dict of preset name -> config")
+    if not isinstance(attention_flags, bool):
+        raise TypeError(f"attention_flags: expected a bool, got {attention_flags!r}")
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=list(presets), default=next(iter(presets)),
                    help="configuration block at the top of the script (default: %(default)s)")
-    p.add_argument("--attention", choices=ATTENTION_TYPES, default=None,
-                   help="attention type (default: the preset's)")
-    p.add_argument("--norm", choices=NORMS, default="attn",
-                   help="'attn': layer norm inside the attention (the paper's 'Ln on Q,K / K,V' "
-                        "rows); 'layer': regular layer norm on the residual stream")
-    p.add_argument("--reference-dropout", action="store_true",
-                   help="the original code's always-on p = 0.5 dropout of the attention matrix "
-                        "(in training and evaluation), to compare with its published numbers")
+    if attention_flags:
+        p.add_argument("--attention", choices=ATTENTION_TYPES, default=None,
+                       help="attention type (default: the preset's)")
+        p.add_argument("--norm", choices=NORMS, default="attn",
+                       help="'attn': layer norm inside the attention (the paper's 'Ln on Q,K / "
+                            "K,V' rows); 'layer': regular layer norm on the residual stream")
+        p.add_argument("--reference-dropout", action="store_true",
+                       help="the original code's always-on p = 0.5 dropout of the attention "
+                            "matrix (in training and evaluation), to compare with its "
+                            "published numbers")
     p.add_argument("--data", default=None,
                    help="data file: a galerkin_ext .h5 or an original .mat (default: generate "
                         "the preset's data once and cache it)")
@@ -82,7 +105,9 @@ def experiment_parser(description: str, presets: Mapping[str, Any]) -> argparse.
     p.add_argument("--epochs", type=positive_int, default=None)
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="global batch size (split over torchrun processes)")
-    p.add_argument("--lr", type=positive_float, default=None, help="OneCycle max_lr")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help="learning rate: OneCycle's max_lr, or the initial rate of a 'plateau' "
+                        "schedule")
     p.add_argument("--n-train", type=positive_int, default=None, help="training samples")
     p.add_argument("--n-eval", type=positive_int, default=None, help="evaluation samples")
     p.add_argument("--seed", type=int, default=None, help="training seed (model init, order)")
@@ -103,8 +128,10 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
     ``model`` (arguments of :func:`~galerkin_ext.models.build_model`; ``attention_type`` is the
     default for ``--attention``) and ``train`` (arguments of
     :class:`~galerkin_ext.training.TrainConfig`), optionally ``threads`` (CPU threads; ``None``:
-    torch's default).  Data generated for the preset hold
-    ``n_train + n_eval`` samples unless the preset's ``data`` says ``n_samples``.
+    torch's default) and ``n_valid`` (a validation split between the training and evaluation
+    samples; overridden by ``args.n_valid`` where the script has that flag).  Data generated
+    for the preset hold ``n_train + n_valid + n_eval`` samples unless the preset's ``data``
+    says more in ``n_samples``.
     """
     if not isinstance(args, argparse.Namespace) or args.preset not in presets:
         raise ValueError(f"args.preset: expected one of {list(presets)}")
@@ -114,16 +141,18 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
         raise ValueError(f"presets[{args.preset!r}]: missing keys {missing}")
     cfg["preset"] = args.preset
     cfg["threads"] = args.threads or cfg.get("threads")
-    for key in ("n_train", "n_eval"):
-        if getattr(args, key) is not None:
+    for key in ("n_train", "n_valid", "n_eval"):
+        if getattr(args, key, None) is not None:
             cfg[key] = getattr(args, key)
-    cfg["data"].setdefault("n_samples", cfg["n_train"] + cfg["n_eval"])
-    if cfg["data"]["n_samples"] < cfg["n_train"] + cfg["n_eval"]:
-        cfg["data"]["n_samples"] = cfg["n_train"] + cfg["n_eval"]
-    if args.attention is not None:
+    needed = cfg["n_train"] + cfg.get("n_valid", 0) + cfg["n_eval"]
+    cfg["data"].setdefault("n_samples", needed)
+    if cfg["data"]["n_samples"] < needed:
+        cfg["data"]["n_samples"] = needed
+    if getattr(args, "attention", None) is not None:
         cfg["model"]["attention_type"] = args.attention
-    cfg["model"]["norm"] = args.norm
-    if args.reference_dropout:
+    if getattr(args, "norm", None) is not None:
+        cfg["model"]["norm"] = args.norm
+    if getattr(args, "reference_dropout", False):
         cfg["model"]["reference_dropout"] = True
     train = cfg["train"]
     for key, name in (("epochs", "epochs"), ("batch_size", "batch_size"), ("max_lr", "lr"),
@@ -138,8 +167,9 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
 def run_main(main: Callable[[], object]) -> int:
     """Run an example script's ``main()``; Ctrl-C ends it with one line instead of a traceback.
 
-    Returns the exit status: 0, or 130 after an interrupt (``last.pt`` keeps the last finished
-    epoch for ``--resume``).
+    Returns the exit status: 0, 130 after an interrupt (``last.pt`` keeps the last finished
+    epoch for ``--resume``), or 1 when a preset's accuracy threshold was missed
+    (:class:`ThresholdError`; the outputs are written).
     """
     try:
         main()
@@ -147,6 +177,9 @@ def run_main(main: Callable[[], object]) -> int:
         print("\ninterrupted; OUT/last.pt holds the last finished epoch: rerun the same command "
               "with --resume to continue", file=sys.stderr)
         return 130
+    except ThresholdError as err:
+        print(f"threshold not met: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -191,6 +224,147 @@ def write_metrics(
     return metrics
 
 
+def _leaves(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def preset_unchanged(config: Mapping[str, Any], preset: Mapping[str, Any]) -> bool:
+    """Whether ``config`` (from :func:`resolve_config`) runs ``preset`` as written: every
+    setting the preset names has its value (settings that do not change the numbers, such as
+    ``threads``, may differ).  A preset's thresholds apply only then."""
+    if not isinstance(config, Mapping) or not isinstance(preset, Mapping):
+        raise TypeError("config, preset: expected dicts")
+    have = _leaves(config)
+    # the settings a resumption may change are those that do not change the numbers
+    return all(key in _RESUMABLE_CHANGES or key in have and have[key] == value
+               for key, value in _leaves(preset).items())
+
+
+def threshold_report(values: Mapping[str, float], thresholds: Mapping[str, float], *,
+                     enforced: bool) -> dict[str, Any]:
+    """Compare each ``values[name]`` with ``thresholds[name]`` (met: ``value <= threshold``)
+    and print one line each; returns ``{"enforced": enforced, "checks": {name: {"value",
+    "threshold", "met"}}}`` for ``metrics.json``.  Pass the result to
+    :func:`enforce_thresholds` once the outputs are written."""
+    if not isinstance(values, Mapping) or not isinstance(thresholds, Mapping):
+        raise TypeError("values, thresholds: expected dicts of name -> number")
+    missing = sorted(set(thresholds) - set(values))
+    if missing:
+        raise ValueError(f"values: no value for the thresholds {missing}")
+    if not isinstance(enforced, bool):
+        raise TypeError(f"enforced: expected a bool, got {enforced!r}")
+    checks = {}
+    for name, limit in thresholds.items():
+        value = float(values[name])
+        met = value <= float(limit)  # NaN is never met
+        checks[name] = {"value": value, "threshold": float(limit), "met": met}
+        state = ("ok" if met else "MISSED") if enforced else (
+            "met" if met else "missed") + " (not enforced: settings differ from the preset)"
+        print(f"threshold {name}: {value:.4e} <= {float(limit):.4e}? {state}", flush=True)
+    return {"enforced": enforced, "checks": checks}
+
+
+def enforce_thresholds(report: Mapping[str, Any]) -> None:
+    """Raise :class:`ThresholdError` naming the missed thresholds of a
+    :func:`threshold_report` if it is ``enforced`` (the example scripts then exit with 1)."""
+    if not isinstance(report, Mapping) or "checks" not in report:
+        raise TypeError("report: expected the dict returned by threshold_report")
+    missed = [f"{name} = {c['value']:.4e} > {c['threshold']:.4e}"
+              for name, c in report["checks"].items() if not c["met"]]
+    if report["enforced"] and missed:
+        raise ThresholdError("; ".join(missed))
+
+
+def error_summary(
+    model: torch.nn.Module,
+    dataset: Any,
+    *,
+    normalizer: torch.nn.Module,
+    forward: Callable[..., torch.Tensor] | None = None,
+    weighted: bool = True,
+    device: torch.device | str = "cpu",
+    batch_size: int = 16,
+    ctx: DistributedContext | None = None,
+) -> dict[str, float]:
+    """The continuum-attention paper's statistics of ``model`` on ``dataset`` (SPEC-continuum
+    §4): per-sample relative L2 errors, in physical units (``normalizer``, the targets', decodes
+    prediction and target) and in the normalised units the authors' code reports.
+
+    Returns ``{'rel_l2_median', 'rel_l2', 'rel_l2_max', 'rel_l2_median_normalized',
+    'rel_l2_normalized', 'n_samples'}`` (``rel_l2`` is the mean).  ``weighted``: the norms carry
+    the points' quadrature weights (:func:`~galerkin_ext.training.relative_l2_metric`).
+    ``forward`` as for :func:`~galerkin_ext.training.evaluate`.
+    """
+    common = {"device": device, "batch_size": batch_size, "ctx": ctx,
+              "forward": forward or default_forward}
+    physical = per_sample_errors(model, dataset, **common,
+                                 metric=relative_l2_metric(normalizer, weighted=weighted))
+    normalized = per_sample_errors(model, dataset, **common,
+                                   metric=relative_l2_metric(None, weighted=weighted))
+    return {
+        "rel_l2_median": float(physical.quantile(0.5)), "rel_l2": float(physical.mean()),
+        "rel_l2_max": float(physical.max()),
+        "rel_l2_median_normalized": float(normalized.quantile(0.5)),
+        "rel_l2_normalized": float(normalized.mean()), "n_samples": int(physical.numel()),
+    }
+
+
+def describe_grid(coords: torch.Tensor, weight: str | None = "auto") -> dict[str, Any]:
+    """What a point set and its quadrature weights were, for ``metrics.json``: ``n_points``,
+    ``shape`` (the grid axes), per-axis ``spacing`` (min, max), ``uniform``, ``weights`` (how
+    the model's weights were derived) and the range of the normalised weights ``w / sum w``.
+
+    ``coords``: ``(*grid, d)``; ``weight``: the model's ``'auto'``, ``None`` (plain softmax),
+    or any other string: how a model without quadrature weights treats the points (recorded as
+    it is, e.g. ``'none: a spectral model'``).
+    """
+    from ..layers.continuum import auto_quadrature_weights  # the TNO's own rule
+
+    if not isinstance(coords, torch.Tensor) or coords.ndim < 2:
+        raise TypeError("coords: expected a tensor of shape (*grid, d)")
+    if weight is not None and not isinstance(weight, str):
+        raise TypeError(f"weight: expected 'auto', None or a description, got {weight!r}")
+    flat = coords.reshape(-1, coords.shape[-1])  # in its dtype, as the model sees it
+    spacing = []
+    for axis in range(flat.shape[1]):
+        gaps = torch.unique(flat[:, axis].double()).diff()
+        spacing.append([float(gaps.min()), float(gaps.max())] if gaps.numel() else [0.0, 0.0])
+    tolerance = 64 * torch.finfo(flat.dtype).eps  # round-off of the stored coordinates
+    uniform = all(hi - lo <= tolerance * max(hi, 1e-300) for lo, hi in spacing)
+    record: dict[str, Any] = {"n_points": int(flat.shape[0]),
+                              "shape": list(coords.shape[:-1]), "spacing": spacing,
+                              "uniform": uniform}
+    if weight != "auto":
+        record["weights"] = "none (plain softmax)" if weight is None else weight
+        return record
+    w = auto_quadrature_weights(flat, "coords").double()
+    w = w / w.sum()
+    kind = ("trapezoid" if flat.shape[1] == 1
+            else "uniform" if bool((w == w[0]).all()) else "tensor trapezoid")
+    record.update(weights=f"auto: {kind}, derived from these coordinates",
+                  weight_min=float(w.min()), weight_max=float(w.max()))
+    return record
+
+
+def normalizer_config(**normalizers: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
+    """``{name: {'mean': [...], 'std': [...]}}`` of unit-Gaussian normalisers (per component or
+    scalar): stored in the run configuration, so the checkpoints say how to normalise."""
+    out = {}
+    for name, norm in normalizers.items():
+        mean, std = getattr(norm, "mean", None), getattr(norm, "std", None)
+        if not isinstance(mean, torch.Tensor) or not isinstance(std, torch.Tensor):
+            raise TypeError(f"{name}: expected a UnitGaussianNormalizer, got "
+                            f"{type(norm).__name__}")
+        out[name] = {"mean": mean.reshape(-1).tolist(), "std": std.reshape(-1).tolist()}
+    return out
+
+
 def command_line() -> str:
     """This process's command line, as a shell would take it back: ``python script.py ...``."""
     return shlex.join(["python", *sys.argv])
@@ -227,23 +401,32 @@ def cached_data(
     ctx: DistributedContext | None = None,
     **params: Any,
 ) -> Path:
-    """Path of a generated ``problem`` (``'burgers'``/``'darcy'``) data set, generated if needed.
+    """Path of a generated ``problem`` data set (``'burgers'``, ``'darcy'``, ``'lorenz63'``,
+    ``'cde'``), generated if needed.
 
-    ``params`` are keyword arguments of :func:`~galerkin_ext.data.generate_burgers` /
-    :func:`~galerkin_ext.data.generate_darcy` (e.g. ``n_samples``, ``resolution``, ``seed``);
-    the file name holds a hash of them, so other parameters give another file.  An interrupted
-    generation resumes.  Under ``torchrun`` only rank 0 generates while the others wait.
+    ``params`` are keyword arguments of that problem's generator
+    (:func:`~galerkin_ext.data.generate_burgers`, :func:`~galerkin_ext.data.generate_darcy`,
+    :func:`~galerkin_ext.data.generate_lorenz63`, :func:`~galerkin_ext.data.generate_cde`;
+    e.g. ``n_samples``, ``resolution``, ``coef``, ``dt``, ``grid``, ``seed``); the file name
+    holds a hash of them, so other parameters give another file.  An interrupted generation
+    resumes.  Under ``torchrun`` only rank 0 generates while the others wait.
     """
     if problem not in _PROBLEMS:
-        raise ValueError(f"problem: expected one of {_PROBLEMS}, got {problem!r}")
+        raise ValueError(f"problem: expected one of {list(_PROBLEMS)}, got {problem!r}")
     from ..data import generate  # lazy: the solvers are only needed when data are generated
 
-    fn = generate.generate_burgers if problem == "burgers" else generate.generate_darcy
+    fn = getattr(generate, _PROBLEMS[problem])
     key = json.dumps(params, sort_keys=True, default=str)
     digest = hashlib.sha256(f"{problem}:{key}".encode()).hexdigest()[:12]
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = folder / (f"{problem}_n{params.get('n_samples', 'default')}_"
-                     f"r{params.get('resolution', 'default')}_{digest}.h5")
+    if problem in ("lorenz63", "cde"):  # time grids: the spacing or the grid's name
+        grid = ("nonuniform" if params.get("grid") == "nonuniform"
+                else f"dt{params.get('dt', 'default')}")
+    else:
+        grid = f"r{params.get('resolution', 'default')}"
+    kind = f"_{params['coef']}" if params.get("coef") else ""
+    path = folder / (f"{problem}{kind}_n{params.get('n_samples', 'default')}_{grid}_"
+                     f"{digest}.h5")
     ctx = ctx or DistributedContext()
     if ctx.is_main and not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
@@ -286,26 +469,43 @@ def plot_1d(
     pred: torch.Tensor,
     target: torch.Tensor,
     title: str = "",
+    components: Sequence[str] | None = None,
+    xlabel: str = "x",
 ) -> Path:
     """Truth and prediction (top) and their difference (bottom) for each sample.
 
-    ``grid (n,)`` or ``(n, 1)``; ``pred``, ``target`` ``(S, n, 1)`` for ``S`` samples.
+    ``grid (n,)`` or ``(n, 1)``, any increasing points; ``pred``, ``target`` ``(S, n, C)`` for
+    ``S`` samples of ``C`` components (one colour each; ``components`` names them);
+    ``xlabel`` names the grid's variable (e.g. ``'t'``).
     """
     _check_fields([pred, target], 3, "pred, target")
     grid = grid.reshape(-1).cpu()
     if grid.numel() != pred.shape[1]:
         raise ValueError(f"grid: expected {pred.shape[1]} points, got {grid.numel()}")
+    n_comp = pred.shape[2]
+    if components is None:
+        components = [""] * n_comp if n_comp == 1 else [f"c{c}" for c in range(n_comp)]
+    if isinstance(components, str) or len(components) != n_comp:
+        raise ValueError(f"components: expected {n_comp} names, got {components!r}")
     plt = _pyplot()
     s = pred.shape[0]
     fig, axes = plt.subplots(2, s, figsize=(4 * s, 5), sharex=True, squeeze=False)
+    truth_colors, pred_colors = ("k", "tab:gray", "tab:brown"), ("r", "tab:orange", "m")
     for i in range(s):
         top, bottom = axes[0, i], axes[1, i]
-        top.plot(grid, target[i, :, 0].cpu(), "k-", lw=2, label="truth")
-        top.plot(grid, pred[i, :, 0].cpu(), "r--", lw=1.5, label="prediction")
-        bottom.plot(grid, (pred[i, :, 0] - target[i, :, 0]).cpu(), "b-", lw=1)
+        for c, name in enumerate(components):
+            label = f" {name}" if name else ""
+            top.plot(grid, target[i, :, c].cpu(), "-", color=truth_colors[c % 3], lw=2,
+                     label=f"truth{label}")
+            top.plot(grid, pred[i, :, c].cpu(), "--", color=pred_colors[c % 3], lw=1.5,
+                     label=f"prediction{label}")
+            bottom.plot(grid, (pred[i, :, c] - target[i, :, c]).cpu(), "-", lw=1,
+                        label=name or None)
         top.set_title(f"sample {i}")
-        bottom.set_xlabel("x")
+        bottom.set_xlabel(xlabel)
     axes[0, 0].legend()
+    if n_comp > 1:
+        axes[1, 0].legend()
     axes[1, 0].set_ylabel("prediction - truth")
     fig.suptitle(title)
     fig.tight_layout()

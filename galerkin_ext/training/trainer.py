@@ -1,8 +1,10 @@
 """The training loop of the paper's protocol (SPEC §5), with exact resume and data parallelism.
 
-:class:`Trainer` runs Adam (no weight decay) with a OneCycle learning rate stepped per batch,
-gradient-norm clipping, an evaluation (mean per-sample relative L2) after every epoch, and keeps
-in ``out_dir``:
+:class:`Trainer` runs Adam (no weight decay) with a OneCycle learning rate stepped per batch
+(or ``ReduceLROnPlateau`` on the evaluation error, stepped per epoch, the continuum-attention
+protocol), gradient clipping by norm and/or by value, an evaluation (mean per-sample relative L2,
+or another per-sample ``metric``) after every epoch, optional early stopping, and keeps in
+``out_dir``:
 
 * ``last.pt`` -- everything to resume exactly (model, optimiser, scheduler, every process's RNG
   states, epoch, history), written atomically after each epoch;
@@ -22,6 +24,7 @@ target, target_grad, coeff)`` returns ``(loss, parts)`` like
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import tempfile
@@ -50,12 +53,17 @@ __all__ = [
     "Trainer",
     "default_forward",
     "evaluate",
+    "per_sample_errors",
     "predict",
+    "relative_l2_metric",
 ]
 
 Batch = dict[str, Tensor]
 Forward = Callable[[nn.Module, Batch], Tensor]
+# metric(pred, batch) -> (B,) per-sample errors
+Metric = Callable[[Tensor, Batch], Tensor]
 _PRECISIONS = ("fp32", "bf16")
+_SCHEDULERS = ("onecycle", "plateau")
 # Settings that may change between a run and its resumption (they do not change the numbers);
 # keys of the flattened run configuration (see Trainer._check_resumable).
 _RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progress",
@@ -71,11 +79,21 @@ class TrainConfig:
     """Optimisation settings; defaults are the paper's 2-D protocol (SPEC §5).
 
     Attributes:
-        epochs: passes over the training set.
+        epochs: passes over the training set (at most, with ``early_stopping``).
         batch_size: global batch size, split evenly over the ``torchrun`` processes.
         max_lr, div_factor, final_div_factor, pct_start: the OneCycle schedule (Adam's learning
             rate starts at ``max_lr / div_factor`` and ends at that over ``final_div_factor``).
-        grad_clip: maximum gradient 2-norm.
+        scheduler: ``'onecycle'`` (above, stepped per batch) or ``'plateau'``
+            (``ReduceLROnPlateau`` on the evaluation error, stepped per epoch: the rate starts
+            at ``max_lr`` and is multiplied by ``plateau_factor`` after ``plateau_patience``
+            epochs without improvement; ``div_factor``, ``final_div_factor`` and ``pct_start``
+            are unused).
+        plateau_factor, plateau_patience: see ``scheduler``.
+        early_stopping: stop after this many epochs without a better evaluation error
+            (``None``: never).
+        grad_clip: maximum gradient 2-norm (``None``: no norm clipping).
+        clip_value: clip every gradient entry to ``[-clip_value, clip_value]`` before the norm
+            clipping (``None``: no value clipping).
         eval_batch_size: batch size of the evaluation (per process).
         precision: ``'fp32'`` or ``'bf16'`` (autocast of the forward pass, CUDA only; the loss,
             the evaluation and the weights stay float32).
@@ -91,7 +109,12 @@ class TrainConfig:
     div_factor: float = 1e4
     final_div_factor: float = 1e4
     pct_start: float = 0.3
-    grad_clip: float = 0.999
+    scheduler: str = "onecycle"
+    plateau_factor: float = 0.5
+    plateau_patience: int = 2
+    early_stopping: int | None = None
+    grad_clip: float | None = 0.999
+    clip_value: float | None = None
     eval_batch_size: int = 16
     precision: str = "fp32"
     seed: int = 0
@@ -107,7 +130,15 @@ class TrainConfig:
         check_float(self.div_factor, "div_factor")
         check_float(self.final_div_factor, "final_div_factor")
         check_float(self.pct_start, "pct_start", high=1.0)
-        check_float(self.grad_clip, "grad_clip")
+        if self.scheduler not in _SCHEDULERS:
+            raise ValueError(f"scheduler: expected one of {_SCHEDULERS}, got {self.scheduler!r}")
+        check_float(self.plateau_factor, "plateau_factor", high=1.0)
+        check_int(self.plateau_patience, "plateau_patience", 0)
+        if self.early_stopping is not None:
+            check_int(self.early_stopping, "early_stopping")
+        for name in ("grad_clip", "clip_value"):
+            if getattr(self, name) is not None:
+                check_float(getattr(self, name), name)
         check_int(self.seed, "seed", 0)
         check_int(self.num_workers, "num_workers", 0)
         if self.precision not in _PRECISIONS:
@@ -171,7 +202,105 @@ def _loader(dataset: Dataset, batch_size: int, device: torch.device, **kwargs: A
     return DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda", **kwargs)
 
 
+def _default_metric(pred: Tensor, batch: Batch) -> Tensor:
+    return relative_l2(pred, batch["target"], reduction="none")
+
+
+def relative_l2_metric(
+    normalizer: nn.Module | None = None, *, weighted: bool = True, grid_key: str = "grid"
+) -> Metric:
+    """The continuum-attention metric as a ``metric(pred, batch) -> (B,)`` for
+    :func:`evaluate`, :func:`per_sample_errors` and the :class:`Trainer`: per-sample relative
+    L2 error of ``pred`` against ``batch['target']`` (SPEC-continuum §4).
+
+    Args:
+        normalizer: ``None`` (compare as they are) or the targets' normaliser (e.g. a
+            :class:`~galerkin_ext.data.UnitGaussianNormalizer`): both are decoded first, so
+            the error is in physical units.
+        weighted: the norms carry the quadrature weights of the batch's points,
+            :func:`~galerkin_ext.layers.auto_quadrature_weights` of ``batch[grid_key][0]``
+            (trapezoid in 1-D, uniform on equispaced tensor grids, the product of per-axis
+            trapezoid weights on other tensor grids), derived per batch so that every
+            evaluation grid gets its own.
+        grid_key: the batch's coordinates, ``(B, *grid, d)``, shared by the batch.
+    """
+    if normalizer is not None and not callable(getattr(normalizer, "decode", None)):
+        raise TypeError(f"normalizer: expected None or an object with decode(), got "
+                        f"{type(normalizer).__name__}")
+    if not isinstance(weighted, bool):
+        raise TypeError(f"weighted: expected a bool, got {weighted!r}")
+    from ..layers.continuum import auto_quadrature_weights  # the TNO's own rule
+
+    # A private copy that can follow the predictions to their device (Module.to is in place).
+    norm = copy.deepcopy(normalizer) if isinstance(normalizer, nn.Module) else normalizer
+
+    def metric(pred: Tensor, batch: Batch) -> Tensor:
+        target = batch["target"]
+        if norm is not None:
+            if isinstance(norm, nn.Module):
+                norm.to(pred.device)
+            pred, target = norm.decode(pred), norm.decode(target)
+        weight = None
+        if weighted:
+            if grid_key not in batch:
+                raise KeyError(f"grid_key: the batch has no {grid_key!r} (keys "
+                               f"{sorted(batch)}) to derive quadrature weights from")
+            coords = batch[grid_key][0]
+            # in the coordinates' own dtype, as the model derives its weights: what counts
+            # as equispaced depends on that precision
+            flat = coords.reshape(-1, coords.shape[-1])
+            weight = auto_quadrature_weights(flat, grid_key).reshape(coords.shape[:-1])
+        return relative_l2(pred, target, reduction="none", weight=weight)
+
+    return metric
+
+
 @torch.no_grad()
+def per_sample_errors(
+    model: nn.Module,
+    dataset: Dataset,
+    *,
+    device: torch.device | str = "cpu",
+    batch_size: int = 16,
+    forward: Forward = default_forward,
+    metric: Metric = _default_metric,
+    ctx: DistributedContext | None = None,
+) -> Tensor:
+    """``metric(forward(model, batch), batch)`` of every sample of ``dataset``: a float64
+    ``(len(dataset),)`` CPU tensor in the dataset's order (for means, medians, maxima).
+
+    ``metric`` defaults to the relative L2 error against ``batch['target']``, compared as it
+    is (see :func:`relative_l2_metric` for physical units and quadrature weights).  Under
+    ``torchrun`` pass ``ctx``: each process evaluates a disjoint share and every process gets
+    all errors.  Float32, no autocast; ``model`` is put in ``eval()`` mode.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    _check_dataset(dataset, "dataset")
+    check_int(batch_size, "batch_size")
+    if not callable(forward) or not callable(metric):
+        raise TypeError("forward and metric must be callables")
+    ctx = ctx or DistributedContext(device=torch.device(device))
+    dev = ctx.device if ctx.enabled else torch.device(device)
+    indices = range(ctx.rank, len(dataset), ctx.world_size)
+    shard = Subset(dataset, indices)
+    model.eval()
+    # Each process fills its own entries; the sum over processes assembles the whole vector.
+    errors = torch.zeros(len(dataset), dtype=torch.float64, device=dev)
+    done = 0
+    for batch in _loader(shard, batch_size, dev, shuffle=False):
+        batch = _to(batch, dev)
+        err = metric(forward(model, batch), batch)
+        if err.shape != (batch["target"].shape[0],):
+            raise ValueError(f"metric: expected one error per sample, shape "
+                             f"({batch['target'].shape[0]},), got {tuple(err.shape)}")
+        rows = torch.as_tensor(indices[done : done + err.numel()], device=dev)
+        errors[rows] = err.double()
+        done += err.numel()
+    ctx.all_reduce_sum(errors)
+    return errors.cpu()
+
+
 def evaluate(
     model: nn.Module,
     dataset: Dataset,
@@ -179,30 +308,19 @@ def evaluate(
     device: torch.device | str = "cpu",
     batch_size: int = 16,
     forward: Forward = default_forward,
+    metric: Metric = _default_metric,
     ctx: DistributedContext | None = None,
 ) -> float:
-    """Mean per-sample relative L2 error of ``forward(model, batch)`` against ``batch['target']``.
+    """Mean per-sample relative L2 error of ``forward(model, batch)`` against ``batch['target']``
+    (or the mean of another per-sample ``metric``, see :func:`per_sample_errors`).
 
     The model's outputs are compared as they are: the paper's models de-normalise inside, so
     this is the error in physical units.  Under ``torchrun`` pass ``ctx``: each process
     evaluates a disjoint share and the result is the mean over the whole ``dataset``.
     Float32, no autocast; ``model`` is put in ``eval()`` mode.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    _check_dataset(dataset, "dataset")
-    check_int(batch_size, "batch_size")
-    ctx = ctx or DistributedContext(device=torch.device(device))
-    dev = ctx.device if ctx.enabled else torch.device(device)
-    shard = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of errors, count)
-    for batch in _loader(shard, batch_size, dev, shuffle=False):
-        batch = _to(batch, dev)
-        err = relative_l2(forward(model, batch), batch["target"], reduction="none")
-        total += torch.stack([err.double().sum(), torch.tensor(err.numel(), device=dev)])
-    ctx.all_reduce_sum(total)
-    return float(total[0] / total[1])
+    return float(per_sample_errors(model, dataset, device=device, batch_size=batch_size,
+                                   forward=forward, metric=metric, ctx=ctx).mean())
 
 
 @torch.no_grad()
@@ -255,6 +373,9 @@ class Trainer:
         out_dir: folder of the checkpoints and logs (created).
         ctx: from :func:`~galerkin_ext.training.setup_distributed` (default: one CPU process).
         forward: ``forward(model, batch) -> pred`` (default :func:`default_forward`).
+        metric: ``metric(pred, batch) -> (B,)`` per-sample evaluation errors, whose mean picks
+            the best epoch (and drives ``'plateau'``); default: relative L2 against
+            ``batch['target']``.
         run_config: JSON-like dict stored in the checkpoints next to ``config`` (e.g. the
             example's model and data settings), so a checkpoint documents its run.
     """
@@ -270,12 +391,13 @@ class Trainer:
         *,
         ctx: DistributedContext | None = None,
         forward: Forward = default_forward,
+        metric: Metric = _default_metric,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-        if not callable(loss_fn) or not callable(forward):
-            raise TypeError("loss_fn and forward must be callables")
+        if not callable(loss_fn) or not callable(forward) or not callable(metric):
+            raise TypeError("loss_fn, forward and metric must be callables")
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config: expected a TrainConfig, got {type(config).__name__}")
         if run_config is not None and not isinstance(run_config, Mapping):
@@ -297,7 +419,7 @@ class Trainer:
         if len(train_set) // self.ctx.world_size < per_rank:
             raise ValueError(f"train_set: {len(train_set)} samples are fewer than one batch of "
                              f"{config.batch_size}")
-        self.config, self.loss_fn, self.forward = config, loss_fn, forward
+        self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
         self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else Path(out_dir)
         self.run_config = dict(run_config or {})
         self.model = model.to(self.ctx.device)
@@ -309,11 +431,17 @@ class Trainer:
                               drop_last=True, num_workers=config.num_workers)
         self.steps_per_epoch = len(self.loader)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.max_lr)
-        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            self.optimizer, max_lr=config.max_lr, epochs=config.epochs,
-            steps_per_epoch=self.steps_per_epoch, div_factor=config.div_factor,
-            final_div_factor=config.final_div_factor, pct_start=config.pct_start,
-        )
+        self.scheduler: Any
+        if config.scheduler == "plateau":
+            self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+                self.optimizer, mode="min", factor=config.plateau_factor,
+                patience=config.plateau_patience)
+        else:
+            self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+                self.optimizer, max_lr=config.max_lr, epochs=config.epochs,
+                steps_per_epoch=self.steps_per_epoch, div_factor=config.div_factor,
+                final_div_factor=config.final_div_factor, pct_start=config.pct_start,
+            )
         self.tb_writer = self._tensorboard() if config.tensorboard and self.ctx.is_main else None
 
     # -- files ----------------------------------------------------------------------------
@@ -345,6 +473,9 @@ class Trainer:
         setting of the run configuration must equal the checkpoint's, but those that do not
         change the numbers (``_RESUMABLE_CHANGES``)."""
         old, new = _flatten(stored), _flatten(self._full_config())
+        # A checkpoint written before a TrainConfig field existed ran with its default.
+        for field in dataclasses.fields(TrainConfig):
+            old.setdefault(f"train.{field.name}", field.default)
         changed = sorted(k for k in old.keys() | new.keys()
                          if k not in _RESUMABLE_CHANGES and old.get(k) != new.get(k))
         if changed:
@@ -386,11 +517,16 @@ class Trainer:
             self._stop(f"training loss is {float(stats[0])} at {where}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        norm = nn.utils.clip_grad_norm_(model.parameters(), self.config.grad_clip)
+        if self.config.clip_value is not None:
+            nn.utils.clip_grad_value_(model.parameters(), self.config.clip_value)
+        # The norm is computed either way: a non-finite gradient stops the run.
+        clip = self.config.grad_clip if self.config.grad_clip is not None else math.inf
+        norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
         if not math.isfinite(float(norm)):
             self._stop(f"gradient norm is {float(norm)} at {where}")
         self.optimizer.step()
-        self.scheduler.step()
+        if self.config.scheduler == "onecycle":
+            self.scheduler.step()
         return stats
 
     def _stop(self, what: str) -> None:
@@ -399,13 +535,22 @@ class Trainer:
         raise NonFiniteLossError(f"non-finite values: {what}; the run is stopped and {kept}. "
                                  f"Try a lower max_lr, fp32 precision, or check the data.")
 
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _stops_early(self, epochs_done: int, best_epoch: int) -> bool:
+        patience = self.config.early_stopping
+        return patience is not None and epochs_done - best_epoch >= patience
+
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train for ``config.epochs`` epochs (continuing from ``last.pt`` if ``resume`` and it
-        exists), then load the best epoch's weights into ``self.model``.
+        exists; fewer if ``config.early_stopping`` ends the run), then load the best epoch's
+        weights into ``self.model``.
 
-        Returns ``{'best_metric', 'best_epoch', 'epochs', 'train_seconds', 'history'}``;
-        ``history`` is a list of per-epoch dicts (``epoch``, ``train_loss``, ``train_rel_l2``,
-        ``train_rel_h1``, ``eval_rel_l2``, ``lr``, ``seconds``).
+        Returns ``{'best_metric', 'best_epoch', 'epochs', 'stopped_early', 'train_seconds',
+        'history'}``; ``epochs`` is the number of epochs run, ``history`` a list of per-epoch
+        dicts (``epoch``, ``train_loss``, ``train_rel_l2``, ``train_rel_h1``, ``eval_rel_l2``
+        -- the mean of the ``metric`` --, ``lr`` at the end of the epoch, ``seconds``).
 
         Raises:
             NonFiniteLossError: the loss or gradient became NaN/inf (nothing is overwritten).
@@ -443,6 +588,8 @@ class Trainer:
                    unit="step", disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
         try:
             for epoch in range(start, cfg.epochs):
+                if self._stops_early(epoch, best_epoch):  # also after a resumption
+                    break
                 row = self._epoch(model, epoch, bar)
                 if not math.isfinite(row["eval_rel_l2"]):
                     self._stop(f"evaluation error is {row['eval_rel_l2']} after epoch {epoch + 1}")
@@ -451,6 +598,9 @@ class Trainer:
                 improved = row["eval_rel_l2"] < best_metric
                 if improved:
                     best_metric, best_epoch = row["eval_rel_l2"], epoch + 1
+                if cfg.scheduler == "plateau":
+                    self.scheduler.step(row["eval_rel_l2"])
+                    row["lr"] = self._lr()  # the rate the next epoch trains with
                 rng = self._gather_rng()
                 if ctx.is_main:
                     # best.pt before last.pt: a crash between the two never leaves last.pt
@@ -482,8 +632,12 @@ class Trainer:
         ctx.barrier()  # best.pt is complete before any process reads it
         best = load_checkpoint(self.best_path, "best", map_location=ctx.device)
         self.model.load_state_dict(best["model"])
-        return {"best_metric": best_metric, "best_epoch": best_epoch, "epochs": cfg.epochs,
-                "train_seconds": train_seconds, "history": history}
+        stopped = len(history) < cfg.epochs
+        if stopped and ctx.is_main:
+            print(f"early stopping after epoch {len(history)}: no better evaluation error "
+                  f"in {cfg.early_stopping} epochs (best: epoch {best_epoch})", flush=True)
+        return {"best_metric": best_metric, "best_epoch": best_epoch, "epochs": len(history),
+                "stopped_early": stopped, "train_seconds": train_seconds, "history": history}
 
     def _epoch(self, model: nn.Module, epoch: int, bar: Any) -> dict[str, Any]:
         """Train one epoch, evaluate, return the history row."""
@@ -496,13 +650,14 @@ class Trainer:
             total += stats
             bar.update(1)
             bar.set_postfix(epoch=epoch + 1, loss=f"{float(stats[0]):.3e}",
-                            lr=f"{self.scheduler.get_last_lr()[0]:.2e}", refresh=False)
+                            lr=f"{self._lr():.2e}", refresh=False)
             if self.tb_writer is not None:
                 self.tb_writer.add_scalar("step/loss", float(stats[0]),
                                           epoch * self.steps_per_epoch + step + 1)
         mean = (total / self.steps_per_epoch).tolist()
         eval_err = evaluate(self.model, self.eval_set, batch_size=self.config.eval_batch_size,
-                            forward=self.forward, ctx=self.ctx, device=self.ctx.device)
+                            forward=self.forward, metric=self.metric, ctx=self.ctx,
+                            device=self.ctx.device)
         return {"epoch": epoch + 1, "train_loss": mean[0], "train_rel_l2": mean[1],
-                "train_rel_h1": mean[2], "eval_rel_l2": eval_err,
-                "lr": self.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - t0}
+                "train_rel_h1": mean[2], "eval_rel_l2": eval_err, "lr": self._lr(),
+                "seconds": time.perf_counter() - t0}
