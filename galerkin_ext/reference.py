@@ -106,3 +106,55 @@ def normalized_attention(q: Tensor, k: Tensor, v: Tensor, *, skip: bool = False)
     context = torch.einsum("bhmd,bhme->bhde", k, v)
     out = torch.einsum("bhnd,bhde,bhn->bhne", q, context, inv)
     return out + q if skip else out
+
+
+def gnot_forward(model: torch.nn.Module, x: Tensor, inputs: list[Tensor],
+                 theta: Tensor | None = None) -> Tensor:
+    """GNOT's forward as its reference code computes it (SPEC-gnot §2, ``ffn_norm="post"``,
+    ``theta_mode="query"``, ``gate="mlp"``), with ``model``'s parameters: every point of every
+    sample is a key with the same weight, padded or not (the reference has no masks).
+
+    ``x (B, N, query_dim)``, ``inputs`` ``[(B, M_l, b_l)]``, ``theta (B, p)`` → ``(B, N, out)``.
+    """
+
+    def mlp(net: torch.nn.Module, h: Tensor) -> Tensor:
+        h = F.gelu(net.lift(h))
+        for layer in net.hidden:
+            h = F.gelu(layer(h)) + h
+        return net.out(h)
+
+    def heads(t: Tensor, n_head: int) -> Tensor:
+        b, n, c = t.shape
+        return t.reshape(b, n, n_head, c // n_head).permute(0, 2, 1, 3)
+
+    def attention(layer: torch.nn.Module, h: Tensor, ys: list[Tensor]) -> Tensor:
+        n_head = layer.n_head
+        q = heads(layer.query(h), n_head)
+        out = q.softmax(dim=-1) if layer.skip else torch.zeros_like(q)
+        for key, value, y in zip(layer.keys, layer.values, ys, strict=True):
+            out = out + normalized_attention(q, heads(key(y), n_head), heads(value(y), n_head))
+        b, _, n, _ = out.shape
+        return layer.out(out.permute(0, 2, 1, 3).reshape(b, n, -1))
+
+    def mixture(ffn: torch.nn.Module, h: Tensor, probs: Tensor | None) -> Tensor:
+        outs = [expert[2](F.gelu(expert[0](h))) for expert in ffn.experts]
+        if probs is None:
+            return outs[0]
+        return sum(probs[..., k, None] * o for k, o in enumerate(outs))
+
+    if theta is not None:
+        x = torch.cat([x, theta[:, None, :].expand(-1, x.shape[1], -1)], dim=-1)
+    coords = x[..., :model.space_dim]
+    h = mlp(model.trunk, x)
+    ys = [mlp(branch, y) for branch, y in zip(model.branches, inputs, strict=True)]
+    for i, block in enumerate(model.blocks):
+        probs = None
+        if model.gates is not None:
+            probs = model.gates[i].net(coords).softmax(dim=-1)
+        normed = [norm(y) for norm, y in zip(block.norm_inputs, ys, strict=True)]
+        h = h + attention(block.cross, block.norm_query(h), normed)
+        h = h + block.norm_ffn1(mixture(block.ffn1, h, probs))
+        s = block.norm_self(h)
+        h = h + attention(block.self_attn, s, [s])
+        h = h + block.norm_ffn2(mixture(block.ffn2, h, probs))
+    return mlp(model.decoder, h)

@@ -8,6 +8,8 @@
   :func:`auto_quadrature_weights` — continuum attention and the TNO's encoder layer.
 * :class:`SpectralConv` (Fourier integral operator with mode skipping), :class:`AFNOFilter`,
   :class:`AFNOBlock` — the continuum-attention paper's Fourier layers.
+* :class:`GNOTBlock`, :class:`HeteroNormalizedAttention`, :class:`GeometricGate`,
+  :class:`MixtureFFN`, :class:`ResidualMLP` — GNOT's blocks.
 * :class:`SpectralRegressor`, :class:`PointwiseRegressor` — decoders.
 * :class:`CiNNDownsampler`, :class:`CiNNUpsampler`, :func:`cinn_sizes` — the 2-D CiNN.
 * :class:`Denormalizer` — target de-normalisation with statistics in buffers.
@@ -26,6 +28,7 @@ from .continuum import (
 )
 from .encoder import EncoderLayer, FeedForward
 from .fourier import AFNOBlock, AFNOFilter, SpectralConv
+from .gnot import GeometricGate, GNOTBlock, HeteroNormalizedAttention, MixtureFFN, ResidualMLP
 from .normalization import Denormalizer
 from .regressors import PointwiseRegressor, SpectralRegressor
 from .spectral import SpectralConv1d, SpectralConv2d
@@ -43,7 +46,12 @@ __all__ = [
     "Denormalizer",
     "EncoderLayer",
     "FeedForward",
+    "GNOTBlock",
+    "GeometricGate",
+    "HeteroNormalizedAttention",
+    "MixtureFFN",
     "PointwiseRegressor",
+    "ResidualMLP",
     "SimpleAttention",
     "SpectralConv",
     "SpectralConv1d",

@@ -10,6 +10,7 @@ from torch import nn
 
 from .continuum import AFNO, TNO, FNOChannelMLP, GTEncoder
 from .fno import FNO1d, FNO2d
+from .gnot import GNOT, GKTransformer, MIONet
 from .transformer import SimpleTransformer1d, SimpleTransformer2d
 
 # name -> (class, the paper's settings beyond the class defaults, description)
@@ -48,6 +49,29 @@ _MODELS: dict[str, tuple[Callable[..., nn.Module], dict[str, Any], str]] = {
     "gt_encoder": (GTEncoder, {},
                    "Galerkin Transformer encoder (Fourier attention, 4 layers, 128 wide, "
                    "4 heads) with linear lift and projection, Darcy (534,657 params)"),
+    # GNOT (SPEC-gnot §2, §6): model(x (B, N, query_dim), inputs [(B, M_l, b_l)], theta, *,
+    # weight, input_weights).
+    "gnot_heat": (GNOT, {"space_dim": 2, "query_dim": 2, "input_dims": (3, 2, 2), "out_dim": 1,
+                         "theta_dim": 12, "n_hidden": 128, "n_layers": 3, "n_head": 1,
+                         "n_experts": 3, "mlp_layers": 3},
+                  "GNOT, heat: 3 inputs (top temperature, 2 interfaces), θ the 12 knot heights, "
+                  "128 wide, 3 layers, 3 experts (4,101,386 params)"),
+    "gnot_elasticity": (GNOT, {"space_dim": 2, "query_dim": 2, "input_dims": (2,),
+                               "out_dim": 1, "n_hidden": 128, "n_layers": 3, "n_head": 4,
+                               "n_experts": 1, "mlp_layers": 3},
+                        "GNOT, elasticity: the mesh as input, 128 wide, 3 layers, 4 heads "
+                        "(1,389,441 params)"),
+    "mionet_heat": (MIONet, {"space_dim": 2, "query_dim": 2, "input_dims": (3, 2, 2),
+                             "out_dim": 1, "theta_dim": 12},
+                    "MIONet baseline, heat: 4 branches (3 inputs, θ) and a trunk, 4 layers, "
+                    "width 256; needs input_points, the data set's largest input sizes"),
+    "mionet_elasticity": (MIONet, {"space_dim": 2, "query_dim": 2, "input_dims": (2,),
+                                   "out_dim": 1},
+                          "MIONet baseline, elasticity: the mesh as one branch; needs "
+                          "input_points"),
+    "gk_elasticity": (GKTransformer, {},
+                      "Galerkin Transformer baseline, elasticity: 4 layers, 128 wide, 4 heads, "
+                      "pointwise decoder (584,321 params)"),
 }
 
 # The reference raises the encoder dropout of softmax and linear attention to 0.1.
@@ -66,7 +90,10 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     (:class:`SimpleTransformer2d`), ``'fno1d'`` (:class:`FNO1d`), ``'fno2d'`` (:class:`FNO2d`);
     the continuum-attention paper's ``'tno_l63'``, ``'tno_l63_y'``, ``'tno_cde'``,
     ``'tno_darcy'`` (:class:`TNO`), ``'fno_ca'`` (:class:`FNOChannelMLP`), ``'afno'``
-    (:class:`AFNO`) and ``'gt_encoder'`` (:class:`GTEncoder`).
+    (:class:`AFNO`) and ``'gt_encoder'`` (:class:`GTEncoder`); GNOT's ``'gnot_heat'``,
+    ``'gnot_elasticity'`` (:class:`GNOT`), ``'mionet_heat'``, ``'mionet_elasticity'``
+    (:class:`MIONet`, which need ``input_points``) and ``'gk_elasticity'``
+    (:class:`GKTransformer`).
     ``overrides`` are constructor arguments of that class, e.g. ``attention_type='galerkin'``,
     ``norm='layer'``, ``d_model``, ``n_head``, ``num_layers``, ``fine=211, coarse=61``.
 
@@ -80,7 +107,9 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     ``(B, m, m, 1)`` on the coarse grid (``'darcy_inverse'``). The TNOs and ``'gt_encoder'``
     take point sets, ``model(u (B, N, d_u), x (N, d)) → (B, N, d_z)`` (the TNO also
     ``weight='auto'`` and, for ``'tno_l63'``, ``token0 (B, 4)``); ``'fno_ca'`` and ``'afno'``
-    grids, ``model(u (B, s, s, 1), x (s, s, 2)) → (B, s, s, 1)``.
+    grids, ``model(u (B, s, s, 1), x (s, s, 2)) → (B, s, s, 1)``; GNOT's models padded ragged
+    batches, ``model(x (B, N, 2), inputs [(B, M_l, b_l)], theta (B, p) | None, *, weight,
+    input_weights) → (B, N, out_dim)``.
     """
     if not isinstance(name, str) or name not in _MODELS:
         raise ValueError(f"name: expected one of {list(_MODELS)}, got {name!r}")
@@ -91,6 +120,11 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
         raise TypeError(f"overrides: {unknown} are not arguments of {cls.__name__} "
                         f"(model {name!r}); expected some of {list(allowed)}")
     config = {**paper, **overrides}
+    missing = [key for key, p in allowed.items()
+               if p.default is inspect.Parameter.empty and key not in config]
+    if missing:
+        raise TypeError(f"overrides: model {name!r} needs {missing} (no published value: it "
+                        f"depends on the data)")
 
     def default(key: str) -> Any:
         return config.get(key, allowed[key].default)

@@ -1,0 +1,199 @@
+"""Building blocks of GNOT (Hao et al. 2023; SPEC-gnot §2).
+
+* :class:`ResidualMLP` — ``Linear(n_in, C) → act``, ``m × [x ← act(Linear(C, C)(x)) + x]``,
+  ``Linear(C, n_out)``: GNOT's encoders and decoder.
+* :class:`HeteroNormalizedAttention` — heterogeneous normalised linear attention: one query
+  projection, per input function its own key and value projections and normaliser, on
+  :func:`galerkin_ext.ops.hetero_normalized_attention`.
+* :class:`GeometricGate` — the soft gate of the mixture of experts, computed from coordinates.
+* :class:`MixtureFFN` — ``Σ_k p_k E_k(x)``, a dense soft mixture of feed-forward experts.
+* :class:`GNOTBlock` — cross-attention to the inputs, mixture FFN, self-attention, mixture FFN.
+
+Channels-last: ``(B, N, C)`` query tokens, ``(B, M_l, C)`` input tokens. Padding is weight 0:
+a padded key never reaches a real query, so a sample never depends on its batch mates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .. import ops
+from .._checks import check_choice, check_int, check_probability
+from .activation import make_activation
+
+__all__ = ["GNOTBlock", "GeometricGate", "HeteroNormalizedAttention", "MixtureFFN",
+           "ResidualMLP"]
+
+FFN_NORMS = ("post", "pre")
+
+
+class ResidualMLP(nn.Module):
+    """``Linear(in_dim, hidden) → act``, ``num_layers × [x ← act(Linear(hidden, hidden)(x)) + x]``,
+    ``Linear(hidden, out_dim)``. Input ``(..., in_dim)``, output ``(..., out_dim)``."""
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int,
+                 activation: str = "gelu") -> None:
+        super().__init__()
+        self.lift = nn.Linear(check_int(in_dim, "in_dim"), check_int(hidden, "hidden"))
+        self.hidden = nn.ModuleList(nn.Linear(hidden, hidden)
+                                    for _ in range(check_int(num_layers, "num_layers", 0)))
+        self.out = nn.Linear(hidden, check_int(out_dim, "out_dim"))
+        self.activation = make_activation(activation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (..., in_dim)`` → ``(..., out_dim)``."""
+        x = self.activation(self.lift(x))
+        for layer in self.hidden:
+            x = self.activation(layer(x)) + x
+        return self.out(x)
+
+
+class HeteroNormalizedAttention(nn.Module):
+    """``Linear(C, C)`` for ``q`` and, per input, ``k_l`` and ``v_l``; the op of SPEC-gnot §1 per
+    head (``D = C / n_head``); heads merged; ``Linear(C, C)``.
+
+    Self-attention is the case of one input equal to the queries, weighted by the query weights.
+
+    Args:
+        d_model: ``C``.
+        n_head: heads (must divide ``d_model``).
+        n_inputs: ``L``, the input functions (keys and values of each have their projections).
+        reduce: ``"sum"`` (GNOT's code) or ``"mean"`` (its paper) over the inputs.
+        skip: add ``softmax(q)`` to each head's output (the reference's in-attention identity).
+    """
+
+    def __init__(self, d_model: int, n_head: int, n_inputs: int, reduce: str = "sum",
+                 skip: bool = True) -> None:
+        super().__init__()
+        check_int(d_model, "d_model")
+        check_int(n_head, "n_head")
+        if d_model % n_head:
+            raise ValueError(f"n_head: expected a divisor of d_model = {d_model}, got {n_head}")
+        self.n_head = n_head
+        self.reduce = check_choice(reduce, "reduce", ("sum", "mean"))
+        self.skip = bool(skip)
+        self.query = nn.Linear(d_model, d_model)
+        self.keys = nn.ModuleList(nn.Linear(d_model, d_model)
+                                  for _ in range(check_int(n_inputs, "n_inputs")))
+        self.values = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_inputs))
+        self.out = nn.Linear(d_model, d_model)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """``(B, N, C)`` → ``(B, H, N, C / H)``."""
+        b, n, c = x.shape
+        return x.view(b, n, self.n_head, c // self.n_head).transpose(1, 2)
+
+    def forward(self, x: Tensor, inputs: Sequence[Tensor],
+                weights: Sequence[Tensor | None]) -> Tensor:
+        """``x (B, N, C)``, ``inputs`` ``L`` tensors ``(B, M_l, C)``, ``weights`` ``L`` key
+        weights ``(B, M_l)`` / ``(M_l,)`` / ``None`` (uniform) → ``(B, N, C)``."""
+        if len(inputs) != len(self.keys) or len(weights) != len(self.keys):
+            raise ValueError(f"inputs, weights: expected {len(self.keys)} of each, got "
+                             f"{len(inputs)} and {len(weights)}")
+        q = self._heads(self.query(x))
+        ks = [self._heads(key(y)) for key, y in zip(self.keys, inputs, strict=True)]
+        vs = [self._heads(value(y)) for value, y in zip(self.values, inputs, strict=True)]
+        z = ops.hetero_normalized_attention(q, ks, vs, weights=list(weights),
+                                            reduce=self.reduce, skip=self.skip)
+        return self.out(z.transpose(1, 2).flatten(2))
+
+
+class GeometricGate(nn.Module):
+    """``p = softmax(Linear(F, K) ∘ act ∘ Linear(F, F) ∘ act ∘ Linear(d, F) (coords))``:
+    ``coords (B, N, d)`` → expert probabilities ``(B, N, K)``, a function of position only."""
+
+    def __init__(self, space_dim: int, hidden: int, n_experts: int,
+                 activation: str = "gelu") -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(check_int(space_dim, "space_dim"), check_int(hidden, "hidden")),
+            make_activation(activation), nn.Linear(hidden, hidden), make_activation(activation),
+            nn.Linear(hidden, check_int(n_experts, "n_experts", 2)))
+
+    def forward(self, coords: Tensor) -> Tensor:
+        """``coords (B, N, d)`` → ``(B, N, K)``, rows summing to 1."""
+        return torch.softmax(self.net(coords), dim=-1)
+
+
+class MixtureFFN(nn.Module):
+    """``Σ_k p_k E_k(x)`` with experts ``E_k = Linear(C, F) → act → Linear(F, C)``; every expert
+    runs on every point (dense soft mixture, as GNOT). One expert: ``E_1(x)``, no probabilities.
+    """
+
+    def __init__(self, d_model: int, hidden: int, n_experts: int,
+                 activation: str = "gelu") -> None:
+        super().__init__()
+        check_int(d_model, "d_model")
+        check_int(hidden, "hidden")
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d_model, hidden), make_activation(activation),
+                          nn.Linear(hidden, d_model))
+            for _ in range(check_int(n_experts, "n_experts")))
+
+    def forward(self, x: Tensor, probs: Tensor | None) -> Tensor:
+        """``x (B, N, C)``, ``probs (B, N, K)`` (``None`` for one expert) → ``(B, N, C)``."""
+        if len(self.experts) == 1:
+            return self.experts[0](x)
+        if probs is None or probs.shape != (*x.shape[:-1], len(self.experts)):
+            raise ValueError(f"probs: expected shape {(*x.shape[:-1], len(self.experts))}, got "
+                             f"{None if probs is None else tuple(probs.shape)}")
+        out = probs[..., 0:1] * self.experts[0](x)
+        for k in range(1, len(self.experts)):
+            out = out + probs[..., k:k + 1] * self.experts[k](x)
+        return out
+
+
+class GNOTBlock(nn.Module):
+    """One GNOT block (SPEC-gnot §2), ``ffn_norm="post"``::
+
+        x ← x + drop(CrossHNA(LN1(x); LN2_1(Y_1), …, LN2_L(Y_L)))
+        x ← x + LN3(Σ_k p_k E1_k(x))
+        x ← x + drop(SelfHNA(LN4(x)))
+        x ← x + LN5(Σ_k p_k E2_k(x))
+
+    ``ffn_norm="pre"`` (the reference's CGPT) moves LN3/LN5 in front of the mixtures:
+    ``x ← x + Σ_k p_k E_k(LN(x))``. The input tokens ``Y_l`` are not updated.
+
+    Args:
+        d_model: ``C``; n_head: heads; n_inputs: ``L``; hidden: ``F``, the experts' width;
+        n_experts: ``K``; activation: of the experts; dropout: on the two attention branches;
+        reduce: over the inputs of the cross-attention; self_skip: the self-attention's
+        ``skip`` (the cross-attention always has it); ffn_norm: ``"post"`` or ``"pre"``.
+    """
+
+    def __init__(self, d_model: int, n_head: int, n_inputs: int, hidden: int, n_experts: int = 1,
+                 activation: str = "gelu", dropout: float = 0.0, reduce: str = "sum",
+                 self_skip: bool = True, ffn_norm: str = "post") -> None:
+        super().__init__()
+        self.ffn_norm = check_choice(ffn_norm, "ffn_norm", FFN_NORMS)
+        self.cross = HeteroNormalizedAttention(d_model, n_head, n_inputs, reduce, skip=True)
+        self.self_attn = HeteroNormalizedAttention(d_model, n_head, 1, "sum", skip=self_skip)
+        self.norm_query = nn.LayerNorm(d_model)
+        self.norm_inputs = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_inputs))
+        self.norm_ffn1 = nn.LayerNorm(d_model)
+        self.norm_self = nn.LayerNorm(d_model)
+        self.norm_ffn2 = nn.LayerNorm(d_model)
+        self.ffn1 = MixtureFFN(d_model, hidden, n_experts, activation)
+        self.ffn2 = MixtureFFN(d_model, hidden, n_experts, activation)
+        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+
+    def _mixture(self, ffn: MixtureFFN, norm: nn.LayerNorm, x: Tensor,
+                 probs: Tensor | None) -> Tensor:
+        if self.ffn_norm == "post":
+            return x + norm(ffn(x, probs))
+        return x + ffn(norm(x), probs)
+
+    def forward(self, x: Tensor, inputs: Sequence[Tensor], input_weights: Sequence[Tensor | None],
+                weight: Tensor | None, probs: Tensor | None) -> Tensor:
+        """``x (B, N, C)``, ``inputs`` ``L`` × ``(B, M_l, C)`` with ``input_weights``, query
+        ``weight (B, N)`` or ``None`` (the self-attention's key weights), ``probs (B, N, K)``
+        → ``(B, N, C)``."""
+        ys = [norm(y) for norm, y in zip(self.norm_inputs, inputs, strict=True)]
+        x = x + self.dropout(self.cross(self.norm_query(x), ys, input_weights))
+        x = self._mixture(self.ffn1, self.norm_ffn1, x, probs)
+        h = self.norm_self(x)
+        x = x + self.dropout(self.self_attn(h, [h], [weight]))
+        return self._mixture(self.ffn2, self.norm_ffn2, x, probs)

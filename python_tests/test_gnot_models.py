@@ -1,0 +1,295 @@
+"""GNOT and its baselines (SPEC-gnot §2, §6, §7): parameter counts, batch independence,
+permutation properties, all-masked inputs, the gate, and clear errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from galerkin_ext.layers.gnot import GeometricGate
+from galerkin_ext.models import GNOT, GKTransformer, MIONet, build_model
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def lin(i: int, o: int) -> int:
+    return i * o + o
+
+
+def gnot_count(t, bs, out, c=64, f=256, layers=3, k=1, m=3, d=2) -> int:
+    """SPEC-gnot §2's formula, written out."""
+    def mlp(i, o):
+        return lin(i, c) + m * lin(c, c) + lin(c, o)
+    n_in = len(bs)
+    block = 2 * c * (4 + n_in) + (6 + 2 * n_in) * lin(c, c) + 2 * k * (lin(c, f) + lin(f, c))
+    if k > 1:
+        block += lin(d, f) + lin(f, f) + lin(f, k)
+    return mlp(t, c) + sum(mlp(b, c) for b in bs) + layers * block + mlp(c, out)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("gnot_heat", 4_101_386), ("gnot_elasticity", 1_389_441), ("gk_elasticity", 584_321)])
+def test_published_parameter_counts(name, expected):
+    assert n_params(build_model(name)) == expected
+
+
+def test_parameter_counts_follow_the_formula():
+    assert n_params(GNOT(2, 2, [3], 1)) == gnot_count(2, [3], 1) == 350_721
+    quick_heat = dict(n_hidden=32, n_inner=2, n_layers=2, mlp_layers=2)
+    assert n_params(build_model("gnot_heat", **quick_heat)) == 102_311 == gnot_count(
+        14, [3, 2, 2], 1, c=32, f=64, layers=2, k=3, m=2)
+    assert n_params(build_model("gnot_heat", **quick_heat, n_experts=1)) == 59_681
+    assert n_params(build_model("gnot_elasticity", n_hidden=32, n_inner=2, n_layers=2,
+                                n_head=2, mlp_layers=2)) == 44_033
+    assert n_params(build_model("gk_elasticity", d_model=32, num_layers=2,
+                                dim_feedforward=64, decoder_hidden=32)) == 20_961
+    # MIONet: Σ_nets (lin(in, W) + 2 lin(W, W) + lin(W, P o)) + o
+    model = build_model("mionet_heat", input_points=[30, 20, 25])
+    nets = [30 * 3, 20 * 2, 25 * 2, 12, 2]
+    assert n_params(model) == sum(lin(i, 256) + 2 * lin(256, 256) + lin(256, 256)
+                                  for i in nets) + 1
+    with pytest.raises(TypeError, match="needs \\['input_points'\\]"):
+        build_model("mionet_elasticity")
+
+
+# -- ragged batches ------------------------------------------------------------------------
+
+
+def sample(gen, n, ms, input_dims, theta_dim, dtype=torch.float64):
+    """One sample: query points (n, 2), inputs [(m_l, b_l)], θ (p,), query weights."""
+    x = torch.rand(n, 2, generator=gen, dtype=dtype)
+    inputs = [torch.randn(m, b, generator=gen, dtype=dtype)
+              for m, b in zip(ms, input_dims, strict=True)]
+    theta = torch.randn(theta_dim, generator=gen, dtype=dtype) if theta_dim else None
+    weight = torch.rand(n, generator=gen, dtype=dtype) + 0.1
+    input_weights = [torch.rand(m, generator=gen, dtype=dtype) + 0.1 for m in ms]
+    return x, inputs, theta, weight, input_weights
+
+
+def pad_batch(samples):
+    """Pad to the batch maxima with garbage values (not zeros) and weight 0."""
+    b = len(samples)
+    n_max = max(s[0].shape[0] for s in samples)
+    n_inputs = len(samples[0][1])
+    x = torch.full((b, n_max, 2), 7.0, dtype=torch.float64)
+    weight = torch.zeros(b, n_max, dtype=torch.float64)
+    inputs, input_weights = [], []
+    for l_ in range(n_inputs):
+        m_max = max(s[1][l_].shape[0] for s in samples)
+        width = samples[0][1][l_].shape[1]
+        inputs.append(torch.full((b, m_max, width), -3.0, dtype=torch.float64))
+        input_weights.append(torch.zeros(b, m_max, dtype=torch.float64))
+    for i, (xs, ys, _, w, ws) in enumerate(samples):
+        x[i, :xs.shape[0]] = xs
+        weight[i, :xs.shape[0]] = w
+        for l_, (y, wy) in enumerate(zip(ys, ws, strict=True)):
+            inputs[l_][i, :y.shape[0]] = y
+            input_weights[l_][i, :y.shape[0]] = wy
+    theta = torch.stack([s[2] for s in samples]) if samples[0][2] is not None else None
+    return x, inputs, theta, weight, input_weights
+
+
+VARIANTS = {
+    "gnot_default": lambda: GNOT(2, 2, [3], 1),
+    "gnot_experts_theta": lambda: GNOT(2, 2, [3, 2], 2, theta_dim=4, n_hidden=16, n_layers=2,
+                                       n_head=2, n_experts=3, mlp_layers=2, n_inner=2),
+    "gnot_paper": lambda: GNOT(2, 2, [3, 2], 1, theta_dim=4, n_hidden=16, n_layers=2, n_head=4,
+                               reduce="mean", self_skip=False, theta_mode="branch"),
+    "gnot_pre": lambda: GNOT(2, 2, [3], 1, n_hidden=16, n_layers=2, ffn_norm="pre"),
+    "mionet": lambda: MIONet(2, 2, [3, 2], [12, 9], 1, theta_dim=4, width=32, latent=16),
+    "gk": lambda: GKTransformer(d_model=16, n_head=4, num_layers=2, dim_feedforward=32,
+                                decoder_hidden=16),
+}
+
+
+def model_inputs(name):
+    model = VARIANTS[name]().double()
+    dims = getattr(model, "input_dims", (3,))
+    theta_dim = getattr(model, "theta_dim", 0)
+    return model, dims, theta_dim
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_a_sample_does_not_depend_on_its_batch_mates(name):
+    torch.manual_seed(0)
+    model, dims, theta_dim = model_inputs(name)
+    gen = torch.Generator().manual_seed(1)
+    sizes = [(5, [7, 3]), (11, [12, 9]), (1, [1, 4]), (8, [2, 1])]
+    samples = [sample(gen, n, ms[:len(dims)], dims, theta_dim) for n, ms in sizes]
+    x, inputs, theta, weight, input_weights = pad_batch(samples)
+    batched = model(x, inputs, theta, weight=weight, input_weights=input_weights)
+    assert torch.isfinite(batched).all()
+    for i, (xs, ys, th, w, ws) in enumerate(samples):
+        alone = model(xs[None], [y[None] for y in ys], None if th is None else th[None],
+                      weight=w[None], input_weights=[v[None] for v in ws])
+        torch.testing.assert_close(batched[i, :xs.shape[0]], alone[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gnot_default", "gnot_experts_theta", "gnot_paper", "gk"])
+def test_query_permutation_permutes_outputs_input_permutation_changes_nothing(name):
+    torch.manual_seed(0)
+    model, dims, theta_dim = model_inputs(name)
+    gen = torch.Generator().manual_seed(2)
+    x, ys, th, w, ws = sample(gen, 13, [9, 6][:len(dims)], dims, theta_dim)
+    args = lambda x, ys, w, ws: model(x[None], [y[None] for y in ys],  # noqa: E731
+                                      None if th is None else th[None], weight=w[None],
+                                      input_weights=[v[None] for v in ws])
+    out = args(x, ys, w, ws)[0]
+    perm = torch.randperm(13, generator=gen)
+    torch.testing.assert_close(args(x[perm], ys, w[perm], ws)[0], out[perm], rtol=1e-12,
+                               atol=1e-12)
+    if name != "gk":  # the GK-Transformer has no input functions
+        perms = [torch.randperm(y.shape[0], generator=gen) for y in ys]
+        torch.testing.assert_close(args(x, [y[p] for y, p in zip(ys, perms, strict=True)], w,
+                                        [v[p] for v, p in zip(ws, perms, strict=True)])[0], out,
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_an_all_masked_input_adds_nothing():
+    """reduce='sum': the model with an input whose weights are all 0 equals the model without
+    that input (the same parameters otherwise); outputs and gradients finite."""
+    torch.manual_seed(0)
+    full = GNOT(2, 2, [3, 2], 1, n_hidden=16, n_layers=2, n_head=2).double()
+    reduced = GNOT(2, 2, [3], 1, n_hidden=16, n_layers=2, n_head=2).double()
+    state = full.state_dict()
+    dropped = ("branches.1.", "cross.keys.1.", "cross.values.1.", "norm_inputs.1.")
+    reduced.load_state_dict({k: v for k, v in state.items()
+                             if not any(part in k for part in dropped)})
+    gen = torch.Generator().manual_seed(3)
+    x, ys, _, w, ws = sample(gen, 10, [8, 5], (3, 2), 0)
+    ws[1] = torch.zeros_like(ws[1])
+    ys = [y.requires_grad_() for y in ys]
+    out = full(x[None], [y[None] for y in ys], weight=w[None],
+               input_weights=[v[None] for v in ws])
+    expected = reduced(x[None], [ys[0][None]], weight=w[None], input_weights=[ws[0][None]])
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    out.sum().backward()
+    assert torch.isfinite(ys[0].grad).all()
+    assert torch.equal(ys[1].grad, torch.zeros_like(ys[1]))
+
+
+def test_the_gate_is_a_distribution_over_experts_of_the_coordinates():
+    torch.manual_seed(0)
+    gate = GeometricGate(2, 16, 3).double()
+    coords = torch.rand(4, 50, 2, dtype=torch.float64)
+    p = gate(coords)
+    assert (p >= 0).all()
+    torch.testing.assert_close(p.sum(-1), torch.ones(4, 50, dtype=torch.float64), rtol=0,
+                               atol=1e-12)
+    # a function of the coordinates only: other per-point features do not move it
+    model = GNOT(2, 3, [3], 1, n_hidden=16, n_layers=1, n_experts=3).double()
+    x = torch.rand(2, 9, 3, dtype=torch.float64)
+    x2 = x.clone()
+    x2[..., 2] += 1.0
+    torch.testing.assert_close(model.gates[0](x[..., :2]), model.gates[0](x2[..., :2]))
+
+
+def test_identical_experts_equal_one_expert():
+    torch.manual_seed(0)
+    one = GNOT(2, 2, [3], 1, n_hidden=16, n_layers=2, n_experts=1).double()
+    three = GNOT(2, 2, [3], 1, n_hidden=16, n_layers=2, n_experts=3).double()
+    state = dict(three.state_dict())
+    for key, value in one.state_dict().items():
+        if ".experts.0." in key:
+            for k in range(3):
+                state[key.replace(".experts.0.", f".experts.{k}.")] = value
+        else:
+            state[key] = value
+    three.load_state_dict(state)
+    gen = torch.Generator().manual_seed(4)
+    x, ys, _, w, ws = sample(gen, 12, [7], (3,), 0)
+    args = (x[None], [ys[0][None]])
+    kwargs = dict(weight=w[None], input_weights=[ws[0][None]])
+    torch.testing.assert_close(three(*args, **kwargs), one(*args, **kwargs), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_given_gate_takes_the_callers_probabilities():
+    torch.manual_seed(0)
+    model = GNOT(2, 2, [3], 1, n_hidden=16, n_layers=1, n_experts=3, gate="given").double()
+    assert model.gates is None
+    x = torch.rand(1, 6, 2, dtype=torch.float64)
+    ys = [torch.randn(1, 4, 3, dtype=torch.float64)]
+    # every point on expert 2 = a model whose experts are all expert 2
+    probs = torch.nn.functional.one_hot(torch.full((1, 6), 2), 3).double()
+    out = model(x, ys, expert_probs=probs)
+    only = copy.deepcopy(model)
+    for block in only.blocks:
+        for ffn in (block.ffn1, block.ffn2):
+            ffn.experts[0] = ffn.experts[1] = ffn.experts[2]
+    torch.testing.assert_close(only(x, ys, expert_probs=torch.rand(1, 6, 3).double().softmax(-1)),
+                               out, rtol=1e-12, atol=1e-12)
+    mixed = torch.nn.functional.one_hot(torch.tensor([[0, 1, 2, 2, 1, 0]]), 3).double()
+    assert not torch.allclose(model(x, ys, expert_probs=mixed), out)
+    with pytest.raises(TypeError, match="expert_probs: expected a tensor of shape"):
+        model(x, ys)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m: m(torch.rand(1, 5, 3), [torch.rand(1, 4, 3)]), "x: expected shape"),
+    (lambda m: m(torch.rand(1, 5, 2), []), "inputs: expected a list of 1"),
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 2)]), "inputs\\[0\\]: expected shape"),
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(2, 4, 3)]), "inputs\\[0\\]: expected shape"),
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], torch.rand(1, 2)),
+     "theta: expected None"),
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], weight=torch.rand(1, 4)),
+     "weight: expected shape"),
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], input_weights=[torch.rand(4)]),
+     "input_weights\\[0\\]: expected shape"),
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], expert_probs=torch.rand(1, 5, 1)),
+     "expert_probs: expected None"),
+])
+def test_bad_arguments_fail_clearly(call, match):
+    model = GNOT(2, 2, [3], 1, n_hidden=8, n_layers=1)
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(model)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(input_dims=[]), "input_dims: expected a non-empty list"),
+    (dict(n_head=3), "n_head: expected a divisor"),
+    (dict(theta_mode="side"), "theta_mode"),
+    (dict(ffn_norm="mid"), "ffn_norm"),
+    (dict(query_dim=1), "query_dim: expected at least"),
+])
+def test_bad_configurations_fail_clearly(kwargs, match):
+    config = dict(space_dim=2, query_dim=2, input_dims=[3], out_dim=1, n_hidden=8) | kwargs
+    with pytest.raises((ValueError, TypeError), match=match):
+        GNOT(**config)
+
+
+def test_mionet_refuses_inputs_larger_than_built_for():
+    model = MIONet(2, 2, [3], [4], 1, width=8, latent=4)
+    with pytest.raises(ValueError, match="at most input_points\\[0\\] = 4"):
+        model(torch.rand(1, 3, 2), [torch.rand(1, 5, 3)])
+
+
+@pytest.mark.parametrize("experts", [1, 3])
+def test_equals_the_reference_forward_on_equal_sizes_and_differs_with_padding(experts):
+    """SPEC-gnot §7.7: with equal-size samples and uniform weights the model is the reference
+    code's forward; with padding the reference lets padded points in, ours does not."""
+    from galerkin_ext.reference import gnot_forward
+
+    torch.manual_seed(0)
+    model = GNOT(2, 2, [3, 2], 1, theta_dim=3, n_hidden=16, n_layers=2, n_head=2,
+                 n_experts=experts).double()
+    gen = torch.Generator().manual_seed(5)
+    x = torch.rand(3, 10, 2, generator=gen, dtype=torch.float64)
+    inputs = [torch.randn(3, 7, 3, generator=gen, dtype=torch.float64),
+              torch.randn(3, 4, 2, generator=gen, dtype=torch.float64)]
+    theta = torch.randn(3, 3, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(model(x, inputs, theta), gnot_forward(model, x, inputs, theta),
+                               rtol=1e-12, atol=1e-12)
+    # sample 0 with its last 3 query points and 2 input points as padding
+    weight = torch.ones(3, 10, dtype=torch.float64)
+    weight[0, 7:] = 0
+    input_weights = [torch.ones(3, 7, dtype=torch.float64), torch.ones(3, 4, dtype=torch.float64)]
+    input_weights[0][0, 5:] = 0
+    ours = model(x, inputs, theta, weight=weight, input_weights=input_weights)
+    alone = model(x[:1, :7], [inputs[0][:1, :5], inputs[1][:1]], theta[:1])
+    torch.testing.assert_close(ours[0, :7], alone[0], rtol=1e-12, atol=1e-12)
+    assert (gnot_forward(model, x, inputs, theta)[0, :7] - alone[0]).abs().max() > 1e-3
