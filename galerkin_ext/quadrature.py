@@ -9,7 +9,9 @@ point sets, to pass as the ops' ``weight``:
   grids and patches);
 * :func:`mesh_weights` — the vertices of a triangle or tetrahedron mesh, given or Delaunay
   (lumped: exact for functions linear on every cell);
-* :func:`monte_carlo_weights` — points drawn uniformly from a domain (half order).
+* :func:`monte_carlo_weights` — points drawn uniformly from a domain (half order);
+* :func:`curve_weights` — the vertices of a polyline or any set of segments (lumped: exact for
+  functions linear on every segment).
 
 Every set of weights sums to the length, area or volume of its domain.
 """
@@ -24,7 +26,13 @@ from torch import Tensor
 
 from ._checks import check_choice, check_float, check_int
 
-__all__ = ["grid_weights", "mesh_weights", "monte_carlo_weights", "trapezoid_weights"]
+__all__ = [
+    "curve_weights",
+    "grid_weights",
+    "mesh_weights",
+    "monte_carlo_weights",
+    "trapezoid_weights",
+]
 
 
 def trapezoid_weights(x: Tensor) -> Tensor:
@@ -202,6 +210,57 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
                          "vertices are collinear or coplanar)")
     share = (measure / corners).repeat_interleave(corners)
     return points.new_zeros(n_vertices).index_add_(0, cells.reshape(-1), share)
+
+
+def curve_weights(points: Tensor, segments: Tensor) -> Tensor:
+    """Lumped vertex weights of a curve given as segments: each segment's length split equally
+    between its two end points (SPEC-gnot §3).
+
+    The segments need not form one chain (a closed loop, several pieces and branches are all
+    fine): the weights sum to the total length and integrate every function that is linear on
+    each segment exactly (the trapezoid rule along an open polyline).  A vertex on no segment
+    gets 0.
+
+    Args:
+        points: ``(V, 2)`` or ``(V, 3)`` floating-point vertex coordinates.
+        segments: ``(S, 2)`` integer vertex indices, ``S >= 0``.
+
+    Returns:
+        ``(V,)`` weights, ``points``' dtype and device.
+
+    Raises:
+        ValueError: for an index out of range or a segment from a vertex to itself, naming the
+            first such segment.
+    """
+    if not isinstance(points, Tensor) or not points.is_floating_point() or points.ndim != 2 or (
+        points.shape[1] not in (2, 3)
+    ):
+        raise TypeError(f"points: expected a floating-point tensor of shape (V, 2) or (V, 3), "
+                        f"got {getattr(points, 'dtype', type(points).__name__)} "
+                        f"{tuple(getattr(points, 'shape', ()))}")
+    if not isinstance(segments, Tensor) or segments.is_floating_point() or (
+        segments.is_complex()
+    ) or segments.dtype == torch.bool or segments.ndim != 2 or segments.shape[1] != 2:
+        raise TypeError(f"segments: expected an integer tensor of shape (S, 2), got "
+                        f"{getattr(segments, 'dtype', type(segments).__name__)} "
+                        f"{tuple(getattr(segments, 'shape', ()))}")
+    if not bool(torch.isfinite(points).all()):
+        raise ValueError("points: expected finite coordinates")
+    n_vertices = points.shape[0]
+    segments = segments.to(device=points.device, dtype=torch.long)
+    out_of_range = ((segments < 0) | (segments >= n_vertices)).any(dim=1)
+    if bool(out_of_range.any()):
+        s = int(out_of_range.nonzero()[0])
+        raise ValueError(f"segments: segment {s} = {segments[s].tolist()} has a vertex index "
+                         f"outside [0, {n_vertices})")
+    loop = segments[:, 0] == segments[:, 1]
+    if bool(loop.any()):
+        s = int(loop.nonzero()[0])
+        raise ValueError(f"segments: segment {s} = {segments[s].tolist()} joins a vertex to "
+                         "itself")
+    half = (points[segments[:, 1]] - points[segments[:, 0]]).norm(dim=1) / 2
+    return points.new_zeros(n_vertices).index_add_(0, segments.reshape(-1),
+                                                   half.repeat_interleave(2))
 
 
 def _delaunay(points: Tensor) -> Tensor:
