@@ -68,8 +68,9 @@ PRESETS = {
         "model": {"d_model": 32, "n_head": 2, "num_layers": 2, "dim_feedforward": 64},
         "train": {"epochs": 20, "batch_size": 32, "max_lr": 5e-3, "div_factor": 25.0,
                   "final_div_factor": 1e3, "pct_start": 0.2, "grad_clip": 1.0, "seed": 0},
-        # SPEC-continuum §7: <= 1e-2 at every dt (the test set and each zero-shot dt)
-        "thresholds": {"test_rel_l2_median": 1e-2, "zero_shot_dt_worst_median": 1e-2},
+        # at every dt (the test set and each zero-shot dt): SPEC-continuum §7's 1e-2, tightened
+        # to ~3x the measured figures
+        "thresholds": {"test_rel_l2_median": 3e-3, "zero_shot_dt_worst_median": 3e-3},
     },
     "paper": {
         "data": {"dt": 0.01, "seed": 0},

@@ -71,8 +71,9 @@ PRESETS = {
         "model": {},
         "train": {"epochs": 10, "batch_size": 8, "max_lr": 1e-3, "div_factor": 25.0,
                   "final_div_factor": 1e3, "pct_start": 0.2, "grad_clip": 1.0, "seed": 0},
-        # SPEC-continuum §7, per --model; the baselines are not held to one
-        "thresholds": {"tno": {"test_rel_l2_median": 0.15, "zero_shot_s64_median": 0.18}},
+        # per --model: SPEC-continuum §7's 0.15 and 0.18 tightened to ~1.5x the measured
+        # figures; the baselines are not held to one
+        "thresholds": {"tno": {"test_rel_l2_median": 0.10, "zero_shot_s64_median": 0.12}},
     },
     "paper": {
         "data": {"resolution": 64, "seed": 0},

@@ -58,10 +58,10 @@ from galerkin_ext.training import (
 # validation: --lr 1e-4), batch 64, 100 epochs, clip by value 10, early stopping after 20.
 # "quick" is SPEC-continuum §7 at a budget re-measured on this package: dt = 0.02 (101 times),
 # 800/100/200, a 32-wide 2-layer TNO with 2 heads, Adam + OneCycle (max_lr 5e-3: 2e-3 reached
-# 0.022 only in 100 epochs), batch 32, 50 epochs (30 reached 0.21).  Measured on 2 idle CPU
+# 0.022 only in 100 epochs), batch 32, 50 epochs (30 reached 0.21).  Measured on 2 CPU
 # cores from an empty data cache: task (b) median 2.34e-2, grid (41) 2.61e-2 vs 5.66e-2 for the
-# unweighted model (0.46x), both models in 124 s wall; task (a) median 1.71e-2 (normalised
-# 4.0e-2) in 75 s.
+# unweighted model (0.46x), both models in 112 s wall; task (a) median 1.71e-2 (normalised
+# 4.0e-2) in 57 s.
 ZERO_SHOT_DT = [0.005, 0.0075, 0.01, 0.015, 0.02]  # the paper's Fig 7
 PRESETS = {
     "quick": {
@@ -73,9 +73,10 @@ PRESETS = {
         "model": {"d_model": 32, "n_head": 2, "num_layers": 2, "dim_feedforward": 64},
         "train": {"epochs": 50, "batch_size": 32, "max_lr": 5e-3, "div_factor": 25.0,
                   "final_div_factor": 1e3, "pct_start": 0.2, "grad_clip": 1.0, "seed": 0},
-        # SPEC-continuum §7; task (a) is a smoke test there (it expected ~0.37)
-        "thresholds": {"b": {"test_rel_l2_median": 0.15, "zero_shot_nonuniform_median": 0.15,
-                             "nonuniform_over_unweighted": 0.7}},
+        # SPEC-continuum §7's 0.15, 0.15 and 0.7x, tightened to ~2x the measured figures;
+        # task (a) is a smoke test there (it expected ~0.37)
+        "thresholds": {"b": {"test_rel_l2_median": 0.05, "zero_shot_nonuniform_median": 0.06,
+                             "nonuniform_over_unweighted": 0.6}},
     },
     "paper": {
         "data": {"dt": 0.01, "seed": 0},
