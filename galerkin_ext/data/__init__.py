@@ -1,6 +1,6 @@
-"""Data for the three experiments of the Galerkin Transformer paper (SPEC §4) and the data part
+"""Data for the three experiments of the Galerkin Transformer paper (SPEC §4), the data part
 of the continuum-attention experiments (SPEC-continuum §3: Lorenz-63, controlled ODE, lognormal
-and piecewise-constant Darcy).
+and piecewise-constant Darcy) and the GNOT sets (SPEC-gnot §3-4: heat, elasticity; ragged).
 
 Modules (imported lazily, so the solver worker processes stay light):
 
@@ -9,14 +9,19 @@ Modules (imported lazily, so the solver worker processes stay light):
 * :mod:`.darcy` -- :func:`solve_darcy`, 5-point finite differences, sparse direct solve;
 * :mod:`.ode` -- time grids, RK4, Lorenz-63, the controlled ODE's exact solution;
 * :mod:`.storage` -- the HDF5 schema, resumable chunked writing and checked reading;
+* :mod:`.ragged` -- the ragged schema (samples of different sizes): resumable writer of any
+  ``sample_fn(index)``, checked reader, inspection;
 * :mod:`.generate` -- :func:`generate_burgers`, :func:`generate_darcy`,
-  :func:`generate_lorenz63`, :func:`generate_cde`;
+  :func:`generate_lorenz63`, :func:`generate_cde`, :func:`generate_heat`,
+  :func:`generate_elasticity`;
 * :mod:`.datasets` -- PyTorch datasets (Burgers, Darcy forward and inverse; the ODE sets and
   continuum Darcy), normaliser;
+* :mod:`.gnot_datasets` -- the ragged dataset, its normalisers, padding collation and a
+  size-bucketing batch sampler;
 * :mod:`.mat` -- readers for the original ``.mat`` benchmark files.
 
-Command line: ``python -m galerkin_ext.data generate {burgers,darcy,lorenz63,cde} --out FILE.h5
-...`` and
+Command line: ``python -m galerkin_ext.data generate
+{burgers,darcy,lorenz63,cde,heat,elasticity} --out FILE.h5 ...`` and
 ``python -m galerkin_ext.data info FILE.h5``.
 """
 
@@ -37,6 +42,16 @@ _EXPORTS = {
     "generate_darcy": "generate",
     "generate_lorenz63": "generate",
     "generate_cde": "generate",
+    "generate_heat": "generate",
+    "generate_elasticity": "generate",
+    "write_ragged": "ragged",
+    "read_ragged": "ragged",
+    "inspect_ragged": "ragged",
+    "RaggedLayout": "ragged",
+    "RaggedDataset": "gnot_datasets",
+    "RaggedNormalizers": "gnot_datasets",
+    "collate_ragged": "gnot_datasets",
+    "SizeBucketSampler": "gnot_datasets",
     "time_grid": "ode",
     "rk4": "ode",
     "solve_lorenz63": "ode",
@@ -60,8 +75,8 @@ _EXPORTS = {
     "read_burgers_mat": "mat",
     "read_darcy_mat": "mat",
 }
-_SUBMODULES = ("random_fields", "burgers", "darcy", "ode", "storage", "generate", "datasets",
-               "mat")
+_SUBMODULES = ("random_fields", "burgers", "darcy", "ode", "storage", "ragged", "generate",
+               "datasets", "gnot_datasets", "mat")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

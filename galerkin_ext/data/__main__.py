@@ -1,7 +1,8 @@
 """Command line: ``python -m galerkin_ext.data {generate,info} ...`` (see ``--help``).
 
-``generate {burgers,darcy,lorenz63,cde}`` writes a resumable HDF5 file; ``info`` prints its
-metadata, completeness and (for the continuum sets) summary statistics as JSON.
+``generate {burgers,darcy,lorenz63,cde,heat,elasticity}`` writes a resumable HDF5 file (heat and
+elasticity: a ragged file, SPEC-gnot §3, with ``--preset quick|paper``); ``info`` prints its
+metadata, completeness and (for the continuum and ragged sets) summary statistics as JSON.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .._cli import nonnegative_int, positive_float, positive_int
 
-PROBLEMS = ("burgers", "darcy", "lorenz63", "cde")
+PROBLEMS = ("burgers", "darcy", "lorenz63", "cde", "heat", "elasticity")
+GNOT = ("heat", "elasticity")
 # Problem-specific options (argparse dest -> problems that take it).  burgers and darcy have
 # always ignored each other's options; the newer ones are refused where they do not apply.
 _APPLIES = {
     "resolution": ("burgers", "darcy"),
-    "workers": ("burgers", "darcy"),
+    "workers": ("burgers", "darcy", "heat", "elasticity"),
     "solve_resolution": ("burgers", "darcy"),
     "n_steps": ("burgers", "darcy"),
     "device": ("burgers", "darcy"),
@@ -31,15 +34,30 @@ _APPLIES = {
     "grid": ("lorenz63", "cde"),
     "max_step": ("lorenz63",),
     "decay": ("cde",),
+    "preset": GNOT,
+    "h": GNOT,
+    "refine": GNOT,
+    "targets": ("elasticity",),
+    "with_cavity": ("elasticity",),
+    "with_theta": ("elasticity",),
 }
+
+
+def _targets(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names such as u,v,vm, got "
+                                         f"{text!r}")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for the tests and ``--help``)."""
     parser = argparse.ArgumentParser(
         prog="python -m galerkin_ext.data",
-        description="Generate or inspect the data sets (HDF5): Burgers, Darcy, Lorenz-63 and "
-                    "the controlled ODE.",
+        description="Generate or inspect the data sets (HDF5): Burgers, Darcy, Lorenz-63, "
+                    "the controlled ODE, and the GNOT sets heat and elasticity (ragged; need "
+                    "the optional package triangle: pip install \"galerkin_ext[fem]\").",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a data set into FILE.h5 (resumable)")
@@ -47,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, help="output file, .h5 or .hdf5")
     gen.add_argument("--n-samples", type=positive_int, default=None,
                      help="number of samples (default: burgers 2048, darcy 2048 or 4000 with "
-                          "--coef, lorenz63 and cde 10000)")
+                          "--coef, lorenz63 and cde 10000, heat and elasticity by --preset)")
     gen.add_argument("--resolution", type=positive_int, default=None,
                      help="grid points per axis (default: burgers 8192, darcy 421 or 64 with "
                           "--coef)")
@@ -55,13 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sample i depends only on (seed, i); give a zero-shot set its own seed")
     gen.add_argument("--chunk-size", type=positive_int, default=None,
                      help="samples per stored chunk (default: burgers 256, darcy 32, lorenz63 "
-                          "and cde 1000)")
+                          "and cde 1000, heat and elasticity 50)")
     mode = gen.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue an interrupted generation")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing file")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.add_argument("--workers", type=positive_int, default=None,
-                     help="darcy: worker processes (default: all usable cores)")
+                     help="darcy: worker processes (default: all usable cores); heat, "
+                          "elasticity: (default 1)")
     gen.add_argument("--solve-resolution", type=positive_int, default=None,
                      help="burgers: grid the solver runs on before zero-padding (default 1024)")
     gen.add_argument("--n-steps", type=positive_int, default=None,
@@ -87,6 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="lorenz63: largest RK4 step (default 1e-3)")
     gen.add_argument("--decay", action="store_true", default=None,
                      help="cde: weight term j of the control by 1/j (the authors' code)")
+    gen.add_argument("--preset", choices=("quick", "paper"), default=None,
+                     help="heat/elasticity: sample count and mesh size (default paper: heat "
+                          "5500 at h 0.2, elasticity 1200 at h 0.035; quick: 250 at h 0.5 / "
+                          "0.07)")
+    gen.add_argument("--h", type=positive_float, default=None,
+                     help="heat/elasticity: mesh size (default: by --preset)")
+    gen.add_argument("--refine", action="store_true", default=None,
+                     help="heat/elasticity: the refined evaluation set (triangles near the "
+                          "interfaces/cavity split)")
+    gen.add_argument("--targets", type=_targets, default=None,
+                     help="elasticity: comma-separated targets from u,v,vm (default vm)")
+    gen.add_argument("--with-cavity", action="store_true", default=None,
+                     help="elasticity: add the input function 'cavity' (its boundary points)")
+    gen.add_argument("--with-theta", action="store_true", default=None,
+                     help="elasticity: store theta = the cavity radius at 42 angles")
     info = sub.add_parser("info", help="print the metadata and completeness of a data file")
     info.add_argument("file")
     return parser
@@ -107,9 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "info":
+            from .ragged import inspect_ragged, is_ragged_file
             from .storage import inspect_h5
 
-            print(json.dumps(inspect_h5(args.file), indent=2))
+            inspect = inspect_ragged if is_ragged_file(args.file) else inspect_h5
+            print(json.dumps(inspect(args.file), indent=2))
             return 0
         common = {
             "seed": args.seed,
@@ -137,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.out, resolution=args.resolution, coef=args.coef, workers=args.workers,
                 **common,
             )
+        elif args.problem in GNOT:
+            path = _generate_gnot(args, common)
         elif args.problem == "lorenz63":
             from .generate import generate_lorenz63
 
@@ -154,9 +192,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 130
     except (DataFileError, FileExistsError, FileNotFoundError, PermissionError,
-            ValueError, TypeError) as err:
+            ValueError, TypeError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+
+
+def _generate_gnot(args: argparse.Namespace, common: dict) -> Path:
+    """``generate heat|elasticity``: the preset's defaults, then the given options."""
+    from .generate import GNOT_PRESETS, generate_elasticity, generate_heat
+
+    preset = GNOT_PRESETS[args.problem][args.preset or "paper"]
+    kwargs = {**common, "h": args.h if args.h is not None else preset["h"],
+              "n_samples": common.get("n_samples", preset["n_samples"]),
+              "refine": bool(args.refine), "workers": args.workers or 1}
+    if args.problem == "heat":
+        return generate_heat(args.out, **kwargs)
+    return generate_elasticity(args.out, **kwargs, targets=args.targets or ("vm",),
+                               with_cavity=bool(args.with_cavity),
+                               with_theta=bool(args.with_theta))
 
 
 if __name__ == "__main__":

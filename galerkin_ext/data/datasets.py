@@ -89,24 +89,51 @@ Source = str | os.PathLike[str] | tuple[np.ndarray, np.ndarray]
 
 
 class UnitGaussianNormalizer(torch.nn.Module):
-    """Pointwise ``(x - mean) / (std + eps)`` with mean/population std over the sample axis.
+    """Pointwise ``(x - mean) / (std + eps)`` with mean/std over the sample axis.
 
     ``mean`` and ``std`` are buffers of the per-sample shape, so the normaliser moves with
-    ``.to(device)`` and is saved in a model's ``state_dict``.
+    ``.to(device)`` and is saved in a model's ``state_dict``.  ``correction=0`` (default): the
+    population std of SPEC §4; ``correction=1``: the unbiased std of the GNOT reference
+    (SPEC-gnot §3, there with ``eps=1e-8``).
     """
 
-    def __init__(self, data: torch.Tensor | np.ndarray, eps: float = 1e-5) -> None:
+    def __init__(self, data: torch.Tensor | np.ndarray, eps: float = 1e-5, *,
+                 correction: int = 0) -> None:
         super().__init__()
         x = torch.as_tensor(np.asarray(data) if not isinstance(data, torch.Tensor) else data)
-        if x.ndim < 1 or x.shape[0] < 1 or not x.is_floating_point():
+        if correction not in (0, 1) or isinstance(correction, bool):
+            raise ValueError(f"correction: expected 0 (population std) or 1 (unbiased), "
+                             f"got {correction!r}")
+        if x.ndim < 1 or x.shape[0] < 1 + correction or not x.is_floating_point():
             raise ValueError(
-                "data must be a floating array of shape (n_samples, ...) with n_samples >= 1, "
-                f"got shape {tuple(x.shape)} and dtype {x.dtype}"
+                f"data must be a floating array of shape (n_samples, ...) with n_samples >= "
+                f"{1 + correction}, got shape {tuple(x.shape)} and dtype {x.dtype}"
             )
         self.eps = check_float(eps, "eps", low_inclusive=True)
         x = x.to(torch.float64)
         self.register_buffer("mean", x.mean(dim=0))
-        self.register_buffer("std", x.std(dim=0, correction=0))  # population std (SPEC §4)
+        self.register_buffer("std", x.std(dim=0, correction=correction))
+
+    @classmethod
+    def from_statistics(cls, mean: torch.Tensor, std: torch.Tensor,
+                        eps: float = 1e-5) -> UnitGaussianNormalizer:
+        """A normaliser with the given ``mean`` and ``std`` (same shape; e.g. from a
+        checkpoint), in their dtype."""
+        for name, t in (("mean", mean), ("std", std)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name}: expected a floating-point tensor, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)}")
+        if mean.shape != std.shape:
+            raise ValueError(f"std: expected the shape of mean {tuple(mean.shape)}, got "
+                             f"{tuple(std.shape)}")
+        if not bool(torch.isfinite(mean).all()) or not bool(
+            (torch.isfinite(std) & (std >= 0)).all()
+        ):
+            raise ValueError("mean, std: expected finite values and std >= 0")
+        norm = cls(torch.zeros((1, *mean.shape), dtype=mean.dtype), eps)
+        norm.mean = mean.detach().clone()
+        norm.std = std.detach().clone().to(mean.dtype)
+        return norm
 
     def _check(self, x: torch.Tensor) -> None:
         shape = tuple(self.mean.shape)

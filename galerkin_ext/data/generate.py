@@ -1,6 +1,7 @@
-"""Generators of the data sets into resumable HDF5 files: Burgers and Darcy (SPEC §4), and the
+"""Generators of the data sets into resumable HDF5 files: Burgers and Darcy (SPEC §4), the
 continuum-attention sets (SPEC-continuum §3): Lorenz-63, the controlled ODE, and Darcy with a
-lognormal or piecewise-constant coefficient.
+lognormal or piecewise-constant coefficient, and the GNOT sets (SPEC-gnot §4, ragged files of
+:mod:`.ragged`): heat and elasticity.
 
 Sample ``i`` of a set depends only on ``(seed, i)`` (see :mod:`.random_fields`), so chunk size,
 worker count and interruptions do not change the data.  File schema: :mod:`.storage`.
@@ -11,18 +12,21 @@ Paper-sized defaults: Burgers 2048 samples at 8192 points (train = first 1024, e
 Lorenz-63 and the controlled ODE 10000 samples (8000 train, 1000 test, 1000 validation);
 Darcy ``coef="lognormal"``/``"piecewise"`` 4000 samples at 64 x 64 (3600/200/200).  A zero-shot
 set (another ``dt``, grid or resolution) is an independent draw: give it another ``seed``.
+GNOT sets: :data:`GNOT_PRESETS` (heat paper 5500 samples at h = 0.2, quick 250 at h = 0.5;
+elasticity paper 1200 at h = 0.035, quick 250 at h = 0.07).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from .._checks import check_choice, check_float, check_int, resolve_device
 from . import darcy as _darcy
@@ -39,9 +43,10 @@ from .ode import (
     time_grid,
 )
 from .random_fields import DARCY_COEFFICIENTS, sample_periodic_grf_1d
-from .storage import ArraySpec, ChunkedWriter
+from .storage import ArraySpec, ChunkedWriter, run_chunks
 
-__all__ = ["generate_burgers", "generate_darcy", "generate_lorenz63", "generate_cde"]
+__all__ = ["generate_burgers", "generate_darcy", "generate_lorenz63", "generate_cde",
+           "generate_heat", "generate_elasticity", "GNOT_PRESETS"]
 
 Arrays = dict[str, np.ndarray]
 
@@ -57,22 +62,7 @@ def _run(
 
     ``statistics(arrays)`` gives the summary fields of a chunk (see :class:`ChunkedWriter`).
     """
-    try:
-        with tqdm(
-            total=writer.n_samples,
-            initial=writer.n_done(),
-            unit="sample",
-            desc=desc,
-            disable=not progress,
-            dynamic_ncols=True,
-        ) as bar:
-            for chunk, start, stop in writer.pending_chunks():
-                arrays = compute(start, stop)
-                writer.write_chunk(chunk, arrays, statistics(arrays) if statistics else None)
-                bar.update(stop - start)
-        return writer.finish()
-    finally:
-        writer.close()
+    return run_chunks(writer, compute, progress=progress, desc=desc, statistics=statistics)
 
 
 def generate_burgers(
@@ -392,3 +382,140 @@ def generate_cde(
         return {"u": arrays["input"], "z": arrays["output"]}
 
     return _run(writer, compute, progress, "cde", statistics)
+
+
+# -- GNOT sets (SPEC-gnot §4): ragged files -----------------------------------------------------
+
+#: Sample counts and mesh sizes of the presets (SPEC-gnot §4.1, §4.2).
+GNOT_PRESETS = {
+    "heat": {"quick": {"n_samples": 250, "h": 0.5}, "paper": {"n_samples": 5500, "h": 0.2}},
+    "elasticity": {"quick": {"n_samples": 250, "h": 0.07},
+                   "paper": {"n_samples": 1200, "h": 0.035}},
+}
+
+
+def _require_triangle(problem: str) -> None:
+    """Fail before any work if the optional mesher is missing (its licence keeps it an extra)."""
+    if importlib.util.find_spec("triangle") is None:
+        raise ModuleNotFoundError(
+            f"generating the {problem} set needs the optional package 'triangle' (Shewchuk's "
+            "Triangle mesher, free for non-commercial use): pip install \"galerkin_ext[fem]\"",
+            name="triangle",
+        )
+
+
+def _gnot_generate(
+    problem: str, out: str | os.PathLike[str], sample_fn: Callable[[int], Any],
+    parameters: dict[str, Any], *, seed: int, n_samples: int, chunk_size: int,
+    workers: int | None, resume: bool, overwrite: bool, progress: bool,
+) -> Path:
+    """Shared part of :func:`generate_heat` and :func:`generate_elasticity`."""
+    from .ragged import write_ragged
+
+    pool = None
+    try:
+        if workers is None or workers > 1:
+            pool = _darcy.darcy_executor(workers)  # spawned processes, one sample per task
+        return write_ragged(out, sample_fn, generator=problem, parameters=parameters,
+                            seed=seed, n_samples=n_samples, chunk_size=chunk_size,
+                            resume=resume, overwrite=overwrite, progress=progress,
+                            desc=problem, executor=pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _gnot_common(problem: str, n_samples: int | None, h: float | None, seed: int,
+                 chunk_size: int, workers: int | None, refine: bool) -> tuple[int, float, int]:
+    paper = GNOT_PRESETS[problem]["paper"]
+    n_samples = check_int(paper["n_samples"] if n_samples is None else n_samples, "n_samples")
+    h = check_float(paper["h"] if h is None else h, "h")
+    check_int(seed, "seed", 0)
+    check_int(chunk_size, "chunk_size")
+    if workers is not None:
+        check_int(workers, "workers")
+    if not isinstance(refine, bool):
+        raise TypeError(f"refine: expected a bool, got {refine!r}")
+    _require_triangle(problem)
+    return n_samples, h, seed
+
+
+def generate_heat(
+    out: str | os.PathLike[str],
+    *,
+    n_samples: int | None = None,
+    seed: int = 0,
+    h: float | None = None,
+    refine: bool = False,
+    chunk_size: int = 50,
+    workers: int | None = 1,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Generate the GNOT heat set (SPEC-gnot §4.1) into a ragged file, generator ``"heat"``.
+
+    Sample ``i`` is :func:`.heat.heat_sample` ``(i, seed=seed, h=h, refine=refine)``: query
+    points = the mesh vertices (lumped weights, subdomain labels), target ``T``, inputs
+    ``top_temperature`` (values ``g``), ``interface_1``, ``interface_2`` (coordinates only;
+    curve weights), θ = the 12 knot heights, the triangles.  ``n_samples`` and ``h`` default
+    to the paper preset (5500 at h = 0.2; quick: 250 at h = 0.5, :data:`GNOT_PRESETS`);
+    ``refine`` gives the refined evaluation set.  ``workers`` processes compute the samples
+    (1: in this process; ``None``: all usable cores); the file does not depend on it.
+    Needs the optional package ``triangle`` (``pip install "galerkin_ext[fem]"``).  Returns
+    the path of the finished file.
+    """
+    n_samples, h, seed = _gnot_common("heat", n_samples, h, seed, chunk_size, workers, refine)
+    from .heat import heat_sample
+
+    sample_fn = functools.partial(heat_sample, seed=seed, h=h, refine=refine)
+    return _gnot_generate("heat", out, sample_fn, {"h": h, "refine": refine}, seed=seed,
+                          n_samples=n_samples, chunk_size=chunk_size, workers=workers,
+                          resume=resume, overwrite=overwrite, progress=progress)
+
+
+def generate_elasticity(
+    out: str | os.PathLike[str],
+    *,
+    n_samples: int | None = None,
+    seed: int = 0,
+    h: float | None = None,
+    targets: Sequence[str] = ("vm",),
+    refine: bool = False,
+    with_cavity: bool = False,
+    with_theta: bool = False,
+    chunk_size: int = 50,
+    workers: int | None = 1,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Generate the GNOT elasticity set (SPEC-gnot §4.2) into a ragged file, generator
+    ``"elasticity"``.
+
+    Sample ``i`` is :func:`.elasticity.elasticity_sample` with these settings: query points =
+    the mesh vertices (lumped weights), targets ``targets`` (from ``u``, ``v``, ``vm`` = von
+    Mises stress), input ``mesh`` (the vertices, coordinates only) and with ``with_cavity`` the
+    input ``cavity`` (its boundary points), with ``with_theta`` θ = the cavity radius at 42
+    angles.  ``n_samples`` and ``h`` default to the paper preset (1200 at h = 0.035; quick: 250
+    at h = 0.07); ``refine``, ``workers``, the optional ``triangle`` package: as
+    :func:`generate_heat`.  Returns the path of the finished file.
+    """
+    n_samples, h, seed = _gnot_common("elasticity", n_samples, h, seed, chunk_size, workers,
+                                      refine)
+    if isinstance(targets, str) or not isinstance(targets, Sequence):
+        raise TypeError(f"targets: expected a sequence of names such as ('u', 'v', 'vm'), got "
+                        f"{targets!r}")
+    for name, flag in (("with_cavity", with_cavity), ("with_theta", with_theta)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool, got {flag!r}")
+    from .elasticity import elasticity_sample
+
+    targets = tuple(targets)  # the names themselves are checked by the first sample
+    sample_fn = functools.partial(elasticity_sample, seed=seed, h=h, targets=targets,
+                                  refine=refine, with_cavity=with_cavity, with_theta=with_theta)
+    params = {"h": h, "targets": list(targets), "refine": refine, "with_cavity": with_cavity,
+              "with_theta": with_theta}
+    return _gnot_generate("elasticity", out, sample_fn, params, seed=seed, n_samples=n_samples,
+                          chunk_size=chunk_size, workers=workers, resume=resume,
+                          overwrite=overwrite, progress=progress)

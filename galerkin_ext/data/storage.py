@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
+from tqdm.auto import tqdm
 
 from .._checks import check_path
 
@@ -51,11 +52,18 @@ __all__ = [
     "ChunkedWriter",
     "partial_path",
     "check_output_path",
+    "prepare_output",
+    "check_resumable_attributes",
+    "pending_chunks",
+    "publish",
+    "run_chunks",
     "read_h5",
     "inspect_h5",
 ]
 
 SCHEMA = "galerkin_ext.data/1"
+#: The schema of the ragged files (:mod:`.ragged`), named here so each reader can refuse the other.
+RAGGED_SCHEMA = "galerkin_ext.ragged/1"
 _SUFFIXES = (".h5", ".hdf5")
 
 
@@ -91,6 +99,119 @@ def _open(path: Path, mode: str) -> h5py.File:
         raise DataFileError(
             f"{str(path)!r} is not a readable HDF5 file (corrupt or truncated?): {err}"
         ) from err
+
+
+def prepare_output(out: object, *, resume: bool, overwrite: bool) -> tuple[Path, Path]:
+    """The rules every generation follows before it writes: ``(FILE, FILE.partial)``.
+
+    Raises ``FileExistsError`` if ``out`` or its partial file exists and neither ``resume``
+    nor ``overwrite`` is set (or ``out`` is finished and ``resume`` is set); with
+    ``overwrite``, removes a stale partial file (``FILE`` itself is replaced on publishing).
+    """
+    if resume and overwrite:
+        raise ValueError("resume and overwrite are mutually exclusive")
+    final = check_output_path(out)
+    part = partial_path(final)
+    if final.exists() and not overwrite:
+        if resume:
+            raise FileExistsError(
+                f"{str(final)!r} already exists and is finished; nothing to resume "
+                "(use overwrite to regenerate it)"
+            )
+        raise FileExistsError(f"{str(final)!r} already exists (use overwrite to replace it)")
+    if part.exists() and not (resume or overwrite):
+        raise FileExistsError(
+            f"an interrupted generation exists at {str(part)!r}; use resume to continue it "
+            "or overwrite to start again"
+        )
+    if overwrite:
+        part.unlink(missing_ok=True)
+    return final, part
+
+
+def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) -> None:
+    """Refuse to resume ``part`` if a recorded attribute (schema, generator, parameters, seed,
+    sample count; not the package version) differs from this run's ``attrs``, or if it has no
+    completed-chunk record."""
+    for key, value in attrs.items():
+        if key == "package_version":
+            continue
+        stored = f.attrs.get(key)
+        if isinstance(stored, bytes):
+            stored = stored.decode()
+        if isinstance(stored, np.generic):
+            stored = stored.item()
+        if stored != value:
+            raise DataFileError(
+                f"cannot resume {str(part)!r}: its {key} is {stored!r}, but this run asks "
+                f"for {value!r} (use overwrite to start again)"
+            )
+    if "completed" not in f or "chunk_size" not in f.attrs:
+        raise DataFileError(f"cannot resume {str(part)!r}: it has no completed-chunk record")
+
+
+def pending_chunks(completed: np.ndarray, chunk_size: int,
+                   n_samples: int) -> list[tuple[int, int, int]]:
+    """``(chunk, start, stop)`` of every chunk whose ``completed`` flag is 0, in order."""
+    return [
+        (i, i * chunk_size, min(n_samples, (i + 1) * chunk_size))
+        for i in range(completed.shape[0])
+        if not completed[i]
+    ]
+
+
+def _n_written(completed: np.ndarray, chunk_size: int, n_samples: int) -> int:
+    """Samples in the completed chunks."""
+    return int(sum(min(n_samples, (i + 1) * chunk_size) - i * chunk_size
+                   for i in np.flatnonzero(completed)))
+
+
+def publish(file: h5py.File, final: Path) -> Path:
+    """Mark the open partial ``file`` complete, close it and atomically rename it to ``final``
+    (so ``final`` never exists half-written)."""
+    file.attrs["complete"] = True
+    part = Path(file.filename)
+    file.close()
+    os.replace(part, final)
+    return final
+
+
+def run_chunks(
+    writer: Any,
+    compute: Callable[[int, int], Any],
+    *,
+    progress: bool,
+    desc: str,
+    statistics: Callable[[Any], Any] | None = None,
+) -> Path:
+    """Compute and store every pending chunk of ``writer`` with a progress bar, then publish.
+
+    ``writer``: a :class:`ChunkedWriter` or :class:`~galerkin_ext.data.ragged.RaggedWriter`
+    (``n_samples``, ``n_done()``, ``pending_chunks()``, ``write_chunk``, ``finish()``,
+    ``close()``); ``compute(start, stop)`` gives what ``write_chunk`` stores for samples
+    ``[start, stop)``; ``statistics(chunk_data)``, if given, the summary fields passed to
+    ``write_chunk`` as its third argument.  The writer is closed however this ends (an
+    interruption keeps the completed chunks for a resume).
+    """
+    try:
+        with tqdm(
+            total=writer.n_samples,
+            initial=writer.n_done(),
+            unit="sample",
+            desc=desc,
+            disable=not progress,
+            dynamic_ncols=True,
+        ) as bar:
+            for chunk, start, stop in writer.pending_chunks():
+                data = compute(start, stop)
+                if statistics is None:
+                    writer.write_chunk(chunk, data)
+                else:
+                    writer.write_chunk(chunk, data, statistics(data))
+                bar.update(stop - start)
+        return writer.finish()
+    finally:
+        writer.close()
 
 
 @dataclass(frozen=True)
@@ -174,8 +295,6 @@ class ChunkedWriter:
         """
         from .. import __version__
 
-        if resume and overwrite:
-            raise ValueError("resume and overwrite are mutually exclusive")
         static = {k: np.asarray(v) for k, v in (static or {}).items()}
         for name in (*arrays, *static):
             if name in _RESERVED:
@@ -184,22 +303,7 @@ class ChunkedWriter:
             if value.ndim < 1:
                 raise ValueError(f"static: {name!r} must have shape (*grid, d), got {value.shape}")
         statistics = list(statistics)
-        final = check_output_path(out)
-        part = partial_path(final)
-        if final.exists() and not overwrite:
-            if resume:
-                raise FileExistsError(
-                    f"{str(final)!r} already exists and is finished; nothing to resume "
-                    "(use overwrite to regenerate it)"
-                )
-            raise FileExistsError(f"{str(final)!r} already exists (use overwrite to replace it)")
-        if part.exists() and not (resume or overwrite):
-            raise FileExistsError(
-                f"an interrupted generation exists at {str(part)!r}; use resume to continue it "
-                "or overwrite to start again"
-            )
-        if overwrite:
-            part.unlink(missing_ok=True)
+        final, part = prepare_output(out, resume=resume, overwrite=overwrite)
         n_chunks = -(-n_samples // chunk_size)
         attrs = {
             "schema": SCHEMA,
@@ -252,19 +356,7 @@ class ChunkedWriter:
         f: h5py.File, part: Path, attrs: dict[str, Any], arrays: dict[str, ArraySpec],
         static: dict[str, np.ndarray], statistics: list[str],
     ) -> None:
-        for key, value in attrs.items():
-            if key == "package_version":
-                continue
-            stored = f.attrs.get(key)
-            if isinstance(stored, bytes):
-                stored = stored.decode()
-            if isinstance(stored, np.generic):
-                stored = stored.item()
-            if stored != value:
-                raise DataFileError(
-                    f"cannot resume {str(part)!r}: its {key} is {stored!r}, but this run asks "
-                    f"for {value!r} (use overwrite to start again)"
-                )
+        check_resumable_attributes(f, part, attrs)
         for name, spec in arrays.items():
             if name not in f or f[name].shape[1:] != spec.shape:
                 raise DataFileError(f"cannot resume {str(part)!r}: array {name!r} is missing or "
@@ -279,17 +371,10 @@ class ChunkedWriter:
         if stored != statistics:
             raise DataFileError(f"cannot resume {str(part)!r}: it records the statistics "
                                 f"{stored}, this run {statistics}")
-        if "completed" not in f or "chunk_size" not in f.attrs:
-            raise DataFileError(f"cannot resume {str(part)!r}: it has no completed-chunk record")
 
     def pending_chunks(self) -> list[tuple[int, int, int]]:
         """``(chunk, start, stop)`` for every chunk not yet written, in order."""
-        done = self.file["completed"][...]
-        return [
-            (i, i * self.chunk_size, min(self.n_samples, (i + 1) * self.chunk_size))
-            for i in range(done.shape[0])
-            if not done[i]
-        ]
+        return pending_chunks(self.file["completed"][...], self.chunk_size, self.n_samples)
 
     def n_done(self) -> int:
         """Number of samples already written."""
@@ -325,11 +410,7 @@ class ChunkedWriter:
         """Mark complete, close and atomically rename ``FILE.partial`` to ``FILE``."""
         if self.pending_chunks():
             raise DataFileError("cannot finish: some chunks have not been written")
-        self.file.attrs["complete"] = True
-        part = Path(self.file.filename)
-        self.file.close()
-        os.replace(part, self.path)
-        return self.path
+        return publish(self.file, self.path)
 
     def close(self) -> None:
         """Close the partial file without publishing it (after an interruption)."""
@@ -361,13 +442,17 @@ def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not p.is_file():
         raise DataFileError(f"{str(p)!r} does not exist or is not a file")
     with _open(p, "r") as f:
-        if f.attrs.get("schema") not in (SCHEMA, SCHEMA.encode()):
+        schema = f.attrs.get("schema")
+        if schema in (RAGGED_SCHEMA, RAGGED_SCHEMA.encode()):
+            raise DataFileError(f"{str(p)!r} holds ragged data ({RAGGED_SCHEMA}, e.g. heat or "
+                                "elasticity); read it with galerkin_ext.data.ragged")
+        if schema not in (SCHEMA, SCHEMA.encode()):
             raise DataFileError(f"{str(p)!r} is not a galerkin_ext data file (no schema {SCHEMA})")
         try:
             done = f["completed"][...]
             chunk = int(_attr(f, "chunk_size"))
             n = int(_attr(f, "n_samples"))
-            n_done = int(sum(min(n, (i + 1) * chunk) - i * chunk for i in np.flatnonzero(done)))
+            n_done = _n_written(done, chunk, n)
             static = [k for k in f if k not in _RESERVED and f[k].attrs.get("static", False)]
             per_sample = [k for k in f if k not in _RESERVED and k not in static]
             if not per_sample:

@@ -6,15 +6,21 @@
 * :func:`relative_h1_error` -- per-sample relative H^1-seminorm error by central differences,
   optionally weighted by a coefficient (the Darcy energy norm);
 * :class:`OperatorLoss` -- the training loss ``mean(rel L2) + sqrt(gamma h) mean(rel H^1)``;
-* :class:`RelativeLoss` -- the continuum-attention training loss (relative L2 or H^1).
+* :class:`RelativeLoss` -- the continuum-attention training loss (relative L2 or H^1);
+* :func:`masked_relative_l2` -- per-sample, per-channel relative L2 of padded ragged batches
+  (GNOT, SPEC-gnot §3), plain or weighted;
+* :class:`MaskedRelativeLoss` -- the GNOT training loss built on it.
 """
 
 from .relative import (
+    MaskedRelativeLoss,
     OperatorLoss,
     RelativeLoss,
+    masked_relative_l2,
     relative_h1,
     relative_h1_error,
     relative_l2,
 )
 
-__all__ = ["OperatorLoss", "RelativeLoss", "relative_h1", "relative_h1_error", "relative_l2"]
+__all__ = ["MaskedRelativeLoss", "OperatorLoss", "RelativeLoss", "masked_relative_l2",
+           "relative_h1", "relative_h1_error", "relative_l2"]

@@ -14,15 +14,18 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._checks import is_tracing
 from ..data.datasets import central_gradient_1d, central_gradient_2d
 
-__all__ = ["OperatorLoss", "RelativeLoss", "relative_h1", "relative_h1_error", "relative_l2"]
+__all__ = ["MaskedRelativeLoss", "OperatorLoss", "RelativeLoss", "masked_relative_l2",
+           "relative_h1", "relative_h1_error", "relative_l2"]
 
 # "median": the continuum-attention paper's statistic (numpy's median: the mean of the two
 # middle values for an even count).
 _REDUCTIONS = ("mean", "median", "none")
 _H1_FORMS = ("squares", "sum")
 _LOSS_NORMS = ("l2", "h1", "h1-code")
+_MASKED_REDUCTIONS = ("mean", "channel", "sample", "none")
 
 
 def _check_tensor(value: object, name: str) -> Tensor:
@@ -109,6 +112,95 @@ def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean",
         err = ((pred - target).square().sum(-1) * w).flatten(1).sum(1)
         ref = (target.square().sum(-1) * w).flatten(1).sum(1)
     return _reduce((err / ref).sqrt(), reduction)
+
+
+def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
+                       weight: Tensor | None = None, reduction: str = "mean") -> Tensor:
+    """Per-sample, per-channel relative L2 error of padded ragged batches (SPEC-gnot §3).
+
+    ``e_bc = ||pred_bc - target_bc||_2 / ||target_bc||_2`` over the valid points of sample
+    ``b`` (``mask``; padded points are excluded with ``where``, so whatever a model puts there,
+    even NaN, does not count), or with ``weight`` the weighted
+    ``sqrt(sum_i w_i (pred - target)^2 / sum_i w_i target^2)``.
+
+    Args:
+        pred, target: ``(B, N, C)``, same shape.
+        mask: bool ``(B, N)``, true at valid points; every sample needs at least one.
+        weight: optional non-negative ``(B, N)`` quadrature weights.
+        reduction: ``'mean'`` (scalar: mean over b and c, the training loss, the reference's
+            ``rel2``), ``'channel'`` (``(C,)``: mean over the batch per channel),
+            ``'sample'`` (``(B,)``: mean over channels per sample) or ``'none'`` (``(B, C)``,
+            e.g. to average a metric over a whole evaluation set).
+    """
+    _check_tensor(pred, "pred")
+    _check_tensor(target, "target")
+    if pred.ndim != 3:
+        raise ValueError(f"pred: expected shape (B, N, C), got {tuple(pred.shape)}")
+    if target.shape != pred.shape:
+        raise ValueError(f"target: expected the shape of pred {tuple(pred.shape)}, "
+                         f"got {tuple(target.shape)}")
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != pred.shape[:2]:
+        raise ValueError(f"mask: expected a bool tensor of shape {tuple(pred.shape[:2])}, got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} "
+                         f"{tuple(getattr(mask, 'shape', ()))}")
+    if reduction not in _MASKED_REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {_MASKED_REDUCTIONS}, got {reduction!r}")
+    mask = mask.to(pred.device)
+    if not is_tracing(mask) and not bool(mask.any(dim=1).all()):
+        b = int((~mask.any(dim=1)).nonzero()[0])
+        raise ValueError(f"mask: sample {b} has no valid point")
+    pred, target = _float32_at_least(pred), _float32_at_least(target)
+    valid = mask.unsqueeze(-1)
+    zero = pred.new_zeros(())
+    err = torch.where(valid, pred - target, zero).square()
+    ref = torch.where(valid, target, zero).square()
+    if weight is not None:
+        if not isinstance(weight, Tensor) or not weight.is_floating_point() or (
+            weight.shape != mask.shape
+        ):
+            raise ValueError(f"weight: expected a floating tensor of shape {tuple(mask.shape)}, "
+                             f"got {getattr(weight, 'dtype', type(weight).__name__)} "
+                             f"{tuple(getattr(weight, 'shape', ()))}")
+        w = torch.where(mask, weight.to(device=pred.device, dtype=pred.dtype), zero)
+        if not is_tracing(w) and not bool(torch.all(torch.isfinite(w) & (w >= 0))):
+            raise ValueError("weight: expected finite, non-negative weights at valid points")
+        err, ref = err * w.unsqueeze(-1), ref * w.unsqueeze(-1)
+    per = (err.sum(1) / ref.sum(1)).sqrt()  # (B, C)
+    if reduction == "mean":
+        return per.mean()
+    if reduction == "channel":
+        return per.mean(0)
+    if reduction == "sample":
+        return per.mean(1)
+    return per
+
+
+class MaskedRelativeLoss(nn.Module):
+    """The GNOT training loss (SPEC-gnot §3): :func:`masked_relative_l2` averaged over samples
+    and channels, on padded batches of :func:`~galerkin_ext.data.gnot_datasets.collate_ragged`.
+
+    ``weighted=True`` uses the batch's quadrature weights (the weighted variant); default
+    ``False`` is the reference's plain ``rel2``.  ``forward(pred, target, mask, weight=None)``
+    returns ``(loss, {'rel_l2': detached loss})``.
+    """
+
+    def __init__(self, weighted: bool = False) -> None:
+        super().__init__()
+        if not isinstance(weighted, bool):
+            raise TypeError(f"weighted: expected a bool, got {weighted!r}")
+        self.weighted = weighted
+
+    def extra_repr(self) -> str:
+        return f"weighted={self.weighted}"
+
+    def forward(self, pred: Tensor, target: Tensor, mask: Tensor,
+                weight: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(loss, parts)``; ``pred``, ``target`` ``(B, N, C)``, ``mask``/``weight``
+        ``(B, N)`` (``weight`` required when ``weighted``)."""
+        if self.weighted and weight is None:
+            raise ValueError("weight: required by a MaskedRelativeLoss(weighted=True)")
+        loss = masked_relative_l2(pred, target, mask, weight=weight if self.weighted else None)
+        return loss, {"rel_l2": loss.detach()}
 
 
 def relative_h1_error(

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
 from .._checks import check_float, check_int, check_path
+from ..data.gnot_datasets import batch_to
 from ..losses import relative_l2
 from .checkpoint import load_checkpoint, save_checkpoint, stray_temporary_files, write_csv
 from .distributed import DistributedContext
@@ -91,6 +92,7 @@ class TrainConfig:
         plateau_factor, plateau_patience: see ``scheduler``.
         early_stopping: stop after this many epochs without a better evaluation error
             (``None``: never).
+        weight_decay: decoupled weight decay (AdamW) when ``> 0``; plain Adam at 0.
         grad_clip: maximum gradient 2-norm (``None``: no norm clipping).
         clip_value: clip every gradient entry to ``[-clip_value, clip_value]`` before the norm
             clipping (``None``: no value clipping).
@@ -113,6 +115,7 @@ class TrainConfig:
     plateau_factor: float = 0.5
     plateau_patience: int = 2
     early_stopping: int | None = None
+    weight_decay: float = 0.0
     grad_clip: float | None = 0.999
     clip_value: float | None = None
     eval_batch_size: int = 16
@@ -136,6 +139,7 @@ class TrainConfig:
         check_int(self.plateau_patience, "plateau_patience", 0)
         if self.early_stopping is not None:
             check_int(self.early_stopping, "early_stopping")
+        check_float(self.weight_decay, "weight_decay", low_inclusive=True)
         for name in ("grad_clip", "clip_value"):
             if getattr(self, name) is not None:
                 check_float(getattr(self, name), name)
@@ -180,11 +184,19 @@ def default_forward(model: nn.Module, batch: Batch) -> Tensor:
     return model(batch["x"], batch["grid"][0])
 
 
-def _to(batch: Mapping[str, Tensor], device: torch.device) -> Batch:
+def _to(batch: Mapping[str, Any], device: torch.device) -> Batch:
     if not isinstance(batch, Mapping) or "x" not in batch or "target" not in batch:
         raise TypeError("batch: expected a dict of tensors with at least 'x' and 'target' "
                         "(the datasets of galerkin_ext.data.datasets)")
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    return batch_to(batch, device, non_blocking=True)  # ragged batches hold lists of tensors
+
+
+def _collate(dataset: Dataset) -> Callable[[list[Any]], Any] | None:
+    """The dataset's own ``collate_fn`` (e.g. padding of ragged samples), looking through
+    ``Subset``; ``None``: PyTorch's default stacking."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return getattr(dataset, "collate_fn", None)
 
 
 def _check_dataset(dataset: object, name: str) -> Dataset:
@@ -199,7 +211,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _loader(dataset: Dataset, batch_size: int, device: torch.device, **kwargs: Any) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda", **kwargs)
+    return DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda",
+                      collate_fn=_collate(dataset), **kwargs)
 
 
 def _default_metric(pred: Tensor, batch: Batch) -> Tensor:
@@ -341,10 +354,12 @@ def predict(
         raise ValueError(f"indices: expected a non-empty list of ints in [0, {len(dataset)}), "
                          f"got {indices!r}")
     items = [dataset[i] for i in indices]
-    batch = _to({k: torch.stack([it[k] for it in items]) for k in items[0]}, torch.device(device))
+    collate = _collate(dataset)
+    batch = collate(items) if collate is not None else {
+        k: torch.stack([it[k] for it in items]) for k in items[0]}
     model.eval()
-    pred = forward(model, batch)
-    return pred.float().cpu(), {k: v.cpu() for k, v in batch.items()}
+    pred = forward(model, _to(batch, torch.device(device)))
+    return pred.float().cpu(), _to(batch, torch.device("cpu"))
 
 
 def _rng_state(device: torch.device) -> dict[str, Tensor]:
@@ -430,7 +445,11 @@ class Trainer:
         self.loader = _loader(train_set, per_rank, self.ctx.device, sampler=self.sampler,
                               drop_last=True, num_workers=config.num_workers)
         self.steps_per_epoch = len(self.loader)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.max_lr)
+        self.optimizer = (
+            torch.optim.AdamW(self.model.parameters(), lr=config.max_lr,
+                              weight_decay=config.weight_decay)
+            if config.weight_decay > 0 else torch.optim.Adam(self.model.parameters(),
+                                                              lr=config.max_lr))
         self.scheduler: Any
         if config.scheduler == "plateau":
             self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -507,8 +526,10 @@ class Trainer:
                     if self.config.precision == "bf16" else nullcontext())
         with autocast:
             pred = self.forward(model, batch)
+        # padded ragged batches carry the mask of their valid points
+        masked = {"mask": batch["mask"]} if "mask" in batch else {}
         loss, parts = self.loss_fn(pred, batch["target"], batch.get("target_grad"),
-                                   batch.get("coeff"))
+                                   batch.get("coeff"), **masked)
         stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(),
                              parts.get("rel_h1", torch.zeros((), device=loss.device)).float()])
         self.ctx.all_reduce_sum(stats).div_(self.ctx.world_size)
