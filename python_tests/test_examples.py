@@ -389,3 +389,40 @@ def test_continuum_examples_refuse_bad_arguments(tmp_path, capsys):
         cde.main([*out, "--data", str(wrong), "--n-train", "20", "--n-valid", "2",
                   "--n-eval", "2"])
     assert not (tmp_path / "bad" / "last.pt").exists()  # no epoch was trained
+
+
+# -- GNOT (SPEC-gnot): heat.py, elasticity.py --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gnot_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("gnot_cache")
+
+
+@pytest.mark.parametrize("script, flags", [
+    ("elasticity.py", ["--model", "gnot"]), ("elasticity.py", ["--model", "gk"]),
+    ("elasticity.py", ["--model", "mionet", "--weights", "uniform"]),
+    ("heat.py", ["--model", "gnot", "--experts", "2"]), ("heat.py", ["--model", "mionet"])])
+def test_gnot_examples(tmp_path, gnot_cache, script, flags):
+    """Each model trains on padded ragged batches of its own meshes and reports the last
+    epoch (SPEC-gnot §5) beside the best one."""
+    out = tmp_path / "run"
+    _run(_cmd(script, out, *flags, "--data-dir", str(gnot_cache), "--n-train", "6",
+              "--n-eval", "3", "--epochs", "2", "--batch-size", "3"))
+    m = _metrics(out)
+    errors = [r["eval_rel_l2"] for r in m["history"]]
+    assert m["epochs"] == 2 and len(errors) == 2 and all(math.isfinite(e) for e in errors)
+    assert m["test_rel_l2"] == pytest.approx(errors[-1], rel=1e-6)
+    assert m["best_epoch_rel_l2"] == pytest.approx(min(errors), rel=1e-6)
+    assert (out / "prediction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not m["thresholds"]["enforced"]
+    if "--experts" in flags:
+        assert m["config"]["model"]["n_experts"] == 2
+    if "mionet" in flags:
+        assert all(n >= 1 for n in m["config"]["model"]["input_points"])
+
+
+def test_gnot_example_refuses_experts_for_mionet(tmp_path):
+    proc = subprocess.run(_cmd("heat.py", tmp_path / "run", "--model", "mionet", "--experts",
+                               "2"), capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 2 and "--experts: only GNOT has experts" in proc.stderr

@@ -44,6 +44,10 @@ __all__ = [
     "plot_1d",
     "normalizer_config",
     "plot_2d",
+    "plot_mesh",
+    "plot_ragged_predictions",
+    "ragged_forward",
+    "ragged_metric",
     "preset_unchanged",
     "record_data_files",
     "resolve_config",
@@ -56,7 +60,8 @@ ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
 NORMS = ("attn", "layer")
 # cached_data's problems -> their generator in galerkin_ext.data.generate
 _PROBLEMS = {"burgers": "generate_burgers", "darcy": "generate_darcy",
-             "lorenz63": "generate_lorenz63", "cde": "generate_cde"}
+             "lorenz63": "generate_lorenz63", "cde": "generate_cde", "heat": "generate_heat",
+             "elasticity": "generate_elasticity"}
 
 
 class ThresholdError(RuntimeError):
@@ -402,7 +407,7 @@ def cached_data(
     **params: Any,
 ) -> Path:
     """Path of a generated ``problem`` data set (``'burgers'``, ``'darcy'``, ``'lorenz63'``,
-    ``'cde'``), generated if needed.
+    ``'cde'``, ``'heat'``, ``'elasticity'``), generated if needed.
 
     ``params`` are keyword arguments of that problem's generator
     (:func:`~galerkin_ext.data.generate_burgers`, :func:`~galerkin_ext.data.generate_darcy`,
@@ -422,6 +427,8 @@ def cached_data(
     if problem in ("lorenz63", "cde"):  # time grids: the spacing or the grid's name
         grid = ("nonuniform" if params.get("grid") == "nonuniform"
                 else f"dt{params.get('dt', 'default')}")
+    elif problem in ("heat", "elasticity"):  # meshes: their spacing
+        grid = f"h{params.get('h', 'default')}{'_refined' if params.get('refine') else ''}"
     else:
         grid = f"r{params.get('resolution', 'default')}"
     kind = f"_{params['coef']}" if params.get("coef") else ""
@@ -510,6 +517,93 @@ def plot_1d(
     fig.suptitle(title)
     fig.tight_layout()
     return _save_figure(fig, path)
+
+
+def plot_mesh(
+    path: str | os.PathLike[str],
+    points: Sequence[torch.Tensor],
+    triangles: Sequence[torch.Tensor],
+    pred: Sequence[torch.Tensor],
+    target: Sequence[torch.Tensor],
+    title: str = "",
+    label: str = "",
+) -> Path:
+    """One row per sample on its triangle mesh (``tripcolor``): truth, prediction, difference.
+
+    Per sample ``points (N, 2)``, ``triangles (T, 3)`` vertex indices, ``pred`` and ``target``
+    ``(N,)`` values at the vertices; ``label`` names the field.
+    """
+    if not (len(points) == len(triangles) == len(pred) == len(target)) or not points:
+        raise ValueError("points, triangles, pred, target: expected one entry per sample each")
+    plt = _pyplot()
+    s = len(points)
+    fig, axes = plt.subplots(s, 3, figsize=(11, 3.2 * s), squeeze=False)
+    for i in range(s):
+        xy, tri = points[i].cpu().numpy(), triangles[i].cpu().numpy()
+        truth, guess = target[i].cpu().numpy(), pred[i].cpu().numpy()
+        low, high = float(min(truth.min(), guess.min())), float(max(truth.max(), guess.max()))
+        for ax, values, name, limits in ((axes[i, 0], truth, f"truth {label}", (low, high)),
+                                         (axes[i, 1], guess, "prediction", (low, high)),
+                                         (axes[i, 2], guess - truth, "prediction - truth",
+                                          (None, None))):
+            image = ax.tripcolor(xy[:, 0], xy[:, 1], tri, values, shading="gouraud",
+                                 vmin=limits[0], vmax=limits[1])
+            ax.set_aspect("equal")
+            ax.set_title(f"sample {i}: {name}")
+            fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save_figure(fig, path)
+
+
+def ragged_forward(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    """``forward(model, batch)`` of the :class:`~galerkin_ext.training.Trainer` for padded
+    ragged batches (:func:`~galerkin_ext.data.collate_ragged`) and GNOT's models:
+    ``model(x, inputs, theta, weight=, input_weights=)``."""
+    return model(batch["x"], batch["inputs"], batch["theta"], weight=batch["weight"],
+                 input_weights=batch["input_weights"])
+
+
+def ragged_metric(dataset: Any) -> Callable[[torch.Tensor, Mapping[str, Any]], torch.Tensor]:
+    """``metric(pred, batch) -> (B,)``: per-sample relative L2 over the valid points in
+    physical units (``dataset.decode_target``), the mean over the target channels
+    (SPEC-gnot §3)."""
+    from ..losses import masked_relative_l2
+
+    def metric(pred: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
+        decode = dataset.decode_target
+        return masked_relative_l2(decode(pred.float()), decode(batch["target"].float()),
+                                  batch["mask"], reduction="sample")
+
+    return metric
+
+
+def plot_ragged_predictions(
+    path: str | os.PathLike[str],
+    model: torch.nn.Module,
+    dataset: Any,
+    data_file: str | os.PathLike[str],
+    n_samples: int,
+    *,
+    device: torch.device | str = "cpu",
+    title: str = "",
+) -> Path:
+    """:func:`plot_mesh` of ``model``'s predictions (first target channel, physical units)
+    for the first ``n_samples`` items of a :class:`~galerkin_ext.data.RaggedDataset` read from
+    ``data_file`` (whose meshes are drawn)."""
+    from ..data import read_ragged
+    from .trainer import predict
+
+    shown = list(range(min(n_samples, len(dataset))))
+    pred, batch = predict(model, dataset, shown, device=device, forward=ragged_forward)
+    raw = read_ragged(data_file, [int(i) for i in dataset.indices[shown]])
+    samples = [raw.sample(j) for j in range(len(shown))]
+    lengths = batch["lengths"].tolist()
+    return plot_mesh(path, [torch.as_tensor(s["query"]["points"]) for s in samples],
+                     [torch.as_tensor(s["triangles"]) for s in samples],
+                     [dataset.decode_target(pred[j, :n])[:, 0] for j, n in enumerate(lengths)],
+                     [torch.as_tensor(s["target"][:, 0]) for s in samples], title=title,
+                     label=dataset.target_names[0])
 
 
 def plot_2d(

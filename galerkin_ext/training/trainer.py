@@ -382,7 +382,9 @@ class Trainer:
         model: the network (on any device; it is moved to ``ctx.device``).
         loss_fn: ``loss_fn(pred, target, target_grad, coeff) -> (loss, parts)``, e.g.
             :class:`~galerkin_ext.losses.OperatorLoss` (``target_grad``/``coeff`` are ``None``
-            when the batch has no such key).
+            when the batch has no such key); for padded ragged batches (a ``mask`` key)
+            ``loss_fn(pred, target, mask=mask)``, e.g.
+            :class:`~galerkin_ext.losses.MaskedRelativeLoss`.
         train_set, eval_set: datasets of dicts (see module doc).
         config: :class:`TrainConfig`.
         out_dir: folder of the checkpoints and logs (created).
@@ -526,10 +528,11 @@ class Trainer:
                     if self.config.precision == "bf16" else nullcontext())
         with autocast:
             pred = self.forward(model, batch)
-        # padded ragged batches carry the mask of their valid points
-        masked = {"mask": batch["mask"]} if "mask" in batch else {}
-        loss, parts = self.loss_fn(pred, batch["target"], batch.get("target_grad"),
-                                   batch.get("coeff"), **masked)
+        if "mask" in batch:  # a padded ragged batch: loss_fn(pred, target, mask=)
+            loss, parts = self.loss_fn(pred, batch["target"], mask=batch["mask"])
+        else:
+            loss, parts = self.loss_fn(pred, batch["target"], batch.get("target_grad"),
+                                       batch.get("coeff"))
         stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(),
                              parts.get("rel_h1", torch.zeros((), device=loss.device)).float()])
         self.ctx.all_reduce_sum(stats).div_(self.ctx.world_size)
