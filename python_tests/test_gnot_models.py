@@ -293,3 +293,79 @@ def test_equals_the_reference_forward_on_equal_sizes_and_differs_with_padding(ex
     alone = model(x[:1, :7], [inputs[0][:1, :5], inputs[1][:1]], theta[:1])
     torch.testing.assert_close(ours[0, :7], alone[0], rtol=1e-12, atol=1e-12)
     assert (gnot_forward(model, x, inputs, theta)[0, :7] - alone[0]).abs().max() > 1e-3
+
+
+# -- mesh weights (SPEC-gnot §7.5) -----------------------------------------------------------
+
+
+def structured_mesh(n: int, graded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vertices (of (n+1)² in float64) and triangles of the unit square, cells split in two;
+    ``graded``: x ↦ x², crowding the points at x = 0."""
+    s = torch.linspace(0, 1, n + 1, dtype=torch.float64)
+    x = s.square() if graded else s
+    points = torch.stack(torch.meshgrid(x, s, indexing="ij"), dim=-1).reshape(-1, 2)
+    idx = torch.arange((n + 1) ** 2).reshape(n + 1, n + 1)
+    a, b, c, d = idx[:-1, :-1], idx[1:, :-1], idx[:-1, 1:], idx[1:, 1:]
+    cells = torch.cat([torch.stack([a, b, d], -1).reshape(-1, 3),
+                       torch.stack([a, d, c], -1).reshape(-1, 3)])
+    return points, cells
+
+
+def attention_on_mesh(points, weight):
+    """Normalised attention of fixed probe queries over keys and values that are smooth
+    functions of the points."""
+    from galerkin_ext import ops
+
+    x, y = points[:, 0], points[:, 1]
+    k = torch.stack([torch.sin(torch.pi * x), torch.cos(torch.pi * y), 2 * x * y, x + y], -1)
+    v = torch.stack([torch.exp(x) * y, torch.cos(2 * x + y)], -1)
+    q = torch.tensor([[0.3, -1.0, 2.0, 0.5], [1.5, 0.2, -0.7, 1.0], [-2.0, 1.0, 0.0, 3.0]],
+                     dtype=torch.float64)
+    return ops.normalized_attention(q[None, None], k[None, None], v[None, None], weight=weight)
+
+
+def test_mesh_weights_make_attention_independent_of_the_mesh():
+    """A uniform and an x ↦ x² graded mesh of one square: with lumped mesh weights the
+    attention agrees to O(h²); with uniform weights it does not (the graded mesh's points
+    crowd at x = 0)."""
+    from galerkin_ext.quadrature import mesh_weights
+
+    gaps = {}
+    for n in (16, 32, 64):
+        outs = {}
+        for graded in (False, True):
+            points, cells = structured_mesh(n, graded)
+            outs[graded, "mesh"] = attention_on_mesh(points, mesh_weights(points, cells))
+            outs[graded, "uniform"] = attention_on_mesh(points, None)
+        gaps[n] = {w: float((outs[True, w] - outs[False, w]).abs().max())
+                   for w in ("mesh", "uniform")}
+    assert gaps[64]["mesh"] <= 2e-4
+    assert gaps[64]["uniform"] >= 0.1
+    assert gaps[32]["mesh"] / gaps[64]["mesh"] > 3.5  # second order
+    assert gaps[16]["mesh"] / gaps[32]["mesh"] > 3.5
+
+
+def test_gnot_with_mesh_weights_is_independent_of_the_mesh():
+    """SPEC-gnot §7.5, model: a random-init GNOT sees one square meshed uniformly and graded;
+    its outputs at probe queries of weight 0 (not keys) agree to O(h²) with mesh weights,
+    not with uniform ones."""
+    from galerkin_ext.quadrature import mesh_weights
+
+    torch.manual_seed(0)
+    model = GNOT(2, 2, [2], 1, n_hidden=16, n_layers=2, n_head=2).double()
+    probes = torch.tensor([[0.1, 0.2], [0.5, 0.5], [0.9, 0.3], [0.3, 0.8]], dtype=torch.float64)
+
+    def at_probes(n, graded, weights):
+        points, cells = structured_mesh(n, graded)
+        w = mesh_weights(points, cells) if weights == "mesh" else torch.ones(len(points),
+                                                                           dtype=torch.float64)
+        x = torch.cat([points, probes])[None]
+        weight = torch.cat([w, torch.zeros(len(probes), dtype=torch.float64)])[None]
+        out = model(x, [points[None]], weight=weight, input_weights=[w[None]])
+        return out[0, -len(probes):]
+
+    with torch.no_grad():
+        gaps = {(n, w): float((at_probes(n, True, w) - at_probes(n, False, w)).abs().max())
+                for n in (16, 32) for w in ("mesh", "uniform")}
+    assert gaps[16, "mesh"] / gaps[32, "mesh"] > 3.0  # second order
+    assert gaps[32, "uniform"] > 20 * gaps[32, "mesh"]
