@@ -20,15 +20,16 @@ TORCH_LIBRARY(galerkin_ext, m) {
       "Tensor? v_norm_bias, float eps, bool ones_column, bool kv_pos_grad, bool weight_grad) "
       "-> Tensor[]");
   // out = Q̂ S (normalizers = 0), or Σ_l (Q̂ S_l) / (Q̂ s_l) over L = normalizers blocks
-  // [S_l | s_l] of S's columns.
+  // [S_l | s_l] of S's columns; plus Q̂ itself with skip (GNOT's skip term; out's width must
+  // then be Q̂'s).
   m.def(
       "q_apply(Tensor q, Tensor? pos, str q_map, Tensor? q_norm_weight, Tensor? q_norm_bias, "
-      "Tensor s, float eps, int normalizers) -> Tensor");
+      "Tensor s, float eps, int normalizers, bool skip) -> Tensor");
   // Gradients for (q, pos, q_norm_weight, q_norm_bias, s), as kv_reduce_backward's.
   m.def(
       "q_apply_backward(Tensor grad_out, Tensor q, Tensor? pos, str q_map, "
       "Tensor? q_norm_weight, Tensor? q_norm_bias, Tensor s, float eps, int normalizers, "
-      "bool pos_grad) -> Tensor[]");
+      "bool skip, bool pos_grad) -> Tensor[]");
 }
 
 PYBIND11_MODULE(_C, m) {

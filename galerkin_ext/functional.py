@@ -128,18 +128,23 @@ def q_apply(
     q_norm: Norm,
     eps: float,
     normalizers: int,
+    skip: bool = False,
 ) -> Tensor:
     """The query-side apply, in ``q``'s dtype: ``Q̂ S`` for ``normalizers=0``; otherwise ``S``'s
     columns are ``L = normalizers`` blocks ``[S_l | s_l]`` and the result is
-    ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` with ``0/0 := 0``. ``Q̂`` is :func:`row_map` of
-    ``q (B, H, N, D)`` with ``pos``; ``s (B, H, P + D, W)``."""
-    y = _opmath(row_map(q, pos, q_map, q_norm, eps)) @ s
+    ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` with ``0/0 := 0``; plus ``Q̂`` itself with ``skip`` (the
+    result's width must then be ``Q̂``'s). ``Q̂`` is :func:`row_map` of ``q (B, H, N, D)`` with
+    ``pos``; ``s (B, H, P + D, W)``."""
+    q_hat = _opmath(row_map(q, pos, q_map, q_norm, eps))
+    y = q_hat @ s
     if normalizers > 0:
         y = y.unflatten(-1, (normalizers, -1))
         num, den = y[..., :-1], y[..., -1:]
         nonzero = den != 0
         y = torch.where(nonzero, num / torch.where(nonzero, den, torch.ones_like(den)),
                         torch.zeros_like(num)).sum(dim=-2)
+    if skip:
+        y = y + q_hat
     return y.to(q.dtype)
 
 
@@ -379,13 +384,12 @@ def normalized_core(
                            v_map="identity", v_norm=None, eps=0.0, ones_column=True)
               for k, v, (k_pos, w) in zip(ks, vs, resolved, strict=True)]
     s = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
-    out = q_apply_fn(q, s, pos=pos, q_map="softmax", q_norm=None, eps=0.0,
-                     normalizers=len(blocks))
-    if reduce == "mean":
-        out = out / len(blocks)
-    if skip:
-        out = out + row_map(q, pos, "softmax", None, 0.0)
-    return out
+    if reduce == "mean":  # 1/L on each block's numerator columns, before the skip term is added
+        numerators = torch.ones(s.shape[-1] // len(blocks), dtype=s.dtype, device=s.device)
+        numerators[-1] = len(blocks)
+        s = s * (numerators / len(blocks)).repeat(len(blocks))
+    return q_apply_fn(q, s, pos=pos, q_map="softmax", q_norm=None, eps=0.0,
+                      normalizers=len(blocks), skip=skip)
 
 
 def _input_lists(

@@ -276,16 +276,17 @@ def q_apply(
     q_norm: Norm,
     eps: float,
     normalizers: int,
+    skip: bool = False,
 ) -> Tensor:
-    """``Q̂ S``, or ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` over ``normalizers`` blocks, on checked arguments
-    (as :func:`galerkin_ext.functional.q_apply`): the compiled op where it runs, else the
-    formula."""
+    """``Q̂ S``, or ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` over ``normalizers`` blocks, plus ``Q̂`` with
+    ``skip``, on checked arguments (as :func:`galerkin_ext.functional.q_apply`): the compiled
+    op where it runs, else the formula."""
     coordinates = pos.shape[-1] if pos is not None else 0
     if not _compiled_core(q, (coordinates + q.shape[3], s.shape[3]), coordinates):
         return functional.q_apply(q, s, pos=pos, q_map=q_map, q_norm=q_norm, eps=eps,
-                                  normalizers=normalizers)
+                                  normalizers=normalizers, skip=skip)
     return torch.ops.galerkin_ext.q_apply(q, pos, q_map, *_norm_pair(q_norm), s, eps,
-                                          normalizers)
+                                          normalizers, skip)
 
 
 def _compiled_core(x: Tensor, widths: tuple[int, int], coordinates: int) -> bool:
@@ -470,9 +471,9 @@ def _kv_reduce_backward(ctx, grad_s):
 
 
 def _q_apply_setup(ctx, inputs, output) -> None:
-    q, pos, q_map, qnw, qnb, s, eps, normalizers = inputs
+    q, pos, q_map, qnw, qnb, s, eps, normalizers, skip = inputs
     ctx.save_for_backward(q, pos, qnw, qnb, s)
-    ctx.q_map, ctx.eps, ctx.normalizers = q_map, eps, normalizers
+    ctx.q_map, ctx.eps, ctx.normalizers, ctx.skip = q_map, eps, normalizers, skip
 
 
 def _q_apply_backward(ctx, grad_out):
@@ -483,7 +484,7 @@ def _q_apply_backward(ctx, grad_out):
         def formula(q, pos, qnw, qnb, s):
             return functional.q_apply(q, s, pos=pos, q_map=ctx.q_map,
                                       q_norm=_pair_or_none(qnw, qnb), eps=ctx.eps,
-                                      normalizers=ctx.normalizers)
+                                      normalizers=ctx.normalizers, skip=ctx.skip)
 
         input_needs = (needs[0], needs[1], needs[3], needs[4], needs[5])
         grads = QApplyGrads(*_formula_grads(formula, (q, pos, qnw, qnb, s), input_needs,
@@ -491,9 +492,9 @@ def _q_apply_backward(ctx, grad_out):
     else:
         grads = QApplyGrads(*torch.ops.galerkin_ext.q_apply_backward(
             grad_out.contiguous(), q, pos, ctx.q_map, qnw, qnb, s, ctx.eps, ctx.normalizers,
-            wanted[1]))
+            ctx.skip, wanted[1]))
     g = [t if ok else None for t, ok in zip(grads, wanted, strict=True)]
-    return g[0], g[1], None, g[2], g[3], g[4], None, None
+    return g[0], g[1], None, g[2], g[3], g[4], None, None, None
 
 
 torch.library.register_autograd("galerkin_ext::kv_reduce", _kv_reduce_backward,
@@ -525,12 +526,13 @@ def _kv_reduce_backward_fake(grad_s, k, v, kv_pos, weight, k_map, knw, knb, v_ma
 
 
 @torch.library.register_fake("galerkin_ext::q_apply")
-def _q_apply_fake(q, pos, q_map, qnw, qnb, s, eps, normalizers):
+def _q_apply_fake(q, pos, q_map, qnw, qnb, s, eps, normalizers, skip):
     width = s.shape[3] if normalizers == 0 else s.shape[3] // normalizers - 1
     return q.new_empty((*q.shape[:3], width))
 
 
 @torch.library.register_fake("galerkin_ext::q_apply_backward")
-def _q_apply_backward_fake(grad_out, q, pos, q_map, qnw, qnb, s, eps, normalizers, pos_grad):
+def _q_apply_backward_fake(grad_out, q, pos, q_map, qnw, qnb, s, eps, normalizers, skip,
+                           pos_grad):
     return [q.new_empty(q.shape), _grad_like(pos, pos_grad, q), _grad_like(qnw, True, q),
             _grad_like(qnb, True, q), s.new_empty(s.shape)]

@@ -108,8 +108,9 @@ def test_input_without_keys_adds_zero_with_zero_gradients(impl, skip, gen):
     w.requires_grad_()
     out = impl.normalized_attention(q, k, v, weight=w, skip=skip)
     q_tilde = torch.softmax(q[1], -1).detach()
+    # exactly 0, or q̃ to rounding (the op's softmax is its own, not torch.softmax)
     torch.testing.assert_close(out[1].detach(), q_tilde if skip else torch.zeros_like(q_tilde),
-                               rtol=0, atol=0)
+                               rtol=1e-15 if skip else 0, atol=0)
     out.square().sum().backward()
     for t in (k, v, w):
         assert torch.isfinite(t.grad).all() and (t.grad[1] == 0).all()
@@ -133,6 +134,9 @@ def test_hetero_sum_mean_and_masked_input(impl, gen):
     torch.testing.assert_close(
         impl.hetero_normalized_attention(q, ks, vs, weights=ws, reduce="mean", skip=False),
         total / 3, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(  # the skip term is added once, after the mean
+        impl.hetero_normalized_attention(q, ks, vs, weights=ws, reduce="mean"),
+        total / 3 + q_tilde, rtol=1e-12, atol=1e-12)
     assert (singles[1][0] == 0).all()
     for i, (k, v, w) in enumerate(zip(ks, vs, ws, strict=True)):  # the pairwise formula, too
         torch.testing.assert_close(singles[i], explicit(q, k, v, w), rtol=1e-12, atol=1e-12)

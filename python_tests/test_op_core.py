@@ -52,17 +52,18 @@ def explicit_s(k, v, kv_pos, weight, k_map, k_norm, v_map, v_norm, ones_column):
     return s
 
 
-def explicit_apply(q, pos, q_map, q_norm, s, normalizers):
-    """Q̂ S, or Σ_l (Q̂ S_l) / (Q̂ s_l) with 0/0 := 0, row by row."""
-    y = explicit_row(q, pos, q_map, q_norm) @ s.double()
-    if normalizers == 0:
-        return y
-    block = y.shape[-1] // normalizers
-    out = torch.zeros(*y.shape[:3], block - 1, dtype=F64)
-    for lo in range(0, y.shape[-1], block):
-        num, den = y[..., lo:lo + block - 1], y[..., lo + block - 1:lo + block]
-        out += torch.where(den != 0, num / torch.where(den != 0, den, 1.0), 0.0)
-    return out
+def explicit_apply(q, pos, q_map, q_norm, s, normalizers, skip=False):
+    """Q̂ S, or Σ_l (Q̂ S_l) / (Q̂ s_l) with 0/0 := 0, row by row; plus Q̂ with skip."""
+    q_hat = explicit_row(q, pos, q_map, q_norm)
+    y = q_hat @ s.double()
+    if normalizers > 0:
+        block = y.shape[-1] // normalizers
+        out = torch.zeros(*y.shape[:3], block - 1, dtype=F64)
+        for lo in range(0, y.shape[-1], block):
+            num, den = y[..., lo:lo + block - 1], y[..., lo + block - 1:lo + block]
+            out += torch.where(den != 0, num / torch.where(den != 0, den, 1.0), 0.0)
+        y = out
+    return y + q_hat if skip else y
 
 
 def norm_pair(heads, dim, gen, dtype=F64):
@@ -81,6 +82,7 @@ SHAPES = [
     # vector) and their 64-row blocks; P = 0 with identity maps is the direct path (q as is).
     (2, 2, 200, 70, 24, 40, 0, None, None, False),
     (1, 3, 131, 67, 17, 33, 1, "batched", None, True),
+    (2, 3, 130, 41, 9, 9, 2, "batched", "batched", True),  # D_k = D_v: the skip term too
 ]
 MAPS = [("identity", "identity"), ("layer_norm", "layer_norm"), ("softmax", "identity"),
         ("layer_norm", "identity")]
@@ -119,9 +121,9 @@ def reduce_args(x, ones_column):
             1e-5, ones_column)
 
 
-def apply_args(x, s, normalizers):
+def apply_args(x, s, normalizers, skip=False):
     q_norm = x["q_norm"] or (None, None)
-    return (x["q"], x["pos"], x["k_map"], *q_norm, s, 1e-5, normalizers)
+    return (x["q"], x["pos"], x["k_map"], *q_norm, s, 1e-5, normalizers, skip)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -135,10 +137,12 @@ def test_kv_reduce_and_q_apply_match_explicit_sums(shape, maps, gen):
         assert s.dtype == F64
         torch.testing.assert_close(s, expected, rtol=1e-12, atol=1e-12)
         normalizers = int(ones_column)
-        out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, normalizers))
-        torch.testing.assert_close(
-            out, explicit_apply(x["q"], x["pos"], x["k_map"], x["q_norm"], s, normalizers),
-            rtol=1e-10, atol=1e-12)
+        for skip in (False, True) if x["q"].shape[3] == x["v"].shape[3] else (False,):
+            out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, normalizers, skip))
+            torch.testing.assert_close(
+                out, explicit_apply(x["q"], x["pos"], x["k_map"], x["q_norm"], s, normalizers,
+                                    skip),
+                rtol=1e-10, atol=1e-12)
 
 
 def test_several_normalizers_and_a_block_without_keys(gen):
@@ -166,7 +170,7 @@ def core_leaves(x):
             + [p.detach().requires_grad_() for key in NORMS for p in (x[key] or ())])
 
 
-def core_fn(x, ones_column):
+def core_fn(x, ones_column, skip=False):
     """kv_reduce then q_apply on x, as a function of the leaves of core_leaves(x)."""
     def f(*leaves):
         it = iter(leaves)
@@ -178,7 +182,7 @@ def core_fn(x, ones_column):
             if x[key] is not None:
                 y[key] = (next(it), next(it))
         s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(y, ones_column))
-        return torch.ops.galerkin_ext.q_apply(*apply_args(y, s, int(ones_column)))
+        return torch.ops.galerkin_ext.q_apply(*apply_args(y, s, int(ones_column), skip))
     return f
 
 
@@ -189,12 +193,16 @@ def test_gradcheck_every_input(maps, gen):
     f, leaves = core_fn(x, maps[0] == "softmax"), core_leaves(x)
     assert torch.autograd.gradcheck(f, leaves)
     assert torch.autograd.gradgradcheck(f, leaves)
+    x = core_inputs((2, 2, 4, 3, 3, 3, 1, "batched", "batched", True), maps, gen)
+    x["weight"] = x["weight"] + 0.1
+    assert torch.autograd.gradcheck(core_fn(x, maps[0] == "softmax", skip=True),
+                                    core_leaves(x))
 
 
 @pytest.mark.parametrize("maps", [("layer_norm", "layer_norm"), ("softmax", "identity"),
                                   ("identity", "identity")], ids=str)
 def test_opcheck(maps, gen):
-    x = core_inputs((2, 2, 5, 3, 3, 2, 1, "shared", "batched", True), maps, gen,
+    x = core_inputs((2, 2, 5, 3, 3, 3, 1, "shared", "batched", True), maps, gen,
                     dtype=torch.float32)
     if maps == ("identity", "identity"):  # no coordinates: q_apply's direct products
         x = {**x, "pos": None, "kv_pos": None}
@@ -202,18 +210,20 @@ def test_opcheck(maps, gen):
 
 
 def run_opchecks(x, ones_column):
-    """opcheck of the four ops of the core on core_inputs x (any device)."""
+    """opcheck of the four ops of the core on core_inputs x (any device; D_k = D_v, so that
+    q_apply runs with and without its skip term)."""
     args = reduce_args(x, ones_column)
     torch.library.opcheck(torch.ops.galerkin_ext.kv_reduce, args)
     s = torch.ops.galerkin_ext.kv_reduce(*args)
-    torch.library.opcheck(torch.ops.galerkin_ext.q_apply, apply_args(x, s, int(ones_column)))
     torch.library.opcheck(torch.ops.galerkin_ext.kv_reduce_backward,
                           (torch.randn_like(s), *args[:-1], ones_column, x["kv_pos"] is not None,
                            x["weight"] is not None))
-    out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, int(ones_column)))
-    torch.library.opcheck(torch.ops.galerkin_ext.q_apply_backward,
-                          (torch.randn_like(out), *apply_args(x, s, int(ones_column)),
-                           x["pos"] is not None))
+    for skip in (False, True):
+        apply = apply_args(x, s, int(ones_column), skip)
+        torch.library.opcheck(torch.ops.galerkin_ext.q_apply, apply)
+        out = torch.ops.galerkin_ext.q_apply(*apply)
+        torch.library.opcheck(torch.ops.galerkin_ext.q_apply_backward,
+                              (torch.randn_like(out), *apply, x["pos"] is not None))
 
 
 def test_repeatable_bit_for_bit(gen):
@@ -320,6 +330,8 @@ def test_direct_calls_are_checked(gen):
     s = torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "identity", None, None, "identity",
                                          None, None, 1e-5, True)
     with pytest.raises(RuntimeError, match="normalizers"):
-        torch.ops.galerkin_ext.q_apply(k, None, "identity", None, None, s, 1e-5, 2)
+        torch.ops.galerkin_ext.q_apply(k, None, "identity", None, None, s, 1e-5, 2, False)
     with pytest.raises(RuntimeError, match="s: expected shape"):
-        torch.ops.galerkin_ext.q_apply(v, None, "identity", None, None, s, 1e-5, 1)
+        torch.ops.galerkin_ext.q_apply(v, None, "identity", None, None, s, 1e-5, 1, False)
+    with pytest.raises(RuntimeError, match="skip: needs the output width 4"):
+        torch.ops.galerkin_ext.q_apply(k, None, "identity", None, None, s, 1e-5, 1, True)

@@ -76,12 +76,13 @@ def test_kv_reduce_and_q_apply_match_explicit_sums(shape, maps, dtype, gen):
         assert torch.isfinite(s).all(), "unwritten (poisoned) entries"
         assert rel_err(s, expected) <= TOLERANCE[dtype]
         normalizers = int(ones_column)
-        poison_cuda_cache()
-        out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, normalizers))
-        assert out.dtype == dtype and torch.isfinite(out).all()
-        want = explicit_apply(ref["q"], ref["pos"], ref["k_map"], ref["q_norm"], s.cpu(),
-                              normalizers)
-        assert rel_err(out, want) <= TOLERANCE[dtype]
+        for skip in (False, True) if shape[4] == shape[5] else (False,):
+            poison_cuda_cache()
+            out = torch.ops.galerkin_ext.q_apply(*apply_args(x, s, normalizers, skip))
+            assert out.dtype == dtype and torch.isfinite(out).all()
+            want = explicit_apply(ref["q"], ref["pos"], ref["k_map"], ref["q_norm"], s.cpu(),
+                                  normalizers, skip)
+            assert rel_err(out, want) <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
@@ -98,26 +99,27 @@ def test_several_normalizers_and_a_block_without_keys(dtype, gen):
         TOLERANCE[dtype]
 
 
-def _grads(x, ones_column, upstream_gen):
+def _grads(x, ones_column, upstream_gen, skip=False):
     """Output and gradients of every input of kv_reduce then q_apply, for x's device/dtype."""
     leaves = core_leaves(x)
-    out = core_fn(x, ones_column)(*leaves)
+    out = core_fn(x, ones_column, skip)(*leaves)
     upstream = torch.randn(out.shape, generator=upstream_gen, dtype=torch.float64)
     return out, torch.autograd.grad(out, leaves, upstream.to(out))
 
 
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
 @pytest.mark.parametrize("maps", MAPS, ids=str)
-@pytest.mark.parametrize("shape", [CUDA_SHAPES[3], CUDA_SHAPES[5], CUDA_SHAPES[7]], ids=str)
+@pytest.mark.parametrize("shape", [CUDA_SHAPES[3], CUDA_SHAPES[5], CUDA_SHAPES[8]], ids=str)
 def test_gradients_match_the_float64_cpu_core(shape, maps, dtype, gen):
     """Every input's gradient (q, k, v, pos, kv_pos, weight, the norm parameters) against the
-    CPU core in float64 (itself checked against explicit sums and gradcheck)."""
+    CPU core in float64 (itself checked against explicit sums and gradcheck); with q_apply's
+    skip term where D_k = D_v."""
     x = to_cuda(core_inputs(shape, maps, gen), dtype)
-    ones_column = maps[0] == "softmax"
+    ones_column, skip = maps[0] == "softmax", shape[4] == shape[5]
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
     poison_cuda_cache()
-    _, got = _grads(x, ones_column, torch.Generator().manual_seed(seed))
-    _, want = _grads(to_reference(x), ones_column, torch.Generator().manual_seed(seed))
+    _, got = _grads(x, ones_column, torch.Generator().manual_seed(seed), skip)
+    _, want = _grads(to_reference(x), ones_column, torch.Generator().manual_seed(seed), skip)
     for g, w in zip(got, want, strict=True):
         assert g.is_cuda and torch.isfinite(g).all()
         assert rel_err(g, w) <= 10 * TOLERANCE[dtype]
@@ -134,7 +136,7 @@ def test_gradcheck_float64(maps, gen):
 @pytest.mark.parametrize("maps", [("layer_norm", "layer_norm"), ("softmax", "identity")],
                          ids=str)
 def test_opcheck(maps, gen):
-    x = to_cuda(core_inputs((2, 2, 5, 3, 3, 2, 1, "shared", "batched", True), maps, gen),
+    x = to_cuda(core_inputs((2, 2, 5, 3, 3, 3, 1, "shared", "batched", True), maps, gen),
                 torch.float32)
     run_opchecks(x, maps[0] == "softmax")
 

@@ -1,6 +1,6 @@
 // The apply kernels of the CUDA op core (core_cuda.cuh): per-row products of prepared rows with
 // a (rows, cols) matrix held in shared memory, with the row maps applied on the fly. The forward
-// of q_apply (optionally normalised per block), the G' of its backward, and the backward of a
+// of q_apply (optionally normalised per block, optionally plus Q̂), the G' of its backward, and the backward of a
 // row map from the gradient w.r.t. its prepared rows (both gradients of kv_reduce's backward,
 // q's of q_apply's). Sums are in float (double for double inputs) on the FMA units.
 //
@@ -96,6 +96,19 @@ __device__ __forceinline__ void tile_product(const A* ms, const A* tile, int64_t
   __syncwarp();
 }
 
+// The warp's staged tile rows' first `cols` columns, laid out as y (Q̂ for the skip term).
+template <typename A, int C>
+__device__ __forceinline__ void read_tile(const A* tile, int64_t cols, int lane,
+                                          A (&rows)[kRowsPerWarp][C]) {
+#pragma unroll
+  for (int a = 0; a < kRowsPerWarp; ++a) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      rows[a][c] = lane + 32 * c < cols ? tile[(lane + 32 * c) * kTileStride + a] : A(0);
+    }
+  }
+}
+
 // Puts y's first `cols` columns back into the warp's tile columns (rows of the tile = y's
 // columns), for a row-wise epilogue that needs other lanes' columns.
 template <typename A, int C>
@@ -118,12 +131,12 @@ size_t shared_bytes(int64_t rows, int64_t tile_rows, int64_t D) {
   return std::max<int64_t>(rows * 32 * C + tile_rows * kTileStride, kWarps * 2 * D) * sizeof(A);
 }
 
-// Forward: Y = Q̂ · matrix, then the epilogue. The block walks tiles t = blockIdx.y,
+// Forward: Y = Q̂ · matrix, then the epilogue (plus Q̂ with skip). The block walks tiles t = blockIdx.y,
 // blockIdx.y + gridDim.y, ...; the next tile's rows are loaded while the current one computes.
 template <typename T, int C>
 __global__ void __launch_bounds__(kThreads)
     apply_kernel(Rows<T, typename Acc<T>::type> q, double eps, MatrixArgs m, Epilogue epilogue,
-                 int64_t blocks, const T* __restrict__ grad, void* __restrict__ out) {
+                 int64_t blocks, bool skip, const T* __restrict__ grad, void* __restrict__ out) {
   using A = typename Acc<T>::type;
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t H = q.a.H, N = q.a.N, cols = m.cols;
@@ -142,8 +155,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t n0 = first; n0 - warp * kRowsPerWarp < N; n0 += stride) {
     stage_rows(q, norm, rows, n0, lane, eps, tile);
     load_rows(q, b, h, n0 + stride, lane, rows);
-    A y[kRowsPerWarp][C];
+    A y[kRowsPerWarp][C], q_rows[kRowsPerWarp][C] = {};
     tile_product(ms, tile, m.rows, lane, y);
+    if (skip) read_tile(tile, w, lane, q_rows);
     if (epilogue == Epilogue::kProduct) {
 #pragma unroll
       for (int a = 0; a < kRowsPerWarp; ++a) {
@@ -151,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
         T* o = static_cast<T*>(out) + (bh * N + n0 + a) * w;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-          if (lane + 32 * c < w) o[lane + 32 * c] = from_acc<T>(y[a][c]);
+          if (lane + 32 * c < w) o[lane + 32 * c] = from_acc<T>(y[a][c] + q_rows[a][c]);
         }
       }
       continue;
@@ -163,7 +177,9 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t row = bh * N + n0 + a;
       const A* ya = tile + a;  // column col of Y at ya[col · kTileStride]
       if (epilogue == Epilogue::kNormalized) {
-        A o[C] = {};
+        A o[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c) o[c] = q_rows[a][c];
         for (int64_t l = 0; l < blocks; ++l) {
           const A den = ya[(l * (w + 1) + w) * kTileStride];
           if (den == A(0)) continue;  // a sample without keys: 0/0 := 0
@@ -214,7 +230,7 @@ template <typename TS, typename T, int C>
 __global__ void __launch_bounds__(kThreads)
     apply_backward_kernel(Rows<TS, typename Acc<T>::type> source,
                           Rows<T, typename Acc<T>::type> target, double eps, MatrixArgs m,
-                          T* __restrict__ grad_x, typename Acc<T>::type* __restrict__ pos_rows,
+                          const T* __restrict__ skip_grad, T* __restrict__ grad_x, typename Acc<T>::type* __restrict__ pos_rows,
                           typename Acc<T>::type* __restrict__ weight_rows,
                           typename Acc<T>::type* __restrict__ norm_partial) {
   using A = typename Acc<T>::type;
@@ -241,6 +257,17 @@ __global__ void __launch_bounds__(kThreads)
     A y[kRowsPerWarp][C];
     tile_product(ms, tile, m.rows, lane, y);
     load_rows(source, b, h, n0 + stride, lane, rows);
+    if (skip_grad != nullptr) {
+#pragma unroll
+      for (int a = 0; a < kRowsPerWarp; ++a) {
+        if (n0 + a >= N) break;
+        const T* g = skip_grad + (bh * N + n0 + a) * (P + D);
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          if (lane + 32 * c < P + D) y[a][c] += to_acc<A>(g[lane + 32 * c]);
+        }
+      }
+    }
     store_tile(y, P + D, lane, tile);
 #pragma unroll
     for (int a = 0; a < kRowsPerWarp; ++a) {
@@ -296,7 +323,8 @@ cudaError_t with_lane_columns(int64_t widest, Run&& run) {
 
 template <typename T>
 cudaError_t apply_typed(const RowsArgs& q, double eps, const MatrixArgs& m, Epilogue epilogue,
-                        int64_t blocks, const void* grad, void* out, cudaStream_t stream) {
+                        int64_t blocks, bool skip, const void* grad, void* out,
+                        cudaStream_t stream) {
   using A = typename Acc<T>::type;
   auto run = [&](auto columns) {
     constexpr int C = decltype(columns)::value;
@@ -305,7 +333,7 @@ cudaError_t apply_typed(const RowsArgs& q, double eps, const MatrixArgs& m, Epil
     const cudaError_t fits = allow_shared_memory(kernel, shared);
     if (fits != cudaSuccess) return fits;
     kernel<<<grid_of(q), kThreads, shared, stream>>>(Rows<T, A>{q}, eps, m, epilogue, blocks,
-                                                     static_cast<const T*>(grad), out);
+                                                     skip, static_cast<const T*>(grad), out);
     return cudaGetLastError();
   };
   return with_lane_columns<T>(std::max(m.rows, m.cols), run);
@@ -313,7 +341,8 @@ cudaError_t apply_typed(const RowsArgs& q, double eps, const MatrixArgs& m, Epil
 
 template <typename TS, typename T>
 cudaError_t backward_typed(const RowsArgs& source, const RowsArgs& target, double eps,
-                           const MatrixArgs& m, const TargetGrads& g, cudaStream_t stream) {
+                           const MatrixArgs& m, const void* skip_grad, const TargetGrads& g,
+                           cudaStream_t stream) {
   using A = typename Acc<T>::type;
   auto run = [&](auto columns) {
     constexpr int C = decltype(columns)::value;
@@ -322,7 +351,8 @@ cudaError_t backward_typed(const RowsArgs& source, const RowsArgs& target, doubl
     const cudaError_t fits = allow_shared_memory(kernel, shared);
     if (fits != cudaSuccess) return fits;
     kernel<<<grid_of(target), kThreads, shared, stream>>>(
-        Rows<TS, A>{source}, Rows<T, A>{target}, eps, m, static_cast<T*>(g.grad_x),
+        Rows<TS, A>{source}, Rows<T, A>{target}, eps, m, static_cast<const T*>(skip_grad),
+        static_cast<T*>(g.grad_x),
         static_cast<A*>(g.pos_rows), static_cast<A*>(g.weight_rows),
         static_cast<A*>(g.norm_partial));
     return cudaGetLastError();
@@ -346,14 +376,16 @@ int64_t apply_row_blocks(int64_t B, int64_t H, int64_t N) {
 }
 
 cudaError_t apply_rows(const RowsArgs& q, double eps, const MatrixArgs& matrix,
-                       int64_t normalizers, void* out, cudaStream_t stream) {
+                       int64_t normalizers, bool skip, void* out, cudaStream_t stream) {
   if (!rows_fit(q) || !matrix_fits(matrix, q.width(), normalizers)) return cudaErrorInvalidValue;
+  const int64_t out_width = normalizers == 0 ? matrix.cols : matrix.cols / normalizers - 1;
+  if (skip && out_width != q.width()) return cudaErrorInvalidValue;
   if (q.B * q.H * q.N == 0) return cudaSuccess;
   return dispatch_kind(q.kind, [&](auto tag) {
     using T = decltype(tag);
     const Epilogue epilogue = normalizers == 0 ? Epilogue::kProduct : Epilogue::kNormalized;
-    return apply_typed<T>(q, eps, matrix, epilogue, std::max<int64_t>(normalizers, 1), nullptr,
-                          out, stream);
+    return apply_typed<T>(q, eps, matrix, epilogue, std::max<int64_t>(normalizers, 1), skip,
+                          nullptr, out, stream);
   });
 }
 
@@ -366,13 +398,13 @@ cudaError_t normalizer_grad(const RowsArgs& q, double eps, const MatrixArgs& mat
   if (q.B * q.H * q.N == 0) return cudaSuccess;
   return dispatch_kind(q.kind, [&](auto tag) {
     return apply_typed<decltype(tag)>(q, eps, matrix, Epilogue::kNormalizerGrad, normalizers,
-                                      grad, grad_y, stream);
+                                      false, grad, grad_y, stream);
   });
 }
 
 cudaError_t apply_rows_backward(const RowsArgs& source, const RowsArgs& target, double eps,
-                                const MatrixArgs& matrix, const TargetGrads& grads,
-                                cudaStream_t stream) {
+                                const MatrixArgs& matrix, const void* skip_grad,
+                                const TargetGrads& grads, cudaStream_t stream) {
   if (!rows_fit(source) || !rows_fit(target) || !matrix_fits(matrix, source.width(), 0) ||
       matrix.cols != target.P + target.D || source.B != target.B || source.H != target.H ||
       source.N != target.N) {
@@ -380,8 +412,8 @@ cudaError_t apply_rows_backward(const RowsArgs& source, const RowsArgs& target, 
   }
   if (target.B * target.H * target.N == 0) return cudaSuccess;
   return dispatch_pair(target.kind, source.kind, [&](auto target_tag, auto source_tag) {
-    return backward_typed<decltype(source_tag), decltype(target_tag)>(source, target, eps,
-                                                                      matrix, grads, stream);
+    return backward_typed<decltype(source_tag), decltype(target_tag)>(
+        source, target, eps, matrix, skip_grad, grads, stream);
   });
 }
 

@@ -109,7 +109,7 @@ KvReduceInputs kv_inputs(const Tensor& k, const Tensor& v, const OptTensor& kv_p
 
 QApplyInputs q_inputs(const Tensor& q, const OptTensor& pos, std::string_view q_map,
                       const OptTensor& q_norm_weight, const OptTensor& q_norm_bias,
-                      const Tensor& s, int64_t normalizers) {
+                      const Tensor& s, int64_t normalizers, bool skip) {
   check_operand(q, "q");
   QApplyInputs in;
   in.q = q;
@@ -136,6 +136,9 @@ QApplyInputs q_inputs(const Tensor& q, const OptTensor& pos, std::string_view q_
               "normalizers: ", normalizers, " blocks of (d_v + 1) >= 2 columns do not make up ",
               "W = ", in.W);
   in.normalizers = normalizers;
+  TORCH_CHECK(!skip || in.out_width() == in.query_width(), "skip: needs the output width ",
+              in.out_width(), " to equal Q̂'s width P + D = ", in.query_width());
+  in.skip = skip;
   return in;
 }
 
@@ -190,9 +193,9 @@ std::vector<Tensor> kv_reduce_backward(
 template <Tensor (*Twin)(const QApplyInputs&, double)>
 Tensor q_apply(const Tensor& q, const OptTensor& pos, c10::string_view q_map,
                const OptTensor& q_norm_weight, const OptTensor& q_norm_bias, const Tensor& s,
-               double eps, int64_t normalizers) {
+               double eps, int64_t normalizers, bool skip) {
   const KernelGuard guard;
-  return Twin(q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers), eps);
+  return Twin(q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers, skip), eps);
 }
 
 template <QApplyGrads (*Twin)(const QApplyInputs&, const Tensor&, double, bool)>
@@ -200,9 +203,10 @@ std::vector<Tensor> q_apply_backward(const Tensor& grad_out, const Tensor& q,
                                      const OptTensor& pos, c10::string_view q_map,
                                      const OptTensor& q_norm_weight,
                                      const OptTensor& q_norm_bias, const Tensor& s, double eps,
-                                     int64_t normalizers, bool pos_grad) {
+                                     int64_t normalizers, bool skip, bool pos_grad) {
   const KernelGuard guard;
-  const QApplyInputs in = q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers);
+  const QApplyInputs in =
+      q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers, skip);
   TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({in.B, in.H, in.N, in.out_width()}),
               "grad_out: expected shape (B, H, N, ", in.out_width(), "), got ",
               grad_out.sizes());

@@ -2,7 +2,7 @@
 // points followed by a per-query apply (SPEC §2b).
 //
 //   kv_reduce:  S = K̂ᵀ W V̂                         (B, H, d_k, d_v [+1]) in the opmath dtype
-//   q_apply:    out = Q̂ S, or with L normalisers    Σ_l (Q̂ S_l) / (Q̂ s_l)
+//   q_apply:    out = Q̂ S, or with L normalisers    Σ_l (Q̂ S_l) / (Q̂ s_l);  + Q̂ with skip
 //
 // Each prepared operand is a row map of its input: [pos | x] (identity), [pos | LN_h(x)] (head
 // h's affine layer norm) or softmax([pos | x]) (over the head's features), times the quadrature
@@ -60,6 +60,7 @@ struct QApplyInputs {
   std::optional<at::Tensor> q_norm_weight, q_norm_bias;
   at::Tensor s;                                        // (B, H, P + D, W), opmath dtype
   int64_t normalizers;                                 // 0: out = Q̂ S; L: W = L (d_v + 1)
+  bool skip;                                           // out += Q̂ (out_width() == P + D)
   int64_t B, H, N, D, P, W;
 
   int64_t query_width() const { return P + D; }

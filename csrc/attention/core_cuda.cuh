@@ -81,9 +81,10 @@ struct MatrixArgs {
 };
 
 // out (B, H, N, cols) contiguous, element type = Y = Q̂ · matrix; with normalizers = L > 0,
-// cols = L (w + 1) and out (B, H, N, w) = Σ_l Y_l[:w] / Y_l[w] (0/0 := 0).
+// cols = L (w + 1) and out (B, H, N, w) = Σ_l Y_l[:w] / Y_l[w] (0/0 := 0). With skip, Q̂ is
+// added to out (whose width must then be q.width()).
 cudaError_t apply_rows(const RowsArgs& q, double eps, const MatrixArgs& matrix,
-                       int64_t normalizers, void* out, cudaStream_t stream);
+                       int64_t normalizers, bool skip, void* out, cudaStream_t stream);
 
 // G' (B, H, N, cols) in the accumulation type: the gradient w.r.t. Y of apply_rows with
 // normalizers = L > 0, from grad (B, H, N, w) contiguous in the element type: per block
@@ -104,11 +105,12 @@ struct TargetGrads {
 };
 
 // The gradient w.r.t. the target's prepared rows (its ones column excluded) is
-// Y = sourcê · matrix (matrix.rows = source.width(), matrix.cols = target.P + target.D);
-// it is turned into the gradients of the target's x, pos, weight and norm parameters. The
-// source's kind is the target's, or its accumulation type (G').
+// Y = sourcê · matrix (matrix.rows = source.width(), matrix.cols = target.P + target.D), plus
+// skip_grad (B, H, N, P + D) contiguous in the target's element type where not null (the
+// gradient of apply_rows' skip term); it is turned into the gradients of the target's x, pos,
+// weight and norm parameters. The source's kind is the target's, or its accumulation type (G').
 cudaError_t apply_rows_backward(const RowsArgs& source, const RowsArgs& target, double eps,
-                                const MatrixArgs& matrix, const TargetGrads& grads,
-                                cudaStream_t stream);
+                                const MatrixArgs& matrix, const void* skip_grad,
+                                const TargetGrads& grads, cudaStream_t stream);
 
 }  // namespace galerkin_ext::cuda

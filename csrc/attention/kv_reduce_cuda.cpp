@@ -43,13 +43,13 @@ KvReduceGrads kv_reduce_backward_cuda(const KvReduceInputs& in, const at::Tensor
   at::Tensor v_pos = kv_pos_grad ? pos_rows[1] : at::Tensor();
   const cuda::MatrixArgs ds_t{ds.const_data_ptr(), dv, dk, dv, /*transpose=*/true};
   C10_CUDA_CHECK(cuda::apply_rows_backward(
-      v, k, eps, ds_t,
+      v, k, eps, ds_t, /*skip_grad=*/nullptr,
       {grads.k.mutable_data_ptr(), mutable_data_or_null(k_pos),
        mutable_data_or_null(weight_rows), mutable_data_or_null(k_partial)},
       stream));
   const cuda::MatrixArgs ds_m{ds.const_data_ptr(), dk, P + in.Dv, dv, /*transpose=*/false};
   C10_CUDA_CHECK(cuda::apply_rows_backward(
-      k, v, eps, ds_m,
+      k, v, eps, ds_m, /*skip_grad=*/nullptr,
       {grads.v.mutable_data_ptr(), mutable_data_or_null(v_pos), nullptr,
        mutable_data_or_null(v_partial)},
       stream));

@@ -1,8 +1,9 @@
 // q_apply on the CPU (core.h), fused: Q̂ exists only as cache-sized chunks of rows.
-//   forward:  out_c = Q̂_c S, then with L normalisers out = Σ_l num_l / den_l per row
+//   forward:  out_c = Q̂_c S, then with L normalisers out = Σ_l num_l / den_l per row; with
+//             skip out_c += Q̂_c
 //   backward: G' = ∂out/∂(Q̂ S) applied to grad_out (row-local); dS = Σ_chunks Q̂_cᵀ G'_c;
 //             dQ̂_c = G'_c Sᵀ (with normalisers from g S_lᵀ, normalized_rows_backward, so
-//             that Q̂ S is not recomputed), then the row map's backward
+//             that Q̂ S is not recomputed), + g_c with skip, then the row map's backward
 // For a normalised block y = n / δ (n = Q̂ S_l, δ = Q̂ s_l): ∂/∂n = g / δ and
 // ∂/∂δ = -⟨g, y⟩ / δ, so G' is [g / δ | -⟨g, n⟩ / δ²] per block and both products keep the
 // forward's shapes.
@@ -84,10 +85,19 @@ void normalized_rows_backward(const scalar_t* g, int64_t width, const scalar_t* 
   }
 }
 
+// dst[i, :cols] += src[i, :cols] for rows i < m (row strides ldd, lds): the skip term.
+template <typename scalar_t>
+void add_rows(const scalar_t* src, int64_t lds, int64_t m, int64_t cols, scalar_t* dst,
+              int64_t ldd) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < cols; ++j) dst[i * ldd + j] += src[i * lds + j];
+  }
+}
+
 // Whether Q̂ S is the plain product q S (and grad_out's rows, of W columns, can be loaded as
 // whole vectors in place).
 bool direct(const QApplyInputs& in) {
-  return in.q_map == RowMap::kIdentity && in.P == 0 && in.normalizers == 0 &&
+  return in.q_map == RowMap::kIdentity && in.P == 0 && in.normalizers == 0 && !in.skip &&
          in.W == cpu::vector_width(in.W);
 }
 
@@ -172,6 +182,7 @@ Tensor forward_impl(const QApplyInputs& in, double eps_in) {
         } else {
           cpu::rows_times_matrix(q_rows, ldq, s_bh, W, m, dq, W, dst, W);
         }
+        if (in.skip) add_rows(q_rows, ldq, m, dq, dst, width);
       }
     }
   });
@@ -247,6 +258,7 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
           cpu::rows_times_matrix(gdst, ldw, s_t.const_data_ptr<scalar_t>() + bh * W * dq, dq, m,
                                  W, dq, qc.mutable_data_ptr<scalar_t>(), ldq);
         }
+        if (in.skip) add_rows(gsrc, width, m, dq, dc.mutable_data_ptr<scalar_t>(), ldq);
         cpu::chunk_backward(qr, b, h, n0, m, dc, stats.data(), grads.q, scratch.data(),
                             dy.data(), sums);
       }

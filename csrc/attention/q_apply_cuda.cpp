@@ -1,8 +1,10 @@
 // q_apply on CUDA (core.h), the twin of q_apply_cpu.cpp: ATen glue around the kernels of
 // core_cuda.cuh. Q̂ exists only in registers and shared memory.
-//   forward:  out = apply(Q̂, S), normalised per block in the kernel's epilogue
+//   forward:  out = apply(Q̂, S), normalised per block and plus Q̂ with skip in the kernel's
+//             epilogue
 //   backward: G' = ∂out/∂(Q̂ S) applied to grad_out (normalizer_grad; grad_out itself without
-//             normalisers), dS = reduce(Q̂, G'), dQ̂ = G' Sᵀ turned into q's gradients row by row
+//             normalisers), dS = reduce(Q̂, G'), dQ̂ = G' Sᵀ (+ grad_out with skip) turned into
+//             q's gradients row by row
 #include "attention/cuda_args.h"
 
 #include <c10/cuda/CUDAGuard.h>
@@ -23,8 +25,8 @@ at::Tensor q_apply_cuda(const QApplyInputs& in, double eps) {
   const c10::cuda::CUDAGuard guard(in.q.device());
   const cuda::RowsArgs q = rows_args(in.query(), false, "q");
   at::Tensor out = at::empty({in.B, in.H, in.N, in.out_width()}, in.q.options());
-  C10_CUDA_CHECK(cuda::apply_rows(q, eps, s_matrix(in), in.normalizers, out.mutable_data_ptr(),
-                                  c10::cuda::getCurrentCUDAStream()));
+  C10_CUDA_CHECK(cuda::apply_rows(q, eps, s_matrix(in), in.normalizers, in.skip,
+                                  out.mutable_data_ptr(), c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 
@@ -55,7 +57,7 @@ QApplyGrads q_apply_backward_cuda(const QApplyInputs& in, const at::Tensor& grad
   }
   const cuda::MatrixArgs s_t{s.data, in.W, in.query_width(), in.W, /*transpose=*/true};
   C10_CUDA_CHECK(cuda::apply_rows_backward(
-      source, q, eps, s_t,
+      source, q, eps, s_t, in.skip ? g.const_data_ptr() : nullptr,
       {grads.q.mutable_data_ptr(), mutable_data_or_null(pos_rows), nullptr,
        mutable_data_or_null(partial)},
       stream));
