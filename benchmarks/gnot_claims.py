@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from galerkin_ext.data import RaggedDataset, generate_elasticity
+from galerkin_ext.data import RaggedDataset, RaggedNormalizers, generate_elasticity
 from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     evaluate,
@@ -71,18 +71,18 @@ def run(name: str, runs: Path, preset: str) -> dict[str, Any]:
 
 
 def refined_error(record: dict[str, Any], refined: Path) -> float:
-    """The last-epoch model of an elasticity run on the refined evaluation set."""
+    """The last-epoch model of an elasticity run on the refined evaluation set, normalised by
+    the statistics the run recorded (fitted on its training split)."""
     cfg = record["config"]
-    base = cfg["data_files"]["train"]
-    split = {"n_train": cfg["n_train"], "n_test": cfg["n_eval"], "weights": cfg["weights"],
-             "generator": "elasticity", "dtype": torch.float32}
-    train_set = RaggedDataset(base, "train", **split)
-    eval_set = RaggedDataset(refined, "test", **split, normalizers=train_set.normalizers)
+    eval_set = RaggedDataset(refined, "test", n_train=cfg["n_train"], n_test=cfg["n_eval"],
+                             weights=cfg["weights"], generator="elasticity",
+                             dtype=torch.float32,
+                             normalizers=RaggedNormalizers.from_config(cfg["normalizers"]))
     model = build_model(MODEL_NAMES[cfg["model_choice"]], **cfg["model"])
     last = load_checkpoint(Path(record["out"]) / "last.pt", "last")
     model.load_state_dict(last["model"])
     return evaluate(model, eval_set, batch_size=8, forward=ragged_forward,
-                    metric=ragged_metric(train_set))
+                    metric=ragged_metric(eval_set))
 
 
 def main() -> None:

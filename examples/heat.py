@@ -38,6 +38,7 @@ from galerkin_ext.training import (
     cleanup_distributed,
     enforce_thresholds,
     experiment_parser,
+    normalizer_config,
     plot_ragged_predictions,
     preset_unchanged,
     ragged_forward,
@@ -117,6 +118,7 @@ def main(argv=None):
              "generator": "heat", "dtype": torch.float32}
     train_set = RaggedDataset(data, "train", **split)
     eval_set = RaggedDataset(data, "test", **split, normalizers=train_set.normalizers)
+    cfg["normalizers"] = normalizer_config(**train_set.normalizers.named())  # in checkpoints
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process

@@ -28,6 +28,7 @@ from galerkin_ext.data.ragged import (
 )
 from galerkin_ext.data.storage import DataFileError, inspect_h5, partial_path
 from galerkin_ext.losses import MaskedRelativeLoss, masked_relative_l2
+from galerkin_ext.training import normalizer_config
 
 HAS_TRIANGLE = importlib.util.find_spec("triangle") is not None
 
@@ -323,6 +324,14 @@ def test_normalisers_are_fitted_on_the_training_split_only(ragged_file):
                           dtype=torch.float64, normalize_inputs=False)
     rebuilt = RaggedNormalizers.from_state_dict(state)
     assert set(rebuilt.state_dict()) == set(state)
+    # as the examples record them in their run configuration (JSON): exactly the same numbers
+    config = json.loads(json.dumps(normalizer_config(**norm.named())))
+    assert sorted(config) == ["input_g", "query", "target", "theta"]
+    from_config = RaggedNormalizers.from_config(config, eps=eps).state_dict()
+    assert set(from_config) == set(state)
+    assert all(torch.equal(from_config[k], state[k]) for k in state)
+    with pytest.raises(ValueError, match=r"config\['query'\]: expected"):
+        RaggedNormalizers.from_config({**config, "query": {"mean": [0.0]}})
     for a, b in zip(again, test, strict=True):
         assert torch.equal(a["x"], b["x"]) and torch.equal(a["target"], b["target"])
         assert torch.equal(a["theta"], b["theta"])

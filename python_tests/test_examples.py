@@ -420,6 +420,10 @@ def test_gnot_examples(tmp_path, gnot_cache, script, flags):
         assert m["config"]["model"]["n_experts"] == 2
     if "mionet" in flags:
         assert all(n >= 1 for n in m["config"]["model"]["input_points"])
+    # the training split's normalisers travel with the run (and its checkpoints)
+    assert m["config"]["normalizers"]["target"]["std"][0] > 0
+    assert load_checkpoint(out / "last.pt", "last")["config"]["normalizers"] == \
+        m["config"]["normalizers"]
 
 
 def test_gnot_example_refuses_experts_for_mionet(tmp_path):

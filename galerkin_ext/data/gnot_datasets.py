@@ -140,6 +140,33 @@ class RaggedNormalizers(nn.Module):
         return cls(norm("query"), norm("target"), {k: norm(f"input_{k}") for k in names},
                    theta, eps)
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Mapping[str, Sequence[float]]],
+                    eps: float = NORMALIZER_EPS) -> RaggedNormalizers:
+        """Rebuild from ``{name: {'mean': [...], 'std': [...]}}`` over the names of
+        :meth:`named` (as the examples store them in their run configuration, so that a
+        checkpoint says how to normalise)."""
+        if not isinstance(config, Mapping):
+            raise TypeError(f"config: expected a dict of statistics, got {type(config).__name__}")
+        eps = check_float(eps, "eps")
+        state: dict[str, Tensor] = {"eps": torch.tensor(eps, dtype=torch.float64)}
+        for name, stats in config.items():
+            if not isinstance(stats, Mapping) or set(stats) != {"mean", "std"}:
+                raise ValueError(f"config[{name!r}]: expected {{'mean': [...], 'std': [...]}}, "
+                                 f"got {stats!r}")
+            for key in ("mean", "std"):
+                state[f"{name}.{key}"] = torch.tensor(stats[key], dtype=torch.float64)
+        return cls.from_state_dict(state)
+
+    def named(self) -> dict[str, UnitGaussianNormalizer]:
+        """Every normaliser by its name in :meth:`state_dict`: ``query``, ``target``,
+        ``input_<name>`` per input function with values, ``theta`` if there is one."""
+        named = {"query": self.query, "target": self.target,
+                 **{f"input_{k}": v for k, v in self.inputs.items()}}
+        if self.theta is not None:
+            named["theta"] = self.theta
+        return named
+
     @property
     def inputs(self) -> dict[str, UnitGaussianNormalizer]:
         """``{name: normaliser}`` of the input functions with values."""
