@@ -28,7 +28,7 @@ from galerkin_ext.data.ragged import (
 )
 from galerkin_ext.data.storage import DataFileError, inspect_h5, partial_path
 from galerkin_ext.losses import MaskedRelativeLoss, masked_relative_l2
-from galerkin_ext.training import normalizer_config
+from galerkin_ext.training import normalizer_config, ragged_metric
 
 HAS_TRIANGLE = importlib.util.find_spec("triangle") is not None
 
@@ -476,6 +476,28 @@ def test_size_bucket_sampler_covers_every_index_and_cuts_padding():
 
 
 # -- loss -----------------------------------------------------------------------------------------
+
+
+def test_ragged_metric_per_channel_in_physical_units(ragged_file, gen):
+    """The examples' metric: per sample, relative L2 of the decoded fields over valid points;
+    the mean over channels, or one channel (ragged_channel_errors)."""
+    data = RaggedDataset(ragged_file, "test", n_train=8, n_test=5, dtype=torch.float64)
+    batch = data.collate_fn([data[i] for i in range(3)])
+    pred = batch["target"] + 0.1 * torch.randn(batch["target"].shape, generator=gen,
+                                               dtype=torch.float64)
+    per = torch.stack([ragged_metric(data, channel=c)(pred, batch) for c in range(2)], 1)
+    for b, i in enumerate(data.indices[:3]):
+        truth = synthetic(int(i))["target"]
+        n = truth.shape[0]
+        guess = data.decode_target(pred[b, :n]).numpy()
+        for c in range(2):
+            expected = np.linalg.norm(guess[:, c] - truth[:, c]) / np.linalg.norm(truth[:, c])
+            np.testing.assert_allclose(per[b, c].item(), expected, rtol=1e-5)  # float32
+    torch.testing.assert_close(ragged_metric(data)(pred, batch), per.mean(1))
+    with pytest.raises(ValueError, match="channel: expected < 2"):
+        ragged_metric(data, channel=2)(pred, batch)
+    with pytest.raises(ValueError, match="channel: expected an int >= 0"):
+        ragged_metric(data, channel=-1)
 
 
 def test_masked_relative_l2_ignores_padding_and_matches_its_formula(gen):

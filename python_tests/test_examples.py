@@ -414,6 +414,9 @@ def test_gnot_examples(tmp_path, gnot_cache, script, flags):
     assert m["epochs"] == 2 and len(errors) == 2 and all(math.isfinite(e) for e in errors)
     assert m["test_rel_l2"] == pytest.approx(errors[-1], rel=1e-6)
     assert m["best_epoch_rel_l2"] == pytest.approx(min(errors), rel=1e-6)
+    channels = m["test_rel_l2_per_channel"]  # of the last epoch, like test_rel_l2
+    assert len(channels) == len(m["config"]["normalizers"]["target"]["mean"])
+    assert sum(channels) / len(channels) == pytest.approx(m["test_rel_l2"], rel=1e-5)
     assert (out / "prediction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not m["thresholds"]["enforced"]
     if "--experts" in flags:

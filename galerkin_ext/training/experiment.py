@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
 from .._cli import positive_float, positive_int
 from .checkpoint import atomic_write, write_json
 from .distributed import DistributedContext
@@ -46,6 +47,7 @@ __all__ = [
     "plot_2d",
     "plot_mesh",
     "plot_ragged_predictions",
+    "ragged_channel_errors",
     "ragged_forward",
     "ragged_metric",
     "preset_unchanged",
@@ -564,18 +566,40 @@ def ragged_forward(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Te
                  input_weights=batch["input_weights"])
 
 
-def ragged_metric(dataset: Any) -> Callable[[torch.Tensor, Mapping[str, Any]], torch.Tensor]:
+def ragged_metric(dataset: Any, channel: int | None = None,
+                  ) -> Callable[[torch.Tensor, Mapping[str, Any]], torch.Tensor]:
     """``metric(pred, batch) -> (B,)``: per-sample relative L2 over the valid points in
     physical units (``dataset.decode_target``), the mean over the target channels
-    (SPEC-gnot §3)."""
+    (SPEC-gnot §3), or that of target channel ``channel`` alone."""
     from ..losses import masked_relative_l2
+
+    if channel is not None:
+        check_int(channel, "channel", minimum=0)
 
     def metric(pred: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
         decode = dataset.decode_target
-        return masked_relative_l2(decode(pred.float()), decode(batch["target"].float()),
-                                  batch["mask"], reduction="sample")
+        errors = masked_relative_l2(decode(pred.float()), decode(batch["target"].float()),
+                                    batch["mask"], reduction="none")  # (B, C)
+        if channel is None:
+            return errors.mean(dim=1)
+        if channel >= errors.shape[1]:
+            raise ValueError(f"channel: expected < {errors.shape[1]} (the target channels), "
+                             f"got {channel}")
+        return errors[:, channel]
 
     return metric
+
+
+def ragged_channel_errors(model: torch.nn.Module, dataset: Any, *, batch_size: int,
+                          device: torch.device | str = "cpu") -> list[float]:
+    """The mean relative L2 (physical units) of each target channel of ``model`` over
+    ``dataset`` (a :class:`~galerkin_ext.data.RaggedDataset`): SPEC-gnot §5's per-channel
+    errors, whose mean is the overall figure."""
+    channels = int(dataset.normalizers.target.mean.shape[0])
+    return [float(per_sample_errors(model, dataset, device=device, batch_size=batch_size,
+                                    forward=ragged_forward,
+                                    metric=ragged_metric(dataset, channel=c)).mean())
+            for c in range(channels)]
 
 
 def plot_ragged_predictions(
