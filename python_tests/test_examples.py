@@ -14,11 +14,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_faults import default_sigint
 
-from galerkin_ext.data import BurgersDataset, generate_burgers, generate_darcy
+from galerkin_ext.data import (
+    BurgersDataset,
+    convert_geofno_elasticity,
+    generate_burgers,
+    generate_darcy,
+)
 from galerkin_ext.models import build_model
 from galerkin_ext.training import evaluate, load_checkpoint
 
@@ -427,6 +433,27 @@ def test_gnot_examples(tmp_path, gnot_cache, script, flags):
     assert m["config"]["normalizers"]["target"]["std"][0] > 0
     assert load_checkpoint(out / "last.pt", "last")["config"]["normalizers"] == \
         m["config"]["normalizers"]
+
+
+def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):
+    """Geo-FNO's layout (XY (N, 2, S), sigma (N, S)) converted, then trained on with uniform
+    weights (the file has no mesh); mesh weights are refused before any work."""
+    rng = np.random.default_rng(0)
+    arrays = {"xy": rng.random((30, 2, 9)), "sigma": rng.random((30, 9)) + 0.5}
+    for name, value in arrays.items():
+        np.save(tmp_path / f"{name}.npy", value.astype(np.float32))
+    data = convert_geofno_elasticity(tmp_path / "xy.npy", tmp_path / "sigma.npy",
+                                     tmp_path / "geofno.h5", progress=False)
+    common = ("--data", str(data), "--n-train", "6", "--n-eval", "3", "--epochs", "1",
+              "--batch-size", "3")
+    _run(_cmd("elasticity.py", tmp_path / "run", *common, "--weights", "uniform"))
+    assert math.isfinite(_metrics(tmp_path / "run")["test_rel_l2"])
+    png = (tmp_path / "run" / "prediction.png").read_bytes()  # points drawn without a mesh
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    proc = subprocess.run(_cmd("elasticity.py", tmp_path / "mesh", *common), capture_output=True,
+                          text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode != 0 and "weights: 'mesh' needs stored weights" in proc.stderr
+    assert not (tmp_path / "mesh" / "last.pt").exists()
 
 
 def test_gnot_example_refuses_experts_for_mionet(tmp_path):

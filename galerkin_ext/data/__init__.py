@@ -18,11 +18,15 @@ Modules (imported lazily, so the solver worker processes stay light):
   continuum Darcy), normaliser;
 * :mod:`.gnot_datasets` -- the ragged dataset, its normalisers, padding collation and a
   size-bucketing batch sampler;
-* :mod:`.mat` -- readers for the original ``.mat`` benchmark files.
+* :mod:`.mat` -- readers for the original ``.mat`` benchmark files;
+* :mod:`.convert` -- :func:`convert_geofno_elasticity`, :func:`convert_gnot_pickle`: the
+  original GNOT data sets (Geo-FNO's elasticity arrays, GNOT's pickles) as ragged files.
 
 Command line: ``python -m galerkin_ext.data generate
-{burgers,darcy,lorenz63,cde,heat,elasticity} --out FILE.h5 ...`` and
-``python -m galerkin_ext.data info FILE.h5``.
+{burgers,darcy,lorenz63,cde,heat,elasticity} --out FILE.h5 ...``, ``python -m galerkin_ext.data
+convert geofno-elasticity --xy XY.npy --sigma SIGMA.npy [--rr RR.npy] --out FILE.h5``,
+``python -m galerkin_ext.data convert gnot-pickle --file DATA.pkl --trust-pickle --out FILE.h5``
+and ``python -m galerkin_ext.data info FILE.h5``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ _EXPORTS = {
     "generate_cde": "generate",
     "generate_heat": "generate",
     "generate_elasticity": "generate",
+    "convert_geofno_elasticity": "convert",
+    "GEOFNO_ELASTICITY": "convert",
+    "convert_gnot_pickle": "convert",
+    "GNOT_PICKLE": "convert",
     "write_ragged": "ragged",
     "read_ragged": "ragged",
     "inspect_ragged": "ragged",
@@ -76,7 +84,7 @@ _EXPORTS = {
     "read_darcy_mat": "mat",
 }
 _SUBMODULES = ("random_fields", "burgers", "darcy", "ode", "storage", "ragged", "generate",
-               "datasets", "gnot_datasets", "mat")
+               "datasets", "gnot_datasets", "mat", "convert")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -41,6 +41,11 @@ _APPLIES = {
     "with_cavity": ("elasticity",),
     "with_theta": ("elasticity",),
 }
+# convert: source -> (required options, options it takes)
+_CONVERT_ARGS = {
+    "geofno-elasticity": (("xy", "sigma"), ("xy", "sigma", "rr")),
+    "gnot-pickle": (("file", "trust_pickle"), ("file", "trust_pickle")),
+}
 
 
 def _targets(text: str) -> tuple[str, ...]:
@@ -55,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for the tests and ``--help``)."""
     parser = argparse.ArgumentParser(
         prog="python -m galerkin_ext.data",
-        description="Generate or inspect the data sets (HDF5): Burgers, Darcy, Lorenz-63, "
-                    "the controlled ODE, and the GNOT sets heat and elasticity (ragged; need "
-                    "the optional package triangle: pip install \"galerkin_ext[fem]\").",
+        description="Generate, convert or inspect the data sets (HDF5): Burgers, Darcy, "
+                    "Lorenz-63, the controlled ODE, and the GNOT sets heat and elasticity "
+                    "(ragged; need the optional package triangle: pip install "
+                    "\"galerkin_ext[fem]\"), or Geo-FNO's elasticity set converted.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a data set into FILE.h5 (resumable)")
@@ -121,6 +127,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="elasticity: add the input function 'cavity' (its boundary points)")
     gen.add_argument("--with-theta", action="store_true", default=None,
                      help="elasticity: store theta = the cavity radius at 42 angles")
+    conv = sub.add_parser("convert", help="convert an original data set into a ragged FILE.h5")
+    conv.add_argument("source", choices=tuple(_CONVERT_ARGS),
+                      help="geofno-elasticity: Geo-FNO's elasticity set (Random_UnitCell_*.npy);"
+                           " gnot-pickle: a data set pickled by GNOT's code")
+    conv.add_argument("--xy", help="geofno-elasticity: the points, (N, 2, S) .npy")
+    conv.add_argument("--sigma", help="geofno-elasticity: the stress, (N, S) .npy")
+    conv.add_argument("--rr", help="geofno-elasticity, optional: the radii, (42, S) .npy, as "
+                                   "theta")
+    conv.add_argument("--file", help="gnot-pickle: the pickle, [[X, Y, theta, (f_1, ...)], ...]")
+    conv.add_argument("--trust-pickle", action="store_true",
+                      help="gnot-pickle: required; unpickling runs code from the file")
+    conv.add_argument("--out", required=True, help="output file, .h5 or .hdf5")
+    conv_mode = conv.add_mutually_exclusive_group()
+    conv_mode.add_argument("--resume", action="store_true",
+                           help="continue an interrupted conversion")
+    conv_mode.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    conv.add_argument("--no-progress", action="store_true", help="no progress bar")
     info = sub.add_parser("info", help="print the metadata and completeness of a data file")
     info.add_argument("file")
     return parser
@@ -130,6 +153,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 failed, 130 interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "convert":
+        required, allowed = _CONVERT_ARGS[args.source]
+        for dest in ("xy", "sigma", "rr", "file", "trust_pickle"):
+            flag = "--" + dest.replace("_", "-")
+            if dest in required and not getattr(args, dest):
+                parser.error(f"{flag} is required to convert {args.source}")
+            if dest not in allowed and getattr(args, dest):
+                parser.error(f"{flag} does not apply to {args.source}")
     if args.command == "generate":
         for dest, problems in _APPLIES.items():
             if getattr(args, dest) is not None and args.problem not in problems:
@@ -146,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             inspect = inspect_ragged if is_ragged_file(args.file) else inspect_h5
             print(json.dumps(inspect(args.file), indent=2))
+            return 0
+        if args.command == "convert":
+            path = _convert(args)
+            print(f"wrote {path}")
             return 0
         common = {
             "seed": args.seed,
@@ -195,6 +230,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             ValueError, TypeError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+
+
+def _convert(args: argparse.Namespace) -> Path:
+    """``convert geofno-elasticity|gnot-pickle``."""
+    from .convert import convert_geofno_elasticity, convert_gnot_pickle
+
+    common = {"resume": args.resume, "overwrite": args.overwrite,
+              "progress": not args.no_progress}
+    if args.source == "geofno-elasticity":
+        return convert_geofno_elasticity(args.xy, args.sigma, args.out, rr=args.rr, **common)
+    return convert_gnot_pickle(args.file, args.out, trust_pickle=args.trust_pickle, **common)
 
 
 def _generate_gnot(args: argparse.Namespace, common: dict) -> Path:

@@ -524,7 +524,7 @@ def plot_1d(
 def plot_mesh(
     path: str | os.PathLike[str],
     points: Sequence[torch.Tensor],
-    triangles: Sequence[torch.Tensor],
+    triangles: Sequence[torch.Tensor | None],
     pred: Sequence[torch.Tensor],
     target: Sequence[torch.Tensor],
     title: str = "",
@@ -532,8 +532,10 @@ def plot_mesh(
 ) -> Path:
     """One row per sample on its triangle mesh (``tripcolor``): truth, prediction, difference.
 
-    Per sample ``points (N, 2)``, ``triangles (T, 3)`` vertex indices, ``pred`` and ``target``
-    ``(N,)`` values at the vertices; ``label`` names the field.
+    Per sample ``points (N, 2)``, ``triangles (T, 3)`` vertex indices or ``None`` (points
+    without a mesh, e.g. converted Geo-FNO data: drawn as coloured dots, since a triangulation
+    of the points would fill holes), ``pred`` and ``target`` ``(N,)`` values at the vertices;
+    ``label`` names the field.
     """
     if not (len(points) == len(triangles) == len(pred) == len(target)) or not points:
         raise ValueError("points, triangles, pred, target: expected one entry per sample each")
@@ -541,15 +543,20 @@ def plot_mesh(
     s = len(points)
     fig, axes = plt.subplots(s, 3, figsize=(11, 3.2 * s), squeeze=False)
     for i in range(s):
-        xy, tri = points[i].cpu().numpy(), triangles[i].cpu().numpy()
+        xy = points[i].cpu().numpy()
+        tri = None if triangles[i] is None else triangles[i].cpu().numpy()
         truth, guess = target[i].cpu().numpy(), pred[i].cpu().numpy()
         low, high = float(min(truth.min(), guess.min())), float(max(truth.max(), guess.max()))
         for ax, values, name, limits in ((axes[i, 0], truth, f"truth {label}", (low, high)),
                                          (axes[i, 1], guess, "prediction", (low, high)),
                                          (axes[i, 2], guess - truth, "prediction - truth",
                                           (None, None))):
-            image = ax.tripcolor(xy[:, 0], xy[:, 1], tri, values, shading="gouraud",
-                                 vmin=limits[0], vmax=limits[1])
+            if tri is None:
+                image = ax.scatter(xy[:, 0], xy[:, 1], c=values, s=8, vmin=limits[0],
+                                   vmax=limits[1])
+            else:
+                image = ax.tripcolor(xy[:, 0], xy[:, 1], tri, values, shading="gouraud",
+                                     vmin=limits[0], vmax=limits[1])
             ax.set_aspect("equal")
             ax.set_title(f"sample {i}: {name}")
             fig.colorbar(image, ax=ax, shrink=0.8)
@@ -614,7 +621,7 @@ def plot_ragged_predictions(
 ) -> Path:
     """:func:`plot_mesh` of ``model``'s predictions (first target channel, physical units)
     for the first ``n_samples`` items of a :class:`~galerkin_ext.data.RaggedDataset` read from
-    ``data_file`` (whose meshes are drawn)."""
+    ``data_file`` (whose meshes are drawn, or the points where the file has none)."""
     from ..data import read_ragged
     from .trainer import predict
 
@@ -624,7 +631,8 @@ def plot_ragged_predictions(
     samples = [raw.sample(j) for j in range(len(shown))]
     lengths = batch["lengths"].tolist()
     return plot_mesh(path, [torch.as_tensor(s["query"]["points"]) for s in samples],
-                     [torch.as_tensor(s["triangles"]) for s in samples],
+                     [None if s["triangles"] is None else torch.as_tensor(s["triangles"])
+                      for s in samples],
                      [dataset.decode_target(pred[j, :n])[:, 0] for j, n in enumerate(lengths)],
                      [torch.as_tensor(s["target"][:, 0]) for s in samples], title=title,
                      label=dataset.target_names[0])

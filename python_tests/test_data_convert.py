@@ -1,0 +1,147 @@
+"""Original data sets converted to ragged files (galerkin_ext.data.convert): Geo-FNO's
+elasticity arrays and GNOT's pickles, on small synthetic data of their layouts."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from galerkin_ext.data import (
+    GEOFNO_ELASTICITY,
+    GNOT_PICKLE,
+    RaggedDataset,
+    convert_geofno_elasticity,
+    convert_gnot_pickle,
+)
+from galerkin_ext.data.__main__ import main
+from galerkin_ext.data.ragged import read_header, read_ragged
+
+
+def geofno_arrays(tmp_path, n_points=7, n_samples=5, seed=0):
+    """XY (N, 2, S), sigma (N, S) and rr (42, S) in .npy files, float32 as Geo-FNO's."""
+    rng = np.random.default_rng(seed)
+    arrays = {"xy": rng.random((n_points, 2, n_samples)),
+              "sigma": rng.random((n_points, n_samples)) + 0.5,
+              "rr": 0.2 + 0.2 * rng.random((42, n_samples))}
+    paths = {}
+    for name, value in arrays.items():
+        paths[name] = tmp_path / f"Random_UnitCell_{name}_10.npy"
+        np.save(paths[name], value.astype(np.float32))
+    return {k: v.astype(np.float32) for k, v in arrays.items()}, paths
+
+
+def test_every_sample_keeps_its_points_stress_and_radii(tmp_path):
+    arrays, paths = geofno_arrays(tmp_path)
+    out = convert_geofno_elasticity(paths["xy"], paths["sigma"], tmp_path / "e.h5",
+                                    rr=paths["rr"], progress=False)
+    header = read_header(out)
+    assert header["generator"] == GEOFNO_ELASTICITY and header["n_samples"] == 5
+    data = read_ragged(out, np.arange(5), fields=("query", "target", "inputs", "theta"))
+    for i in range(5):
+        sample = data.sample(i)
+        np.testing.assert_array_equal(sample["query"]["points"], arrays["xy"][:, :, i])
+        np.testing.assert_array_equal(sample["target"][:, 0], arrays["sigma"][:, i])
+        np.testing.assert_array_equal(sample["inputs"]["mesh"]["points"], arrays["xy"][:, :, i])
+        np.testing.assert_array_equal(sample["theta"], arrays["rr"][:, i])
+        assert sample["query"]["weights"] is None and sample["target_names"] == ["vm"]
+    # the examples' dataset reads it, with uniform weights only (there is no mesh)
+    split = dict(n_train=3, n_test=2, generator=("elasticity", GEOFNO_ELASTICITY),
+                 dtype=torch.float64)
+    test = RaggedDataset(out, "test", weights="uniform", **split)
+    np.testing.assert_allclose(test.decode_target(test[1]["target"]).numpy()[:, 0],
+                               arrays["sigma"][:, 4], rtol=1e-12)
+    with pytest.raises(ValueError, match="weights: 'mesh' needs stored weights"):
+        RaggedDataset(out, "test", weights="mesh", **split)
+
+
+def test_command_line_and_refusals(tmp_path, capsys):
+    arrays, paths = geofno_arrays(tmp_path, n_samples=3)
+    out = tmp_path / "cli.h5"
+    args = ["convert", "geofno-elasticity", "--xy", str(paths["xy"]), "--sigma",
+            str(paths["sigma"]), "--out", str(out), "--no-progress"]
+    assert main(args) == 0 and f"wrote {out}" in capsys.readouterr().out
+    assert read_header(out)["layout"].theta_dim == 0
+    assert main(args) == 1 and "exists" in capsys.readouterr().err  # never silently replaced
+    assert main([*args, "--overwrite"]) == 0
+    bad = tmp_path / "bad.npy"
+    np.save(bad, arrays["sigma"][:, :2])
+    with pytest.raises(ValueError, match=r"sigma: expected shape \(N, S\) = \(7, 3\)"):
+        convert_geofno_elasticity(paths["xy"], bad, tmp_path / "x.h5", progress=False)
+    np.save(bad, arrays["xy"][:, :1])
+    with pytest.raises(ValueError, match=r"xy: expected shape \(N, 2, S\)"):
+        convert_geofno_elasticity(bad, paths["sigma"], tmp_path / "x.h5", progress=False)
+    with pytest.raises(FileNotFoundError, match="rr: no such file"):
+        convert_geofno_elasticity(paths["xy"], paths["sigma"], tmp_path / "x.h5",
+                                  rr=tmp_path / "missing.npy", progress=False)
+    spoiled = arrays["sigma"].copy()
+    spoiled[3, 2] = np.nan
+    np.save(bad, spoiled)
+    with pytest.raises(ValueError, match="sigma: sample 2 has non-finite values"):
+        convert_geofno_elasticity(paths["xy"], bad, tmp_path / "x.h5", progress=False)
+    assert not (tmp_path / "x.h5").exists()
+    # what the failed conversion left is refused, then resumed once the input is fixed
+    partial = [*args[:5], str(bad), "--out", str(tmp_path / "x.h5"), "--no-progress"]
+    assert main(partial) == 1 and "interrupted" in capsys.readouterr().err
+    np.save(bad, arrays["sigma"])
+    assert main([*partial, "--resume"]) == 0
+    resumed = read_ragged(tmp_path / "x.h5", np.arange(3), fields=("target",))
+    np.testing.assert_array_equal(resumed.target[:, 0], arrays["sigma"].T.reshape(-1))
+
+
+def gnot_samples(rng, n=4):
+    """[X, Y, theta, (f_1, f_2)] per sample as GNOT's code pickles them: sizes vary; f_1 has
+    one value column, f_2 none (a shape given by its points)."""
+    samples = []
+    for _ in range(n):
+        x = rng.random((int(rng.integers(5, 9)), 2))
+        f1 = rng.random((int(rng.integers(2, 6)), 3))
+        f2 = rng.random((int(rng.integers(1, 4)), 2))
+        samples.append([x, rng.random((len(x), 2)), rng.random(3), (f1, f2)])
+    return samples
+
+
+def test_gnot_pickle_round_trip_and_refusals(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    samples = gnot_samples(rng)
+    path = tmp_path / "heat.pkl"
+    path.write_bytes(pickle.dumps(samples))
+    with pytest.raises(ValueError, match="trust_pickle: unpickling runs code"):
+        convert_gnot_pickle(path, tmp_path / "g.h5")
+    out = convert_gnot_pickle(path, tmp_path / "g.h5", trust_pickle=True, progress=False)
+    assert read_header(out)["generator"] == GNOT_PICKLE
+    data = read_ragged(out, np.arange(4), fields=("query", "target", "inputs", "theta"))
+    for i, (x, y, theta, (f1, f2)) in enumerate(samples):
+        s = data.sample(i)
+        np.testing.assert_array_equal(s["query"]["points"], x)
+        np.testing.assert_array_equal(s["target"], y)
+        np.testing.assert_array_equal(s["theta"], theta)
+        np.testing.assert_array_equal(s["inputs"]["f1"]["points"], f1[:, :2])
+        np.testing.assert_array_equal(s["inputs"]["f1"]["values"], f1[:, 2:])
+        np.testing.assert_array_equal(s["inputs"]["f2"]["points"], f2)
+        assert s["inputs"]["f2"]["values"] is None and s["target_names"] == ["y1", "y2"]
+    ds = RaggedDataset(out, "test", n_train=3, n_test=1, weights="uniform",
+                       generator=GNOT_PICKLE, dtype=torch.float64)
+    assert ds.input_dims == [3, 2]
+    # the command line asks for the trust explicitly
+    args = ["convert", "gnot-pickle", "--file", str(path), "--out", str(tmp_path / "c.h5")]
+    with pytest.raises(SystemExit):
+        main(args)
+    assert "--trust-pickle is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*args, "--trust-pickle", "--xy", str(path)])
+    assert "--xy does not apply to gnot-pickle" in capsys.readouterr().err
+    assert main([*args, "--trust-pickle", "--no-progress"]) == 0
+    # a sample that does not fit is named
+    for spoil, match in [
+        (lambda s: s[2].__setitem__(1, s[2][1][:3]), r"sample 2: Y has 3 rows, X"),
+        (lambda s: s[1].__setitem__(3, ()), "sample 1: expected at least one input function"),
+        (lambda s: s[0][3][0].__setitem__((0, 0), np.nan), "sample 0: f1: has non-finite"),
+        (lambda s: s.__setitem__(3, [s[3][0], s[3][1]]), r"sample 3: expected \[X, Y, theta"),
+    ]:
+        bad = gnot_samples(np.random.default_rng(1))
+        spoil(bad)
+        path.write_bytes(pickle.dumps(bad))
+        with pytest.raises(ValueError, match=match):
+            convert_gnot_pickle(path, tmp_path / "bad.h5", trust_pickle=True, progress=False,
+                                overwrite=True)
