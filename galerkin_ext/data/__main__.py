@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate, convert or inspect the data sets (HDF5): Burgers, Darcy, "
                     "Lorenz-63, the controlled ODE, and the GNOT sets heat and elasticity "
                     "(ragged; need the optional package triangle: pip install "
-                    "\"galerkin_ext[fem]\"), or Geo-FNO's elasticity set converted.",
+                    "\"galerkin_ext[fem]\"), or the original GNOT data sets converted.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a data set into FILE.h5 (resumable)")
