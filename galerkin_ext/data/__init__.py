@@ -8,6 +8,9 @@ Modules (imported lazily, so the solver worker processes stay light):
 * :mod:`.burgers` -- :func:`solve_burgers`, pseudo-spectral ETDRK4, CPU or GPU;
 * :mod:`.darcy` -- :func:`solve_darcy`, 5-point finite differences, sparse direct solve;
 * :mod:`.ode` -- time grids, RK4, Lorenz-63, the controlled ODE's exact solution;
+* :mod:`.kolmogorov` -- :func:`solve_kolmogorov`, pseudo-spectral Navier-Stokes (vorticity,
+  2/3 rule, integrating-factor RK4) on the torus, CPU or GPU; its initial fields and spectral
+  resampling;
 * :mod:`.storage` -- the HDF5 schema, resumable chunked writing and checked reading;
 * :mod:`.ragged` -- the ragged schema (samples of different sizes): resumable writer of any
   ``sample_fn(index)``, checked reader, inspection;
@@ -67,6 +70,9 @@ _EXPORTS = {
     "sample_cde_control": "ode",
     "cde_control": "ode",
     "solve_cde": "ode",
+    "solve_kolmogorov": "kolmogorov",
+    "sample_initial_vorticity": "kolmogorov",
+    "resample_periodic": "kolmogorov",
     "read_h5": "storage",
     "inspect_h5": "storage",
     "DataFileError": "storage",
@@ -83,8 +89,8 @@ _EXPORTS = {
     "read_burgers_mat": "mat",
     "read_darcy_mat": "mat",
 }
-_SUBMODULES = ("random_fields", "burgers", "darcy", "ode", "storage", "ragged", "generate",
-               "datasets", "gnot_datasets", "mat", "convert")
+_SUBMODULES = ("random_fields", "burgers", "darcy", "ode", "kolmogorov", "storage", "ragged",
+               "generate", "datasets", "gnot_datasets", "mat", "convert")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
