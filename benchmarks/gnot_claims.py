@@ -7,11 +7,12 @@ Runs (``examples/heat.py`` / ``examples/elasticity.py`` with their quick presets
 ``RUNS/<name>``; a run whose ``metrics.json`` exists is not repeated.  Then the elasticity
 models trained with mesh and with uniform weights are evaluated on the refined evaluation set
 (the same geometries re-meshed, triangles near the cavity split, solved again; generated once
-into ``RUNS/elasticity_refined.h5``).  Claims (SPEC-gnot §8): heat GNOT < MIONet (the paper
-≥ 1.5×), heat K = 3 < K = 1 (a gap within ±10 % is "not shown at quick scale"), elasticity
-GNOT < GK < MIONet, and refined/base error ratio ≤ 1.25 with mesh weights and below the
-uniform-weight ratio.  Writes ``benchmarks/results/gnot_claims.json`` (``--out``) and prints
-the README's tables.  Errors are the last epoch's evaluation relative L² (physical units).
+into ``RUNS/elasticity_refined.h5``).  Claims (SPEC-gnot §5, §8): heat GNOT ≤ ½ MIONet
+(§8 expects ≥ 1.5× at quick scale), heat K = 3 < K = 1 (a gap within ±10 % is "not shown
+at quick scale"), elasticity GNOT < GK < MIONet, and refined/base error ratio ≤ 1.25 with
+mesh weights and below the uniform-weight ratio.  Writes ``benchmarks/results/gnot_claims.json``
+(``--out``) and prints the README's tables.  Errors are the last epoch's evaluation relative L²
+(physical units).
 """
 
 from __future__ import annotations
@@ -108,9 +109,9 @@ def main() -> None:
     k_gap = err["heat_gnot_k1"] / err["heat_gnot"] - 1
     mesh, uniform = records["elasticity_gnot"], records["elasticity_gnot_uniform"]
     claims = {
-        "heat: GNOT < MIONet (paper: 4.2x)": {
+        "heat: GNOT <= 1/2 MIONet (SPEC-gnot §5; paper: 4.2x)": {
             "ratio": err["heat_mionet"] / err["heat_gnot"],
-            "holds": err["heat_gnot"] < err["heat_mionet"]},
+            "holds": 2 * err["heat_gnot"] <= err["heat_mionet"]},
         "heat: K = 3 < K = 1": {
             "gap": k_gap, "holds": k_gap > 0.10 or ("not shown at quick scale"
                                                     if abs(k_gap) <= 0.10 else False)},
