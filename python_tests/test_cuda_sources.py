@@ -38,12 +38,16 @@ def test_cuda_sources_exist():
 
 @pytest.fixture(scope="module")
 def nvcc_runs(tmp_path_factory) -> dict[Path, subprocess.Popen]:
-    """Every ``.cu`` file compiling at once (minutes each: the cores work in parallel); each
-    test waits for its own."""
+    """Every ``.cu`` file compiling at once; each test waits for its own.
+
+    ``-Xcicc -O0`` turns off only the device-code optimiser (NVVM): the C++ front end, the
+    template instantiations and ptxas still run, so the build's errors and front-end warnings
+    are caught, in ~20 s per file instead of ~3 minutes."""
     out = tmp_path_factory.mktemp("nvcc")
     return {source: subprocess.Popen(
-        [NVCC, "-std=c++17", "-O2", "-arch=sm_90", "-I", str(CSRC), "-Xcompiler", "-Wall",
-         "-Werror", "all-warnings", "-c", str(source), "-o", str(out / f"{i}.o")],
+        [NVCC, "-std=c++17", "-O2", "-arch=sm_90", "-Xcicc", "-O0", "-I", str(CSRC),
+         "-Xcompiler", "-Wall", "-Werror", "all-warnings", "-c", str(source),
+         "-o", str(out / f"{i}.o")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i, source in enumerate(CU_FILES)}
 
