@@ -44,6 +44,17 @@ def check_float(value: object, name: str, *, low: float = 0.0, low_inclusive: bo
     return value
 
 
+def check_int_pair(value: object, name: str, minimum: int = 1) -> tuple[int, int]:
+    """``value``, an int or a pair of ints ``>= minimum`` (e.g. patches per axis), as a pair; an
+    int ``p`` means ``(p, p)``."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        one = check_int(value, name, minimum)
+        return one, one
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name}: expected an int or a pair of ints >= {minimum}, got {value!r}")
+    return check_int(value[0], f"{name}[0]", minimum), check_int(value[1], f"{name}[1]", minimum)
+
+
 def check_probability(value: object, name: str) -> float:
     """``value`` as a dropout probability in ``[0, 1)``."""
     expected = f"{name}: expected a float in [0, 1), got {value!r}"
@@ -165,6 +176,59 @@ def check_attention_operands(
         raise ValueError(f"{v_name}: expected shape (B, H, M, D_v) = ({batch}, {heads}, {m}, "
                          f"D_v), got {tuple(v.shape)}")
     return batch, heads, n, m, v.shape[3]
+
+
+def check_patched_operands(
+    q: object, k: object, v: object
+) -> tuple[int, int, int, int, int, int, int]:
+    """The contract of patched attention: ``q (B, H, P, n, D)``, ``k (B, H, O, n, D)``,
+    ``v (B, H, O, n, D_v)`` (patch tokens of ``n`` points with ``D`` features each), non-empty but
+    for B, floating point, one dtype and device. Returns ``(B, H, P, O, n, D, D_v)``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    if not q.is_floating_point():
+        raise TypeError(f"q: expected a floating-point tensor, got {q.dtype}")
+    if q.dim() != 5 or 0 in q.shape[1:]:  # an empty batch (B = 0) is fine
+        raise ValueError(f"q: expected a non-empty floating-point tensor of shape "
+                         f"(B, H, P, n, D), got {q.dtype} {tuple(q.shape)}")
+    batch, heads, p, n, dim = q.shape
+    check_like(k, "k", q)
+    check_like(v, "v", q)
+    if k.dim() != 5 or k.shape[:2] != (batch, heads) or k.shape[3:] != (n, dim) or (
+        k.shape[2] == 0
+    ):
+        raise ValueError(f"k: expected shape (B, H, O, n, D) = ({batch}, {heads}, O, {n}, {dim}) "
+                         f"with O >= 1 (the same in-patch points as q), got {tuple(k.shape)}")
+    o = k.shape[2]
+    if v.dim() != 5 or v.shape[:4] != (batch, heads, o, n) or v.shape[4] == 0:
+        raise ValueError(f"v: expected shape (B, H, O, n, D_v) = ({batch}, {heads}, {o}, {n}, "
+                         f"D_v), got {tuple(v.shape)}")
+    return batch, heads, p, o, n, dim, v.shape[4]
+
+
+def check_cell_weight(cell_weight: object, n: int, like: Tensor,
+                      like_name: str = "q") -> float | Tensor:
+    """The in-patch quadrature of patched attention: a positive finite float (the same cell
+    volume at every point), or a tensor of shape ``(n,)``, finite and non-negative, on
+    ``like``'s device (dtype: :func:`check_param_like`). The value check of a tensor is skipped
+    while tracing (data-dependent)."""
+    expected = f"cell_weight: expected a finite float > 0 or a tensor of shape (n,) = ({n},)"
+    if isinstance(cell_weight, Tensor):
+        check_param_like(cell_weight, "cell_weight", like, like_name)
+        if cell_weight.shape != (n,):
+            raise ValueError(f"{expected}, got shape {tuple(cell_weight.shape)}")
+        if not is_tracing(cell_weight) and not bool(
+            torch.all(torch.isfinite(cell_weight) & (cell_weight >= 0))
+        ):
+            raise ValueError("cell_weight: expected finite, non-negative cell volumes")
+        return cell_weight
+    if isinstance(cell_weight, bool) or not isinstance(cell_weight, numbers.Real):
+        raise TypeError(f"{expected}, got {type(cell_weight).__name__}")
+    if not (math.isfinite(cell_weight) and cell_weight > 0):
+        raise ValueError(f"{expected}, got {cell_weight!r}")
+    return float(cell_weight)
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:

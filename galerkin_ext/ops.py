@@ -12,10 +12,11 @@ a CPU and a CUDA twin: ``torch.ops.galerkin_ext.kv_reduce`` builds ``S = K̂ᵀ 
 ``q_apply`` applies it to ``Q̂``, each forming its prepared operands in cache (CPU) or registers
 (CUDA), never in memory. Galerkin, factored Fourier and GNOT's normalised attention are
 compositions of the two; the quadratic Fourier order and ``continuum_attention`` are pairwise and
-run on ATen (SDPA for the latter). This module adds input validation, dropout masks, autograd and
-fake kernels. Where the compiled core does not run (CPU half types, CUDA rows wider than
-``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the plain formulas of
-:mod:`galerkin_ext.functional` compute the same.
+run on ATen (SDPA for the latter), as does ``patched_attention`` (patch functions as tokens,
+SPEC-continuum §1.2: two batched GEMMs). This module adds input validation, dropout masks,
+autograd and fake kernels. Where the compiled core does not run (CPU half types, CUDA rows
+wider than ``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the plain formulas
+of :mod:`galerkin_ext.functional` compute the same.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from torch.autograd import forward_ad
 from . import _C, functional
 from ._checks import (
     check_attention_operands,
+    check_cell_weight,
     check_choice,
     check_dropout,
     check_float,
     check_has_keys,
     check_norm,
+    check_patched_operands,
     check_probability,
     check_quadrature_weight,
     check_scale,
@@ -354,6 +357,74 @@ def continuum_attention(
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=bias[:, None, None, :].to(q.dtype), dropout_p=p, scale=scale)
     return out * has_keys[:, :, None, None].to(out.dtype)
+
+
+def patched_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cell_weight: float | Tensor,
+    *,
+    scale: float = 1.0,
+) -> Tensor:
+    """Patched softmax attention (SPEC-continuum §1.2): tokens are patch functions compared by
+    the L²(D′) inner product of the patch,
+
+        S_jk = scale Σ_m ω_m Σ_c Q_{j,m,c} K_{k,m,c},    Z_{j,m,:} = Σ_k softmax_k(S_jk) V_{k,m,:}.
+
+    Every patch holds the same ``n`` in-patch points with cell volumes ``ω_m``, so ``S`` is a
+    quadrature of ``∫_{D′} ⟨Q_j(y), K_k(y)⟩ dy`` and converges under refinement with the number
+    of patches fixed, provided ``ω`` follows the grid (``|D| / N_total`` on a uniform grid): it
+    sits inside the exponential, so unlike :func:`continuum_attention`'s key weights its overall
+    scale matters.
+
+    Computed as two batched GEMMs on the flattened ``n · D`` features, ``(B·H, P, n·D)`` against
+    ``(B·H, O, n·D)``, never through ``scaled_dot_product_attention``, whose fused kernels cap
+    the head dimension far below ``n · D`` (32² · 16 = 16384 in the paper). A tensor ``ω``
+    multiplies the smaller of ``q`` and ``k``, a float ``ω`` (and ``scale``) the ``P × O``
+    logits. For float16/bfloat16 inputs the logits and the softmax are float32, since a sum of
+    ``n · D`` products can overflow float16; the probabilities are then cast to ``v``'s dtype
+    for the second GEMM (a convex combination of ``v``, which cannot overflow). Under autocast
+    the op keeps its operands' dtypes (the projections before it are where autocast acts).
+
+    Args:
+        q: ``(B, H, P, n, D)`` query patches.
+        k: ``(B, H, O, n, D)`` key patches, ``O`` independent of ``P`` (patched
+            cross-attention over a domain cut into congruent patches of the same points).
+        v: ``(B, H, O, n, D_v)`` value patches.
+        cell_weight: ``ω``, a positive float (one cell volume for every point) or an ``(n,)``
+            tensor of finite non-negative volumes (dtype of ``q``, or float32 for half ``q``).
+        scale: the logits' factor ``s`` (the paper: 1); ``None`` also means 1.
+
+    Returns:
+        ``(B, H, P, n, D_v)`` in ``q``'s dtype. Differentiable in ``q``, ``k``, ``v`` and a
+        tensor ``cell_weight``.
+    """
+    batch, heads, p, o, n, dim, dim_v = check_patched_operands(q, k, v)
+    omega = check_cell_weight(cell_weight, n, q)
+    factor = check_scale(scale, 1.0)
+    device = q.device.type
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+        # Autocast would run the logits GEMM in half precision again: the operands (already
+        # in the dtype of the projections that made them) are taken as they are.
+        with torch.autocast(device, enabled=False):
+            return patched_attention(q, k, v, cell_weight, scale=scale)
+    # Half types: a float32 logits GEMM (no overflow of the n·D-term sums) and softmax.
+    logit_dtype = functional.opmath_dtype(q)
+    qf, kf = q.to(logit_dtype), k.to(logit_dtype)
+    if isinstance(omega, Tensor):
+        w = omega.to(logit_dtype)[:, None]  # (n, 1): the same volume for every feature
+        if p <= o:
+            qf = qf * w
+        else:
+            kf = kf * w
+    else:
+        factor *= omega
+    logits = torch.bmm(qf.reshape(batch * heads, p, n * dim),
+                       kf.reshape(batch * heads, o, n * dim).transpose(1, 2)) * factor
+    probs = torch.softmax(logits, dim=-1).to(v.dtype)
+    out = torch.bmm(probs, v.reshape(batch * heads, o, n * dim_v))
+    return out.view(batch, heads, p, n, dim_v)
 
 
 def _cast(dtype: torch.dtype, *items):

@@ -8,6 +8,9 @@
   :func:`auto_quadrature_weights` — continuum attention and the TNO's encoder layer.
 * :class:`SpectralConv` (Fourier integral operator with mode skipping), :class:`AFNOFilter`,
   :class:`AFNOBlock` — the continuum-attention paper's Fourier layers.
+* :class:`PatchedAttention`, :class:`PatchedEncoderLayer`, :func:`patchify`,
+  :func:`unpatchify`, :func:`even_extension`, :func:`periodic_extension`,
+  :class:`SpectralSmoothing` — function-space patching of the ViT NO and FANO.
 * :class:`GNOTBlock`, :class:`HeteroNormalizedAttention`, :class:`GeometricGate`,
   :class:`MixtureFFN`, :class:`ResidualMLP` — GNOT's blocks.
 * :class:`SpectralRegressor`, :class:`PointwiseRegressor` — decoders.
@@ -15,7 +18,7 @@
 * :class:`Denormalizer` — target de-normalisation with statistics in buffers.
 
 All fields are channels-last: ``(B, N, C)`` token sequences, ``(B, n, C)`` 1-D and
-``(B, n, n, C)`` 2-D grids.
+``(B, n, n, C)`` 2-D grids, ``(B, P, p₁, p₂, C)`` patch tokens.
 """
 
 from .attention import ATTENTION_TYPES, NORM_SCHEMES, SimpleAttention
@@ -30,6 +33,15 @@ from .encoder import EncoderLayer, FeedForward
 from .fourier import AFNOBlock, AFNOFilter, SpectralConv
 from .gnot import GeometricGate, GNOTBlock, HeteroNormalizedAttention, MixtureFFN, ResidualMLP
 from .normalization import Denormalizer
+from .patching import (
+    PatchedAttention,
+    PatchedEncoderLayer,
+    SpectralSmoothing,
+    even_extension,
+    patchify,
+    periodic_extension,
+    unpatchify,
+)
 from .regressors import PointwiseRegressor, SpectralRegressor
 from .spectral import SpectralConv1d, SpectralConv2d
 
@@ -50,6 +62,8 @@ __all__ = [
     "GeometricGate",
     "HeteroNormalizedAttention",
     "MixtureFFN",
+    "PatchedAttention",
+    "PatchedEncoderLayer",
     "PointwiseRegressor",
     "ResidualMLP",
     "SimpleAttention",
@@ -57,7 +71,12 @@ __all__ = [
     "SpectralConv1d",
     "SpectralConv2d",
     "SpectralRegressor",
+    "SpectralSmoothing",
     "auto_quadrature_weights",
     "cinn_sizes",
+    "even_extension",
+    "patchify",
+    "periodic_extension",
     "resolve_quadrature_weight",
+    "unpatchify",
 ]

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from .continuum import AFNO, TNO, FNOChannelMLP, GTEncoder
+from .continuum import AFNO, FANO, TNO, FNOChannelMLP, GTEncoder, ViTNO
 from .fno import FNO1d, FNO2d
 from .gnot import GNOT, GKTransformer, MIONet
 from .transformer import SimpleTransformer1d, SimpleTransformer2d
@@ -46,6 +46,12 @@ _MODELS: dict[str, tuple[Callable[..., nn.Module], dict[str, Any], str]] = {
                "128, 12 modes, 4 layers, channel MLPs (5,671,553 params)"),
     "afno": (AFNO, {}, "AFNO baseline (PhysicsNeMo layout) on a 64^2 grid only: 128 wide, "
              "4 blocks, 8 diagonal blocks (1,088,641 params)"),
+    "vitno": (ViTNO, {},
+              "ViT NO, Darcy / Kolmogorov 416^2: 13x13 patches, 128 wide, 8 heads, 6 layers, "
+              "spectral lift (12 modes), final spectral conv (64 modes) (716,417 params)"),
+    "fano": (FANO, {},
+             "FANO, Darcy / Kolmogorov 416^2: 13x13 patches, 128 wide, 8 heads, 6 layers, "
+             "spectral Q, K, V (9 modes), final spectral conv (64 modes) (48,084,865 params)"),
     "gt_encoder": (GTEncoder, {},
                    "Galerkin Transformer encoder (Fourier attention, 4 layers, 128 wide, "
                    "4 heads) with linear lift and projection, Darcy (534,657 params)"),
@@ -89,8 +95,9 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     Names: ``'burgers'`` (:class:`SimpleTransformer1d`), ``'darcy'`` and ``'darcy_inverse'``
     (:class:`SimpleTransformer2d`), ``'fno1d'`` (:class:`FNO1d`), ``'fno2d'`` (:class:`FNO2d`);
     the continuum-attention paper's ``'tno_l63'``, ``'tno_l63_y'``, ``'tno_cde'``,
-    ``'tno_darcy'`` (:class:`TNO`), ``'fno_ca'`` (:class:`FNOChannelMLP`), ``'afno'``
-    (:class:`AFNO`) and ``'gt_encoder'`` (:class:`GTEncoder`); GNOT's ``'gnot_heat'``,
+    ``'tno_darcy'`` (:class:`TNO`), ``'vitno'`` (:class:`ViTNO`), ``'fano'`` (:class:`FANO`),
+    ``'fno_ca'`` (:class:`FNOChannelMLP`), ``'afno'`` (:class:`AFNO`) and ``'gt_encoder'``
+    (:class:`GTEncoder`); GNOT's ``'gnot_heat'``,
     ``'gnot_elasticity'`` (:class:`GNOT`), ``'mionet_heat'``, ``'mionet_elasticity'``
     (:class:`MIONet`, which need ``input_points``) and ``'gk_elasticity'``
     (:class:`GKTransformer`).
@@ -106,10 +113,11 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     2-D ``model(x (B, n, n, 1), grid (n, n, 2)) → (B, n, n, 1)`` (``'darcy'``) or
     ``(B, m, m, 1)`` on the coarse grid (``'darcy_inverse'``). The TNOs and ``'gt_encoder'``
     take point sets, ``model(u (B, N, d_u), x (N, d)) → (B, N, d_z)`` (the TNO also
-    ``weight='auto'`` and, for ``'tno_l63'``, ``token0 (B, 4)``); ``'fno_ca'`` and ``'afno'``
-    grids, ``model(u (B, s, s, 1), x (s, s, 2)) → (B, s, s, 1)``; GNOT's models padded ragged
-    batches, ``model(x (B, N, 2), inputs [(B, M_l, b_l)], theta (B, p) | None, *, weight,
-    input_weights) → (B, N, out_dim)``.
+    ``weight='auto'`` and, for ``'tno_l63'``, ``token0 (B, 4)``); ``'vitno'``, ``'fano'``,
+    ``'fno_ca'`` and ``'afno'`` grids, ``model(u (B, s, s, 1), x (s, s, 2)) → (B, s, s, 1)``
+    (the patched models need ``s`` divisible by the patches per axis, 13); GNOT's models
+    padded ragged batches, ``model(x (B, N, 2), inputs [(B, M_l, b_l)], theta (B, p) | None, *,
+    weight, input_weights) → (B, N, out_dim)``.
     """
     if not isinstance(name, str) or name not in _MODELS:
         raise ValueError(f"name: expected one of {list(_MODELS)}, got {name!r}")
