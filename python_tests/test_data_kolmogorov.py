@@ -1,12 +1,21 @@
-"""Kolmogorov-flow solver (SPEC-continuum §3): exact solutions, convergence in dt, invariants,
-the initial-condition sampler's covariance and seeding, spectral resampling, input checks."""
+"""Kolmogorov flow (SPEC-continuum §3): the solver (exact solutions, convergence in dt,
+invariants), the initial-condition sampler's covariance and seeding, spectral resampling, input
+checks; the generated files (content, resampled storage, resume, command line, presets) and the
+dataset (splits, normaliser, other grids, foreign files)."""
 
+import json
 import math
+from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
+from test_data_storage import _attrs
 
+from galerkin_ext.data import generate as gen_mod
+from galerkin_ext.data.__main__ import main
+from galerkin_ext.data.datasets import KolmogorovDataset
 from galerkin_ext.data.kolmogorov import (
     KOLMOGOROV_NU,
     cfl_number,
@@ -17,6 +26,7 @@ from galerkin_ext.data.kolmogorov import (
     solve_kolmogorov,
     velocity_from_vorticity,
 )
+from galerkin_ext.data.storage import DataFileError, inspect_h5, partial_path, read_h5
 
 NU = KOLMOGOROV_NU
 # The sampled initial vorticity has std ~0.053; the data's states have std ~3.4 (SPEC), so the
@@ -375,3 +385,274 @@ def test_sampler_bad_input(kwargs, err, match):
 def test_resample_bad_input(field, size, err, match):
     with pytest.raises(err, match=match):
         resample_periodic(field, size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data sets: generator, command line, dataset
+# ----------------------------------------------------------------------------------------------
+
+# Tiny sets: T = 0.3 (the flow has not left its initial state, which keeps the solves short;
+# the physics is the solver's, tested above), 16^2 and 8^2 grids.
+TINY = {"time": 0.3, "dt_out": 0.1, "progress": False}
+
+
+def kolmo(path, n=5, s=16, chunk=2, **kw):
+    return gen_mod.generate_kolmogorov(path, n, s, chunk_size=chunk, **{**TINY, **kw})
+
+
+def reference_pairs(n, s_solve, chunk, *, seed=0, dtype=torch.float64, **kw):
+    """The pairs solved chunk by chunk as the generator batches them: ``(n, 2, s, s)``."""
+    parts = []
+    for start in range(0, n, chunk):
+        w0 = sample_initial_vorticity(min(chunk, n - start), s_solve, seed=seed, start=start)
+        dt = gen_mod.kolmogorov_time_step(s_solve, TINY["dt_out"])
+        parts.append(solve_kolmogorov(torch.from_numpy(w0).to(dtype), 0.4, dt=dt,
+                                      snapshots=[0.3, 0.4], dtype=dtype, **kw))
+    return torch.cat(parts)
+
+
+@pytest.fixture(scope="module")
+def kolmo_file(tmp_path_factory):
+    """7 pairs at 16^2 (seed 3), the dataset tests' source."""
+    return kolmo(tmp_path_factory.mktemp("kolmo") / "k.h5", n=7, chunk=4, seed=3)
+
+
+def test_time_step_rule():
+    # SPEC-continuum: 2.5e-3 at 416^2 and 0.025 at 32^2 (§7's quick preset); dt divides dt_out.
+    steps = {s: gen_mod.kolmogorov_time_step(s) for s in (16, 32, 64, 416, 832)}
+    assert steps == {16: 0.05, 32: 0.025, 64: 0.1 / 7, 416: 0.1 / 40, 832: 0.1 / 80}
+    assert steps[416] == 2.5e-3 and steps[832] == 1.25e-3
+    assert gen_mod.kolmogorov_time_step(416, 0.05) == 2.5e-3
+    assert gen_mod.kolmogorov_time_step(4, 1.0) == 0.25  # 2.5e-3 * 416 / 4 = 0.26 -> 1 / 4
+
+
+def test_generated_file_and_resampled_file(tmp_path):
+    fine = kolmo(tmp_path / "fine.h5", s=16, seed=3)
+    info = inspect_h5(fine)
+    p = info["parameters"]
+    assert info["generator"] == "kolmogorov" and info["complete"] and info["seed"] == 3
+    assert info["shapes"] == {"input": (5, 16, 16), "output": (5, 16, 16)}
+    assert info["static"] == {"coords": (16, 16, 2)}
+    assert (p["time"], p["dt_out"], p["nu"], p["wavenumber"], p["resolution"],
+            p["solve_resolution"], p["dt"], p["solve_dtype"]) == (
+        0.3, 0.1, NU, 4, 16, 16, 0.05, "float64")
+    assert p["domain_length"] == 2 * math.pi
+    data = read_h5(fine, keys=("input", "output", "coords"))
+    assert data["input"].dtype == np.float64
+    ref = reference_pairs(5, 16, 2, seed=3)
+    np.testing.assert_array_equal(data["input"], ref[:, 0].numpy())
+    np.testing.assert_array_equal(data["output"], ref[:, 1].numpy())
+    axis = np.arange(16) / 16
+    np.testing.assert_array_equal(data["coords"][3, 5], [axis[3], axis[5]])
+    np.testing.assert_array_equal(data["coords"][..., 0], np.broadcast_to(axis[:, None], (16, 16)))
+    # statistics: those of the stored pairs, and of the solver's CFL numbers
+    stats = info["statistics"]
+    pers = (np.linalg.norm((data["output"] - data["input"]).reshape(5, -1), axis=1)
+            / np.linalg.norm(data["output"].reshape(5, -1), axis=1))
+    cfl = torch.maximum(cfl_number(ref[:, 0], 0.05), cfl_number(ref[:, 1], 0.05)).numpy()
+    for name, values in (("omega_T", data["input"]), ("persistence", pers), ("cfl", cfl)):
+        assert stats[name]["count"] == values.size
+        # (atol: the vorticity's mean is zero up to rounding)
+        np.testing.assert_allclose([stats[name]["mean"], stats[name]["std"]],
+                                   [values.mean(), values.std()], rtol=1e-10, atol=1e-14)
+    assert 0 < stats["cfl"]["mean"] < 1
+    # Solved at 16^2, stored at 8^2: the spectral truncation of the fine file's pairs (equal
+    # bit for bit here; a tolerance since the FFTs of another batch layout may round otherwise).
+    coarse = kolmo(tmp_path / "coarse.h5", s=8, solve_resolution=16, seed=3)
+    assert inspect_h5(coarse)["parameters"]["solve_resolution"] == 16
+    small = read_h5(coarse)
+    for key in ("input", "output"):
+        expected = resample_periodic(torch.from_numpy(data[key]), 8).numpy()
+        np.testing.assert_allclose(small[key], expected, rtol=0, atol=1e-13)
+    # float32 solves are stored as float32
+    single = read_h5(kolmo(tmp_path / "f32.h5", n=2, seed=3, solve_dtype="float32"))
+    assert single["input"].dtype == np.float32
+    np.testing.assert_allclose(single["output"], data["output"][:2], rtol=0, atol=1e-4)
+
+
+def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
+    reference = kolmo(tmp_path / "ref.h5", n=5, chunk=2)
+    real = gen_mod.solve_kolmogorov
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second chunk
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    out = tmp_path / "x.h5"
+    monkeypatch.setattr(gen_mod, "solve_kolmogorov", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        kolmo(out, n=5, chunk=2)
+    monkeypatch.undo()
+    assert not out.exists()
+    part = partial_path(out)
+    info = inspect_h5(part)
+    assert not info["complete"] and info["n_done"] == 2
+    assert info["statistics"]["persistence"]["count"] == 2
+    with pytest.raises(DataFileError, match="incomplete"):
+        read_h5(part)
+    with pytest.raises(FileExistsError, match="resume"):
+        kolmo(out, n=5, chunk=2)
+    with pytest.raises(DataFileError, match="parameters"):
+        kolmo(out, n=5, chunk=2, solve_dtype="float32", resume=True)
+    with pytest.raises(DataFileError, match="seed"):
+        kolmo(out, n=5, chunk=2, seed=1, resume=True)
+    kolmo(out, n=5, chunk=3, resume=True)  # the recorded chunk size wins
+    assert not part.exists()
+    keys = ("input", "output", "coords")
+    a, b = read_h5(reference, keys=keys), read_h5(out, keys=keys)
+    for key in keys:
+        np.testing.assert_array_equal(a[key], b[key])
+    assert _attrs(reference) == _attrs(out)
+    with h5py.File(reference) as f, h5py.File(out) as g:
+        np.testing.assert_array_equal(f["statistics"][...], g["statistics"][...])
+
+
+def test_cli_generate_presets_and_errors(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "q.h5"
+    assert main(["generate", "kolmogorov", "--preset", "quick", "--n-samples", "2",
+                 "--resolution", "12", "--solve-resolution", "16", "--time", "0.3",
+                 "--chunk-size", "1", "--seed", "2", "--out", str(out), "--no-progress"]) == 0
+    assert main(["info", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    p = info["parameters"]
+    assert info["shapes"]["input"] == [2, 12, 12] and info["seed"] == 2
+    assert (p["solve_dtype"], p["solve_resolution"], p["dt"], p["time"]) == (
+        "float32", 16, 0.05, 0.3)  # the quick preset's dtype, the options given
+    assert info["statistics"]["persistence"]["count"] == 2
+    # what the presets and options hand to the generator
+    seen = {}
+    monkeypatch.setattr(gen_mod, "generate_kolmogorov",
+                        lambda path, **kw: seen.update(kw) or Path(path))
+    for argv, expected in (
+        ([], {"n_samples": 10000, "resolution": 416, "solve_dtype": "float64", "seed": 0}),
+        (["--preset", "quick"], {"n_samples": 1300, "resolution": 32, "solve_dtype": "float32"}),
+        (["--preset", "zero-shot", "--resolution", "208"],
+         {"n_samples": 100, "resolution": 208, "solve_resolution": 832, "seed": 1}),
+        (["--preset", "zero-shot", "--seed", "5", "--dt", "1e-3", "--nu", "0", "--device", "cpu",
+          "--wavenumber", "2", "--dt-out", "0.2"],
+         {"seed": 5, "dt": 1e-3, "nu": 0.0, "device": "cpu", "wavenumber": 2, "dt_out": 0.2}),
+    ):
+        seen.clear()
+        assert main(["generate", "kolmogorov", *argv, "--out", str(tmp_path / "m.h5")]) == 0
+        assert expected.items() <= seen.items(), (argv, seen)
+    monkeypatch.undo()
+    capsys.readouterr()
+    # a bad device fails before any file exists
+    bad = tmp_path / "bad.h5"
+    assert main(["generate", "kolmogorov", "--device", "foo", "--out", str(bad)]) == 1
+    assert "device: expected" in capsys.readouterr().err
+    assert main(["generate", "kolmogorov", "--resolution", "32", "--solve-resolution", "16",
+                 "--out", str(bad)]) == 1
+    assert "solve_resolution: expected >= resolution = 32" in capsys.readouterr().err
+    assert not bad.exists() and not partial_path(bad).exists()
+    for wrong in (["kolmogorov", "--coef", "lognormal"], ["kolmogorov", "--workers", "2"],
+                  ["kolmogorov", "--t-end", "1"], ["darcy", "--time", "1"],
+                  ["lorenz63", "--solve-dtype", "float32"], ["darcy", "--preset", "zero-shot"],
+                  ["kolmogorov", "--solve-dtype", "float16"], ["kolmogorov", "--time", "-1"],
+                  ["kolmogorov", "--dt-out", "0"], ["kolmogorov", "--preset", "tiny"]):
+        with pytest.raises(SystemExit):
+            main(["generate", *wrong, "--out", str(bad)])
+    assert not bad.exists() and not partial_path(bad).exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        ({"n_samples": 0}, ValueError, "n_samples"),
+        ({"resolution": 3}, ValueError, "resolution: expected an int >= 4"),
+        ({"resolution": 16.0}, TypeError, "resolution"),
+        ({"solve_resolution": 12}, ValueError, "solve_resolution: expected >= resolution = 16"),
+        ({"resolution": 6, "solve_resolution": 8}, ValueError,
+         r"solve_resolution: the forcing cos\(4 y\) needs more than 8"),
+        ({"solve_dtype": "float16"}, ValueError, "solve_dtype: expected 'float32' or 'float64'"),
+        ({"solve_dtype": torch.float16}, ValueError, "solve_dtype"),
+        ({"time": -1.0}, ValueError, "time: expected a finite float >= 0"),
+        ({"dt_out": 0.0}, ValueError, "dt_out"),
+        ({"dt": math.inf}, ValueError, "dt: expected a finite float > 0"),
+        ({"nu": -0.1}, ValueError, "nu"),
+        ({"wavenumber": 0}, ValueError, "wavenumber"),
+        ({"seed": -1}, ValueError, "seed"),
+        ({"chunk_size": 0}, ValueError, "chunk_size"),
+        ({"device": "foo"}, ValueError, "device: expected e.g. 'cpu'"),
+        ({"device": "tpu"}, ValueError, "device"),
+    ],
+)
+def test_bad_generator_arguments_leave_no_file(tmp_path, kwargs, err, match):
+    out = tmp_path / "x.h5"
+    with pytest.raises(err, match=match):
+        gen_mod.generate_kolmogorov(out, **{"n_samples": 2, "resolution": 16, **kwargs},
+                                    progress=False)
+    assert not out.exists() and not partial_path(out).exists()
+
+
+def test_dataset_items_and_normaliser_fitted_on_train_only(kolmo_file):
+    split = {"n_train": 4, "n_valid": 1, "n_test": 2}
+    train = KolmogorovDataset(kolmo_file, "train", **split, dtype=torch.float64)
+    raw = read_h5(kolmo_file)
+    assert len(train) == 4 and train.resolution == 16 and train.parameters["time"] == 0.3
+    item = train[1]
+    assert set(item) == {"x", "grid", "target"}
+    assert item["x"].shape == (16, 16, 1) and item["target"].shape == (16, 16, 1)
+    np.testing.assert_array_equal(item["grid"].numpy(), read_h5(kolmo_file, keys=("coords",))
+                                  ["coords"])
+    # one scalar normaliser for both, over every training value of w(T) and w(T + dt_out)
+    values = np.concatenate([raw["input"][:4].ravel(), raw["output"][:4].ravel()])
+    for norm in (train.input_normalizer, train.target_normalizer):
+        assert norm.mean.shape == ()
+        np.testing.assert_allclose([norm.mean.item(), norm.std.item()],
+                                   [values.mean(), values.std()], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(train.x[..., 0].numpy(),
+                               (raw["input"][:4] - values.mean()) / (values.std() + 1e-5),
+                               rtol=1e-12)
+    # other splits fit on the training samples too (not on their own), or take the given ones
+    test = KolmogorovDataset(kolmo_file, "test", **split, dtype=torch.float64)
+    assert torch.equal(test.input_normalizer.mean, train.input_normalizer.mean)
+    assert torch.equal(test.target_normalizer.std, train.target_normalizer.std)
+    norms = {"input_normalizer": train.input_normalizer,
+             "target_normalizer": train.target_normalizer}
+    valid = KolmogorovDataset(kolmo_file, "valid", **split, **norms, dtype=torch.float64)
+    assert len(valid) == 1 and valid.indices.tolist() == [4] and test.indices.tolist() == [5, 6]
+    np.testing.assert_allclose(test.target_normalizer.decode(test.target)[..., 0].numpy(),
+                               raw["output"][5:], rtol=1e-12, atol=1e-12)
+    # persistence errors of the split, in physical units
+    pers = test.persistence_errors()
+    expected = (np.linalg.norm((raw["output"][5:] - raw["input"][5:]).reshape(2, -1), axis=1)
+                / np.linalg.norm(raw["output"][5:].reshape(2, -1), axis=1))
+    np.testing.assert_allclose(pers.numpy(), expected, rtol=1e-10)
+    # another grid: the spectral resampling of the stored fields (a zero-shot reading)
+    coarse = KolmogorovDataset(kolmo_file, "test", **split, **norms, resolution=8,
+                               dtype=torch.float64)
+    assert coarse[0]["x"].shape == (8, 8, 1) and coarse.grid[1, 0].tolist() == [1 / 8, 0.0]
+    expected = resample_periodic(torch.from_numpy(raw["input"][5:]), 8)
+    np.testing.assert_allclose(coarse.input_normalizer.decode(coarse.x)[..., 0].numpy(),
+                               expected.numpy(), rtol=0, atol=1e-12)
+    # a file of test samples only needs the training normalisers
+    with pytest.raises(ValueError, match="fewer than n_train"):
+        KolmogorovDataset(kolmo_file, "test", n_train=6, n_valid=1, n_test=2)
+    only = KolmogorovDataset(kolmo_file, "test", n_train=6, n_valid=1, n_test=7, **norms)
+    assert len(only) == 7
+    zero = KolmogorovDataset(kolmo_file, "test", n_train=0, n_valid=0, n_test=7, **norms)
+    assert torch.equal(zero.x, only.x)
+    with pytest.raises(ValueError, match="n_train: expected an int >= 1"):
+        KolmogorovDataset(kolmo_file, "test", n_train=0, n_valid=0, n_test=7)
+    assert KolmogorovDataset(kolmo_file, "train", **split).x.dtype == torch.float32
+
+
+def test_dataset_refuses_other_files(tmp_path, kolmo_file):
+    darcy = gen_mod.generate_darcy(tmp_path / "d.h5", 2, 9, coef="lognormal", workers=1,
+                                   progress=False)
+    with pytest.raises(DataFileError, match="holds darcy data, expected kolmogorov"):
+        KolmogorovDataset(darcy, "train", n_train=1, n_valid=0, n_test=1)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        KolmogorovDataset(tmp_path / "none.h5")
+    with pytest.raises(ValueError, match="split"):
+        KolmogorovDataset(kolmo_file, "training", n_train=4, n_valid=1, n_test=2)
+    with pytest.raises(ValueError, match="resolution"):
+        KolmogorovDataset(kolmo_file, n_train=4, n_valid=1, n_test=2, resolution=2)
+    from galerkin_ext.data import ContinuumDarcyDataset
+
+    with pytest.raises(DataFileError, match="holds kolmogorov data, expected darcy"):
+        ContinuumDarcyDataset(kolmo_file, n_train=4, n_valid=1, n_test=2)

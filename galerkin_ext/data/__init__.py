@@ -1,6 +1,7 @@
 """Data for the three experiments of the Galerkin Transformer paper (SPEC §4), the data part
 of the continuum-attention experiments (SPEC-continuum §3: Lorenz-63, controlled ODE, lognormal
-and piecewise-constant Darcy) and the GNOT sets (SPEC-gnot §3-4: heat, elasticity; ragged).
+and piecewise-constant Darcy, Kolmogorov flow) and the GNOT sets (SPEC-gnot §3-4: heat,
+elasticity; ragged).
 
 Modules (imported lazily, so the solver worker processes stay light):
 
@@ -15,10 +16,10 @@ Modules (imported lazily, so the solver worker processes stay light):
 * :mod:`.ragged` -- the ragged schema (samples of different sizes): resumable writer of any
   ``sample_fn(index)``, checked reader, inspection;
 * :mod:`.generate` -- :func:`generate_burgers`, :func:`generate_darcy`,
-  :func:`generate_lorenz63`, :func:`generate_cde`, :func:`generate_heat`,
-  :func:`generate_elasticity`;
-* :mod:`.datasets` -- PyTorch datasets (Burgers, Darcy forward and inverse; the ODE sets and
-  continuum Darcy), normaliser;
+  :func:`generate_lorenz63`, :func:`generate_cde`, :func:`generate_kolmogorov` (and its
+  :data:`KOLMOGOROV_PRESETS`), :func:`generate_heat`, :func:`generate_elasticity`;
+* :mod:`.datasets` -- PyTorch datasets (Burgers, Darcy forward and inverse; the ODE sets,
+  continuum Darcy and the Kolmogorov flow), normaliser;
 * :mod:`.gnot_datasets` -- the ragged dataset, its normalisers, padding collation and a
   size-bucketing batch sampler;
 * :mod:`.mat` -- readers for the original ``.mat`` benchmark files;
@@ -26,8 +27,9 @@ Modules (imported lazily, so the solver worker processes stay light):
   original GNOT data sets (Geo-FNO's elasticity arrays, GNOT's pickles) as ragged files.
 
 Command line: ``python -m galerkin_ext.data generate
-{burgers,darcy,lorenz63,cde,heat,elasticity} --out FILE.h5 ...``, ``python -m galerkin_ext.data
-convert geofno-elasticity --xy XY.npy --sigma SIGMA.npy [--rr RR.npy] --out FILE.h5``,
+{burgers,darcy,lorenz63,cde,kolmogorov,heat,elasticity} --out FILE.h5 ...``, ``python -m
+galerkin_ext.data convert geofno-elasticity --xy XY.npy --sigma SIGMA.npy [--rr RR.npy] --out
+FILE.h5``,
 ``python -m galerkin_ext.data convert gnot-pickle --file DATA.pkl --trust-pickle --out FILE.h5``
 and ``python -m galerkin_ext.data info FILE.h5``.
 """
@@ -49,6 +51,9 @@ _EXPORTS = {
     "generate_darcy": "generate",
     "generate_lorenz63": "generate",
     "generate_cde": "generate",
+    "generate_kolmogorov": "generate",
+    "kolmogorov_time_step": "generate",
+    "KOLMOGOROV_PRESETS": "generate",
     "generate_heat": "generate",
     "generate_elasticity": "generate",
     "convert_geofno_elasticity": "convert",
@@ -81,6 +86,8 @@ _EXPORTS = {
     "DarcyInverseDataset": "datasets",
     "ODEDataset": "datasets",
     "ContinuumDarcyDataset": "datasets",
+    "KolmogorovDataset": "datasets",
+    "KOLMOGOROV_SPLITS": "datasets",
     "UnitGaussianNormalizer": "datasets",
     "central_gradient_1d": "datasets",
     "central_gradient_2d": "datasets",

@@ -1,40 +1,47 @@
 """Command line: ``python -m galerkin_ext.data {generate,info} ...`` (see ``--help``).
 
-``generate {burgers,darcy,lorenz63,cde,heat,elasticity}`` writes a resumable HDF5 file (heat and
-elasticity: a ragged file, SPEC-gnot §3, with ``--preset quick|paper``); ``info`` prints its
-metadata, completeness and (for the continuum and ragged sets) summary statistics as JSON.
+``generate {burgers,darcy,lorenz63,cde,kolmogorov,heat,elasticity}`` writes a resumable HDF5 file
+(heat and elasticity: a ragged file, SPEC-gnot §3, with ``--preset quick|paper``; kolmogorov with
+``--preset quick|paper|zero-shot``); ``info`` prints its metadata, completeness and (for the
+continuum and ragged sets) summary statistics as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .._cli import nonnegative_int, positive_float, positive_int
 
-PROBLEMS = ("burgers", "darcy", "lorenz63", "cde", "heat", "elasticity")
+PROBLEMS = ("burgers", "darcy", "lorenz63", "cde", "kolmogorov", "heat", "elasticity")
 GNOT = ("heat", "elasticity")
 # Problem-specific options (argparse dest -> problems that take it).  burgers and darcy have
 # always ignored each other's options; the newer ones are refused where they do not apply.
 _APPLIES = {
-    "resolution": ("burgers", "darcy"),
+    "resolution": ("burgers", "darcy", "kolmogorov"),
     "workers": ("burgers", "darcy", "heat", "elasticity"),
-    "solve_resolution": ("burgers", "darcy"),
+    "solve_resolution": ("burgers", "darcy", "kolmogorov"),
     "n_steps": ("burgers", "darcy"),
-    "device": ("burgers", "darcy"),
+    "device": ("burgers", "darcy", "kolmogorov"),
     "coef": ("darcy",),
     "sigma": ("darcy",),
     "tau": ("darcy",),
     "alpha": ("darcy",),
-    "dt": ("lorenz63", "cde"),
+    "dt": ("lorenz63", "cde", "kolmogorov"),
     "t_end": ("lorenz63", "cde"),
     "grid": ("lorenz63", "cde"),
     "max_step": ("lorenz63",),
     "decay": ("cde",),
-    "preset": GNOT,
+    "preset": (*GNOT, "kolmogorov"),
+    "solve_dtype": ("kolmogorov",),
+    "time": ("kolmogorov",),
+    "dt_out": ("kolmogorov",),
+    "nu": ("kolmogorov",),
+    "wavenumber": ("kolmogorov",),
     "h": GNOT,
     "refine": GNOT,
     "targets": ("elasticity",),
@@ -46,6 +53,17 @@ _CONVERT_ARGS = {
     "geofno-elasticity": (("xy", "sigma"), ("xy", "sigma", "rr")),
     "gnot-pickle": (("file", "trust_pickle"), ("file", "trust_pickle")),
 }
+
+
+def _nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (kolmogorov's --time and --nu may be 0)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
+    return value
 
 
 def _targets(text: str) -> tuple[str, ...]:
@@ -61,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m galerkin_ext.data",
         description="Generate, convert or inspect the data sets (HDF5): Burgers, Darcy, "
-                    "Lorenz-63, the controlled ODE, and the GNOT sets heat and elasticity "
+                    "Lorenz-63, the controlled ODE, the Kolmogorov flow, and the GNOT sets "
+                    "heat and elasticity "
                     "(ragged; need the optional package triangle: pip install "
                     "\"galerkin_ext[fem]\"), or the original GNOT data sets converted.",
     )
@@ -71,15 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, help="output file, .h5 or .hdf5")
     gen.add_argument("--n-samples", type=positive_int, default=None,
                      help="number of samples (default: burgers 2048, darcy 2048 or 4000 with "
-                          "--coef, lorenz63 and cde 10000, heat and elasticity by --preset)")
+                          "--coef, lorenz63 and cde 10000, kolmogorov, heat and elasticity by "
+                          "--preset)")
     gen.add_argument("--resolution", type=positive_int, default=None,
                      help="grid points per axis (default: burgers 8192, darcy 421 or 64 with "
-                          "--coef)")
-    gen.add_argument("--seed", type=nonnegative_int, default=0,
-                     help="sample i depends only on (seed, i); give a zero-shot set its own seed")
+                          "--coef, kolmogorov by --preset)")
+    # default None so that a preset can bring its own (kolmogorov's zero-shot set: seed 1)
+    gen.add_argument("--seed", type=nonnegative_int, default=None,
+                     help="sample i depends only on (seed, i); give a zero-shot set its own seed "
+                          "(default 0; kolmogorov --preset zero-shot: 1)")
     gen.add_argument("--chunk-size", type=positive_int, default=None,
                      help="samples per stored chunk (default: burgers 256, darcy 32, lorenz63 "
-                          "and cde 1000, heat and elasticity 50)")
+                          "and cde 1000, heat and elasticity 50, kolmogorov 50, solved as one "
+                          "batch)")
     mode = gen.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue an interrupted generation")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing file")
@@ -88,10 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="darcy: worker processes (default: all usable cores); heat, "
                           "elasticity: (default 1)")
     gen.add_argument("--solve-resolution", type=positive_int, default=None,
-                     help="burgers: grid the solver runs on before zero-padding (default 1024)")
+                     help="burgers: grid the solver runs on before zero-padding (default 1024); "
+                          "kolmogorov: grid the flow is solved on before spectral resampling to "
+                          "--resolution (default: --resolution; zero-shot preset 832)")
     gen.add_argument("--n-steps", type=positive_int, default=None,
                      help="burgers: ETDRK4 steps (default t_end / 1e-3)")
-    gen.add_argument("--device", default=None, help="burgers: torch device, e.g. cuda")
+    gen.add_argument("--device", default=None,
+                     help="burgers, kolmogorov: torch device of the solver, cpu (default) or "
+                          "cuda")
     gen.add_argument("--coef", choices=("lognormal", "piecewise"), default=None,
                      help="darcy: the continuum-attention coefficient, exp(g) or 12/3 where "
                           "g >= 0 / g < 0 (default: SPEC.md's set)")
@@ -102,7 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--alpha", type=positive_float, default=None,
                      help="darcy: exponent of the covariance (default 2)")
     gen.add_argument("--dt", type=positive_float, default=None,
-                     help="lorenz63/cde: uniform time step (default 0.01): t = 0, dt, ... <= t_end")
+                     help="lorenz63/cde: uniform time step (default 0.01): t = 0, dt, ... <= "
+                          "t_end; kolmogorov: largest solver step (default: the largest "
+                          "dt-out / m <= 2.5e-3 * 416 / solve-resolution: 2.5e-3 at 416, 0.025 "
+                          "at 32)")
     gen.add_argument("--t-end", type=positive_float, default=None,
                      help="lorenz63/cde: end of the time interval (default 2)")
     gen.add_argument("--grid", choices=("uniform", "nonuniform"), default=None,
@@ -112,10 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="lorenz63: largest RK4 step (default 1e-3)")
     gen.add_argument("--decay", action="store_true", default=None,
                      help="cde: weight term j of the control by 1/j (the authors' code)")
-    gen.add_argument("--preset", choices=("quick", "paper"), default=None,
+    gen.add_argument("--preset", choices=("quick", "paper", "zero-shot"), default=None,
                      help="heat/elasticity: sample count and mesh size (default paper: heat "
                           "5500 at h 0.2, elasticity 1200 at h 0.035; quick: 250 at h 0.5 / "
-                          "0.07)")
+                          "0.07); kolmogorov (default paper): paper 10000 at 416 in float64, "
+                          "quick 1300 at 32 in float32, zero-shot 100 at 832 with seed 1")
+    gen.add_argument("--solve-dtype", choices=("float32", "float64"), default=None,
+                     help="kolmogorov: precision of the solver and of the stored fields "
+                          "(default: by --preset, float64; quick float32)")
+    gen.add_argument("--time", type=_nonnegative_float, default=None,
+                     help="kolmogorov: time T of the input w(T) (default 11)")
+    gen.add_argument("--dt-out", type=positive_float, default=None,
+                     help="kolmogorov: the output is w(T + dt-out) (default 0.1)")
+    gen.add_argument("--nu", type=_nonnegative_float, default=None,
+                     help="kolmogorov: viscosity (default 1/70)")
+    gen.add_argument("--wavenumber", type=positive_int, default=None,
+                     help="kolmogorov: forcing -n cos(n y) with n = wavenumber (default 4)")
     gen.add_argument("--h", type=positive_float, default=None,
                      help="heat/elasticity: mesh size (default: by --preset)")
     gen.add_argument("--refine", action="store_true", default=None,
@@ -168,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 parser.error(f"--{dest.replace('_', '-')} does not apply to {args.problem} "
                              f"(only to {', '.join(problems)})")
+        if args.preset == "zero-shot" and args.problem != "kolmogorov":
+            parser.error(f"--preset zero-shot applies to kolmogorov only, not to {args.problem}")
     from .storage import DataFileError
 
     try:
@@ -183,7 +227,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path}")
             return 0
         common = {
-            "seed": args.seed,
             "resume": args.resume,
             "overwrite": args.overwrite,
             "progress": not args.no_progress,
@@ -193,6 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "max_step", "decay"):
             if getattr(args, dest) is not None:
                 common[dest] = getattr(args, dest)
+        if args.problem == "kolmogorov":
+            path = _generate_kolmogorov(args, common)
+            print(f"wrote {path}")
+            return 0
+        common["seed"] = 0 if args.seed is None else args.seed
         if args.problem == "burgers":
             from .generate import generate_burgers
 
@@ -241,6 +289,18 @@ def _convert(args: argparse.Namespace) -> Path:
     if args.source == "geofno-elasticity":
         return convert_geofno_elasticity(args.xy, args.sigma, args.out, rr=args.rr, **common)
     return convert_gnot_pickle(args.file, args.out, trust_pickle=args.trust_pickle, **common)
+
+
+def _generate_kolmogorov(args: argparse.Namespace, common: dict) -> Path:
+    """``generate kolmogorov``: the preset's settings, then the options given."""
+    from .generate import KOLMOGOROV_PRESETS, generate_kolmogorov
+
+    kwargs = {**KOLMOGOROV_PRESETS[args.preset or "paper"], **common}
+    for dest in ("seed", "resolution", "solve_resolution", "solve_dtype", "time", "dt_out",
+                 "nu", "wavenumber", "device"):
+        if getattr(args, dest) is not None:
+            kwargs[dest] = getattr(args, dest)
+    return generate_kolmogorov(args.out, **kwargs)
 
 
 def _generate_gnot(args: argparse.Namespace, common: dict) -> Path:

@@ -32,6 +32,9 @@ the first ``n_train`` samples, ``"valid"`` = the next ``n_valid``, ``"test"`` = 
 * :class:`ContinuumDarcyDataset` (nodes ``x_i = i / (s - 1)`` of the stored ``s``): ``x``
   ``(s, s, 1)`` coefficient, ``coeff`` ``(s, s, 1)`` the raw coefficient, ``grid``
   ``(s, s, 2)``, ``target`` ``(s, s, 1)`` solution.
+* :class:`KolmogorovDataset` (periodic grid ``(i / s, j / s)`` on ``[0, 1)^2`` of the stored or
+  a spectrally resampled ``s``): ``x`` ``(s, s, 1)`` vorticity ``w(T)``, ``grid`` ``(s, s, 2)``,
+  ``target`` ``(s, s, 1)`` vorticity ``w(T + dt_out)``; one scalar normaliser for both.
 
 Splits: ``"train"`` = the first ``n_train`` samples, ``"valid"`` = the last ``n_valid``.  The
 normalisers are fitted on the training samples of the same source unless given.  A source is a
@@ -42,6 +45,7 @@ arrays.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +73,9 @@ __all__ = [
     "DarcyInverseDataset",
     "ODEDataset",
     "ContinuumDarcyDataset",
+    "KolmogorovDataset",
+    "KOLMOGOROV_SPLITS",
+    "periodic_grid_2d",
     "ODE_TASKS",
     "DARCY_COARSE",
     "INVERSE_COARSE",
@@ -163,15 +170,20 @@ def central_gradient_1d(u: torch.Tensor, h: float) -> torch.Tensor:
     return (torch.roll(u, -1, dims=-1) - torch.roll(u, 1, dims=-1)) / (2 * h)
 
 
-def central_gradient_2d(u: torch.Tensor, h: float) -> torch.Tensor:
+def central_gradient_2d(u: torch.Tensor, h: float, *, periodic: bool = False) -> torch.Tensor:
     """Central differences of ``u`` of shape ``(..., n, n)`` -> ``(..., n, n, 2)``.
 
-    Component 0 is ``d/dx`` (first grid axis), 1 is ``d/dy``; interior nodes only, zero on the
-    boundary ring (where a central difference does not exist).
+    Component 0 is ``d/dx`` (first grid axis), 1 is ``d/dy``.  ``periodic=False``: interior
+    nodes only, zero on the boundary ring (where a central difference does not exist);
+    ``periodic=True``: at every point of a periodic grid (no repeated endpoint), wrapping
+    around.
     """
     if not isinstance(u, torch.Tensor) or u.ndim < 2 or min(u.shape[-2:]) < 3:
         raise ValueError("u must be a torch.Tensor of shape (..., n, n) with n >= 3")
     h = check_float(h, "h")
+    if periodic:
+        return torch.stack([(u.roll(-1, dim) - u.roll(1, dim)) / (2 * h) for dim in (-2, -1)],
+                           dim=-1)
     grad = u.new_zeros((*u.shape, 2))
     grad[..., 1:-1, 1:-1, 0] = (u[..., 2:, 1:-1] - u[..., :-2, 1:-1]) / (2 * h)
     grad[..., 1:-1, 1:-1, 1] = (u[..., 1:-1, 2:] - u[..., 1:-1, :-2]) / (2 * h)
@@ -534,7 +546,8 @@ def _three_way_split(n: int, split: str, n_train: int, n_valid: int, n_test: int
     last ``n_test``.  ``fitted``: the normalisers are given, so a file of test samples only (a
     zero-shot set) is fine; otherwise the file must hold all three splits, disjoint."""
     check_choice(split, "split", ("train", "valid", "test"))
-    n_train = check_int(n_train, "n_train")
+    # a file of test samples only, read with given normalisers, may say it has no training part
+    n_train = check_int(n_train, "n_train", 0 if split == "test" and fitted else 1)
     n_valid = check_int(n_valid, "n_valid", 0)
     n_test = check_int(n_test, "n_test")
     if split == "test" and fitted:
@@ -578,6 +591,16 @@ def _fit_normalizer(data: np.ndarray, how: str) -> UnitGaussianNormalizer:
     return UnitGaussianNormalizer(flat)
 
 
+def _fit_scalar(*arrays: np.ndarray) -> UnitGaussianNormalizer:
+    """One scalar unit-Gaussian normaliser over every value of ``arrays`` (population std,
+    float64), without concatenating them."""
+    count = sum(a.size for a in arrays)
+    mean = sum(float(np.sum(a, dtype=np.float64)) for a in arrays) / count
+    var = sum(float(np.sum((a.astype(np.float64) - mean) ** 2)) for a in arrays) / count
+    return UnitGaussianNormalizer.from_statistics(
+        torch.tensor(mean, dtype=torch.float64), torch.tensor(math.sqrt(var), dtype=torch.float64))
+
+
 class _NormalizedFields(Dataset):
     """Shared part of the continuum datasets: reading a split of ``input_key``/``target_key``
     and normalising both (see module doc)."""
@@ -586,9 +609,14 @@ class _NormalizedFields(Dataset):
                n_valid: int, n_test: int, input_normalizer: UnitGaussianNormalizer | None,
                target_normalizer: UnitGaussianNormalizer | None, how: str,
                dtype: torch.dtype, generators: tuple[str, ...],
-               view: Callable[[np.ndarray], np.ndarray] = lambda t: t) -> dict[str, Any]:
-        """Read the split; ``view`` selects the learned components of the targets (before the
-        target normaliser is fitted).  Returns ``{input_key, target_key}`` arrays."""
+               view: Callable[[np.ndarray], np.ndarray] = lambda t: t,
+               transform: Callable[[np.ndarray], np.ndarray] = lambda t: t,
+               shared: bool = False) -> dict[str, Any]:
+        """Read the split; ``view`` selects the learned components of the targets, ``transform``
+        maps both arrays (e.g. to another grid), each before the normalisers are fitted;
+        ``shared``: when neither normaliser is given, fit one (``how = 'scalar'``) on inputs
+        and targets together and use it for both.  Returns ``{input_key, target_key}`` arrays.
+        """
         info = _open_generated(source, generators)
         given = [norm is not None for norm in (input_normalizer, target_normalizer)]
         for name, norm in (("input_normalizer", input_normalizer),
@@ -599,13 +627,18 @@ class _NormalizedFields(Dataset):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
         idx = _three_way_split(info["n_samples"], split, n_train, n_valid, n_test, all(given))
-        data = read_h5(source, idx, keys=keys)  # type: ignore[arg-type]
-        data[keys[1]] = view(data[keys[1]])
+
+        def load(indices: np.ndarray) -> dict[str, np.ndarray]:
+            arrays = read_h5(source, indices, keys=keys)  # type: ignore[arg-type]
+            arrays[keys[1]] = view(arrays[keys[1]])
+            return {k: transform(v) for k, v in arrays.items()}
+
+        data = load(idx)
         if not all(given):
-            train = data if split == "train" else read_h5(
-                source, np.arange(n_train), keys=keys)  # type: ignore[arg-type]
-            if split != "train":
-                train[keys[1]] = view(train[keys[1]])
+            train = data if split == "train" else load(np.arange(n_train))
+            if shared and not any(given):
+                input_normalizer = target_normalizer = _fit_scalar(train[keys[0]],
+                                                                   train[keys[1]])
             if input_normalizer is None:
                 input_normalizer = _fit_normalizer(train[keys[0]], how)
             if target_normalizer is None:
@@ -721,3 +754,93 @@ class ContinuumDarcyDataset(_NormalizedFields):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"x": self.x[i], "coeff": self.coeff[i], "grid": self.grid,
                 "target": self.target[i]}
+
+
+#: Split sizes (keyword arguments of :class:`KolmogorovDataset`) of the Kolmogorov presets of
+#: :data:`~galerkin_ext.data.generate.KOLMOGOROV_PRESETS` (a zero-shot file: ``n_test`` only).
+KOLMOGOROV_SPLITS = {
+    "paper": {"n_train": 9000, "n_valid": 500, "n_test": 500},
+    "quick": {"n_train": 1000, "n_valid": 100, "n_test": 200},
+    "zero-shot": {"n_test": 100},
+}
+
+
+def periodic_grid_2d(n: int) -> torch.Tensor:
+    """Periodic grid ``(x_i, y_j) = (i, j) / n`` on ``[0, 1)^2``, shape ``(n, n, 2)``, float64."""
+    x = uniform_grid_1d(n)[:, 0]
+    return torch.stack(torch.meshgrid(x, x, indexing="ij"), dim=-1)
+
+
+class KolmogorovDataset(_NormalizedFields):
+    """Kolmogorov-flow pairs ``w(T) -> w(T + dt_out)`` (SPEC-continuum §3) on a periodic grid.
+
+    Items (``s`` = ``resolution``): ``x`` ``(s, s, 1)`` the normalised input ``w(T)``, ``grid``
+    ``(s, s, 2)`` the periodic grid ``(i / s, j / s)`` on ``[0, 1)^2`` (the physical point divided
+    by 2 pi; no repeated endpoint, so equal weights are the periodic trapezoid rule), ``target``
+    ``(s, s, 1)`` the normalised output ``w(T + dt_out)``.  Both are vorticity, so one global
+    scalar unit-Gaussian normaliser, fitted on every value of the training inputs and outputs,
+    serves as ``input_normalizer`` and ``target_normalizer`` unless they are given: a model that
+    returns its input is exactly the persistence forecast, and a model trained on one grid runs
+    on any.
+
+    Args:
+        source: a file of :func:`~galerkin_ext.data.generate.generate_kolmogorov`; another
+            generator's file (e.g. Darcy) raises :class:`DataFileError`.
+        split: ``'train'`` (the first ``n_train`` samples), ``'valid'`` (the next ``n_valid``)
+            or ``'test'`` (the last ``n_test``); see :data:`KOLMOGOROV_SPLITS`.
+        resolution: grid points per axis of the items; default the stored ``s``.  Another value
+            resamples the stored fields spectrally (:func:`.kolmogorov.resample_periodic`, exact
+            for the band-limited data when coarser) -- e.g. one zero-shot file at 832^2 read at
+            208, 312, 624 or 832.
+        n_train, n_valid, n_test: split sizes (default: the paper's 9000/500/500).
+        input_normalizer, target_normalizer: from the training set, for other splits or files
+            (both or neither; a file of test samples only needs them).
+        dtype: of the items.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        split: str = "train",
+        *,
+        resolution: int | None = None,
+        n_train: int = 9000,
+        n_valid: int = 500,
+        n_test: int = 500,
+        input_normalizer: UnitGaussianNormalizer | None = None,
+        target_normalizer: UnitGaussianNormalizer | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if resolution is not None:
+            resolution = check_int(resolution, "resolution", 4)
+
+        def to_grid(fields: np.ndarray) -> np.ndarray:
+            if resolution is None or fields.shape[-1] == resolution:
+                return fields
+            from .kolmogorov import resample_periodic
+
+            return resample_periodic(torch.from_numpy(fields), resolution).numpy()
+
+        data = self._setup(source, split, ("input", "output"), n_train, n_valid, n_test,
+                           input_normalizer, target_normalizer, "scalar", dtype,
+                           ("kolmogorov",), transform=to_grid, shared=True)
+        self.parameters = self.info["parameters"]
+        self.resolution = int(data["input"].shape[-1])
+        self.grid = periodic_grid_2d(self.resolution).to(dtype)
+        w_in = torch.from_numpy(data["input"]).to(dtype)[..., None]
+        w_out = torch.from_numpy(data["output"]).to(dtype)[..., None]
+        self.x = self.input_normalizer.encode(w_in)
+        self.target = self.target_normalizer.encode(w_out)
+
+    def persistence_errors(self) -> torch.Tensor:
+        """Per-sample relative L^2 error ``||w(T + dt_out) - w(T)|| / ||w(T + dt_out)||`` of the
+        persistence forecast, in physical units on this grid; shape ``(len(self),)``, float64."""
+        w_in = self.input_normalizer.decode(self.x).double().flatten(1)
+        w_out = self.target_normalizer.decode(self.target).double().flatten(1)
+        return (w_out - w_in).norm(dim=1) / w_out.norm(dim=1)
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[i], "grid": self.grid, "target": self.target[i]}

@@ -1,16 +1,19 @@
 """Generators of the data sets into resumable HDF5 files: Burgers and Darcy (SPEC §4), the
 continuum-attention sets (SPEC-continuum §3): Lorenz-63, the controlled ODE, and Darcy with a
-lognormal or piecewise-constant coefficient, and the GNOT sets (SPEC-gnot §4, ragged files of
-:mod:`.ragged`): heat and elasticity.
+lognormal or piecewise-constant coefficient, the Kolmogorov flow, and the GNOT sets (SPEC-gnot
+§4, ragged files of :mod:`.ragged`): heat and elasticity.
 
 Sample ``i`` of a set depends only on ``(seed, i)`` (see :mod:`.random_fields`), so chunk size,
-worker count and interruptions do not change the data.  File schema: :mod:`.storage`.
+worker count and interruptions do not change the data (Kolmogorov flow: up to the rounding of
+batched FFTs, see :func:`generate_kolmogorov`; a resumed file equals an uninterrupted one bit for
+bit).  File schema: :mod:`.storage`.
 
 Paper-sized defaults: Burgers 2048 samples at 8192 points (train = first 1024, evaluation = last
 100); Darcy 2048 samples at 421 x 421, i.e. the paper's 1024 training samples followed by the
 1024 of its second, independent set whose last 100 are the evaluation samples.  Continuum sets:
 Lorenz-63 and the controlled ODE 10000 samples (8000 train, 1000 test, 1000 validation);
-Darcy ``coef="lognormal"``/``"piecewise"`` 4000 samples at 64 x 64 (3600/200/200).  A zero-shot
+Darcy ``coef="lognormal"``/``"piecewise"`` 4000 samples at 64 x 64 (3600/200/200); Kolmogorov
+flow :data:`KOLMOGOROV_PRESETS` (paper 10000 pairs at 416 x 416, 9000/500/500).  A zero-shot
 set (another ``dt``, grid or resolution) is an independent draw: give it another ``seed``.
 GNOT sets: :data:`GNOT_PRESETS` (heat paper 5500 samples at h = 0.2, quick 250 at h = 0.5;
 elasticity paper 1200 at h = 0.035, quick 250 at h = 0.07).
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -32,6 +37,17 @@ from .._checks import check_choice, check_float, check_int, resolve_device
 from . import darcy as _darcy
 from .burgers import solve_burgers
 from .darcy import sample_and_solve as _darcy_task
+from .kolmogorov import (
+    IC_ALPHA,
+    IC_SIGMA,
+    IC_TAU,
+    KOLMOGOROV_NU,
+    KOLMOGOROV_WAVENUMBER,
+    cfl_number,
+    resample_periodic,
+    sample_initial_vorticity,
+    solve_kolmogorov,
+)
 from .ode import (
     LORENZ63_INITIAL_HIGH,
     LORENZ63_INITIAL_LOW,
@@ -46,6 +62,7 @@ from .random_fields import DARCY_COEFFICIENTS, sample_periodic_grf_1d
 from .storage import ArraySpec, ChunkedWriter, run_chunks
 
 __all__ = ["generate_burgers", "generate_darcy", "generate_lorenz63", "generate_cde",
+           "generate_kolmogorov", "kolmogorov_time_step", "KOLMOGOROV_PRESETS",
            "generate_heat", "generate_elasticity", "GNOT_PRESETS"]
 
 Arrays = dict[str, np.ndarray]
@@ -382,6 +399,191 @@ def generate_cde(
         return {"u": arrays["input"], "z": arrays["output"]}
 
     return _run(writer, compute, progress, "cde", statistics)
+
+
+# -- Kolmogorov flow (SPEC-continuum §3) ---------------------------------------------------------
+
+#: Generator settings of the Kolmogorov sets: keyword arguments of :func:`generate_kolmogorov`
+#: (SPEC-continuum §3 and §7).  "paper": 10000 pairs at 416^2 (9000/500/500); "quick": 1300 pairs
+#: at 32^2 solved in float32 (dt 0.025), i.e. §7's 1000 training and 200 test samples plus 100
+#: for validation; "zero-shot": 100 independent pairs (another seed) solved and stored at 832^2,
+#: which :class:`~galerkin_ext.data.datasets.KolmogorovDataset` resamples spectrally to 208, 312,
+#: 624 (exact for the periodic, band-limited data) -- or store them coarser with ``resolution``.
+KOLMOGOROV_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"n_samples": 1300, "resolution": 32, "solve_dtype": "float32", "seed": 0},
+    "paper": {"n_samples": 10000, "resolution": 416, "solve_dtype": "float64", "seed": 0},
+    "zero-shot": {"n_samples": 100, "resolution": 832, "solve_resolution": 832,
+                  "solve_dtype": "float64", "seed": 1},
+}
+
+# SPEC-continuum §3: dt = 2.5e-3 at 416^2 keeps the CFL number <= 1; dt ~ 1/s keeps it fixed.
+_DT_TIMES_RESOLUTION = 2.5e-3 * 416
+_SOLVE_DTYPES = {"float32": "f4", "float64": "f8"}
+
+
+def kolmogorov_time_step(solve_resolution: int, dt_out: float = 0.1) -> float:
+    """Default solver step on a ``solve_resolution``^2 grid: the largest ``dt_out / m`` (``m``
+    whole) that is at most ``2.5e-3 * 416 / solve_resolution``.
+
+    The bound is SPEC-continuum's 2.5e-3 at 416^2 scaled with the grid spacing, which keeps the
+    CFL number of the flow's states near 0.7 (it is 0.68 at 32^2); dividing ``dt_out`` evenly
+    makes both output times (``time`` a multiple of ``dt_out``) land on whole steps.  Gives
+    2.5e-3 at 416, 1.25e-3 at 832 and 0.025 at 32 (SPEC-continuum §7's quick preset).
+    """
+    s = check_int(solve_resolution, "solve_resolution")
+    dt_out = check_float(dt_out, "dt_out")
+    ratio = dt_out * s / _DT_TIMES_RESOLUTION
+    # a relative slack so that 0.1 * 416 / 1.04 = 40.000000000000007 counts as 40 steps
+    return dt_out / max(1, math.ceil(ratio - 1e-9 * ratio))
+
+
+def _solve_dtype(solve_dtype: object) -> str:
+    """``"float32"``/``"float64"`` (or the torch dtype) as its name."""
+    import torch
+
+    names = {torch.float32: "float32", torch.float64: "float64"}
+    if isinstance(solve_dtype, torch.dtype) and solve_dtype in names:
+        return names[solve_dtype]
+    if isinstance(solve_dtype, str) and solve_dtype in _SOLVE_DTYPES:
+        return solve_dtype
+    raise ValueError(f"solve_dtype: expected 'float32' or 'float64', got {solve_dtype!r}")
+
+
+def _relative_change(arrays: Arrays) -> np.ndarray:
+    """Per-sample persistence error ``||w(T + dt_out) - w(T)|| / ||w(T + dt_out)||`` (grid
+    2-norms, float64): the error of predicting no change."""
+    w_in = arrays["input"].astype(np.float64).reshape(arrays["input"].shape[0], -1)
+    w_out = arrays["output"].astype(np.float64).reshape(w_in.shape)
+    return np.linalg.norm(w_out - w_in, axis=1) / np.linalg.norm(w_out, axis=1)
+
+
+def generate_kolmogorov(
+    out: str | os.PathLike[str],
+    n_samples: int = 10000,
+    resolution: int = 416,
+    *,
+    seed: int = 0,
+    solve_resolution: int | None = None,
+    dt: float | None = None,
+    solve_dtype: str = "float64",
+    time: float = 11.0,
+    dt_out: float = 0.1,
+    nu: float = KOLMOGOROV_NU,
+    wavenumber: int = KOLMOGOROV_WAVENUMBER,
+    chunk_size: int = 50,
+    device: str | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Generate a Kolmogorov-flow set (SPEC-continuum §3), generator ``"kolmogorov"``.
+
+    Sample ``i``: ``w0`` = :func:`.kolmogorov.sample_initial_vorticity` (sample ``i`` of
+    ``seed``) on the ``solve_resolution``^2 grid, integrated by :func:`.kolmogorov.solve_kolmogorov`
+    (viscosity ``nu``, forcing ``-wavenumber cos(wavenumber y)``, steps of at most ``dt``, in
+    ``solve_dtype`` on ``device``) to ``time`` and ``time + dt_out``; both states are resampled
+    spectrally (:func:`.kolmogorov.resample_periodic`, a Fourier truncation: exact for the modes
+    the stored grid holds) to ``resolution``^2.  Defaults: the paper's set, ``(w(11), w(11.1))``,
+    ``nu = 1/70``, ``wavenumber = 4``, 10000 pairs at 416^2 solved there; see
+    :data:`KOLMOGOROV_PRESETS` for the quick and zero-shot sets.
+
+    Arrays: ``input`` ``(n_samples, s, s)`` = ``w(time)``, ``output`` ``(n_samples, s, s)`` =
+    ``w(time + dt_out)``, stored in ``solve_dtype``, with ``field[i, j]`` at the physical point
+    ``2 pi (i, j) / s`` of the periodic ``[0, 2 pi)^2`` (axis 1 is ``x``); ``coords`` ``(s, s, 2)``
+    float64 = ``(i / s, j / s)``, those points scaled to the unit square ``[0, 1)^2`` on which the
+    models work (``parameters["domain_length"]`` = 2 pi converts back).  Summary statistics:
+    ``omega_T`` (the values of ``w(time)``), ``persistence`` (per sample ``||w(time + dt_out) -
+    w(time)|| / ||w(time + dt_out)||`` on the stored grid) and ``cfl`` (per sample the larger
+    :func:`.kolmogorov.cfl_number` of the two states at ``dt``, on the solve grid; a warning is
+    given if one exceeds 1).
+
+    Args:
+        out: the ``.h5`` file to write (via ``out.partial``, resumable).
+        n_samples: number of pairs.
+        resolution: stored grid points per axis ``s`` (>= 4).
+        seed: sample ``i`` depends on ``(seed, i)`` only; give a zero-shot set another seed.
+        solve_resolution: the solver's grid (>= ``resolution``, > ``2 * wavenumber``); default
+            ``resolution``.
+        dt: largest solver step; default :func:`kolmogorov_time_step` of the solve grid
+            (2.5e-3 at 416^2, CFL <= 1).
+        solve_dtype: ``"float64"`` (default) or ``"float32"`` (the quick preset; storage too).
+        time, dt_out: the input time ``T >= 0`` and the gap ``> 0`` to the output time.
+        nu, wavenumber: viscosity ``>= 0`` and forcing wavenumber ``>= 1``.
+        chunk_size: samples per stored chunk, solved together as one batch.
+        device: torch device of the solver (``"cpu"``, default, or ``"cuda"``), checked before
+            any file is created.  The batched FFTs may round differently on another device or
+            in batches of another size, and the chaotic flow amplifies that, so a file's bits
+            depend on both (a resumed file keeps its recorded chunk size).
+        resume, overwrite, progress: as for the other generators.
+
+    Returns:
+        The path of the finished file.
+    """
+    import torch
+
+    n_samples = check_int(n_samples, "n_samples")
+    resolution = check_int(resolution, "resolution", 4)
+    seed = check_int(seed, "seed", 0)
+    wavenumber = check_int(wavenumber, "wavenumber")
+    solve_s = resolution if solve_resolution is None else check_int(
+        solve_resolution, "solve_resolution", 4)
+    if solve_s < resolution:
+        raise ValueError(f"solve_resolution: expected >= resolution = {resolution} (the "
+                         f"stored fields are truncations of the solved ones), got {solve_s}")
+    if solve_s <= 2 * wavenumber:
+        raise ValueError(f"solve_resolution: the forcing cos({wavenumber} y) needs more than "
+                         f"{2 * wavenumber} points per axis, got {solve_s}")
+    time = check_float(time, "time", low_inclusive=True)
+    dt_out = check_float(dt_out, "dt_out")
+    nu = check_float(nu, "nu", low_inclusive=True)
+    dt = kolmogorov_time_step(solve_s, dt_out) if dt is None else check_float(dt, "dt")
+    dtype_name = _solve_dtype(solve_dtype)
+    chunk_size = check_int(chunk_size, "chunk_size")
+    # checked before the partial file exists: a bad device must not leave one behind
+    dev = resolve_device(device) if device is not None else torch.device("cpu")
+    torch_dtype = getattr(torch, dtype_name)
+    params = {
+        "time": time, "dt_out": dt_out, "nu": nu, "wavenumber": wavenumber,
+        "forcing_amplitude": 1.0, "ic_sigma": IC_SIGMA, "ic_tau": IC_TAU, "ic_alpha": IC_ALPHA,
+        "resolution": resolution, "solve_resolution": solve_s, "dt": dt,
+        "solve_dtype": dtype_name, "domain_length": 2 * math.pi,
+        "coords": "unit square: (i / s, j / s) = physical point / (2 pi)",
+        "method": "pseudo-spectral vorticity, 2/3 de-aliasing, integrating-factor RK4; "
+                  "spectral resampling to the stored grid",
+    }
+    axis = np.arange(resolution, dtype=np.float64) / resolution
+    coords = np.stack(np.meshgrid(axis, axis, indexing="ij"), axis=-1)
+    writer = ChunkedWriter.open(
+        out, generator="kolmogorov", parameters=params, seed=seed, n_samples=n_samples,
+        chunk_size=chunk_size, resume=resume, overwrite=overwrite,
+        arrays={"input": ArraySpec((resolution,) * 2, _SOLVE_DTYPES[dtype_name]),
+                "output": ArraySpec((resolution,) * 2, _SOLVE_DTYPES[dtype_name])},
+        static={"coords": coords}, statistics=("omega_T", "persistence", "cfl"),
+    )
+    # The CFL numbers need the solve grid, which compute() has and the stored arrays do not;
+    # run_chunks hands each chunk's arrays to statistics() right after compute() made them.
+    solved: dict[str, np.ndarray] = {}
+
+    def compute(start: int, stop: int) -> Arrays:
+        w0 = sample_initial_vorticity(stop - start, solve_s, seed=seed, start=start)
+        pair = solve_kolmogorov(
+            torch.from_numpy(w0).to(device=dev, dtype=torch_dtype), time + dt_out, dt=dt,
+            nu=nu, n=wavenumber, snapshots=[time, time + dt_out], dtype=torch_dtype,
+        )
+        cfl = torch.maximum(cfl_number(pair[:, 0], dt), cfl_number(pair[:, 1], dt)).cpu()
+        if bool((cfl > 1).any()):
+            warnings.warn(f"kolmogorov: CFL number {float(cfl.max()):.3g} > 1 at dt = {dt:g} "
+                          f"(samples {start}..{stop - 1}); SPEC-continuum asks for <= 1",
+                          RuntimeWarning, stacklevel=2)
+        solved["cfl"] = cfl.numpy()
+        pair = resample_periodic(pair, resolution).cpu().numpy()
+        return {"input": pair[:, 0], "output": pair[:, 1]}
+
+    def statistics(arrays: Arrays) -> Arrays:
+        return {"omega_T": arrays["input"], "persistence": _relative_change(arrays),
+                "cfl": solved.pop("cfl")}
+
+    return _run(writer, compute, progress, "kolmogorov", statistics)
 
 
 # -- GNOT sets (SPEC-gnot §4): ragged files -----------------------------------------------------

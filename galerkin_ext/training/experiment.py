@@ -63,7 +63,7 @@ NORMS = ("attn", "layer")
 # cached_data's problems -> their generator in galerkin_ext.data.generate
 _PROBLEMS = {"burgers": "generate_burgers", "darcy": "generate_darcy",
              "lorenz63": "generate_lorenz63", "cde": "generate_cde", "heat": "generate_heat",
-             "elasticity": "generate_elasticity"}
+             "elasticity": "generate_elasticity", "kolmogorov": "generate_kolmogorov"}
 
 
 class ThresholdError(RuntimeError):
@@ -409,11 +409,12 @@ def cached_data(
     **params: Any,
 ) -> Path:
     """Path of a generated ``problem`` data set (``'burgers'``, ``'darcy'``, ``'lorenz63'``,
-    ``'cde'``, ``'heat'``, ``'elasticity'``), generated if needed.
+    ``'cde'``, ``'heat'``, ``'elasticity'``, ``'kolmogorov'``), generated if needed.
 
     ``params`` are keyword arguments of that problem's generator
     (:func:`~galerkin_ext.data.generate_burgers`, :func:`~galerkin_ext.data.generate_darcy`,
-    :func:`~galerkin_ext.data.generate_lorenz63`, :func:`~galerkin_ext.data.generate_cde`;
+    :func:`~galerkin_ext.data.generate_lorenz63`, :func:`~galerkin_ext.data.generate_cde`,
+    :func:`~galerkin_ext.data.generate_kolmogorov`, ...;
     e.g. ``n_samples``, ``resolution``, ``coef``, ``dt``, ``grid``, ``seed``); the file name
     holds a hash of them, so other parameters give another file.  An interrupted generation
     resumes.  Under ``torchrun`` only rank 0 generates while the others wait.
