@@ -1,6 +1,8 @@
 """PyTorch datasets: layouts, subsampling, splits, normalisers, gradients, inverse problem, and
 the continuum-attention sets (ODE, continuum Darcy)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -114,6 +116,21 @@ def test_central_gradient_2d_is_exact_for_quadratics():
     grad = central_gradient_2d(x**2 + 3 * x * y, 1 / 8)
     torch.testing.assert_close(grad[1:-1, 1:-1, 0], (2 * x + 3 * y)[1:-1, 1:-1])
     torch.testing.assert_close(grad[1:-1, 1:-1, 1], (3 * x)[1:-1, 1:-1])
+
+
+def test_central_gradient_2d_periodic_is_the_exact_central_difference_of_a_fourier_mode():
+    # On the periodic grid x_i = 2 pi i / n, the central difference of sin(kx + my) is
+    # sin(kh)/h cos(kx + ly) in x and sin(mh)/h cos(kx + my) in y, at every point (seam too).
+    n, k, m = 12, 2, 3
+    h = 2 * math.pi / n
+    g = torch.arange(n, dtype=torch.float64) * h
+    x, y = torch.meshgrid(g, g, indexing="ij")
+    grad = central_gradient_2d(torch.sin(k * x + m * y)[None], h, periodic=True)[0]
+    torch.testing.assert_close(grad[..., 0], math.sin(k * h) / h * torch.cos(k * x + m * y))
+    torch.testing.assert_close(grad[..., 1], math.sin(m * h) / h * torch.cos(k * x + m * y))
+    interior = central_gradient_2d(torch.sin(k * x + m * y), h)
+    torch.testing.assert_close(interior[1:-1, 1:-1], grad[1:-1, 1:-1])
+    assert interior[0].abs().max() == 0 and grad[0].abs().max() > 0
 
 
 def test_block_average():

@@ -141,6 +141,26 @@ def test_relative_h1_full_norm_at_physical_spacing(gen):
                                torch.full((3,), 0.25, dtype=torch.float64))
 
 
+def test_relative_h1_periodic_uses_the_wrapped_differences(gen):
+    n = 16
+    h = 2 * math.pi / n
+    u = torch.randn(3, n, n, 1, generator=gen, dtype=torch.float64)
+    e = 0.1 * torch.randn(3, n, n, 1, generator=gen, dtype=torch.float64)
+    de = central_gradient_2d(e[..., 0], h, periodic=True)
+    du = central_gradient_2d(u[..., 0], h, periodic=True)
+    expected = ((e.flatten(1).square().sum(1) + de.flatten(1).square().sum(1))
+                / (u.flatten(1).square().sum(1) + du.flatten(1).square().sum(1))).sqrt()
+    torch.testing.assert_close(relative_h1(u + e, u, h, "none", periodic=True), expected)
+    assert not torch.allclose(relative_h1(u + e, u, h, "none"), expected)
+    # a field shifted around the torus has the same periodic error, not the same interior one
+    shifted = relative_h1((u + e).roll(5, 1), u.roll(5, 1), h, "none", periodic=True)
+    torch.testing.assert_close(shifted, expected)
+    loss, _ = RelativeLoss("h1", h=h, periodic=True)(u + e, u)
+    torch.testing.assert_close(loss, expected.mean())
+    with pytest.raises(TypeError, match="periodic"):
+        RelativeLoss("h1", h=h, periodic="yes")
+
+
 def test_relative_loss(gen):
     target = torch.randn(4, 9, 9, 1, generator=gen, dtype=torch.float64)
     pred = (target + 0.1 * torch.randn(4, 9, 9, 1, generator=gen, dtype=torch.float64))

@@ -268,15 +268,19 @@ def relative_h1(
     h: float,
     reduction: str = "mean",
     form: str = "squares",
+    *,
+    periodic: bool = False,
 ) -> Tensor:
     """Per-sample relative H^1 error of 2-D fields on a uniform grid (SPEC-continuum §4).
 
     ``form='squares'``: ``||e||_{H^1} / ||y||_{H^1}`` with ``||f||^2_{H^1} = ||f||^2 +
     ||grad f||^2`` (``e = pred - target``, ``y = target``); ``form='sum'``: the authors' code,
     ``(||e|| + ||grad e||) / (||y|| + ||grad y||)``.  Gradients by the central differences of
-    :func:`~galerkin_ext.data.datasets.central_gradient_2d` (interior nodes; the boundary ring
-    has none) at spacing ``h`` -- the physical spacing ``1 / (s - 1)`` of nodes on the unit
-    square, or ``1`` for the authors' index spacing.  The cell area ``h^2`` cancels in the ratio.
+    :func:`~galerkin_ext.data.datasets.central_gradient_2d` (interior nodes, the boundary ring
+    has none; with ``periodic``, every point of a periodic grid, wrapping around) at spacing
+    ``h`` -- the physical spacing (``1 / (s - 1)`` for nodes on the unit square, ``2 pi / s`` on
+    the periodic ``[0, 2 pi)^2``), or ``1`` for the authors' index spacing.  The cell area
+    ``h^2`` cancels in the ratio.
 
     Args:
         pred, target: ``(B, s1, s2, C)``, same shape, ``s1, s2 >= 3``; the components are
@@ -284,6 +288,7 @@ def relative_h1(
         h: grid spacing of both axes.
         reduction: ``'mean'``, ``'median'`` or ``'none'`` (``(B,)``).
         form: ``'squares'`` or ``'sum'``.
+        periodic: the fields live on a periodic grid (Kolmogorov flow).
     """
     _check_tensor(pred, "pred")
     _check_tensor(target, "target")
@@ -301,7 +306,7 @@ def relative_h1(
     err, ref = pred - target, target
 
     def squares(f: Tensor) -> tuple[Tensor, Tensor]:
-        grad = central_gradient_2d(f.movedim(-1, 1), h)  # (B, C, s1, s2, 2)
+        grad = central_gradient_2d(f.movedim(-1, 1), h, periodic=periodic)  # (B,C,s1,s2,2)
         return f.flatten(1).square().sum(1), grad.flatten(1).square().sum(1)
 
     (e0, e1), (y0, y1) = squares(err), squares(ref)
@@ -322,6 +327,9 @@ class RelativeLoss(nn.Module):
     * ``norm='h1-code'``: the authors' ``(||e|| + ||grad e||) / (||y|| + ||grad y||)`` at index
       spacing (``h`` is ignored).
 
+    ``periodic``: the H^1 losses take periodic differences (fields on a periodic grid, e.g.
+    the Kolmogorov flow); it does not change ``'l2'``.
+
     ``forward(pred, target, target_grad=None, coeff=None)`` (the
     :class:`~galerkin_ext.training.Trainer`'s loss signature; the last two are unused) returns
     ``(loss, parts)`` with the detached ``parts['rel_l2']`` (the relative L2 error of the
@@ -329,8 +337,10 @@ class RelativeLoss(nn.Module):
     """
 
     def __init__(self, norm: str = "l2", *, h: float | None = None,
-                 weight: Tensor | None = None) -> None:
+                 weight: Tensor | None = None, periodic: bool = False) -> None:
         super().__init__()
+        if not isinstance(periodic, bool):
+            raise TypeError(f"periodic: expected a bool, got {periodic!r}")
         if norm not in _LOSS_NORMS:
             raise ValueError(f"norm: expected one of {_LOSS_NORMS}, got {norm!r}")
         if norm == "h1":
@@ -345,9 +355,11 @@ class RelativeLoss(nn.Module):
         self.norm = norm
         self.h = None if h is None else float(h)
         self.weight = weight
+        self.periodic = periodic
 
     def extra_repr(self) -> str:
-        return f"norm={self.norm!r}, h={self.h}, weighted={self.weight is not None}"
+        return (f"norm={self.norm!r}, h={self.h}, weighted={self.weight is not None}, "
+                f"periodic={self.periodic}")
 
     def forward(
         self,
@@ -362,9 +374,10 @@ class RelativeLoss(nn.Module):
             loss = relative_l2(pred, target, weight=self.weight)
             return loss, {"rel_l2": loss.detach()}
         if self.norm == "h1":
-            loss = relative_h1(pred, target, self.h)  # type: ignore[arg-type]
+            loss = relative_h1(pred, target, self.h,  # type: ignore[arg-type]
+                               periodic=self.periodic)
         else:
-            loss = relative_h1(pred, target, 1.0, form="sum")
+            loss = relative_h1(pred, target, 1.0, form="sum", periodic=self.periodic)
         return loss, {"rel_l2": relative_l2(pred.detach(), target), "rel_h1": loss.detach()}
 
 
