@@ -353,6 +353,59 @@ def test_darcy_continuum_example(tmp_path, darcy_cache, model):
         assert m["config"]["model"]["grid"] == [9, 9] and m["thresholds"]["checks"] == {}
 
 
+def test_darcy_continuum_example_patched(tmp_path, darcy_cache):
+    """The ViT NO's 4 x 4 patches at 8^2 (2^2 points each), zero-shot at 4^2 and 16^2 with the
+    same patches and the cell weight of each grid."""
+    out = tmp_path / "run"
+    _run(_cmd("darcy_continuum.py", out, "--model", "vitno", "--data-dir", str(darcy_cache),
+              "--resolution", "8", "--eval-resolution", "4", "16", "--n-zero-shot", "4",
+              "--n-train", "8", "--n-valid", "2", "--n-eval", "4", "--epochs", "2",
+              "--batch-size", "4"))
+    m = _continuum_outputs(out, 2)
+    assert m["config"]["model"]["patches"] == [4, 4] and m["config"]["n_train"] == 8
+    for s in (4, 16):
+        z = m["zero_shot"][f"s={s}"]
+        assert z["shape"] == [s, s] and z["weights"].startswith("patched")
+        assert math.isfinite(z["rel_l2_median"])
+
+
+@pytest.fixture(scope="module")
+def kolmogorov_files(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Kolmogorov set (solved at 16^2, stored at 8^2, T = 0.5) and a zero-shot set
+    stored at 16^2 (another seed)."""
+    from galerkin_ext.data import generate_kolmogorov
+
+    folder = tmp_path_factory.mktemp("kolmogorov")
+    common = {"time": 0.5, "dt_out": 0.1, "solve_resolution": 16, "progress": False}
+    train = generate_kolmogorov(folder / "train.h5", 14, 8, seed=0, **common)
+    zero_shot = generate_kolmogorov(folder / "zero_shot.h5", 4, 16, seed=1, **common)
+    return train, zero_shot
+
+
+@pytest.mark.parametrize("model", ["vitno", "afno"])
+def test_kolmogorov_example(tmp_path, kolmogorov_files, model):
+    """Residual output from the persistence forecast; zero-shot at half and the stored grid
+    (the ViT NO; the AFNO is tied to its grid)."""
+    train, zero_shot = kolmogorov_files
+    out = tmp_path / "run"
+    _run(_cmd("kolmogorov.py", out, "--model", model, "--data", str(train), "--eval-data",
+              str(zero_shot), "--eval-resolution", "8", "16", "--n-train", "8", "--n-valid",
+              "2", "--n-eval", "4", "--epochs", "2", "--batch-size", "4"))
+    m = _continuum_outputs(out, 2)
+    assert m["config"]["residual"] is True and m["config"]["loss"] == "l2"
+    assert 0 < m["persistence_rel_l2_median"] <= m["persistence_rel_l2"] * 2
+    if model == "vitno":
+        for s in (8, 16):
+            z = m["zero_shot"][f"s={s}"]
+            assert z["n_samples"] == 4 and z["shape"] == [s, s]
+            assert math.isfinite(z["rel_l2_median"]) and z["persistence_rel_l2_median"] > 0
+        # the quick preset's threshold (0.9x persistence) is reported, not enforced
+        assert set(m["thresholds"]["checks"]) == {"test_rel_l2_median"}
+    else:
+        assert "not a neural operator" in m["zero_shot"]["s=16"]["skipped"]
+        assert m["config"]["model"]["grid"] == [8, 8]
+
+
 def _load_example(name: str):
     import importlib.util
 
@@ -365,8 +418,8 @@ def _load_example(name: str):
 def test_continuum_examples_refuse_bad_arguments(tmp_path, capsys):
     """In process (the scripts' main(argv)): argparse errors name the flag; data errors come
     before any training."""
-    l63, cde, darcy = (_load_example(n) for n in ("lorenz63", "controlled_ode",
-                                                  "darcy_continuum"))
+    l63, cde, darcy, kolmogorov = (_load_example(n) for n in (
+        "lorenz63", "controlled_ode", "darcy_continuum", "kolmogorov"))
     out = ["--out", str(tmp_path / "bad"), "--no-progress", "--device", "cpu", "--threads",
            str(torch.get_num_threads())]  # in process: keep pytest's thread count
     cases = [
@@ -375,7 +428,13 @@ def test_continuum_examples_refuse_bad_arguments(tmp_path, capsys):
         (l63, ["--eval-grid", "random"], "argument --eval-grid: invalid choice"),
         (l63, ["--attention", "galerkin"], "unrecognized arguments: --attention"),
         (cde, ["--dt", "0"], "argument --dt: expected a finite positive number"),
-        (darcy, ["--model", "vitno"], "argument --model: invalid choice: 'vitno'"),
+        (darcy, ["--model", "vit"], "argument --model: invalid choice: 'vit'"),
+        (darcy, ["--model", "vitno", "--resolution", "30"],
+         "vitno's 4 x 4 patches must divide every grid, got s = 30"),
+        (kolmogorov, ["--eval-resolution", "128"], "zero-shot set is stored at 64^2"),
+        (kolmogorov, ["--model", "fano", "--eval-resolution", "30"],
+         "fano's 4 x 4 patches must divide every grid, got s = 30"),
+        (kolmogorov, ["--loss", "h2"], "argument --loss: invalid choice"),
         (darcy, ["--coef", "uniform"], "argument --coef: invalid choice"),
         (darcy, ["--loss", "h2"], "argument --loss: invalid choice"),
         (darcy, ["--resolution", "2"], "--resolution: expected at least 3"),
