@@ -151,26 +151,30 @@ def check_has_keys(weight: Tensor, batch: int, m: int, name: str = "weight") -> 
 
 
 def check_attention_operands(
-    q: object, k: object, v: object, k_name: str = "k", v_name: str = "v"
+    q: object, k: object, v: object, k_name: str = "k", v_name: str = "v", *,
+    allow_empty: bool = False,
 ) -> tuple[int, int, int, int, int]:
     """The two-sided contract of the attention functions: ``q (B, H, N, D)``, ``k (B, H, M, D)``,
     ``v (B, H, M, D_v)``, non-empty but for B, floating point, one dtype and device.  Returns
-    ``(B, H, N, M, D_v)``.  ``k_name``, ``v_name``: the arguments' names in messages."""
+    ``(B, H, N, M, D_v)``.  ``k_name``, ``v_name``: the arguments' names in messages;
+    ``allow_empty``: ``N`` and ``M`` may be 0 too (a domain-parallel shard without points)."""
     for name, t in (("q", q), (k_name, k), (v_name, v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
     if not q.is_floating_point():
         raise TypeError(f"q: expected a floating-point tensor, got {q.dtype}")
-    if q.dim() != 4 or 0 in q.shape[1:]:  # an empty batch (B = 0) is fine
-        raise ValueError(f"q: expected a non-empty floating-point tensor of shape (B, H, N, D), "
-                         f"got {q.dtype} {tuple(q.shape)}")
+    least = 0 if allow_empty else 1  # points N and M
+    if q.dim() != 4 or 0 in (q.shape[1], q.shape[3]) or q.shape[2] < least:  # B = 0 is fine
+        expected = ("tensor of shape (B, H, N, D) with H, D >= 1" if allow_empty
+                    else "non-empty floating-point tensor of shape (B, H, N, D)")
+        raise ValueError(f"q: expected a {expected}, got {q.dtype} {tuple(q.shape)}")
     batch, heads, n, dim = q.shape
     check_like(k, k_name, q)
     check_like(v, v_name, q)
-    if k.dim() != 4 or k.shape[:2] != (batch, heads) or k.shape[3] != dim or k.shape[2] == 0:
+    if k.dim() != 4 or k.shape[:2] != (batch, heads) or k.shape[3] != dim or k.shape[2] < least:
         raise ValueError(f"{k_name}: expected shape (B, H, M, D) = ({batch}, {heads}, M, {dim}) "
-                         f"with M >= 1, got {tuple(k.shape)}")
+                         f"with M >= {least}, got {tuple(k.shape)}")
     m = k.shape[2]
     if v.dim() != 4 or v.shape[:3] != (batch, heads, m) or v.shape[3] == 0:
         raise ValueError(f"{v_name}: expected shape (B, H, M, D_v) = ({batch}, {heads}, {m}, "

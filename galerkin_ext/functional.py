@@ -355,12 +355,18 @@ def normalized_core(
     hetero: bool,
     kv_reduce_fn: Callable[..., Tensor],
     q_apply_fn: Callable[..., Tensor],
+    sharded: bool = False,
 ) -> Tensor:
     """The normalised forms, single (``hetero=False``: one input, messages name ``k``, ``v``,
     ``kv_pos``, ``weight``) and heterogeneous (messages name ``ks[i]``, …): checks the arguments,
     then composes a key-side reduction and a query-side apply with the signatures of
     :func:`kv_reduce` and :func:`q_apply` (these formulas or the compiled ops): one
-    ``[S_l | s_l]`` block per input, then one apply with ``L`` normalisers."""
+    ``[S_l | s_l]`` block per input, then one apply with ``L`` normalisers.
+
+    ``sharded``: the points are one process's shard of the sample's
+    (:mod:`galerkin_ext.domain`, whose ``q_apply_fn`` sums ``S`` over the shards): a shard may
+    hold none, and the weights go to ``kv_reduce_fn`` as given (``None`` included), since a
+    shard cannot scale them by the sample's total."""
     ks, vs, kv_pos, weights = _input_lists(ks, vs, kv_pos, weights)
     check_choice(reduce, "reduce", ("sum", "mean"))
     if not isinstance(skip, bool):
@@ -370,13 +376,15 @@ def normalized_core(
         k_name, v_name, pos_name, w_name = ((f"ks[{i}]", f"vs[{i}]", f"kv_pos[{i}]",
                                              f"weights[{i}]") if hetero
                                             else ("k", "v", "kv_pos", "weight"))
-        batch, _, _, m, dv = check_attention_operands(q, k, v, k_name, v_name)
+        batch, _, _, m, dv = check_attention_operands(q, k, v, k_name, v_name,
+                                                      allow_empty=sharded)
         if dv != vs[0].shape[3]:
             raise ValueError(f"{v_name}: expected D_v = {vs[0].shape[3]} like the first input "
                              f"(the inputs' terms are summed), got {dv}")
         if w is not None:
             check_quadrature_weight(w, batch, m, k, k_name, axis="M", name=w_name)
-        resolved.append((resolve_kv_pos(pos, k_pos, q, k, pos_name), unit_weights(w, batch, m)))
+        resolved.append((resolve_kv_pos(pos, k_pos, q, k, pos_name),
+                         w if sharded else unit_weights(w, batch, m)))
     if skip and vs[0].shape[3] != q.shape[3]:
         raise ValueError(f"skip: needs D_v == D (the output's width P + D_v equals q̃'s P + D), "
                          f"got D_v = {vs[0].shape[3]}, D = {q.shape[3]}")

@@ -70,6 +70,23 @@ def test_burgers_stability_smoke(tmp_path: Path) -> None:
     assert bad.returncode != 0 and "--arms" in bad.stderr
 
 
+def test_domain_parallel_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "domain.json"
+    cmd = [sys.executable, str(BENCHMARKS / "domain_parallel.py"), "--n", "8,32", "--heads", "1",
+           "--head-dim", "2", "--coordinates", "1", "--warmup", "0", "--repeats", "1",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    records = json.loads(out.read_text())["records"]
+    assert [(r["op"], r["N"], r["world_size"]) for r in records] == [
+        ("galerkin", 8, 2), ("normalized", 8, 2), ("galerkin", 32, 2), ("normalized", 32, 2)]
+    # (B H d d_v numbers each way, float64; plus the point count for Galerkin's weight=None)
+    assert [r["bytes_per_layer"] for r in records] == [2 * 9 * 8 + 8, 2 * 12 * 8] * 2
+    for r in records:
+        assert r["bytes_independent_of_N"] and r["comm_ms"] >= 0 and r["compute_ms"] > 0
+        assert r["max_abs_diff_out"] <= 1e-12 and r["max_abs_diff_grad"] <= 1e-12
+
+
 def _fake_run(folder: Path, config: dict, test: float, last: float, **keys) -> Path:
     folder.mkdir(parents=True)
     history = [{"epoch": 1, "eval_rel_l2": test}, {"epoch": 2, "eval_rel_l2": last}]

@@ -14,12 +14,14 @@ Per head ``D = d_model // n_head`` features; with coordinates each head is ``d =
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import ops
+from .. import domain, ops
 from .._checks import (
     check_choice,
     check_float,
@@ -70,6 +72,11 @@ class SimpleAttention(nn.Module):
     ``norm='attn'``/``'instance'`` ``{q,k,v}_norm_weight``/``_bias`` of shape ``(H, D)``, and
     ``out_proj`` when ``pos_dim > 0``.
     """
+
+    # Set by galerkin_ext.domain.make_domain_parallel: the points given to forward are this
+    # process's shard of the sample's, split over domain_group (None: the world group).
+    domain_parallel: bool = False
+    domain_group: dist.ProcessGroup | None = None
 
     def __init__(
         self,
@@ -178,7 +185,9 @@ class SimpleAttention(nn.Module):
             # The N×N matrix is only needed to return it or to drop entries of it; otherwise the
             # op reassociates Fourier attention into the O(N d²) product.
             quadratic = fourier and (return_attention or dropout_p > 0.0)
-            out, attn = ops.kernel_attention(
+            attention = (partial(domain.kernel_attention, group=self.domain_group)
+                         if self.domain_parallel else ops.kernel_attention)
+            out, attn = attention(
                 q, k, v, pos=pos, weight=weight, q_norm=norms.get("q"), k_norm=norms.get("k"),
                 v_norm=norms.get("v"), eps=self.eps, scale=None if fourier else 1.0,
                 path="quadratic" if quadratic else "factored", dropout_p=dropout_p,

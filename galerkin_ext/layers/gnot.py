@@ -16,11 +16,13 @@ a padded key never reaches a real query, so a sample never depends on its batch 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
-from .. import ops
+from .. import domain, ops
 from .._checks import check_choice, check_int, check_probability
 from .activation import make_activation
 
@@ -65,6 +67,11 @@ class HeteroNormalizedAttention(nn.Module):
         skip: add ``softmax(q)`` to each head's output (the reference's in-attention identity).
     """
 
+    # Set by galerkin_ext.domain.make_domain_parallel: the points given to forward are this
+    # process's shard of the sample's, split over domain_group (None: the world group).
+    domain_parallel: bool = False
+    domain_group: dist.ProcessGroup | None = None
+
     def __init__(self, d_model: int, n_head: int, n_inputs: int, reduce: str = "sum",
                  skip: bool = True) -> None:
         super().__init__()
@@ -96,8 +103,9 @@ class HeteroNormalizedAttention(nn.Module):
         q = self._heads(self.query(x))
         ks = [self._heads(key(y)) for key, y in zip(self.keys, inputs, strict=True)]
         vs = [self._heads(value(y)) for value, y in zip(self.values, inputs, strict=True)]
-        z = ops.hetero_normalized_attention(q, ks, vs, weights=list(weights),
-                                            reduce=self.reduce, skip=self.skip)
+        attention = (partial(domain.hetero_normalized_attention, group=self.domain_group)
+                     if self.domain_parallel else ops.hetero_normalized_attention)
+        z = attention(q, ks, vs, weights=list(weights), reduce=self.reduce, skip=self.skip)
         return self.out(z.transpose(1, 2).flatten(2))
 
 

@@ -1,0 +1,630 @@
+"""Domain-parallel attention: one sample's points split over the processes of a group.
+
+Data parallelism (``torchrun`` + DDP, :mod:`galerkin_ext.training.distributed`) spreads many
+samples; this module spreads the points of one sample that is too large for one device. The
+softmax-free attention types need, for every query, only the key side's reduction
+``S = K̂ᵀ W V̂`` (``(P + D) × (P + D_v)`` per head, plus the normaliser column ``Σ_j w_j k̃_j`` for
+normalised attention). Each process computes the ``S`` of its own keys, the group sums them in
+one all-reduce, and each process applies the sum to its own queries. The backward sums
+``∂L/∂S`` the same way (the loss is the sum of the ranks' losses, and every rank's ``S`` reaches
+every rank's queries), so an attention layer costs one all-reduce of ``B·H·d·d_v`` numbers in
+the forward and one in the backward, whatever the number of points. Layer norms, feed-forward
+blocks and other pointwise maps need no communication at all.
+
+* :class:`DomainSplit` — contiguous, possibly uneven or empty, shards of ``n`` points over the
+  ranks, with their quadrature weights; :meth:`DomainSplit.gather` puts the shards back
+  together (for metrics and plots).
+* :func:`galerkin_attention`, :func:`fourier_attention` (the factored path),
+  :func:`kernel_attention`, :func:`normalized_attention`, :func:`hetero_normalized_attention` —
+  the ops of :mod:`galerkin_ext.ops` with the same arguments plus ``group``, on this process's
+  shard of the queries and of the keys.
+* :func:`make_domain_parallel` — turns the attention layers of a model (the paper's encoder,
+  GNOT's blocks) domain-parallel, or says which part of the model needs the whole grid.
+* :func:`sum_gradients` — the parameters' gradients summed over the group (each rank's
+  backward gives the part of the sample's gradient that flows through its own points).
+
+Weights: each rank passes its own points' quadrature weights. ``weight=None`` means uniform
+weights ``1/N`` over the *whole* sample's ``N`` points: the ranks' point counts travel in the
+same all-reduce as the partial sums. The normalised forms use only the weights' ratios and take
+them as given (the single-process ops scale each sample's weights to sum 1, which no shard can
+do on its own; mathematically the same, since the ratios are unchanged).
+
+Requirements: every rank of the group calls every attention layer in the same order (also with
+no points of its own) and runs the backward of a loss that depends on each layer's output (sum
+the ranks' losses: a mean over an empty shard is NaN); every key point lives on exactly one
+rank. Without an initialised process group, or with a group of one process, the functions are
+exactly the single-process ops.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from . import functional, ops
+from ._checks import (
+    check_attention_operands,
+    check_choice,
+    check_dropout,
+    check_float,
+    check_norm,
+    check_probability,
+    check_quadrature_weight,
+    check_scale,
+)
+
+__all__ = ["DomainSplit", "fourier_attention", "galerkin_attention",
+           "hetero_normalized_attention", "kernel_attention", "make_domain_parallel",
+           "normalized_attention", "sum_gradients"]
+
+Norm = tuple[Tensor, Tensor] | None
+
+
+# ----------------------------------------------------------------------------------------------
+# The process group
+
+
+def _world(group: object) -> dist.ProcessGroup | None:
+    """The checked ``group`` (``None``: the world group), or ``None`` where there is no
+    initialised process group."""
+    if group is not None and not (dist.is_available()
+                                  and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None (the world "
+                        f"group), got {type(group).__name__}")
+    if not (dist.is_available() and dist.is_initialized()):
+        if group is not None:
+            raise ValueError("group: given, but torch.distributed is not initialised "
+                             "(call torch.distributed.init_process_group first)")
+        return None
+    if group is None:
+        return dist.group.WORLD
+    if dist.get_rank(group) < 0:
+        raise ValueError("group: this process is not a member of the group")
+    return group
+
+
+def _split_group(group: object) -> dist.ProcessGroup | None:
+    """The group the points are split over, or ``None`` where this process holds them all
+    (no initialised process group, or a group of one): then the single-process ops run."""
+    world = _world(group)
+    return world if world is not None and dist.get_world_size(world) > 1 else None
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """``(Σ_r s_r, Σ_r extra_r)`` over the ranks of a group in one all-reduce of the two
+    stacked. The backward sums the gradient of ``s`` over the group: each rank's ``s`` reaches
+    every rank's loss through the sum, and the total loss is the sum of the ranks' losses.
+    ``extra`` (point counts, a dropout mask) has no gradient."""
+
+    @staticmethod
+    def forward(ctx, s: Tensor, extra: Tensor, group: dist.ProcessGroup):
+        ctx.group = group
+        buffer = torch.cat([s.reshape(-1), extra.to(s.dtype)])
+        dist.all_reduce(buffer, group=group)
+        total, extra_total = buffer.split([s.numel(), extra.numel()])
+        ctx.mark_non_differentiable(extra_total)
+        return total.view(s.shape), extra_total
+
+    @staticmethod
+    def backward(ctx, grad_total: Tensor, grad_extra: Tensor | None):
+        # Through this Function again, so that a double backward sums over the group too.
+        grad, _ = _SumOverGroup.apply(grad_total, grad_total.new_empty(0), ctx.group)
+        return grad, None, None
+
+
+def _group_sum(s: Tensor, extra: Tensor | None, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
+    """``s`` (differentiable) and the flat ``extra`` (or nothing) summed over ``group`` in one
+    all-reduce."""
+    return _SumOverGroup.apply(s, s.new_empty(0) if extra is None else extra, group)
+
+
+# ----------------------------------------------------------------------------------------------
+# One shard's halves of the op core
+
+
+def _shard_kv_reduce(
+    k: Tensor,
+    v: Tensor,
+    *,
+    kv_pos: Tensor | None,
+    weight: Tensor | None,
+    k_map: str,
+    k_norm: Norm,
+    v_map: str,
+    v_norm: Norm,
+    eps: float,
+    ones_column: bool,
+) -> Tensor:
+    """This shard's ``S = K̂ᵀ W V̂`` (arguments as :func:`galerkin_ext.ops.kv_reduce`).
+
+    ``weight=None`` means weight 1 on every point: the same constant on every rank (the op's
+    ``1/M`` would be the shard's ``M``); the callers fix its scale. A shard without keys takes
+    the formula (the compiled op wants ``M >= 1``), whose sums over no points are zeros that
+    keep the norm parameters in the graph."""
+    if weight is None:
+        weight = torch.ones(k.shape[2], dtype=functional.opmath_dtype(k), device=k.device)
+    reduce = ops.kv_reduce if k.shape[2] else functional.kv_reduce
+    return reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map, k_norm=k_norm, v_map=v_map,
+                  v_norm=v_norm, eps=eps, ones_column=ones_column)
+
+
+def _shard_q_apply(q: Tensor, s: Tensor, **kwargs: object) -> Tensor:
+    """:func:`galerkin_ext.ops.q_apply` on this shard's queries; the formula for a shard
+    without queries (the compiled op wants ``N >= 1``)."""
+    apply = ops.q_apply if q.shape[2] else functional.q_apply
+    return apply(q, s, **kwargs)
+
+
+def _summed_q_apply(q: Tensor, s: Tensor, *, group: dist.ProcessGroup,
+                    **kwargs: object) -> Tensor:
+    """``q_apply`` of the ranks' summed ``S``: the normalised forms' one all-reduce, after
+    every input's block is stacked into ``s``."""
+    total, _ = _group_sum(s, None, group)
+    return _shard_q_apply(q, total, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# The domain-parallel ops
+
+
+def galerkin_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    k_norm: Norm = None,
+    v_norm: Norm = None,
+    eps: float = 1e-5,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    group: dist.ProcessGroup | None = None,
+) -> Tensor:
+    """:func:`galerkin_ext.ops.galerkin_attention` with the points split over ``group``.
+
+    ``q (B, H, N_r, D)``, ``k (B, H, M_r, D)``, ``v (B, H, M_r, D_v)``, ``pos (B, N_r, P)`` or
+    ``(N_r, P)``, ``kv_pos``, ``weight (B, M_r)`` or ``(M_r,)``: this rank's points (``N_r`` and
+    ``M_r`` may be 0); ``weight=None`` is ``1/M`` over the whole sample. Dropout draws one mask
+    of the ``d × d_v`` matrix for the whole sample (on the group's rank 0; it travels in the
+    same all-reduce). ``group``: a process group, ``None`` for the world group. Returns this
+    rank's ``(B, H, N_r, P + D_v)``.
+    """
+    check_dropout(dropout_p, training)
+    out, _ = kernel_attention(
+        q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps,
+        scale=1.0, path="factored", dropout_p=dropout_p if training else 0.0, group=group)
+    return out
+
+
+def fourier_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    q_norm: Norm = None,
+    k_norm: Norm = None,
+    eps: float = 1e-5,
+    scale: float | None = None,
+    path: str = "auto",
+    dropout_p: float = 0.0,
+    training: bool = False,
+    group: dist.ProcessGroup | None = None,
+) -> Tensor:
+    """:func:`galerkin_ext.ops.fourier_attention` with the points split over ``group``, on the
+    factored path ``Q̂ (K̂ᵀ W V̂) · scale`` (``path`` ``"auto"`` or ``"factored"``).
+
+    The quadratic path and dropout (which acts on the ``N × M`` matrix) are not
+    domain-parallel: no rank holds that matrix. Shapes and ``weight`` as
+    :func:`galerkin_attention`. Returns this rank's ``(B, H, N_r, P + D_v)``.
+    """
+    check_dropout(dropout_p, training)
+    check_choice(path, "path", ("auto", "factored", "quadratic"))
+    if training and dropout_p > 0.0:
+        raise ValueError("dropout_p: Fourier-type attention drops entries of the N × M "
+                         "attention matrix, which no rank holds; it is not domain-parallel "
+                         f"(got dropout_p={dropout_p} with training=True)")
+    out, _ = kernel_attention(
+        q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps,
+        scale=scale, path="factored" if path == "auto" else path, group=group)
+    return out
+
+
+def kernel_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    q_norm: Norm = None,
+    k_norm: Norm = None,
+    v_norm: Norm = None,
+    eps: float = 1e-5,
+    scale: float | None = None,
+    path: str = "factored",
+    dropout_p: float = 0.0,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`galerkin_ext.ops.kernel_attention` with the points split over ``group``:
+    ``out = Q̂ A``, ``A = scale · Σ_ranks K̂ᵀ W V̂`` (``path="factored"`` only: the quadratic
+    path forms the ``N × M`` matrix, which no rank holds).
+
+    One all-reduce in the forward (``A``'s partial sums, with the point counts for
+    ``weight=None`` and the dropout mask for ``dropout_p > 0``, drawn on the group's rank 0)
+    and one in the backward. Shapes and ``weight`` as :func:`galerkin_attention`. Returns
+    ``(out (B, H, N_r, P + D_v), A (B, H, P + D, P + D_v))``; ``A`` is the whole sample's, the
+    same on every rank.
+    """
+    if path != "factored":
+        check_choice(path, "path", ("factored", "quadratic"))
+        raise ValueError("path: 'quadratic' forms the N × M matrix of every query with every "
+                         "key, which no rank holds; only 'factored' is domain-parallel")
+    world = _split_group(group)
+    if world is None:
+        return ops.kernel_attention(
+            q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
+            v_norm=v_norm, eps=eps, scale=scale, path="factored", dropout_p=dropout_p)
+    if isinstance(q, Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
+        q.device.type
+    ):  # the op's autocast policy (see galerkin_ext.ops)
+        q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm = ops._autocast(
+            q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm)
+    batch, heads, _, m, dim_v = check_attention_operands(q, k, v, allow_empty=True)
+    kv_pos = functional.resolve_kv_pos(pos, kv_pos, q, k)
+    if weight is not None:
+        check_quadrature_weight(weight, batch, m, k, "k", axis="M")
+    q_norm = check_norm(q_norm, "q_norm", q)
+    k_norm = check_norm(k_norm, "k_norm", q)
+    v_norm = check_norm(v_norm, "v_norm", v, "v")
+    eps = check_float(eps, "eps")
+    dropout_p = check_probability(dropout_p, "dropout_p")
+    coordinates = pos.shape[-1] if pos is not None else 0
+    width = q.shape[3] + coordinates
+    scale = check_scale(scale, 1.0 / math.sqrt(width))
+
+    s = _shard_kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=functional.norm_map(k_norm),
+                         k_norm=k_norm, v_map=functional.norm_map(v_norm), v_norm=v_norm,
+                         eps=eps, ones_column=False)
+    extra = []
+    if weight is None:  # the shard's count: S is divided by the whole sample's
+        extra.append(s.new_full((1,), float(m)))
+    mask_shape = (batch, heads, width, coordinates + dim_v)
+    if dropout_p > 0.0:
+        # One mask for the whole sample, drawn as the single-process op draws it; the other
+        # ranks add zeros.
+        keep = 1.0 - dropout_p
+        mask = torch.empty(mask_shape, dtype=s.dtype, device=s.device)
+        mask = mask.bernoulli_(keep).div_(keep) if dist.get_rank(world) == 0 else mask.zero_()
+        extra.append(mask.reshape(-1))
+    attn, extra_total = _group_sum(s, torch.cat(extra) if extra else None, world)
+    if weight is None:
+        # (a sample without keys on any rank sums to 0, and gets 0 like one whose weights are)
+        attn = attn / extra_total[0].clamp_min(1.0)
+    if scale != 1.0:
+        attn = attn * scale
+    if dropout_p > 0.0:
+        attn = attn * extra_total[-mask.numel():].view(mask_shape)
+    out = _shard_q_apply(q, attn, pos=pos, q_map=functional.norm_map(q_norm), q_norm=q_norm,
+                         eps=eps, normalizers=0)
+    return out, attn
+
+
+def normalized_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
+    weight: Tensor | None = None,
+    skip: bool = False,
+    group: dist.ProcessGroup | None = None,
+) -> Tensor:
+    """:func:`galerkin_ext.ops.normalized_attention` (GNOT's normalised linear attention) with
+    the points split over ``group``: one all-reduce of ``[S | s]`` in the forward, one in the
+    backward.
+
+    Shapes as :func:`galerkin_attention`; ``weight`` this rank's key weights (only the ratios
+    over the whole sample matter; ``None`` is uniform). Returns this rank's
+    ``(B, H, N_r, P + D_v)``.
+    """
+    world = _split_group(group)
+    if world is None:
+        return ops.normalized_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=weight,
+                                        skip=skip)
+    return functional.normalized_core(
+        q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight], reduce="sum", skip=skip,
+        hetero=False, kv_reduce_fn=_shard_kv_reduce,
+        q_apply_fn=partial(_summed_q_apply, group=world), sharded=True)
+
+
+def hetero_normalized_attention(
+    q: Tensor,
+    ks: Sequence[Tensor],
+    vs: Sequence[Tensor],
+    *,
+    pos: Tensor | None = None,
+    kv_pos: Sequence[Tensor | None] | None = None,
+    weights: Sequence[Tensor | None] | None = None,
+    reduce: str = "sum",
+    skip: bool = True,
+    group: dist.ProcessGroup | None = None,
+) -> Tensor:
+    """:func:`galerkin_ext.ops.hetero_normalized_attention` with the points of the queries
+    and of each input function split over ``group``: the ``L`` blocks ``[S_l | s_l]`` travel
+    in one all-reduce in the forward, and their gradients in one in the backward.
+
+    ``ks[l] (B, H, M_l,r, D)``, ``vs[l]``, ``kv_pos[l]``, ``weights[l]``: this rank's points of
+    input ``l`` (possibly none). An input that every rank holds whole (GNOT's one-point θ
+    token, weight ``None``) also works: each of its terms is counted once per rank, a factor
+    its own normaliser cancels. Returns this rank's ``(B, H, N_r, P + D_v)``.
+    """
+    world = _split_group(group)
+    if world is None:
+        return ops.hetero_normalized_attention(q, ks, vs, pos=pos, kv_pos=kv_pos,
+                                               weights=weights, reduce=reduce, skip=skip)
+    return functional.normalized_core(
+        q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce, skip=skip,
+        hetero=True, kv_reduce_fn=_shard_kv_reduce,
+        q_apply_fn=partial(_summed_q_apply, group=world), sharded=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# The split of a sample's points
+
+
+class DomainSplit:
+    """Contiguous shards of a sample's ``n`` points over the ranks of a process group: the
+    group's rank ``r`` holds points ``[start_r, start_r + counts[r])``. Shards may be uneven or
+    empty.
+
+    Args:
+        counts: points per rank, one int ``>= 0`` for each rank of ``group``, in group-rank
+            order.
+        group: the process group, ``None`` for the world group; without an initialised
+            process group, one rank holds every point (``counts`` has one entry).
+
+    Attributes: ``counts``, ``n`` (their sum), ``rank``, ``world_size``, ``start``, ``stop``
+    and ``local_n`` (this rank's points ``[start, stop)``).
+    """
+
+    def __init__(self, counts: Sequence[int], group: dist.ProcessGroup | None = None) -> None:
+        self.group = _world(group)
+        self.world_size = 1 if self.group is None else dist.get_world_size(self.group)
+        self.rank = 0 if self.group is None else dist.get_rank(self.group)
+        if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence) or len(
+            counts
+        ) != self.world_size or not all(isinstance(c, numbers.Integral) and not isinstance(
+            c, bool) and c >= 0 for c in counts):
+            raise ValueError(f"counts: expected one int >= 0 per rank of the group "
+                             f"({self.world_size} ranks), got {counts!r}")
+        self.counts = tuple(int(c) for c in counts)
+        self.n = sum(self.counts)
+        self.start = sum(self.counts[:self.rank])
+        self.local_n = self.counts[self.rank]
+        self.stop = self.start + self.local_n
+
+    @classmethod
+    def even(cls, n: int, group: dist.ProcessGroup | None = None) -> DomainSplit:
+        """``n`` points in shards as even as they can be: the first ``n mod world_size`` ranks
+        hold one point more."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"n: expected an int >= 0, got {n!r}")
+        world = _world(group)
+        size = 1 if world is None else dist.get_world_size(world)
+        return cls([n // size + (r < n % size) for r in range(size)], group)
+
+    def __repr__(self) -> str:
+        return (f"DomainSplit(counts={self.counts}, rank={self.rank}, "
+                f"points=[{self.start}, {self.stop}))")
+
+    def shard(self, x: Tensor, dim: int = 1) -> Tensor:
+        """This rank's points of ``x``, whose axis ``dim`` holds all ``n`` (e.g. ``(B, n, C)``
+        with ``dim=1``, ``(n, P)`` coordinates with ``dim=0``): a view with ``local_n`` there."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
+        if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+            raise ValueError(f"dim: expected an axis of x, which has {x.dim()}, got {dim!r}")
+        if x.shape[dim] != self.n:
+            raise ValueError(f"x: expected the split's n = {self.n} points on axis {dim}, got "
+                             f"shape {tuple(x.shape)}")
+        return x.narrow(dim, self.start, self.local_n)
+
+    def local_weight(self, weight: Tensor | None = None, *, dtype: torch.dtype = torch.float32,
+                     device: torch.device | str | None = None) -> Tensor:
+        """This rank's quadrature weights: of ``weight (B, n)`` or ``(n,)``, the shard on the
+        last axis; for ``None``, uniform ``1/n`` over the whole sample, ``(local_n,)`` of
+        ``dtype`` on ``device``."""
+        if weight is None:
+            if self.n == 0:
+                raise ValueError("weight: uniform weights 1/n need n >= 1 points, the split "
+                                 "has none")
+            return torch.full((self.local_n,), 1.0 / self.n, dtype=dtype, device=device)
+        if not isinstance(weight, Tensor) or weight.dim() not in (1, 2):
+            raise ValueError(f"weight: expected a tensor (B, n) or (n,) with n = {self.n}, got "
+                             f"{getattr(weight, 'shape', type(weight).__name__)}")
+        return self.shard(weight, dim=-1)
+
+    def gather(self, x: Tensor, dim: int = 1) -> Tensor:
+        """Every rank's shard of ``x`` (``local_n`` points on axis ``dim``) put together, on
+        every rank: ``n`` points on axis ``dim``. A collective (every rank calls it); not
+        differentiable (for metrics and plots)."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
+        if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+            raise ValueError(f"dim: expected an axis of x, which has {x.dim()}, got {dim!r}")
+        if x.shape[dim] != self.local_n:
+            raise ValueError(f"x: expected this rank's local_n = {self.local_n} points on axis "
+                             f"{dim}, got shape {tuple(x.shape)}")
+        if self.world_size == 1:
+            return x.detach()
+        dim = dim % x.dim()
+        # gloo gathers equal sizes only: every shard padded to the largest, then cut back
+        longest = max(self.counts)
+        pad = list(x.shape)
+        pad[dim] = longest - self.local_n
+        padded = torch.cat([x.detach(), x.new_zeros(pad)], dim=dim).contiguous()
+        pieces = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(pieces, padded, group=self.group)
+        return torch.cat([p.narrow(dim, 0, c) for p, c in zip(pieces, self.counts, strict=True)],
+                         dim=dim)
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+
+
+_UNKNOWN = "it is not known to act pointwise on the points"
+_POINTWISE_TORCH = (nn.Linear, nn.LayerNorm, nn.Dropout, nn.Identity, nn.Sequential,
+                    nn.ModuleList, nn.ModuleDict, nn.ReLU, nn.SiLU, nn.GELU, nn.Tanh, nn.Sigmoid,
+                    nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish)
+
+
+def _not_domain_parallel(module: nn.Module) -> str | None:
+    """Why ``module`` cannot run on a shard of the points, or ``None`` if it can: attention
+    layers of a domain-parallel type, pointwise maps, and modules from outside torch.nn and
+    this package (whose own code is the caller's to judge)."""
+    from .layers import (
+        AFNOBlock,
+        AFNOFilter,
+        CiNNDownsampler,
+        CiNNUpsampler,
+        ContinuumAttention,
+        ContinuumEncoderLayer,
+        EncoderLayer,
+        FeedForward,
+        GeometricGate,
+        GNOTBlock,
+        HeteroNormalizedAttention,
+        MixtureFFN,
+        PatchedAttention,
+        PatchedEncoderLayer,
+        PointwiseRegressor,
+        ResidualMLP,
+        SimpleAttention,
+        SpectralConv,
+        SpectralConv1d,
+        SpectralConv2d,
+        SpectralRegressor,
+        SpectralSmoothing,
+    )
+    from .layers.regressors import _GridInput
+    from .models import GNOT, GKTransformer, MIONet
+
+    if isinstance(module, SimpleAttention):
+        if module.attention_type == "softmax":
+            return "softmax attention normalises each query over every key of the sample"
+        if module.attention_type == "linear":
+            return "linear attention's softmax runs over every point of the sample"
+        if module.norm == "instance":
+            return "norm='instance' takes its moments over every point of the sample"
+        if module.attention_type == "fourier" and (module.attn_dropout > 0.0
+                                                   or module.reference_dropout):
+            return ("Fourier-type attention's dropout acts on the N × N matrix, which no rank "
+                    "holds (attn_dropout=0 and reference_dropout=False are)")
+        return None
+    supported = (EncoderLayer, FeedForward, HeteroNormalizedAttention, GNOTBlock, GeometricGate,
+                 MixtureFFN, ResidualMLP, PointwiseRegressor, _GridInput, GNOT, GKTransformer)
+    if isinstance(module, supported + _POINTWISE_TORCH):
+        return None
+    known = {
+        (SpectralRegressor, SpectralConv1d, SpectralConv2d, SpectralConv, AFNOFilter, AFNOBlock,
+         SpectralSmoothing): "its FFT needs the whole grid",
+        (CiNNDownsampler, CiNNUpsampler): "its convolutions and interpolation need the whole "
+                                          "grid",
+        (ContinuumAttention, ContinuumEncoderLayer): "softmax attention normalises each query "
+                                                     "over every key of the sample",
+        (PatchedAttention, PatchedEncoderLayer): "its patches are pieces of the whole grid",
+        (MIONet,): "its branch nets take each input function whole",
+    }
+    for kinds, reason in known.items():
+        if isinstance(module, kinds):
+            return reason
+    origin = type(module).__module__
+    return _UNKNOWN if origin.startswith(("galerkin_ext.", "torch.nn.")) else None
+
+
+def make_domain_parallel(module: nn.Module,
+                         group: dist.ProcessGroup | None = None) -> nn.Module:
+    """Make the attention layers of ``module`` domain-parallel over ``group``, in place, and
+    return ``module``.
+
+    Afterwards each process passes its shard of every sample's points (coordinates, weights,
+    inputs: see :class:`DomainSplit`) and gets its shard of the output; every
+    :class:`~galerkin_ext.layers.SimpleAttention` (Galerkin or Fourier type) and
+    :class:`~galerkin_ext.layers.HeteroNormalizedAttention` sums its key-side reduction over
+    the group (one all-reduce per layer in the forward and one in the backward). Supported: the
+    paper's encoder (:class:`~galerkin_ext.layers.EncoderLayer`), GNOT's blocks and model
+    (:class:`~galerkin_ext.models.GNOT`), :class:`~galerkin_ext.models.gnot.GKTransformer`,
+    pointwise decoders and torch's pointwise modules; modules from outside torch and this
+    package are taken as they are (their own code must act pointwise on the points). After the
+    backward, sum the parameters' gradients with :func:`sum_gradients`.
+
+    Raises:
+        ValueError: naming the first submodule that needs the whole sample: FFT-based
+            (spectral) decoders and layers, the CiNN, softmax, linear and continuum attention,
+            instance norms, Fourier-type attention with dropout, patched attention, MIONet.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    _world(group)
+    from .layers import HeteroNormalizedAttention, SimpleAttention
+
+    failures = [(name, sub, reason) for name, sub in module.named_modules()
+                if (reason := _not_domain_parallel(sub)) is not None]
+    if failures:
+        # The first with a specific reason (a spectral decoder, say), rather than the model
+        # that contains it and is unknown as a whole.
+        name, sub, reason = next((f for f in failures if f[2] != _UNKNOWN), failures[0])
+        where = f"{name} ({type(sub).__name__})" if name else type(sub).__name__
+        raise ValueError(f"module: {where} is not domain-parallel: {reason}")
+    for sub in module.modules():
+        if isinstance(sub, (SimpleAttention, HeteroNormalizedAttention)):
+            sub.domain_parallel = True
+            sub.domain_group = group
+    return module
+
+
+def sum_gradients(module: nn.Module, group: dist.ProcessGroup | None = None) -> None:
+    """Sum the gradients of ``module``'s parameters over ``group`` (``None``: the world group),
+    in place: one all-reduce per dtype and device.
+
+    With the points of a sample split, each rank's backward yields the part of the gradient
+    that flows through its own points (the attention layers have already exchanged what
+    couples the shards), and the sample's gradient is the sum (not DDP's mean). A parameter
+    without a gradient on this rank counts as zeros. Nothing happens without a process group
+    of more than one process.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    world = _split_group(group)
+    if world is None:
+        return
+    buckets: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
+    for p in module.parameters():
+        if p.requires_grad:
+            buckets.setdefault((p.dtype, p.device), []).append(p)
+    for params in buckets.values():
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in params])
+        dist.all_reduce(flat, group=world)
+        offset = 0
+        for p in params:
+            total = flat[offset:offset + p.numel()].view_as(p)
+            if p.grad is None:
+                p.grad = total.clone()
+            else:
+                p.grad.copy_(total)
+            offset += p.numel()
