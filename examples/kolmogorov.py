@@ -176,6 +176,7 @@ def main(argv=None):
         cfg["loss"] = args.loss
     if args.residual is not None:
         cfg["residual"] = args.residual
+
     def stored_size(path, flag, preset):
         """(samples, grid) of a given file (--data, --eval-data) or of the preset's."""
         if path is None:
@@ -198,8 +199,8 @@ def main(argv=None):
     if patches is not None:  # found now, not after the data are generated
         for res in (s, *zero_shot_res):
             if res % patches[0] or res % patches[1]:
-                parser.error(f"--eval-resolution: {args.model}'s {patches[0]} x {patches[1]} "
-                             f"patches must divide every grid, got s = {res}")
+                parser.error(f"--data/--eval-resolution: {args.model}'s {patches[0]} x "
+                             f"{patches[1]} patches must divide every grid, got s = {res}")
     if spec.get("grid_bound"):
         cfg["model"]["grid"] = [s, s]  # its positional embedding has one row per node
     enforced = (args.data is None and args.eval_data is None
