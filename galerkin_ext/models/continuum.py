@@ -382,8 +382,11 @@ class GTEncoder(nn.Module):
 
 class _PatchedOperator(nn.Module):
     """The pipeline shared by :class:`ViTNO` and :class:`FANO`: ``[u, x]`` cut into patches,
-    a per-patch lift (the subclass's ``lift``), patched encoder layers, un-patching, a pointwise
-    projection, the final spectral convolution and optional smoothing."""
+    a per-patch lift ``lift`` (a module on ``(N, p₁, p₂, d_u + 2)`` patches, built by the
+    subclass), patched encoder layers, un-patching, a pointwise projection, the final spectral
+    convolution and optional smoothing."""
+
+    lift: nn.Module
 
     def __init__(self, in_dim: int, out_dim: int, d_model: int, n_head: int, num_layers: int,
                  patches: int | tuple[int, int], final_modes: int | None,
@@ -412,10 +415,6 @@ class _PatchedOperator(nn.Module):
         else:
             raise TypeError(f"smoothing: expected None or a pair (eps, alpha), got {smoothing!r}")
 
-    def _lift(self, tokens: Tensor) -> Tensor:
-        """``(B, P, p₁, p₂, d_u + 2)`` → ``(B, P, p₁, p₂, d_model)``."""
-        raise NotImplementedError
-
     def forward(self, u: Tensor, x: Tensor) -> Tensor:
         """Map ``u`` on a grid to the output on the same grid.
 
@@ -428,7 +427,9 @@ class _PatchedOperator(nn.Module):
             ``(B, s₁, s₂, out_dim)``.
         """
         tokens = patchify(_check_grid(self, u, x, self.in_dim), self.patches, name="u")
-        h = self._lift(tokens)
+        batch, p, p1, p2, channels = tokens.shape  # the patches form the lift's batch
+        h = self.lift(tokens.reshape(batch * p, p1, p2, channels)).reshape(
+            batch, p, p1, p2, self.d_model)
         for layer in self.encoder:
             h = layer(h)
         y = self.project(unpatchify(h, self.patches))
@@ -477,11 +478,6 @@ class ViTNO(_PatchedOperator):
         self.lift = SpectralConv(self.in_dim + 2, self.d_model,
                                  check_int(lift_modes, "lift_modes"))
 
-    def _lift(self, tokens: Tensor) -> Tensor:
-        batch, p, p1, p2, channels = tokens.shape
-        lifted = self.lift(tokens.reshape(batch * p, p1, p2, channels))  # per patch
-        return lifted.reshape(batch, p, p1, p2, self.d_model)
-
 
 class FANO(_PatchedOperator):
     """Fourier Attention Neural Operator (paper §3, SPEC-continuum §2): the
@@ -518,6 +514,3 @@ class FANO(_PatchedOperator):
                          qkv_modes=check_int(qkv_modes, "qkv_modes"),
                          patch_extension=patch_extension)
         self.lift = nn.Linear(self.in_dim + 2, self.d_model)
-
-    def _lift(self, tokens: Tensor) -> Tensor:
-        return self.lift(tokens)
