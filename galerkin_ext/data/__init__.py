@@ -87,7 +87,6 @@ _EXPORTS = {
     "ODEDataset": "datasets",
     "ContinuumDarcyDataset": "datasets",
     "KolmogorovDataset": "datasets",
-    "KOLMOGOROV_SPLITS": "datasets",
     "UnitGaussianNormalizer": "datasets",
     "central_gradient_1d": "datasets",
     "central_gradient_2d": "datasets",

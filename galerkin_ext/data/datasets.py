@@ -74,7 +74,6 @@ __all__ = [
     "ODEDataset",
     "ContinuumDarcyDataset",
     "KolmogorovDataset",
-    "KOLMOGOROV_SPLITS",
     "periodic_grid_2d",
     "ODE_TASKS",
     "DARCY_COARSE",
@@ -756,15 +755,6 @@ class ContinuumDarcyDataset(_NormalizedFields):
                 "target": self.target[i]}
 
 
-#: Split sizes (keyword arguments of :class:`KolmogorovDataset`) of the Kolmogorov presets of
-#: :data:`~galerkin_ext.data.generate.KOLMOGOROV_PRESETS` (a zero-shot file: ``n_test`` only).
-KOLMOGOROV_SPLITS = {
-    "paper": {"n_train": 9000, "n_valid": 500, "n_test": 500},
-    "quick": {"n_train": 1000, "n_valid": 100, "n_test": 200},
-    "zero-shot": {"n_test": 100},
-}
-
-
 def periodic_grid_2d(n: int) -> torch.Tensor:
     """Periodic grid ``(x_i, y_j) = (i, j) / n`` on ``[0, 1)^2``, shape ``(n, n, 2)``, float64."""
     x = uniform_grid_1d(n)[:, 0]
@@ -787,7 +777,8 @@ class KolmogorovDataset(_NormalizedFields):
         source: a file of :func:`~galerkin_ext.data.generate.generate_kolmogorov`; another
             generator's file (e.g. Darcy) raises :class:`DataFileError`.
         split: ``'train'`` (the first ``n_train`` samples), ``'valid'`` (the next ``n_valid``)
-            or ``'test'`` (the last ``n_test``); see :data:`KOLMOGOROV_SPLITS`.
+            or ``'test'`` (the last ``n_test``); examples/kolmogorov.py splits 1000/100/200
+            (quick) and 9000/500/500 (paper).
         resolution: grid points per axis of the items; default the stored ``s``.  Another value
             resamples the stored fields spectrally (:func:`.kolmogorov.resample_periodic`, exact
             for the band-limited data when coarser) -- e.g. one zero-shot file at 832^2 read at
