@@ -13,7 +13,8 @@ blocks and other pointwise maps need no communication at all.
 
 * :class:`DomainSplit` — contiguous, possibly uneven or empty, shards of ``n`` points over the
   ranks, with their quadrature weights; :meth:`DomainSplit.gather` puts the shards back
-  together (for metrics and plots).
+  together (for metrics and plots); :class:`PointShards` — a dataset's samples cut to this
+  rank's points.
 * :func:`galerkin_attention`, :func:`fourier_attention` (the factored path),
   :func:`kernel_attention`, :func:`normalized_attention`, :func:`hetero_normalized_attention` —
   the ops of :mod:`galerkin_ext.ops` with the same arguments plus ``group``, on this process's
@@ -22,6 +23,10 @@ blocks and other pointwise maps need no communication at all.
   GNOT's blocks) domain-parallel, or says which part of the model needs the whole grid.
 * :func:`sum_gradients` — the parameters' gradients summed over the group (each rank's
   backward gives the part of the sample's gradient that flows through its own points).
+* :func:`sum_over_ranks` — a differentiable sum over the group, for losses and metrics of the
+  whole sample from each rank's sums over its own points.
+* Training: :class:`~galerkin_ext.training.Trainer` with ``parallel="domain"``;
+  ``examples/domain_parallel.py`` shows the whole pattern.
 
 Weights: each rank passes its own points' quadrature weights. ``weight=None`` means uniform
 weights ``1/N`` over the *whole* sample's ``N`` points: the ranks' point counts travel in the
@@ -40,12 +45,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.utils.data import Dataset
 
 from . import functional, ops
 from ._checks import (
@@ -59,9 +65,9 @@ from ._checks import (
     check_scale,
 )
 
-__all__ = ["DomainSplit", "fourier_attention", "galerkin_attention",
+__all__ = ["DomainSplit", "PointShards", "fourier_attention", "galerkin_attention",
            "hetero_normalized_attention", "kernel_attention", "make_domain_parallel",
-           "normalized_attention", "sum_gradients"]
+           "normalized_attention", "sum_gradients", "sum_over_ranks"]
 
 Norm = tuple[Tensor, Tensor] | None
 
@@ -116,6 +122,22 @@ class _SumOverGroup(torch.autograd.Function):
         # Through this Function again, so that a double backward sums over the group too.
         grad, _ = _SumOverGroup.apply(grad_total, grad_total.new_empty(0), ctx.group)
         return grad, None, None
+
+
+def sum_over_ranks(x: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
+    """``x`` summed over the ranks of ``group`` (``None``: the world group), differentiably:
+    e.g. each rank's per-sample sums over its own points (``(B, ...)``) become the whole
+    samples' sums, the same on every rank.
+
+    A loss built from such sums is the whole batch's loss on every rank; give each rank's
+    backward that loss divided by the number of ranks (the ranks' shares then add up to it,
+    and the backward of the sum adds up the ranks' gradients). Without a process group of more
+    than one process, ``x`` itself.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
+    world = _split_group(group)
+    return x if world is None else _group_sum(x, None, world)[0]
 
 
 def _group_sum(s: Tensor, extra: Tensor | None, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
@@ -480,6 +502,49 @@ class DomainSplit:
         dist.all_gather(pieces, padded, group=self.group)
         return torch.cat([p.narrow(dim, 0, c) for p, c in zip(pieces, self.counts, strict=True)],
                          dim=dim)
+
+
+class PointShards(Dataset):
+    """The samples of ``dataset`` with only this rank's points of ``split``: what each rank's
+    data loader hands it in domain-parallel training.
+
+    ``dataset[i]`` must be a dict of tensors; for each ``key: grid_dims`` of ``point_dims``
+    the entry's first ``grid_dims`` axes (a grid ``(s, s, C)`` has 2, a point list ``(n, C)``
+    1) are flattened to the ``split.n`` points (row-major) and cut to this rank's
+    ``[split.start, split.stop)``: ``(local_n, C)``. Other entries are left out. A wrapper
+    around a dataset held in memory; a dataset too large for one process should read only its
+    shard itself (e.g. by HDF5 slicing).
+    """
+
+    def __init__(self, dataset: Dataset, split: DomainSplit,
+                 point_dims: Mapping[str, int]) -> None:
+        if not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__"):
+            raise TypeError(f"dataset: expected a torch Dataset with __len__, got "
+                            f"{type(dataset).__name__}")
+        if not isinstance(split, DomainSplit):
+            raise TypeError(f"split: expected a DomainSplit, got {type(split).__name__}")
+        if not isinstance(point_dims, Mapping) or not point_dims or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                for d in point_dims.values()):
+            raise ValueError(f"point_dims: expected a non-empty dict of key -> number of "
+                             f"grid axes (int >= 1), got {point_dims!r}")
+        self.dataset, self.split, self.point_dims = dataset, split, dict(point_dims)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        item = self.dataset[i]
+        out = {}
+        for key, grid_dims in self.point_dims.items():
+            if key not in item:
+                raise KeyError(f"point_dims: the samples have no {key!r} (keys {sorted(item)})")
+            value = item[key]
+            if value.dim() <= grid_dims:
+                raise ValueError(f"dataset[{i}][{key!r}]: expected {grid_dims} grid axes and "
+                                 f"channels, got shape {tuple(value.shape)}")
+            out[key] = self.split.shard(value.flatten(0, grid_dims - 1), dim=0)
+        return out
 
 
 # ----------------------------------------------------------------------------------------------

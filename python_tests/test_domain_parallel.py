@@ -37,7 +37,7 @@ KINDS = ("uneven", "empty")
 # case -> all-reduces per forward (and per backward): one per attention layer
 CASES = {"galerkin": 1, "galerkin_cross_weights": 1, "galerkin_dropout": 1, "fourier": 1,
          "normalized": 1, "normalized_cross_weights": 1, "hetero": 1, "encoder_stack": 2,
-         "gk_transformer": 2, "gnot": 4}
+         "gk_transformer": 2, "gnot": 4, "whole_sample_loss": 3}
 SPAWN_TIMEOUT_S = 180
 
 
@@ -316,6 +316,36 @@ def _case_gnot(g: torch.Generator, kind: str, world: int) -> dict[str, float]:
     return _compare(call, t, splits, queries, 1, models=(ref_model, dom_model))
 
 
+def _case_whole_sample_loss(g: torch.Generator, kind: str, world: int) -> dict[str, float]:
+    """The mean relative L2 error of whole samples, from each rank's sums over its points
+    (``sum_over_ranks``), each rank running the backward of its share (the loss over the number
+    of ranks), the gradients summed: the single-process loss and parameter gradients."""
+    split = DomainSplit(_counts(kind, N, world))
+    ref_model, dom_model = _models(lambda: GKTransformer(
+        space_dim=2, query_dim=3, d_model=8, n_head=2, num_layers=2, dim_feedforward=12,
+        decoder_hidden=8))
+    x, target = torch.rand(B, N, 3, generator=g, dtype=F64), _rand(g, B, N, 1)
+
+    def rel_l2(pred: Tensor, y: Tensor, distributed: bool) -> Tensor:
+        sums = torch.stack([((pred - y) ** 2).sum(dim=(1, 2)), (y ** 2).sum(dim=(1, 2))])
+        err, ref = domain.sum_over_ranks(sums) if distributed else sums
+        return (err / ref).sqrt().mean()
+
+    ref_loss = rel_l2(ref_model(x), target, False)
+    ref_loss.backward()
+    with _AllReduceCount() as forward:
+        share = rel_l2(dom_model(split.shard(x)), split.shard(target), True) / world
+    with _AllReduceCount() as backward:
+        share.backward()
+    sum_gradients(dom_model)
+    total = share.detach().clone()
+    dist.all_reduce(total)
+    return {"out": abs(float(total - ref_loss)),
+            "grad": max(_max_diff(p.grad, q.grad) for p, q in zip(
+                dom_model.parameters(), ref_model.parameters(), strict=True)),
+            "forward_all_reduces": forward.calls, "backward_all_reduces": backward.calls}
+
+
 def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> None:
     torch.set_num_threads(1)  # the ranks share the CI machine's cores
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -404,6 +434,7 @@ def _check_single_process(gen: torch.Generator) -> None:
     assert (split.counts, split.rank, split.start, split.stop) == ((5,), 0, 0, 5)
     x = torch.randn(2, 5, 3, generator=gen, dtype=F64)
     assert torch.equal(split.gather(split.shard(x)), x)
+    assert domain.sum_over_ranks(x) is x
     torch.manual_seed(0)
     model = GKTransformer(d_model=8, n_head=2, num_layers=1, dim_feedforward=8,
                           decoder_hidden=8).double()
@@ -448,6 +479,41 @@ class _UserBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layer = EncoderLayer(8, 2, "galerkin", pos_dim=1)
+
+
+def test_point_shards_flatten_the_grid_and_keep_the_named_entries() -> None:
+    grid = torch.arange(2 * 3 * 4 * 2.0).view(2, 3, 4, 2)  # two samples of a 3 x 4 grid
+    points = torch.arange(2 * 12.0).view(2, 12, 1)
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> dict[str, Tensor]:
+            return {"x": grid[i], "target": points[i], "other": torch.zeros(3)}
+
+    shards = domain.PointShards(Samples(), DomainSplit.even(12), {"x": 2, "target": 1})
+    assert len(shards) == 2
+    item = shards[1]
+    assert set(item) == {"x", "target"}
+    assert torch.equal(item["x"], grid[1].reshape(12, 2))
+    assert torch.equal(item["target"], points[1])
+    for args, error, match in [
+        ((Samples(), DomainSplit.even(12), {"x": 0}), ValueError, "point_dims: expected"),
+        ((Samples(), DomainSplit.even(12), {}), ValueError, "point_dims: expected"),
+        ((Samples(), (0, 12), {"x": 2}), TypeError, "split: expected a DomainSplit"),
+        (([1, 2], DomainSplit.even(12), {"x": 2}), TypeError, "dataset: expected a torch"),
+    ]:
+        with pytest.raises(error, match=match):
+            domain.PointShards(*args)
+    with pytest.raises(KeyError, match="the samples have no 'coeff'"):
+        domain.PointShards(Samples(), DomainSplit.even(12), {"coeff": 2})[0]
+    with pytest.raises(ValueError, match="x: expected the split's n = 6 points"):
+        domain.PointShards(Samples(), DomainSplit.even(6), {"x": 2})[0]
+    with pytest.raises(ValueError, match=r"\['target'\]: expected 2 grid axes"):
+        domain.PointShards(Samples(), DomainSplit.even(12), {"target": 2})[0]
+    with pytest.raises(TypeError, match="x: expected a tensor"):
+        domain.sum_over_ranks([1.0])
 
 
 def test_make_domain_parallel_marks_the_attention_layers() -> None:

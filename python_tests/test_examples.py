@@ -2,7 +2,8 @@
 
 * each script trains, writes metrics.json / best.pt / last.pt / metrics.csv / prediction.png;
 * a run killed with SIGKILL mid-epoch and resumed gives the same numbers as an uninterrupted run;
-* ``torchrun`` with 2 gloo processes gives the single-process loss of the first step.
+* ``torchrun`` with 2 gloo processes gives the single-process loss of the first step, with the
+  samples split (data parallelism) or each sample's points (domain parallelism).
 """
 
 import json
@@ -221,6 +222,38 @@ def test_torchrun_two_processes_match_single_process(tmp_path, burgers_file):
     assert d["train_rel_l2"] == pytest.approx(s["train_rel_l2"], rel=1e-5)
     # the same gradient step (averaged over the processes) gives the same model
     assert d["eval_rel_l2"] == pytest.approx(s["eval_rel_l2"], rel=1e-4)
+
+
+def test_domain_parallel_example_matches_single_process(tmp_path, darcy_file):
+    """Two epochs with every sample's 43 x 43 points split over 2 gloo processes (925 + 924)
+    give the single process's losses and evaluation errors."""
+    args = ("--data", str(darcy_file), "--resolution", "43", "--n-train",
+            "8", "--n-eval", "4", "--epochs", "2", "--batch-size", "4")
+    _run(_cmd("domain_parallel.py", tmp_path / "single", *args))
+    cmd = _cmd("domain_parallel.py", tmp_path / "domain", *args)
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+          *cmd[1:]])
+    single, split = _check_outputs(tmp_path / "single", 2), _check_outputs(tmp_path / "domain", 2)
+    assert single["config"]["points"] == {"n": 1849, "per_process": [1849]}
+    assert split["config"]["points"] == {"n": 1849, "per_process": [925, 924]}
+    assert split["world_size"] == 2
+    best = torch.load(tmp_path / "domain" / "best.pt", weights_only=True)
+    assert best["config"]["parallel"] == "domain"
+    for s, d in zip(single["history"], split["history"], strict=True):
+        for key in ("train_loss", "train_rel_l2", "eval_rel_l2"):
+            assert d[key] == pytest.approx(s[key], rel=1e-5), key
+    assert split["test_rel_l2"] == pytest.approx(single["test_rel_l2"], rel=1e-5)
+
+
+def test_domain_parallel_example_refuses_bad_arguments(tmp_path, darcy_file):
+    base = ("--data", str(darcy_file), "--n-train", "8", "--n-eval", "4")
+    for args, message in [(("--resolution", "50"), "resolution"),
+                          (("--resolution", "43", "--out", str(darcy_file)),
+                           "out_dir: cannot write to")]:
+        proc = subprocess.run(_cmd("domain_parallel.py", tmp_path / "bad", *base, *args),
+                              capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+        assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr[-2000:])
+        assert not (tmp_path / "bad" / "last.pt").exists()
 
 
 def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):

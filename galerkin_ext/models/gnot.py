@@ -83,6 +83,17 @@ def _check_batch(model: nn.Module, x: object, inputs: object, theta: object, wei
     return x, list(inputs), theta, weight, input_weights
 
 
+def _check_dims(space_dim: int, query_dim: int) -> tuple[int, int]:
+    """``(space_dim, query_dim)`` checked: ``x``'s first ``space_dim`` of its ``query_dim``
+    columns are the coordinates."""
+    check_int(space_dim, "space_dim")
+    check_int(query_dim, "query_dim")
+    if query_dim < space_dim:
+        raise ValueError(f"query_dim: expected at least space_dim = {space_dim} (x starts "
+                         f"with the coordinates), got {query_dim}")
+    return space_dim, query_dim
+
+
 def _check_query(model: nn.Module, x: object, weight: object) -> tuple[Tensor, Tensor | None]:
     """``x (B, N, model.query_dim)`` and its ``weight (B, N)`` or None."""
     check_tensor(x, "x", 3, f"(B, N, query_dim = {model.query_dim})")
@@ -137,11 +148,7 @@ class GNOT(nn.Module):
                  dropout: float = 0.0, reduce: str = "sum", self_skip: bool = True,
                  theta_mode: str = "query", ffn_norm: str = "post", gate: str = "mlp") -> None:
         super().__init__()
-        self.space_dim = check_int(space_dim, "space_dim")
-        self.query_dim = check_int(query_dim, "query_dim")
-        if query_dim < space_dim:
-            raise ValueError(f"query_dim: expected at least space_dim = {space_dim} (x starts "
-                             f"with the coordinates), got {query_dim}")
+        self.space_dim, self.query_dim = _check_dims(space_dim, query_dim)
         if not isinstance(input_dims, (list, tuple)) or not input_dims:
             raise ValueError(f"input_dims: expected a non-empty list of input widths b_l, got "
                              f"{input_dims!r}")
@@ -246,11 +253,7 @@ class MIONet(nn.Module):
                  width: int = 256, latent: int = 256, n_layers: int = 4,
                  act: str = "gelu") -> None:
         super().__init__()
-        self.space_dim = check_int(space_dim, "space_dim")
-        self.query_dim = check_int(query_dim, "query_dim")
-        if query_dim < space_dim:
-            raise ValueError(f"query_dim: expected at least space_dim = {space_dim}, got "
-                             f"{query_dim}")
+        self.space_dim, self.query_dim = _check_dims(space_dim, query_dim)
         if not isinstance(input_dims, (list, tuple)) or not isinstance(
                 input_points, (list, tuple)) or len(input_points) != len(input_dims):
             raise ValueError(f"input_dims, input_points: expected two lists of one entry per "
@@ -304,7 +307,8 @@ class MIONet(nn.Module):
 
 class GKTransformer(nn.Module):
     """The Galerkin Transformer as GNOT's Elasticity baseline (SPEC-gnot §6):
-    ``Linear(space_dim, d_model)`` on the query coordinates, ``num_layers``
+    ``Linear(query_dim, d_model)`` on the query points (their coordinates and any other
+    per-point features, e.g. a coefficient's values; Elasticity: the coordinates), ``num_layers``
     :class:`~galerkin_ext.layers.EncoderLayer` (Galerkin attention, norm ``'attn'``, the
     coordinates in every head, the query weights as quadrature weights), and the pointwise
     decoder (``Linear(d_model + space_dim, hidden)``, ``decoder_layers × [Linear, SiLU]``,
@@ -321,9 +325,8 @@ class GKTransformer(nn.Module):
                  dim_feedforward: int = 256, decoder_hidden: int = 128,
                  decoder_layers: int = 2) -> None:
         super().__init__()
-        self.space_dim = check_int(space_dim, "space_dim")
-        self.query_dim = check_int(query_dim, "query_dim")
-        self.lift = nn.Linear(space_dim, check_int(d_model, "d_model"))
+        self.space_dim, self.query_dim = _check_dims(space_dim, query_dim)
+        self.lift = nn.Linear(self.query_dim, check_int(d_model, "d_model"))
         self.encoder = nn.ModuleList(
             EncoderLayer(d_model, n_head, attention_type="galerkin", pos_dim=space_dim,
                          dim_feedforward=dim_feedforward, norm="attn")
@@ -341,7 +344,7 @@ class GKTransformer(nn.Module):
         """See the class docstring for shapes."""
         x, weight = _check_query(self, x, weight)
         coords = x[..., :self.space_dim]
-        h = self.lift(coords)
+        h = self.lift(x)
         for layer in self.encoder:
             h = layer(h, coords, weight)
         return self.decoder(torch.cat([h, coords], dim=-1))

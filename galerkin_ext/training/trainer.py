@@ -1,4 +1,5 @@
-"""The training loop of the paper's protocol (SPEC §5), with exact resume and data parallelism.
+"""The training loop of the paper's protocol (SPEC §5), with exact resume and data or domain
+parallelism.
 
 :class:`Trainer` runs Adam (no weight decay) with a OneCycle learning rate stepped per batch
 (or ``ReduceLROnPlateau`` on the evaluation error, stepped per epoch, the continuum-attention
@@ -42,8 +43,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
-from .._checks import check_float, check_int, check_path
+from .._checks import check_choice, check_float, check_int, check_path
 from ..data.gnot_datasets import batch_to
+from ..domain import sum_gradients
 from ..losses import relative_l2
 from .checkpoint import load_checkpoint, save_checkpoint, stray_temporary_files, write_csv
 from .distributed import DistributedContext
@@ -395,6 +397,17 @@ class Trainer:
             ``batch['target']``.
         run_config: JSON-like dict stored in the checkpoints next to ``config`` (e.g. the
             example's model and data settings), so a checkpoint documents its run.
+        parallel: what the processes of a ``torchrun`` group split. ``'data'``: the samples;
+            each process trains on its share of every batch (DDP averages the gradients) and
+            evaluates its share of the samples. ``'domain'``: the points of each sample; every
+            process sees every sample, but ``train_set`` and ``eval_set`` hand it only its own
+            points (see :class:`~galerkin_ext.domain.DomainSplit`) and ``model`` is
+            domain-parallel (:func:`~galerkin_ext.domain.make_domain_parallel`). Then
+            ``loss_fn`` returns this process's share of the batch's loss (the shares sum to
+            it, e.g. a loss of :func:`~galerkin_ext.domain.sum_over_ranks` sums divided by the
+            number of processes) with ``parts`` of the whole batch, ``metric`` the whole
+            samples' errors, and the gradients are summed over the processes
+            (:func:`~galerkin_ext.domain.sum_gradients`).
     """
 
     def __init__(
@@ -410,6 +423,7 @@ class Trainer:
         forward: Forward = default_forward,
         metric: Metric = _default_metric,
         run_config: Mapping[str, Any] | None = None,
+        parallel: str = "data",
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -427,13 +441,17 @@ class Trainer:
         ):
             raise ValueError(f"precision: 'bf16' needs a CUDA device with bfloat16 support, "
                              f"got device {self.ctx.device}")
-        if config.batch_size % self.ctx.world_size:
+        self.parallel = check_choice(parallel, "parallel", ("data", "domain"))
+        # how many processes the samples are split over, and this process's place among them
+        sample_ranks, sample_rank = ((1, 0) if parallel == "domain"
+                                     else (self.ctx.world_size, self.ctx.rank))
+        if config.batch_size % sample_ranks:
             raise ValueError(f"batch_size: the global batch {config.batch_size} must be "
-                             f"divisible by the {self.ctx.world_size} processes")
+                             f"divisible by the {sample_ranks} processes")
         self.train_set = _check_dataset(train_set, "train_set")
         self.eval_set = _check_dataset(eval_set, "eval_set")
-        per_rank = config.batch_size // self.ctx.world_size
-        if len(train_set) // self.ctx.world_size < per_rank:
+        per_rank = config.batch_size // sample_ranks
+        if len(train_set) // sample_ranks < per_rank:
             raise ValueError(f"train_set: {len(train_set)} samples are fewer than one batch of "
                              f"{config.batch_size}")
         self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
@@ -441,7 +459,7 @@ class Trainer:
         self.run_config = dict(run_config or {})
         self.model = model.to(self.ctx.device)
         self.sampler = DistributedSampler(
-            train_set, num_replicas=self.ctx.world_size, rank=self.ctx.rank, shuffle=True,
+            train_set, num_replicas=sample_ranks, rank=sample_rank, shuffle=True,
             seed=config.seed, drop_last=True,
         )
         self.loader = _loader(train_set, per_rank, self.ctx.device, sampler=self.sampler,
@@ -486,7 +504,8 @@ class Trainer:
         return SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
 
     def _full_config(self) -> dict[str, Any]:
-        return {**self.run_config, "train": dataclasses.asdict(self.config),
+        return {**self.run_config, "parallel": self.parallel,
+                "train": dataclasses.asdict(self.config),
                 "train_samples": len(self.train_set), "eval_samples": len(self.eval_set)}
 
     def _check_resumable(self, stored: Mapping[str, Any], world_size: int) -> None:
@@ -494,9 +513,10 @@ class Trainer:
         setting of the run configuration must equal the checkpoint's, but those that do not
         change the numbers (``_RESUMABLE_CHANGES``)."""
         old, new = _flatten(stored), _flatten(self._full_config())
-        # A checkpoint written before a TrainConfig field existed ran with its default.
+        # A checkpoint written before a setting existed ran with its default.
         for field in dataclasses.fields(TrainConfig):
             old.setdefault(f"train.{field.name}", field.default)
+        old.setdefault("parallel", "data")
         changed = sorted(k for k in old.keys() | new.keys()
                          if k not in _RESUMABLE_CHANGES and old.get(k) != new.get(k))
         if changed:
@@ -535,12 +555,17 @@ class Trainer:
                                        batch.get("coeff"))
         stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(),
                              parts.get("rel_h1", torch.zeros((), device=loss.device)).float()])
-        self.ctx.all_reduce_sum(stats).div_(self.ctx.world_size)
+        self.ctx.all_reduce_sum(stats)
+        # data: every process's batch share is averaged; domain: the loss shares add up and
+        # the parts are the whole batch's in every process
+        (stats[1:] if self.parallel == "domain" else stats).div_(self.ctx.world_size)
         where = f"epoch {epoch + 1}, step {step + 1}"
         if not math.isfinite(float(stats[0])):
             self._stop(f"training loss is {float(stats[0])} at {where}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.parallel == "domain":
+            sum_gradients(model)  # each process holds the part through its own points
         if self.config.clip_value is not None:
             nn.utils.clip_grad_value_(model.parameters(), self.config.clip_value)
         # The norm is computed either way: a non-finite gradient stops the run.
@@ -605,7 +630,7 @@ class Trainer:
                       f"(pass resume=True / --resume to continue it)")
             torch.manual_seed(cfg.seed + ctx.rank)  # dropout differs between processes
         model: nn.Module = self.model
-        if ctx.enabled:
+        if ctx.enabled and self.parallel == "data":
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             model = DistributedDataParallel(self.model, device_ids=ids)
         bar = tqdm(total=cfg.epochs * self.steps_per_epoch, initial=start * self.steps_per_epoch,
@@ -680,7 +705,8 @@ class Trainer:
                                           epoch * self.steps_per_epoch + step + 1)
         mean = (total / self.steps_per_epoch).tolist()
         eval_err = evaluate(self.model, self.eval_set, batch_size=self.config.eval_batch_size,
-                            forward=self.forward, metric=self.metric, ctx=self.ctx,
+                            forward=self.forward, metric=self.metric,
+                            ctx=self.ctx if self.parallel == "data" else None,
                             device=self.ctx.device)
         return {"epoch": epoch + 1, "train_loss": mean[0], "train_rel_l2": mean[1],
                 "train_rel_h1": mean[2], "eval_rel_l2": eval_err, "lr": self._lr(),
