@@ -179,10 +179,11 @@ def main(argv=None):
                            metric=lambda pred, batch: whole_sample_errors(pred, batch["target"]))
 
     # -- outputs: the shards put back together -------------------------------------------------
-    pred, batch = predict(model, eval_set, list(range(N_PLOT)), device=ctx.device,
+    n_plot = min(N_PLOT, len(eval_set))
+    pred, batch = predict(model, eval_set, list(range(n_plot)), device=ctx.device,
                           forward=forward)
     s = cfg["resolution"]
-    fields = [split.gather(t)[..., 0].reshape(N_PLOT, s, s)
+    fields = [split.gather(t)[..., 0].reshape(n_plot, s, s)
               for t in (batch["coeff"], pred, batch["target"])]
     if ctx.is_main:
         plot_2d(f"{args.out}/prediction.png", *fields, input_label="coefficient a",
