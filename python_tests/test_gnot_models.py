@@ -262,6 +262,22 @@ def test_bad_configurations_fail_clearly(kwargs, match):
         GNOT(**config)
 
 
+def test_gk_transformer_lifts_every_query_column():
+    """Columns after the coordinates (a coefficient's values, say) reach the output through
+    the lift; the coordinates alone go into every head and the decoder."""
+    torch.manual_seed(0)
+    model = GKTransformer(space_dim=2, query_dim=3, d_model=8, n_head=2, num_layers=1,
+                          dim_feedforward=8, decoder_hidden=8).double()
+    assert model.lift.in_features == 3
+    x = torch.rand(2, 6, 3, dtype=torch.float64)
+    changed = x.clone()
+    changed[..., 2] += 1.0
+    assert (model(changed) - model(x)).abs().max() > 1e-6
+    for space_dim, query_dim in ((2, 1), (3, 2)):
+        with pytest.raises(ValueError, match="query_dim: expected at least space_dim"):
+            GKTransformer(space_dim=space_dim, query_dim=query_dim)
+
+
 def test_mionet_refuses_inputs_larger_than_built_for():
     model = MIONet(2, 2, [3], [4], 1, width=8, latent=4)
     with pytest.raises(ValueError, match="at most input_points\\[0\\] = 4"):

@@ -121,11 +121,13 @@ def test_resume_is_exact(tmp_path):
         ({}, _Linear1d(24), {"note": "test"}, r"\['train_samples'\].*there \{'train_samples': 32"),
         ({}, _Linear1d(32), {"note": "other"}, r"\['note'\]"),
         ({}, _Linear1d(32), {"note": "test", "model": {"d": 3}}, r"\['model.d'\]"),
+        ({"parallel": "domain"}, _Linear1d(32), {"note": "test"}, r"\['parallel'\]"),
     ]
     for changes, train_set, run_config, match in refused:
+        parallel = changes.pop("parallel", "data")
         trainer = Trainer(_PointMLP(), OperatorLoss(), train_set, _Linear1d(8, seed=1),
                           TrainConfig(**{**config, **changes}), tmp_path / "cut",
-                          run_config=run_config)
+                          run_config=run_config, parallel=parallel)
         with pytest.raises(ValueError, match=match):
             trainer.fit(resume=True)
         assert (tmp_path / "cut" / "last.pt").read_bytes() == last
@@ -225,6 +227,8 @@ def test_trainer_argument_errors(tmp_path):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), {"epochs": 1}, tmp_path)
     with pytest.raises(ValueError, match="eval_set"):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), [], **ok)
+    with pytest.raises(ValueError, match=r"parallel: expected one of \['data', 'domain'\]"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), **ok, parallel="model")
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     for out_dir in (blocker, blocker / "sub"):  # found at construction, not after an epoch
