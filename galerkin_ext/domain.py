@@ -528,7 +528,10 @@ class PointShards(Dataset):
                 for d in point_dims.values()):
             raise ValueError(f"point_dims: expected a non-empty dict of key -> number of "
                              f"grid axes (int >= 1), got {point_dims!r}")
-        self.dataset, self.split, self.point_dims = dataset, split, dict(point_dims)
+        self.dataset, self.point_dims = dataset, dict(point_dims)
+        # the split's numbers, not the split: its process group cannot be pickled into the
+        # DataLoader's worker processes where they are spawned (macOS, Windows)
+        self.n, self.start, self.local_n = split.n, split.start, split.local_n
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -543,7 +546,12 @@ class PointShards(Dataset):
             if value.dim() <= grid_dims:
                 raise ValueError(f"dataset[{i}][{key!r}]: expected {grid_dims} grid axes and "
                                  f"channels, got shape {tuple(value.shape)}")
-            out[key] = self.split.shard(value.flatten(0, grid_dims - 1), dim=0)
+            points = value.flatten(0, grid_dims - 1)
+            if points.shape[0] != self.n:
+                raise ValueError(f"dataset[{i}][{key!r}]: expected the split's n = {self.n} "
+                                 f"points on its {grid_dims} grid axes, got shape "
+                                 f"{tuple(value.shape)}")
+            out[key] = points.narrow(0, self.start, self.local_n)
         return out
 
 

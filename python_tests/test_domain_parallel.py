@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import time
 import zlib
 from collections.abc import Callable
@@ -427,6 +428,19 @@ def _single_process_cases(gen: torch.Generator) -> list[tuple[Tensor, Tensor]]:
     return list(zip(*pairs, strict=True))
 
 
+class _Samples(torch.utils.data.Dataset):
+    """A dataset of the given list of samples."""
+
+    def __init__(self, samples: list[dict[str, Tensor]]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return self.samples[i]
+
+
 def _check_single_process(gen: torch.Generator) -> None:
     for ours, op in _single_process_cases(gen):
         assert torch.equal(ours, op)
@@ -435,6 +449,10 @@ def _check_single_process(gen: torch.Generator) -> None:
     x = torch.randn(2, 5, 3, generator=gen, dtype=F64)
     assert torch.equal(split.gather(split.shard(x)), x)
     assert domain.sum_over_ranks(x) is x
+    # DataLoader workers that are spawned get the dataset pickled (a process group cannot be)
+    samples = [{"x": torch.arange(10.0).view(5, 2)}]
+    shards = pickle.loads(pickle.dumps(domain.PointShards(_Samples(samples), split, {"x": 1})))
+    assert torch.equal(shards[0]["x"], samples[0]["x"])
     torch.manual_seed(0)
     model = GKTransformer(d_model=8, n_head=2, num_layers=1, dim_feedforward=8,
                           decoder_hidden=8).double()
@@ -484,34 +502,28 @@ class _UserBlock(nn.Module):
 def test_point_shards_flatten_the_grid_and_keep_the_named_entries() -> None:
     grid = torch.arange(2 * 3 * 4 * 2.0).view(2, 3, 4, 2)  # two samples of a 3 x 4 grid
     points = torch.arange(2 * 12.0).view(2, 12, 1)
-
-    class Samples(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return 2
-
-        def __getitem__(self, i: int) -> dict[str, Tensor]:
-            return {"x": grid[i], "target": points[i], "other": torch.zeros(3)}
-
-    shards = domain.PointShards(Samples(), DomainSplit.even(12), {"x": 2, "target": 1})
+    data = _Samples([{"x": grid[i], "target": points[i], "other": torch.zeros(3)}
+                     for i in range(2)])
+    shards = domain.PointShards(data, DomainSplit.even(12), {"x": 2, "target": 1})
     assert len(shards) == 2
     item = shards[1]
     assert set(item) == {"x", "target"}
     assert torch.equal(item["x"], grid[1].reshape(12, 2))
     assert torch.equal(item["target"], points[1])
     for args, error, match in [
-        ((Samples(), DomainSplit.even(12), {"x": 0}), ValueError, "point_dims: expected"),
-        ((Samples(), DomainSplit.even(12), {}), ValueError, "point_dims: expected"),
-        ((Samples(), (0, 12), {"x": 2}), TypeError, "split: expected a DomainSplit"),
+        ((data, DomainSplit.even(12), {"x": 0}), ValueError, "point_dims: expected"),
+        ((data, DomainSplit.even(12), {}), ValueError, "point_dims: expected"),
+        ((data, (0, 12), {"x": 2}), TypeError, "split: expected a DomainSplit"),
         (([1, 2], DomainSplit.even(12), {"x": 2}), TypeError, "dataset: expected a torch"),
     ]:
         with pytest.raises(error, match=match):
             domain.PointShards(*args)
     with pytest.raises(KeyError, match="the samples have no 'coeff'"):
-        domain.PointShards(Samples(), DomainSplit.even(12), {"coeff": 2})[0]
-    with pytest.raises(ValueError, match="x: expected the split's n = 6 points"):
-        domain.PointShards(Samples(), DomainSplit.even(6), {"x": 2})[0]
+        domain.PointShards(data, DomainSplit.even(12), {"coeff": 2})[0]
+    with pytest.raises(ValueError, match=r"\['x'\]: expected the split's n = 6 points"):
+        domain.PointShards(data, DomainSplit.even(6), {"x": 2})[0]
     with pytest.raises(ValueError, match=r"\['target'\]: expected 2 grid axes"):
-        domain.PointShards(Samples(), DomainSplit.even(12), {"target": 2})[0]
+        domain.PointShards(data, DomainSplit.even(12), {"target": 2})[0]
     with pytest.raises(TypeError, match="x: expected a tensor"):
         domain.sum_over_ranks([1.0])
 
