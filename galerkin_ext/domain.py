@@ -43,7 +43,6 @@ exactly the single-process ops.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -55,14 +54,8 @@ from torch.utils.data import Dataset
 
 from . import functional, ops
 from ._checks import (
-    check_attention_operands,
     check_choice,
     check_dropout,
-    check_float,
-    check_norm,
-    check_probability,
-    check_quadrature_weight,
-    check_scale,
 )
 
 __all__ = ["DomainSplit", "PointShards", "fourier_attention", "galerkin_attention",
@@ -298,31 +291,19 @@ def kernel_attention(
         return ops.kernel_attention(
             q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
             v_norm=v_norm, eps=eps, scale=scale, path="factored", dropout_p=dropout_p)
-    if isinstance(q, Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
-        q.device.type
-    ):  # the op's autocast policy (see galerkin_ext.ops)
-        q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm = ops._autocast(
-            q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm)
-    batch, heads, _, m, dim_v = check_attention_operands(q, k, v, allow_empty=True)
-    kv_pos = functional.resolve_kv_pos(pos, kv_pos, q, k)
-    if weight is not None:
-        check_quadrature_weight(weight, batch, m, k, "k", axis="M")
-    q_norm = check_norm(q_norm, "q_norm", q)
-    k_norm = check_norm(k_norm, "k_norm", q)
-    v_norm = check_norm(v_norm, "v_norm", v, "v")
-    eps = check_float(eps, "eps")
-    dropout_p = check_probability(dropout_p, "dropout_p")
-    coordinates = pos.shape[-1] if pos is not None else 0
-    width = q.shape[3] + coordinates
-    scale = check_scale(scale, 1.0 / math.sqrt(width))
+    a = ops.kernel_arguments(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm, eps, scale,
+                             dropout_p, allow_empty=True)
+    q, k, v, pos, kv_pos, weight = a.q, a.k, a.v, a.pos, a.kv_pos, a.weight
+    q_norm, k_norm, v_norm, eps, scale, dropout_p = (a.q_norm, a.k_norm, a.v_norm, a.eps,
+                                                     a.scale, a.dropout_p)
 
     s = _shard_kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=functional.norm_map(k_norm),
                          k_norm=k_norm, v_map=functional.norm_map(v_norm), v_norm=v_norm,
                          eps=eps, ones_column=False)
     extra = []
     if weight is None:  # the shard's count: S is divided by the whole sample's
-        extra.append(s.new_full((1,), float(m)))
-    mask_shape = (batch, heads, width, coordinates + dim_v)
+        extra.append(s.new_full((1,), float(a.m)))
+    mask_shape = a.attn_shape
     if dropout_p > 0.0:
         # One mask for the whole sample, drawn as the single-process op draws it; the other
         # ranks add zeros.

@@ -131,6 +131,60 @@ def fourier_attention(
     return out
 
 
+class KernelArguments(NamedTuple):
+    """:func:`kernel_attention`'s arguments after autocast and the checks (``eps`` a float,
+    ``scale`` resolved, ``kv_pos`` resolved), and the sizes they imply: ``n``, ``m`` query and
+    key points, ``attn_shape`` that of ``A``, ``(B, H, P + D, P + D_v)``."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    pos: Tensor | None
+    kv_pos: Tensor | None
+    weight: Tensor | None
+    q_norm: Norm
+    k_norm: Norm
+    v_norm: Norm
+    eps: float
+    scale: float
+    dropout_p: float
+    batch: int
+    heads: int
+    n: int
+    m: int
+    attn_shape: tuple[int, int, int, int]
+
+
+def kernel_arguments(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
+                     kv_pos: Tensor | None, weight: Tensor | None, q_norm: Norm, k_norm: Norm,
+                     v_norm: Norm, eps: float, scale: float | None, dropout_p: float, *,
+                     allow_empty: bool = False) -> KernelArguments:
+    """The one place :func:`kernel_attention` and its domain-parallel form
+    (:func:`galerkin_ext.domain.kernel_attention`, ``allow_empty=True``: a shard may hold no
+    points) apply the op's autocast policy and check their arguments."""
+    # (autocast exists for CPU and CUDA only: meta tensors, e.g., go straight to the op)
+    if isinstance(q, Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
+        q.device.type
+    ):
+        q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm = _autocast(
+            q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm)
+    batch, heads, n, m, dim_v = check_attention_operands(q, k, v, allow_empty=allow_empty)
+    kv_pos = functional.resolve_kv_pos(pos, kv_pos, q, k)
+    if weight is not None:
+        check_quadrature_weight(weight, batch, m, k, "k", axis="M")
+    q_norm = check_norm(q_norm, "q_norm", q)
+    k_norm = check_norm(k_norm, "k_norm", q)
+    v_norm = check_norm(v_norm, "v_norm", v, "v")
+    eps = float(check_float(eps, "eps"))
+    dropout_p = check_probability(dropout_p, "dropout_p")
+    coordinates = pos.shape[-1] if pos is not None else 0
+    width = q.shape[3] + coordinates
+    scale = check_scale(scale, 1.0 / math.sqrt(width))
+    return KernelArguments(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm, eps, scale,
+                           dropout_p, batch, heads, n, m,
+                           (batch, heads, width, coordinates + dim_v))
+
+
 def kernel_attention(
     q: Tensor,
     k: Tensor,
@@ -158,33 +212,19 @@ def kernel_attention(
     ``(out (B, H, N, P + D_v), A)``; ``A`` is differentiable too, for losses or visualisation,
     and is in the dtype the products accumulate in (float32 for half types).
     """
-    # (autocast exists for CPU and CUDA only: meta tensors, e.g., go straight to the op)
-    if isinstance(q, Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
-        q.device.type
-    ):
-        q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm = _autocast(
-            q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm)
-    batch, heads, n, m, dim_v = check_attention_operands(q, k, v)
-    kv_pos = functional.resolve_kv_pos(pos, kv_pos, q, k)
-    if weight is not None:
-        check_quadrature_weight(weight, batch, m, k, "k", axis="M")
-    q_norm = check_norm(q_norm, "q_norm", q)
-    k_norm = check_norm(k_norm, "k_norm", q)
-    v_norm = check_norm(v_norm, "v_norm", v, "v")
-    check_float(eps, "eps")
-    check_probability(dropout_p, "dropout_p")
+    a = kernel_arguments(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm, eps, scale,
+                         dropout_p)
+    q, k, v, pos, kv_pos, weight = a.q, a.k, a.v, a.pos, a.kv_pos, a.weight
+    q_norm, k_norm, v_norm, eps, scale, dropout_p = (a.q_norm, a.k_norm, a.v_norm, a.eps,
+                                                     a.scale, a.dropout_p)
     quadratic = check_choice(path, "path", ("factored", "quadratic")) == "quadratic"
-    coordinates = pos.shape[-1] if pos is not None else 0
-    width = q.shape[3] + coordinates
-    scale = check_scale(scale, 1.0 / math.sqrt(width))
     mask = None
     if dropout_p > 0.0:
-        shape = (n, m) if quadratic else (width, coordinates + dim_v)
+        shape = (a.n, a.m) if quadratic else a.attn_shape[2:]
         keep = 1.0 - dropout_p
-        mask = torch.empty((batch, heads, *shape), dtype=functional.opmath_dtype(q),
+        mask = torch.empty((a.batch, a.heads, *shape), dtype=functional.opmath_dtype(q),
                            device=q.device)  # 1 / keep unrounded, as A is
         mask = mask.bernoulli_(keep).div_(keep)
-    eps = float(eps)
     if quadratic:
         return functional.kernel_attention(
             q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
