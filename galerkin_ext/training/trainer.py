@@ -465,11 +465,14 @@ class Trainer:
         self.loader = _loader(train_set, per_rank, self.ctx.device, sampler=self.sampler,
                               drop_last=True, num_workers=config.num_workers)
         self.steps_per_epoch = len(self.loader)
+        # fused: one kernel over all parameters, not a Python loop over them (on the CPU the
+        # loop took 13 % of a 44k-parameter GNOT's step)
+        fused = True if self.ctx.device.type in ("cpu", "cuda") else None
         self.optimizer = (
             torch.optim.AdamW(self.model.parameters(), lr=config.max_lr,
-                              weight_decay=config.weight_decay)
+                              weight_decay=config.weight_decay, fused=fused)
             if config.weight_decay > 0 else torch.optim.Adam(self.model.parameters(),
-                                                              lr=config.max_lr))
+                                                              lr=config.max_lr, fused=fused))
         self.scheduler: Any
         if config.scheduler == "plateau":
             self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
