@@ -1,12 +1,18 @@
 """Smoke tests of the benchmark scripts at tiny sizes on the CPU: table1.py (our implementation
-only: CI does not install the original package) and burgers_stability.py write their JSON."""
+only: CI does not install the original package) and burgers_stability.py write their JSON;
+paper_runs.py's records; gnot_claims.py's refined-set analysis."""
 
+import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from galerkin_ext.data import generate_elasticity
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 RECORD_KEYS = {"model", "attention", "impl", "it_per_s", "peak_mem_mb", "device", "command",
@@ -129,3 +135,34 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     # a run without a recorded command must be given one
     bad = subprocess.run([*script, "add", str(inv)], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--command" in bad.stderr
+
+
+def test_gnot_claims_refined_errors(tmp_path: Path) -> None:
+    """The refined-set analysis of gnot_claims.py on a one-epoch elasticity run: the refined
+    solve moves the targets at the kept vertices, a barely trained mesh-weighted model does not
+    move its predictions, and a file of other geometries is refused."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(BENCHMARKS.parent / "examples" / "elasticity.py"), "--data-dir",
+           str(tmp_path / "cache"), "--n-train", "2", "--n-eval", "2", "--epochs", "1",
+           "--batch-size", "2", "--no-progress", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((out / "metrics.json").read_text())["config"]
+    spec = importlib.util.spec_from_file_location("gnot_claims", BENCHMARKS / "gnot_claims.py")
+    claims = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(claims)
+    record = {"out": str(out), "config": config}
+
+    refined = generate_elasticity(tmp_path / "refined.h5", refine=True, progress=False,
+                                  **config["data"])
+    errors = claims.refined_errors(record, refined)
+    assert all(math.isfinite(v) for v in errors.values())
+    assert errors["refined_target_shift"] > 1e-2  # the refined solve resolves the cavity better
+    assert errors["refined_prediction_shift"] < 1e-2  # quadrature: O(h²) at initialisation
+    assert errors["refined_rel_l2"] > 0
+
+    other = generate_elasticity(tmp_path / "other.h5", refine=True, progress=False,
+                                **{**config["data"], "seed": config["data"]["seed"] + 1})
+    with pytest.raises(RuntimeError, match="does not start with the base mesh's vertices"):
+        claims.refined_errors(record, other)
