@@ -501,6 +501,7 @@ def gnot_cache(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("script, flags", [
     ("elasticity.py", ["--model", "gnot"]), ("elasticity.py", ["--model", "gk"]),
     ("elasticity.py", ["--model", "mionet", "--weights", "uniform"]),
+    ("elasticity.py", ["--model", "gnot", "--inputs", "mesh"]),
     ("heat.py", ["--model", "gnot", "--experts", "2"]), ("heat.py", ["--model", "mionet"])])
 def test_gnot_examples(tmp_path, gnot_cache, script, flags):
     """Each model trains on padded ragged batches of its own meshes and reports the last
@@ -522,6 +523,8 @@ def test_gnot_examples(tmp_path, gnot_cache, script, flags):
         assert m["config"]["model"]["n_experts"] == 2
     if "mionet" in flags:
         assert all(n >= 1 for n in m["config"]["model"]["input_points"])
+    if script == "elasticity.py" and "gk" not in flags:  # the quick preset adds the cavity
+        assert m["config"]["model"]["input_dims"] == ([2] if "--inputs" in flags else [2, 2])
     # the training split's normalisers travel with the run (and its checkpoints)
     assert m["config"]["normalizers"]["target"]["std"][0] > 0
     assert load_checkpoint(out / "last.pt", "last")["config"]["normalizers"] == \
@@ -547,6 +550,9 @@ def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):
                           text=True, timeout=TIMEOUT, env=ENV)
     assert proc.returncode != 0 and "weights: 'mesh' needs stored weights" in proc.stderr
     assert not (tmp_path / "mesh" / "last.pt").exists()
+    proc = subprocess.run(_cmd("elasticity.py", tmp_path / "inputs", *common, "--inputs", "mesh"),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 2 and "--inputs: applies to generated data" in proc.stderr
 
 
 def test_gnot_example_refuses_experts_for_mionet(tmp_path):
