@@ -64,11 +64,12 @@ from galerkin_ext.training import (
 # 200 train / last 50, GNOT 32 wide, F 64, 2 layers, 2 heads, m 2: 44,033 parameters with the
 # mesh alone, 51,649 with the cavity too) with two changes, each measured (last-epoch
 # evaluation rel. L2):
-# * the cavity's boundary as a second input function: at 120 epochs 0.071 against 0.116 for
+# * the cavity's boundary as a second input function: at 120 epochs 0.0705 against 0.116 for
 #   the mesh alone (100 epochs, to stay within five minutes: 0.080; 90: 0.088).  Most of the
 #   error is at the cavity (with the mesh alone, the points within 0.05 of it, a quarter of
-#   them, carry 70 % of the squared error), and a curve integral tells the attention the
-#   cavity's shape more directly than the area integral over the plate does;
+#   them, carry 70 % of the squared error); with the boundary as an input of its own, the
+#   attention sees the cavity's shape as a curve integral instead of inferring it from the
+#   area integral over the plate;
 # * the reference's pre-norm blocks (ffn_norm "pre", its CGPT), max_lr 5e-3 and 100 epochs
 #   instead of post-norm at 1e-3 and 60: the model underfits (training loss above the
 #   evaluation error), so the five minutes go to more and larger steps.  Mesh alone: pre-norm
