@@ -91,6 +91,32 @@ def test_fit_converges_and_writes_files(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left
 
 
+class _SpectralMix(nn.Module):
+    """A complex weight on each Fourier mode, as the spectral layers have: the smoothing of
+    :class:`_Linear1d` is exactly such a multiplier."""
+
+    def __init__(self, n: int = 16) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(0.1 * torch.randn(n // 2 + 1, dtype=torch.cfloat))
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        modes = torch.fft.rfft(x, dim=1) * self.weight[:, None]
+        return torch.fft.irfft(modes, n=x.shape[1], dim=1)
+
+
+def test_complex_parameters_train_and_real_ones_take_the_fused_optimizer(tmp_path):
+    """The fused Adam takes real parameters only: a model with complex ones gets the plain
+    implementation and trains."""
+    torch.manual_seed(0)
+    config = TrainConfig(epochs=3, batch_size=4, max_lr=1e-1, progress=False)
+    trainer = Trainer(_SpectralMix(), OperatorLoss(), _Linear1d(32), _Linear1d(8, seed=1),
+                      config, tmp_path / "complex")
+    start = evaluate(trainer.model, trainer.eval_set)
+    assert not trainer.optimizer.defaults["fused"]
+    assert trainer.fit()["best_metric"] < 0.5 * start
+    assert _trainer(tmp_path / "real", epochs=1).optimizer.defaults["fused"]
+
+
 def test_resume_is_exact(tmp_path):
     full = _trainer(tmp_path / "full").fit()
     # stop after two epochs by training a 2-epoch prefix: same schedule needs the same config,
