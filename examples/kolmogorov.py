@@ -66,7 +66,8 @@ from galerkin_ext.training import (
 # 0.163, 5e-3 0.150), 24 epochs (the FANO 15); zero-shot 50 pairs solved at 64^2 and read at
 # 16, 32 and 64 (half, the same and twice the training grid).  Measured on 2 idle cores from an
 # empty cache: ViT NO median 0.153 (persistence 0.187) in 281 s, FANO 0.163 in 292 s, FNO
-# 0.071 in 172 s, AFNO 0.184 in 146 s (no better than persistence: see the README).
+# 0.071 in 172 s, AFNO 0.184 in 185 s (146 s before the fused Adam of 35d186a; no better than
+# persistence: see the README).
 PRESETS = {
     "quick": {
         "threads": None,

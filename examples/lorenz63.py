@@ -59,9 +59,9 @@ from galerkin_ext.training import (
 # "quick" is SPEC-continuum §7 at a budget re-measured on this package: dt = 0.02 (101 times),
 # 800/100/200, a 32-wide 2-layer TNO with 2 heads, Adam + OneCycle (max_lr 5e-3: 2e-3 reached
 # 0.022 only in 100 epochs), batch 32, 50 epochs (30 reached 0.21).  Measured on 2 CPU
-# cores from an empty data cache: task (b) median 2.34e-2, grid (41) 2.61e-2 vs 5.66e-2 for the
-# unweighted model (0.46x), both models in 112 s wall; task (a) median 1.71e-2 (normalised
-# 4.0e-2) in 57 s.
+# cores from an empty data cache: task (b) median 2.09e-2, grid (41) 2.26e-2 vs 5.30e-2 for the
+# unweighted model (0.43x), both models in 102 s wall; task (a) median 1.46e-2 (normalised
+# 3.5e-2) in 55 s.
 ZERO_SHOT_DT = [0.005, 0.0075, 0.01, 0.015, 0.02]  # the paper's Fig 7
 PRESETS = {
     "quick": {
