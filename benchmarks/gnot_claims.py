@@ -37,9 +37,9 @@ from galerkin_ext.data import (
     collate_ragged,
     generate_elasticity,
 )
+from galerkin_ext.losses import masked_relative_l2
 from galerkin_ext.models import build_model
 from galerkin_ext.training import (
-    evaluate,
     load_checkpoint,
     ragged_forward,
     ragged_metric,
@@ -98,37 +98,35 @@ def _last_model(record: dict[str, Any]) -> torch.nn.Module:
     return model.eval()
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
-
-
 def refined_errors(record: dict[str, Any], refined: Path) -> dict[str, float]:
     """The last-epoch model of an elasticity run on the refined evaluation set
-    (``refined_rel_l2``) and, at the base vertices, the shifts of the module docstring."""
+    (``refined_rel_l2``, the examples' metric) and, at the base vertices, the shifts of the
+    module docstring (the same relative L², physical units); means over the samples."""
     model = _last_model(record)
     base_set = _eval_set(record, record["config"]["data_files"]["eval"])
     refined_set = _eval_set(record, refined)
-    shifts: dict[str, list[float]] = {"refined_target_shift": [],
-                                      "refined_prediction_shift": [],
-                                      "refined_rel_l2_base_vertices": []}
+    metric = ragged_metric(refined_set)
+    sums = dict.fromkeys(("refined_rel_l2", "refined_target_shift", "refined_prediction_shift",
+                          "refined_rel_l2_base_vertices"), 0.0)
     with torch.no_grad():
         for j in range(len(base_set)):
-            base, fine = base_set[j], refined_set[j]
-            n = base["x"].shape[0]
-            if not torch.equal(fine["x"][:n], base["x"]):
+            base, fine = collate_ragged([base_set[j]]), collate_ragged([refined_set[j]])
+            n = base["x"].shape[1]
+            if not torch.equal(fine["x"][:, :n], base["x"]):
                 raise RuntimeError(f"{refined}: evaluation sample {j} does not start with the base "
                                    "mesh's vertices (not a refinement of the same geometry)")
-            z_base, z_fine = (base_set.decode_target(ragged_forward(model, collate_ragged([s])))[0]
-                              for s in (base, fine))
-            y_base = base_set.decode_target(base["target"])
-            y_fine = refined_set.decode_target(fine["target"][:n])
-            shifts["refined_target_shift"].append(_rel(y_fine, y_base))
-            shifts["refined_prediction_shift"].append(_rel(z_fine[:n], z_base))
-            shifts["refined_rel_l2_base_vertices"].append(_rel(z_fine[:n], y_fine))
-    result = {"refined_rel_l2": evaluate(model, refined_set, batch_size=8,
-                                         forward=ragged_forward,
-                                         metric=ragged_metric(refined_set))}
-    return result | {key: sum(v) / len(v) for key, v in shifts.items()}
+            pred_base, pred_fine = ragged_forward(model, base), ragged_forward(model, fine)
+            sums["refined_rel_l2"] += float(metric(pred_fine, fine)[0])
+            z_base, z_fine, y_base, y_fine = (refined_set.decode_target(t[:, :n]) for t in (
+                pred_base, pred_fine, base["target"], fine["target"]))
+            # the three shifts at once: (moved, reference) pairs as a batch of three
+            shifts = masked_relative_l2(torch.cat([y_fine, z_fine, z_fine]),
+                                        torch.cat([y_base, z_base, y_fine]),
+                                        base["mask"].expand(3, n), reduction="sample")
+            for key, value in zip(("refined_target_shift", "refined_prediction_shift",
+                                   "refined_rel_l2_base_vertices"), shifts.tolist(), strict=True):
+                sums[key] += value
+    return {key: total / len(base_set) for key, total in sums.items()}
 
 
 def main() -> None:
