@@ -468,8 +468,8 @@ class Trainer:
         # fused: one kernel over all parameters, not a Python loop over them (on the CPU the
         # loop took 13 % of a 44k-parameter GNOT's step); it takes real parameters only (the
         # spectral layers' weights are complex)
-        fused = (True if self.ctx.device.type in ("cpu", "cuda") and all(
-            p.is_floating_point() for p in self.model.parameters()) else None)
+        fused = self.ctx.device.type in ("cpu", "cuda") and all(
+            p.is_floating_point() for p in self.model.parameters())
         self.optimizer = (
             torch.optim.AdamW(self.model.parameters(), lr=config.max_lr,
                               weight_decay=config.weight_decay, fused=fused)
