@@ -145,6 +145,45 @@ def test_kv_reduce_and_q_apply_match_explicit_sums(shape, maps, gen):
                 rtol=1e-10, atol=1e-12)
 
 
+def softmax_rows_across_the_range(dtype, gen):
+    """(2, 2, 7, 21) rows on which a softmax's max must be found right (a wrong one overflows
+    exp(z - max) or loses every term): all large positive, all large negative, wide mixed
+    signs, constant, signed zeros, some -inf entries, near float32's exp range."""
+    rows = 30 * rand(2, 2, 7, 21, gen=gen)
+    rows[:, :, 0] += 1e4
+    rows[:, :, 1] = 300 * rows[:, :, 1] - 1e5  # all negative, spread past float64's exp range
+    rows[:, :, 2] *= 30  # σ 900, both signs
+    rows[:, :, 3] = -5.0
+    rows[:, :, 4] = 0.0
+    rows[:, :, 4, ::2] = -0.0
+    rows[:, :, 5, 3::5] = float("-inf")
+    rows[:, :, 6] -= 80
+    return rows.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_softmax_rows_across_the_range(dtype, gen):
+    k = softmax_rows_across_the_range(dtype, gen)
+    v = rand(2, 2, 7, 5, gen=gen, dtype=dtype)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-13)
+    s = torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "softmax", None, None, "identity",
+                                         None, None, 0.0, True)
+    expected = explicit_s(k, v, None, None, "softmax", None, "identity", None, True)
+    torch.testing.assert_close(s.double(), expected, **tol)
+    out = torch.ops.galerkin_ext.q_apply(k, None, "softmax", None, None, s, 0.0, 1, False)
+    torch.testing.assert_close(out.double(),
+                               explicit_apply(k, None, "softmax", None, s, 1), **tol)
+    # A NaN of either sign makes its row, and so its (b, h) block of S, NaN; nothing else.
+    for nan in (float("nan"), -float("nan")):
+        k_nan = k.clone()
+        k_nan[1, 0, 2, 7] = nan
+        s_nan = torch.ops.galerkin_ext.kv_reduce(k_nan, v, None, None, "softmax", None, None,
+                                                 "identity", None, None, 0.0, True)
+        assert s_nan[1, 0].isnan().all()
+        s_nan[1, 0] = s[1, 0]
+        torch.testing.assert_close(s_nan, s, rtol=0, atol=0)
+
+
 def test_several_normalizers_and_a_block_without_keys(gen):
     x = core_inputs((2, 2, 6, 5, 3, 4, 1, "batched", "batched", False), ("softmax", "identity"),
                     gen)

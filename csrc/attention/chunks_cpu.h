@@ -1,14 +1,15 @@
 // Chunks of prepared rows for the fused CPU kernels (kv_reduce_cpu.cpp, q_apply_cpu.cpp): the row
 // kernels (prepare_cpu.h) build a chunk, the products of gemm_cpu.h consume it while it is still
 // in cache, and no operand-sized buffer is ever written. Against whole prepared operands this
-// removes most of the memory traffic. Chunk buffers have vector_width rows (zero padded), so the
-// products load whole vectors.
+// removes most of the memory traffic. Chunk buffers have rows of vector_width (chunk_buffer), so
+// the products load whole vectors.
 #pragma once
 
 #include "prepare_cpu.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 
@@ -33,6 +34,18 @@ struct Chunking {
   int64_t first(int64_t c) const { return c * rows; }
   int64_t size(int64_t c, int64_t n) const { return std::min(rows, n - c * rows); }
 };
+
+// A chunk buffer of `rows` rows of ld elements, zeroed once: the rows' builders and products
+// write only each row's own columns, and the padding beyond, which the products' vector loads
+// read into lanes they discard, stays zero (no uninitialised reads, no denormals met by chance).
+inline at::Tensor chunk_buffer(int64_t rows, int64_t ld, const at::TensorOptions& options) {
+  return at::zeros({rows, ld}, options);
+}
+
+// Σ over dim 0 of per-chunk partial sums (chunks, ...), in chunk order.
+inline at::Tensor sum_chunks(const at::Tensor& partial) {
+  return partial.size(0) == 1 ? partial.select(0, 0) : partial.sum(0);
+}
 
 // Builds rows [n0, n0 + m) of operand (b, h) into chunk (rows, ld), their statistics into stats.
 template <typename scalar_t, typename acc_t>

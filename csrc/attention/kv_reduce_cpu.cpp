@@ -38,8 +38,9 @@ Tensor forward_impl(const KvReduceInputs& in, double eps_in) {
   const Chunking ch(M, std::max(ldk, ldv), sizeof(scalar_t));
 
   Tensor partial = at::empty({ch.count, B * H, dk, dv}, opts);
+  scalar_t* const partial_data = partial.mutable_data_ptr<scalar_t>();
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
-    Tensor kc = at::empty({ch.rows, ldk}, opts), vc = at::empty({ch.rows, ldv}, opts);
+    Tensor kc = cpu::chunk_buffer(ch.rows, ldk, opts), vc = cpu::chunk_buffer(ch.rows, ldv, opts);
     cpu::AlignedBuffer<scalar_t> scratch(std::max(dk, dv)), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t m0 = ch.first(c), m = ch.size(c, M);
@@ -49,11 +50,11 @@ Tensor forward_impl(const KvReduceInputs& in, double eps_in) {
         if (in.ones_column) set_ones<scalar_t>(vc, m, dv - 1);
         cpu::rows_transposed_times_rows(kc.const_data_ptr<scalar_t>(), ldk,
                                         vc.const_data_ptr<scalar_t>(), ldv, m, dk, dv,
-                                        partial[c][bh].mutable_data_ptr<scalar_t>(), dv);
+                                        partial_data + (c * B * H + bh) * dk * dv, dv);
       }
     }
   });
-  return partial.sum(0).view({B, H, dk, dv});  // in chunk order
+  return cpu::sum_chunks(partial).view({B, H, dk, dv});
 }
 
 template <typename scalar_t>
@@ -90,8 +91,9 @@ KvReduceGrads backward_impl(const KvReduceInputs& in, const Tensor& grad_s, doub
   };
 
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
-    Tensor kc = at::empty({ch.rows, ldk}, opts), vc = at::empty({ch.rows, ldv}, opts);
-    Tensor dkc = at::empty({ch.rows, ldk}, opts), dvc = at::empty({ch.rows, ldv}, opts);
+    Tensor kc = cpu::chunk_buffer(ch.rows, ldk, opts), vc = cpu::chunk_buffer(ch.rows, ldv, opts);
+    Tensor dkc = cpu::chunk_buffer(ch.rows, ldk, opts);
+    Tensor dvc = cpu::chunk_buffer(ch.rows, ldv, opts);
     const int64_t width = std::max(dk, dv);
     cpu::AlignedBuffer<scalar_t> scratch(width), dy(width), k_stats(2 * ch.rows),
         v_stats(2 * ch.rows);

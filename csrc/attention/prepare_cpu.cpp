@@ -9,7 +9,7 @@ GALERKIN_EXT_CPU_KERNEL void prepare_rows(const Rows<scalar_t>& r, int64_t b, in
                                           int64_t n0, int64_t m, acc_t eps, acc_t* scratch,
                                           scalar_t* out, int64_t ld, acc_t* stats) {
   for (int64_t i = 0; i < m; ++i) {
-    const RowStats<acc_t> s = prepare_row(r, b, h, n0 + i, eps, scratch, out + i * ld, ld);
+    const RowStats<acc_t> s = prepare_row(r, b, h, n0 + i, eps, scratch, out + i * ld);
     stats[2 * i] = s.mean;
     stats[2 * i + 1] = s.rstd;
   }

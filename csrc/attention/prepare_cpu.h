@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 // The CPU kernels are cloned for AVX-512 and AVX2 machines, picked at load time (the build itself
@@ -99,9 +100,10 @@ struct Rows {
 // exp(x) for x <= 0 (as in a softmax, x = z - max z), written so that the row loops vectorise.
 // glibc's scalar exp does not: with it, normalised attention at the Burgers shape ran at 0.71x
 // the eager formula's speed (fwd+bwd), with this one at 1.56x (benchmarks/attention.py, runs of
-// 3 repetitions before and after). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, a Taylor
-// polynomial of e^r (degree 7 for float, 13 for double: truncation below half an ulp), and 2^n
-// from its exponent bits. Results below the smallest normal number become 0; NaN stays NaN.
+// 3 repetitions before and after). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the
+// Taylor polynomial of e^r in Horner form, one multiply-add a degree (degree 7 for float, 13 for
+// double: truncation below half an ulp), and 2^n from its exponent bits. Results below the
+// smallest normal number become 0; NaN stays NaN.
 template <typename T>
 inline T exp_nonpositive(T x) {
   constexpr bool is_float = sizeof(T) == 4;
@@ -113,14 +115,16 @@ inline T exp_nonpositive(T x) {
   constexpr int kDegree = is_float ? 7 : 13;
   constexpr int kMantissa = is_float ? 23 : 52;
   constexpr Bits kBias = is_float ? 127 : 1023;
+  // 1 / i!
+  constexpr T kCoefficient[14] = {
+      T(1.0), T(1.0), T(0.5), T(1.0 / 6), T(1.0 / 24), T(1.0 / 120), T(1.0 / 720),
+      T(1.0 / 5040), T(1.0 / 40320), T(1.0 / 362880), T(1.0 / 3628800), T(1.0 / 39916800),
+      T(1.0 / 479001600), T(1.0 / 6227020800.0)};
   const T clamped = x < kLowest ? kLowest : x;  // NaN passes through (the comparison is false)
   const T n = std::floor(clamped * kLog2e + T(0.5));
   const T r = clamped - n * kLn2Hi - n * kLn2Lo;
-  constexpr T kInverse[14] = {T(0), T(1), T(1) / 2, T(1) / 3, T(1) / 4, T(1) / 5, T(1) / 6,
-                              T(1) / 7, T(1) / 8, T(1) / 9, T(1) / 10, T(1) / 11, T(1) / 12,
-                              T(1) / 13};
-  T p = T(1);
-  for (int i = kDegree; i >= 1; --i) p = T(1) + p * r * kInverse[i];  // Horner: Σ r^i / i!
+  T p = kCoefficient[kDegree];
+  for (int i = kDegree - 1; i >= 0; --i) p = p * r + kCoefficient[i];
   const Bits bits = (static_cast<Bits>(n) + kBias) << kMantissa;
   T scale;
   std::memcpy(&scale, &bits, sizeof(T));
@@ -145,6 +149,27 @@ acc_t max_magnitude(const acc_t* row, int64_t n) {
   return max_abs;
 }
 
+// max row[j] (n >= 1), found on integer keys that order like the values (a negative value's
+// magnitude bits flipped): an integer max vectorises where a float max, with its NaN rules, does
+// not (a scalar max chain was a quarter of building softmax rows 97 wide). A NaN may or may not
+// come out; a softmax row holding one is NaN either way, through exp(NaN - max).
+template <typename acc_t>
+acc_t row_max(const acc_t* row, int64_t n) {
+  using Key = std::conditional_t<sizeof(acc_t) == 4, int32_t, int64_t>;
+  constexpr int kSignShift = 8 * sizeof(Key) - 1;
+  constexpr Key kMagnitude = std::numeric_limits<Key>::max();
+  Key top = std::numeric_limits<Key>::min();
+  for (int64_t j = 0; j < n; ++j) {
+    Key key;
+    std::memcpy(&key, row + j, sizeof key);
+    top = std::max(top, Key(key ^ ((key >> kSignShift) & kMagnitude)));
+  }
+  top ^= (top >> kSignShift) & kMagnitude;  // the key's own inverse
+  acc_t max;
+  std::memcpy(&max, &top, sizeof max);
+  return max;
+}
+
 template <typename acc_t>
 struct RowStats {
   // The norm's (mean, rstd); (0, 1) for an operand without a norm; the softmax's
@@ -162,26 +187,24 @@ void load_softmax_input(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n
   r.load(b, h, n, z + r.P);
 }
 
-// Writes the prepared row (b, h, n) to out[0, ld): [s·pos | s·LN_h(x) | 0], or
-// [s·softmax([pos | x]) | 0] for a softmax operand, s the row scale. `row` is P + D elements of
+// Writes the prepared row (b, h, n) to out[0, P + D): [s·pos | s·LN_h(x)], or
+// [s·softmax([pos | x])] for a softmax operand, s the row scale. `row` is P + D elements of
 // scratch. Returns the row map's statistics.
 template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
 RowStats<acc_t> prepare_row(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n,
-                            acc_t eps, acc_t* row, scalar_t* out, int64_t ld) {
-  std::fill(out + r.P + r.D, out + ld, scalar_t(0));
+                            acc_t eps, acc_t* row, scalar_t* out) {
   const acc_t s = r.template scale<acc_t>(b, n);
   if (r.softmax) {
     const int64_t width = r.P + r.D;
     load_softmax_input(r, b, h, n, row);
-    acc_t top = row[0];
-    for (int64_t j = 1; j < width; ++j) top = std::max(top, row[j]);
+    const acc_t top = row_max(row, width);
     acc_t sum = 0;
     for (int64_t j = 0; j < width; ++j) {
       row[j] = exp_nonpositive(row[j] - top);
       sum += row[j];
     }
-    const acc_t inv = acc_t(1) / sum;
-    for (int64_t j = 0; j < width; ++j) out[j] = static_cast<scalar_t>(row[j] * inv * s);
+    const acc_t inv = acc_t(1) / sum, factor = inv * s;
+    for (int64_t j = 0; j < width; ++j) out[j] = static_cast<scalar_t>(row[j] * factor);
     return {top, inv};
   }
   r.load(b, h, n, row);
@@ -303,8 +326,9 @@ void prepare_row_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t
   }
 }
 
-// Rows [n0, n0 + m) of operand (b, h), prepared into out (row stride ld), and their statistics
-// into stats as (mean, rstd) pairs. `scratch`: P + D elements.
+// Rows [n0, n0 + m) of operand (b, h), prepared into columns [0, P + D) of out (row stride ld;
+// the columns beyond are left as they are), and their statistics into stats as (mean, rstd)
+// pairs. `scratch`: P + D elements.
 template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
 void prepare_rows(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t n0, int64_t m,
                   acc_t eps, acc_t* scratch, scalar_t* out, int64_t ld, acc_t* stats);

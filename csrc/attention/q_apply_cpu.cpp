@@ -149,7 +149,7 @@ QApplyGrads direct_backward(const QApplyInputs& in, const Tensor& grad_out) {
   });
   QApplyGrads grads;
   grads.q = grad_q.view({in.B, in.H, in.N, in.D});
-  grads.s = partial.sum(0).view({in.B, in.H, in.D, in.W});
+  grads.s = cpu::sum_chunks(partial).view({in.B, in.H, in.D, in.W});
   return grads;
 }
 
@@ -165,8 +165,8 @@ Tensor forward_impl(const QApplyInputs& in, double eps_in) {
 
   Tensor out = at::empty({B, H, N, width}, opts);
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
-    Tensor qc = at::empty({ch.rows, ldq}, opts);
-    Tensor yc = L > 0 ? at::empty({ch.rows, ldw}, opts) : Tensor();
+    Tensor qc = cpu::chunk_buffer(ch.rows, ldq, opts);
+    Tensor yc = L > 0 ? cpu::chunk_buffer(ch.rows, ldw, opts) : Tensor();
     cpu::AlignedBuffer<scalar_t> scratch(dq), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = ch.first(c), m = ch.size(c, N);
@@ -219,14 +219,15 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
   const bool norm = in.q_norm_weight.has_value();
   const Tensor norm_partial = norm ? at::zeros({ch.count, 2, H, in.D}, opts) : Tensor();
   Tensor partial = at::empty({ch.count, B * H, dq, W}, opts);
+  scalar_t* const partial_data = partial.mutable_data_ptr<scalar_t>();
 
   at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
     // G'_c, rows padded to whole vectors (rows_transposed_times_rows); with normalisers u_c
     // and dQ̂_c get buffers of their own.
-    Tensor qc = at::empty({ch.rows, ldq}, opts), gc = at::zeros({ch.rows, ldw}, opts);
+    Tensor qc = cpu::chunk_buffer(ch.rows, ldq, opts), gc = cpu::chunk_buffer(ch.rows, ldw, opts);
     const int64_t ldu = cpu::vector_width(L * dq);
-    Tensor uc = L > 0 ? at::empty({ch.rows, ldu}, opts) : Tensor();
-    Tensor dc = L > 0 ? at::empty({ch.rows, ldq}, opts) : qc;
+    Tensor uc = L > 0 ? cpu::chunk_buffer(ch.rows, ldu, opts) : Tensor();
+    Tensor dc = L > 0 ? cpu::chunk_buffer(ch.rows, ldq, opts) : qc;
     cpu::AlignedBuffer<scalar_t> scratch(dq), dy(dq), stats(2 * ch.rows);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = ch.first(c), m = ch.size(c, N);
@@ -253,7 +254,7 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
           }
         }
         cpu::rows_transposed_times_rows(q_rows, ldq, gdst, ldw, m, dq, W,
-                                        partial[c][bh].mutable_data_ptr<scalar_t>(), W);
+                                        partial_data + (c * B * H + bh) * dq * W, W);
         if (L == 0) {  // Q̂_c is spent: it now takes dQ̂_c = G'_c Sᵀ
           cpu::rows_times_matrix(gdst, ldw, s_t.const_data_ptr<scalar_t>() + bh * W * dq, dq, m,
                                  W, dq, qc.mutable_data_ptr<scalar_t>(), ldq);
@@ -264,7 +265,7 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
       }
     }
   });
-  grads.s = partial.sum(0).view({B, H, dq, W});  // in chunk order
+  grads.s = cpu::sum_chunks(partial).view({B, H, dq, W});
   if (norm) {
     grads.q_norm_weight = norm_partial.select(1, 0).sum(0);  // in chunk order
     grads.q_norm_bias = norm_partial.select(1, 1).sum(0);
