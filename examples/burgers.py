@@ -24,6 +24,7 @@ from galerkin_ext.training import (
     cached_data,
     cleanup_distributed,
     evaluate,
+    evaluation_only,
     experiment_parser,
     plot_1d,
     predict,
@@ -89,10 +90,11 @@ def main(argv=None):
     split = {"n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
     train_set = BurgersDataset(data, "train", cfg["n"], **split)
     norm = train_set.target_normalizer
-    eval_set = BurgersDataset(args.eval_data or data, "valid", cfg["n"], **split,
+    eval_split = evaluation_only(split, "n_valid") if args.eval_data else split
+    eval_set = BurgersDataset(args.eval_data or data, "valid", cfg["n"], **eval_split,
                               target_normalizer=norm)
     # before training: a resolution the data cannot give fails now, not after hours
-    zero_shot_sets = {n: BurgersDataset(args.eval_data or data, "valid", n, **split,
+    zero_shot_sets = {n: BurgersDataset(args.eval_data or data, "valid", n, **eval_split,
                                         target_normalizer=norm) for n in args.eval_n}
 
     # -- model, loss, training -----------------------------------------------------------------
@@ -110,7 +112,8 @@ def main(argv=None):
                  for n, other in zero_shot_sets.items()}
 
     if ctx.is_main:
-        pred, batch = predict(model, eval_set, list(range(N_PLOT)), device=ctx.device)
+        pred, batch = predict(model, eval_set, list(range(min(N_PLOT, len(eval_set)))),
+                              device=ctx.device)
         plot_1d(f"{args.out}/prediction.png", eval_set.grid, pred, batch["target"],
                 title=f"Burgers, {cfg['model']['attention_type']} attention, n = {cfg['n']}: "
                       f"evaluation rel. L2 {test_rel_l2:.3e}")

@@ -26,6 +26,7 @@ from galerkin_ext.training import (
     cached_data,
     cleanup_distributed,
     evaluate,
+    evaluation_only,
     experiment_parser,
     plot_2d,
     predict,
@@ -90,7 +91,8 @@ def main(argv=None):
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"],
              "n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
     train_set = DarcyDataset(data, "train", **grids)
-    eval_set = DarcyDataset(args.eval_data or data, "valid", **grids,
+    eval_set = DarcyDataset(args.eval_data or data, "valid",
+                            **(evaluation_only(grids, "n_valid") if args.eval_data else grids),
                             input_normalizer=train_set.input_normalizer,
                             target_normalizer=train_set.target_normalizer)
 
@@ -106,7 +108,8 @@ def main(argv=None):
     test_rel_l2 = evaluate(model, eval_set, device=ctx.device, ctx=ctx)
 
     if ctx.is_main:
-        pred, batch = predict(model, eval_set, list(range(N_PLOT)), device=ctx.device)
+        pred, batch = predict(model, eval_set, list(range(min(N_PLOT, len(eval_set)))),
+                              device=ctx.device)
         plot_2d(f"{args.out}/prediction.png", batch["coeff"][..., 0], pred[..., 0],
                 batch["target"][..., 0], input_label="coefficient a",
                 title=f"Darcy {cfg['fine']}/{cfg['coarse']}, {attention} attention: "

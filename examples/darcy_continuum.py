@@ -41,6 +41,7 @@ from galerkin_ext.training import (
     describe_grid,
     enforce_thresholds,
     error_summary,
+    evaluation_only,
     experiment_parser,
     normalizer_config,
     plot_2d,
@@ -245,7 +246,9 @@ def main(argv=None):
     norms = {"input_normalizer": train_set.input_normalizer,
              "target_normalizer": train_set.target_normalizer}
     valid_set = ContinuumDarcyDataset(data, "valid", **split, **norms)
-    test_set = ContinuumDarcyDataset(args.eval_data or data, "test", **split, **norms)
+    test_set = ContinuumDarcyDataset(
+        args.eval_data or data, "test",
+        **(evaluation_only(split, "n_test") if args.eval_data else split), **norms)
     zs = cfg["zero_shot"]
     zero_shot_sets, skipped = {}, {}
     for res in zs["resolution"]:
@@ -257,7 +260,7 @@ def main(argv=None):
                   "seed": zs["seed"]}
         zero_shot_sets[f"s={res}"] = ContinuumDarcyDataset(
             cached_data("darcy", args.data_dir, ctx, **params), "test",
-            **{**split, "n_test": zs["n_samples"]}, **norms)
+            **evaluation_only({**split, "n_test": zs["n_samples"]}, "n_test"), **norms)
     cfg["normalizers"] = normalizer_config(input=norms["input_normalizer"],
                                            target=norms["target_normalizer"])
 

@@ -25,6 +25,7 @@ from galerkin_ext.training import (
     cached_data,
     cleanup_distributed,
     evaluate,
+    evaluation_only,
     experiment_parser,
     plot_2d,
     predict,
@@ -92,7 +93,9 @@ def main(argv=None):
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"], "noise": args.noise,
              "noise_seed": NOISE_SEED, "n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
     train_set = DarcyInverseDataset(data, "train", **grids)
-    eval_set = DarcyInverseDataset(args.eval_data or data, "valid", **grids,
+    eval_set = DarcyInverseDataset(args.eval_data or data, "valid",
+                                   **(evaluation_only(grids, "n_valid") if args.eval_data
+                                      else grids),
                                    input_normalizer=train_set.input_normalizer)
 
     # -- model, loss, training -----------------------------------------------------------------
@@ -107,7 +110,8 @@ def main(argv=None):
     test_rel_l2 = evaluate(model, eval_set, device=ctx.device, ctx=ctx)
 
     if ctx.is_main:
-        pred, batch = predict(model, eval_set, list(range(N_PLOT)), device=ctx.device)
+        pred, batch = predict(model, eval_set, list(range(min(N_PLOT, len(eval_set)))),
+                              device=ctx.device)
         plot_2d(f"{args.out}/prediction.png", batch["x"][..., 0], pred[..., 0],
                 batch["target"][..., 0], input_label=f"input u (noise {args.noise:g})",
                 title=f"Inverse Darcy {cfg['fine']} -> {cfg['coarse']}, {attention} attention: "

@@ -46,6 +46,7 @@ from galerkin_ext.training import (
     cleanup_distributed,
     enforce_thresholds,
     evaluate,
+    evaluation_only,
     experiment_parser,
     plot_2d,
     predict,
@@ -158,7 +159,8 @@ def main(argv=None):
     grids = {"resolution": cfg["resolution"], "coarse_resolution": cfg["resolution"],
              "n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
     train_full = DarcyDataset(data, "train", **grids)
-    eval_full = DarcyDataset(args.eval_data or data, "valid", **grids,
+    eval_full = DarcyDataset(args.eval_data or data, "valid",
+                             **(evaluation_only(grids, "n_valid") if args.eval_data else grids),
                              input_normalizer=train_full.input_normalizer,
                              target_normalizer=train_full.target_normalizer)
     split = DomainSplit.even(cfg["resolution"] ** 2)  # contiguous runs of grid rows

@@ -37,6 +37,7 @@ from galerkin_ext.training import (
     describe_grid,
     enforce_thresholds,
     error_summary,
+    evaluation_only,
     experiment_parser,
     normalizer_config,
     plot_1d,
@@ -168,7 +169,9 @@ def main(argv=None):
     norms = {"input_normalizer": train_set.input_normalizer,
              "target_normalizer": train_set.target_normalizer}
     valid_set = ODEDataset(data, "valid", **split, **norms)
-    test_set = ODEDataset(args.eval_data or data, "test", **split, **norms)
+    test_set = ODEDataset(args.eval_data or data, "test",
+                          **(evaluation_only(split, "n_test") if args.eval_data else split),
+                          **norms)
     # zero-shot sets: independent draws at other time grids (before training: a bad set fails
     # now, not after the run)
     zs = cfg["zero_shot"]
@@ -177,7 +180,8 @@ def main(argv=None):
     zero_shot_sets = {
         name: ODEDataset(cached_data("lorenz63", args.data_dir, ctx, n_samples=zs["n_samples"],
                                      seed=zs["seed"], **grid),
-                         "test", **{**split, "n_test": zs["n_samples"]}, **norms)
+                         "test", **evaluation_only({**split, "n_test": zs["n_samples"]},
+                                                   "n_test"), **norms)
         for name, grid in grids.items()
     }
     cfg["normalizers"] = normalizer_config(input=norms["input_normalizer"],

@@ -215,11 +215,18 @@ def test_datasets_from_generated_files(tmp_path):
 def test_valid_split_of_a_separate_file_needs_the_training_normaliser():
     a, u = darcy_arrays()
     train = DarcyDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3)
+    norms = {"input_normalizer": train.input_normalizer,
+             "target_normalizer": train.target_normalizer}
     with pytest.raises(ValueError, match="input_normalizer must be given"):
-        DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3)
-    valid = DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
-                         input_normalizer=train.input_normalizer,
-                         target_normalizer=train.target_normalizer, dtype=torch.float64)
+        DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=0, n_valid=3)
+    # n_train = 6 says the file starts with the 6 training samples: its last 3 would be 3 of
+    # them, given normalisers or not
+    for given in ({}, norms):
+        with pytest.raises(ValueError, match=r"n_valid: .* 6 \+ 3, so the splits would overlap"):
+            DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                         **given)
+    valid = DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=0, n_valid=3,
+                         **norms, dtype=torch.float64)
     assert valid.input_normalizer.mean.dtype == torch.float64
     assert train.input_normalizer.mean.dtype == torch.float32  # the given one is untouched
 
@@ -263,11 +270,15 @@ def test_ode_dataset_splits_tasks_and_normalisers(ode_files):
     np.testing.assert_array_equal(valid.indices, np.arange(10, 14))
     # a zero-shot file of test samples only takes the training normalisers, on its own grid
     norms = {"input_normalizer": b.input_normalizer, "target_normalizer": b.target_normalizer}
-    zs = ODEDataset(ode_files["l63_zs"], "test", task="l63_b", **{**split, "n_test": 5}, **norms)
+    only = {"n_train": 0, "n_valid": 0, "n_test": 5}
+    zs = ODEDataset(ode_files["l63_zs"], "test", task="l63_b", **only, **norms)
     assert zs.grid.shape == (301, 1) and torch.equal(zs.target_normalizer.mean,
                                                      b.target_normalizer.mean)
-    with pytest.raises(ValueError, match="give the training set's normalisers"):
-        ODEDataset(ode_files["l63_zs"], "test", task="l63_b", **{**split, "n_test": 5})
+    with pytest.raises(ValueError, match="with the training set's normalisers"):
+        ODEDataset(ode_files["l63_zs"], "test", task="l63_b", **only)
+    # read with the training file's split sizes, its 5 samples would overlap them
+    with pytest.raises(ValueError, match=r"10 \+ 4 \+ 5, so the splits would overlap"):
+        ODEDataset(ode_files["l63_zs"], "test", task="l63_b", **{**split, "n_test": 5}, **norms)
     cde = ODEDataset(ode_files["cde"], "train", task="cde", **split)
     assert cde[0]["target"].shape == (41, 1)
 

@@ -370,6 +370,13 @@ def test_dataset_arguments_are_checked(ragged_file, tmp_path):
         RaggedDataset(ragged_file, "test", n_test=3)
     with pytest.raises(ValueError, match="splits would overlap"):
         RaggedDataset(ragged_file, "test", n_train=10, n_test=5)
+    # given the training set's normalisers too: its last 5 would still be training samples
+    train = RaggedDataset(ragged_file, "train", n_train=10)
+    with pytest.raises(ValueError, match=r"n_train \+ n_test = 10 \+ 5, so the splits would"):
+        RaggedDataset(ragged_file, "test", n_train=10, n_test=5, normalizers=train.normalizers)
+    assert len(RaggedDataset(ragged_file, "test", n_test=5, normalizers=train.normalizers)) == 5
+    with pytest.raises(ValueError, match="n_train: expected >= 1 for split='train', got 0"):
+        RaggedDataset(ragged_file, "train", n_train=0, normalizers=train.normalizers)
     with pytest.raises(ValueError, match="split: expected one of"):
         RaggedDataset(ragged_file, "valid", n_train=4)
     with pytest.raises(ValueError, match="distinct sample indices"):

@@ -108,6 +108,24 @@ def test_burgers_example(tmp_path):
     assert "generating" not in proc.stdout
 
 
+def test_burgers_example_evaluates_a_separate_file(tmp_path, burgers_file):
+    """--eval-data: a file of evaluation samples only, read whole (its first samples are not
+    training samples); fewer evaluation samples than the picture's rows."""
+    eval_file = generate_burgers(tmp_path / "eval.h5", n_samples=2, resolution=2048,
+                                 solve_resolution=256, seed=7, progress=False)
+    out = tmp_path / "run"
+    _run(_cmd("burgers.py", out, "--data", str(burgers_file), "--eval-data", str(eval_file),
+              "--n-train", "8", "--n-eval", "2", "--n", "128", "--epochs", "1"))
+    m = _check_outputs(out, 1)
+    assert m["config"]["data_files"]["eval"] == str(eval_file.resolve())
+    model = build_model("burgers", **m["config"]["model"])
+    model.load_state_dict(load_checkpoint(out / "best.pt", "best")["model"])
+    norm = BurgersDataset(burgers_file, "train", 128, n_train=8, n_valid=2).target_normalizer
+    eval_set = BurgersDataset(eval_file, "valid", 128, n_train=0, n_valid=2,
+                              target_normalizer=norm)
+    assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
+
+
 def test_darcy_example(tmp_path, darcy_file):
     out = tmp_path / "run"
     _run(_cmd("darcy.py", out, "--data", str(darcy_file), "--fine", "43", "--coarse", "15",
@@ -120,7 +138,7 @@ def test_darcy_example(tmp_path, darcy_file):
 def test_darcy_inverse_example(tmp_path, darcy_file):
     out = tmp_path / "run"
     _run(_cmd("darcy_inverse.py", out, "--data", str(darcy_file), "--fine", "43", "--coarse",
-              "15", "--n-train", "16", "--n-eval", "8", "--epochs", "2", "--noise", "0.01",
+              "15", "--n-train", "16", "--n-eval", "2", "--epochs", "2", "--noise", "0.01",
               "--norm", "layer"))
     m = _check_outputs(out, 2)
     assert m["config"]["noise"] == 0.01 and m["config"]["model"]["norm"] == "layer"
@@ -269,6 +287,9 @@ def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
           "--eval-n", "100"), "resolution must divide"),
         (("--data", str(burgers_file), "--n", "128", "--n-train", "8", "--n-eval", "8",
           "--out", str(burgers_file)), "out_dir: cannot write to"),
+        # the last 8 of the 80 samples would be training samples
+        (("--data", str(burgers_file), "--n", "128", "--n-train", "75", "--n-eval", "8"),
+         "n_train + n_valid = 75 + 8, so the splits would overlap"),
     ]
     for args, message in cases:
         proc = subprocess.run(_cmd("burgers.py", tmp_path / "bad", *args), capture_output=True,

@@ -310,15 +310,35 @@ def _n_samples(source: Source, mat_keys: tuple[str, str]) -> int:
     return n
 
 
+def evaluation_indices(n: int, before: dict[str, int], name: str, size: int) -> np.ndarray:
+    """The last ``size`` of a source's ``n`` samples, the evaluation split ``name``, refused
+    where they would reach into the splits the source holds before them (``before``: their
+    sizes by argument name, the training split first). A source of evaluation samples only
+    says so with sizes of 0 before (and the training set's normalisers)."""
+    if sum(before.values()) + size > n:
+        names = " + ".join([*before, name])
+        sizes = " + ".join(str(v) for v in [*before.values(), size])
+        zeros = ", ".join(f"{k}=0" for k in before)
+        raise ValueError(
+            f"{name}: the source has {n} samples, fewer than {names} = {sizes}, so the splits "
+            f"would overlap (a source that holds evaluation samples only is read with {zeros} "
+            "and the training set's normalisers)")
+    return np.arange(n - size, n)
+
+
 def _split_indices(n: int, split: str, n_train: int, n_valid: int) -> np.ndarray:
-    if split not in ("train", "valid"):
-        raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
-    n_train = check_int(n_train, "n_train")
+    """train = the first ``n_train`` samples, valid = the last ``n_valid``, disjoint
+    (``n_train = 0``: a source of validation samples only)."""
+    check_choice(split, "split", ("train", "valid"))
+    n_train = check_int(n_train, "n_train", 0)
     n_valid = check_int(n_valid, "n_valid")
-    want = n_train if split == "train" else n_valid
-    if want > n:
-        raise ValueError(f"the source has {n} samples, fewer than n_{split} = {want}")
-    return np.arange(n_train) if split == "train" else np.arange(n - n_valid, n)
+    if split == "valid":
+        return evaluation_indices(n, {"n_train": n_train}, "n_valid", n_valid)
+    if n_train < 1:
+        raise ValueError("n_train: expected >= 1 for the 'train' split, got 0")
+    if n_train > n:
+        raise ValueError(f"n_train: the source has {n} samples, fewer than {n_train}")
+    return np.arange(n_train)
 
 
 def _stride(k: int, n: int, periodic: bool) -> int:
@@ -382,12 +402,9 @@ def _needs_fit(n: int, split: str, n_train: int, n_valid: int, given: Any, name:
         if not isinstance(given, UnitGaussianNormalizer):
             raise TypeError(f"{name} must be a UnitGaussianNormalizer, got {type(given).__name__}")
         return False
-    if split == "valid" and n_train + n_valid > n:
-        # e.g. an original evaluation .mat file: its first samples are not the training set.
-        raise ValueError(
-            f"{name} must be given (from the training dataset) for a 'valid' split of a source "
-            f"whose {n} samples do not hold n_train + n_valid = {n_train + n_valid} samples"
-        )
+    if n_train == 0:  # e.g. an original evaluation .mat file
+        raise ValueError(f"{name} must be given (from the training dataset) for a source of "
+                         "validation samples only (n_train=0)")
     return True
 
 
@@ -542,28 +559,25 @@ class DarcyInverseDataset(Dataset):
 def _three_way_split(n: int, split: str, n_train: int, n_valid: int, n_test: int,
                      fitted: bool) -> np.ndarray:
     """Indices of ``split``: train = ``[0, n_train)``, valid = the next ``n_valid``, test = the
-    last ``n_test``.  ``fitted``: the normalisers are given, so a file of test samples only (a
-    zero-shot set) is fine; otherwise the file must hold all three splits, disjoint."""
+    last ``n_test``, all three disjoint.  ``fitted``: the normalisers are given, so a file of
+    test samples only (a zero-shot set, ``n_train = n_valid = 0``) is fine."""
     check_choice(split, "split", ("train", "valid", "test"))
-    # a file of test samples only, read with given normalisers, may say it has no training part
-    n_train = check_int(n_train, "n_train", 0 if split == "test" and fitted else 1)
+    n_train = check_int(n_train, "n_train", 0)
+    if n_train == 0 and not (split == "test" and fitted):
+        raise ValueError("n_train: 0 says the source holds test samples only, which are read "
+                         "as the 'test' split with the training set's normalisers"
+                         if split == "test" else f"n_train: expected >= 1 for the {split!r} "
+                         "split, got 0")
     n_valid = check_int(n_valid, "n_valid", 0)
     n_test = check_int(n_test, "n_test")
-    if split == "test" and fitted:
-        if n_test > n:
-            raise ValueError(f"n_test: the source has {n} samples, fewer than n_test = {n_test}")
-        return np.arange(n - n_test, n)
-    if n_train + n_valid + n_test > n:
-        raise ValueError(f"the source has {n} samples, fewer than n_train + n_valid + n_test = "
-                         f"{n_train} + {n_valid} + {n_test} (for a file of test samples only, "
-                         "give the training set's normalisers)")
+    last = evaluation_indices(n, {"n_train": n_train, "n_valid": n_valid}, "n_test", n_test)
     if split == "train":
         return np.arange(n_train)
     if split == "valid":
         if n_valid < 1:
             raise ValueError("n_valid: expected >= 1 for the 'valid' split, got 0")
         return np.arange(n_train, n_train + n_valid)
-    return np.arange(n - n_test, n)
+    return last
 
 
 def _open_generated(source: object, generators: tuple[str, ...]) -> dict[str, Any]:

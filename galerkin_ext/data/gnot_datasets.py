@@ -33,7 +33,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
 from .._checks import check_choice, check_float, check_int
-from .datasets import UnitGaussianNormalizer
+from .datasets import UnitGaussianNormalizer, evaluation_indices
 from .ragged import RaggedArrays, RaggedLayout, read_header, read_ragged
 from .storage import DataFileError
 
@@ -217,7 +217,9 @@ class RaggedDataset(Dataset):
         split: ``"train"`` (the first ``n_train`` samples), ``"test"`` (the last ``n_test``)
             or a sequence of sample indices.
         n_train: the training split; needed to fit the normalisers (unless ``normalizers`` is
-            given) and for ``split="train"``.  A ``"test"`` split must not overlap it.
+            given) and for ``split="train"``.  A ``"test"`` split must not overlap it: a file
+            of evaluation samples only is read without it (or with 0) and with the training
+            set's ``normalizers``.
         n_test: the size of the ``"test"`` split.
         normalizers: saved :class:`RaggedNormalizers` (or their ``state_dict``) to use instead
             of fitting (e.g. for a refined evaluation file); not modified.
@@ -273,7 +275,7 @@ class RaggedDataset(Dataset):
         layout: RaggedLayout = info["layout"]
         n = info["n_samples"]
         if n_train is not None:
-            n_train = check_int(n_train, "n_train")
+            n_train = check_int(n_train, "n_train", 0)
             if n_train > n:
                 raise ValueError(f"n_train: the file has {n} samples, fewer than {n_train}")
         if n_test is not None:
@@ -351,17 +353,12 @@ class RaggedDataset(Dataset):
         if isinstance(split, str):
             check_choice(split, "split", ("train", "test"))
             if split == "train":
-                if n_train is None:
-                    raise ValueError("n_train: needed for split='train'")
+                if not n_train:
+                    raise ValueError(f"n_train: expected >= 1 for split='train', got {n_train}")
                 return np.arange(n_train)
             if n_test is None:
                 raise ValueError("n_test: needed for split='test'")
-            if fitting and n_train is not None and n_train + n_test > n:
-                raise ValueError(f"n_test: the file has {n} samples, fewer than n_train + "
-                                 f"n_test = {n_train} + {n_test}, so the splits would overlap "
-                                 "(for a file of evaluation samples only, pass the training "
-                                 "set's normalizers)")
-            return np.arange(n - n_test, n)
+            return evaluation_indices(n, {"n_train": n_train or 0}, "n_test", n_test)
         idx = np.asarray(split)
         if isinstance(split, Mapping) or idx.ndim != 1 or idx.size == 0 or (
             idx.dtype == np.bool_ or idx.dtype.kind not in "iu"

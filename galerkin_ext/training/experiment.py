@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_int
+from .._checks import check_choice, check_int
 from .._cli import positive_float, positive_int
 from .checkpoint import atomic_write, write_json
 from .distributed import DistributedContext
@@ -38,6 +38,7 @@ __all__ = [
     "cached_data",
     "default_cache_dir",
     "describe_device",
+    "evaluation_only",
     "describe_grid",
     "enforce_thresholds",
     "error_summary",
@@ -197,6 +198,19 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
     data)."""
     config["data_files"] = {"train": str(Path(data).resolve()),
                             "eval": str(Path(eval_data or data).resolve())}
+
+
+_SPLIT_SIZES = ("n_train", "n_valid", "n_test")  # the order of the splits in a data file
+
+
+def evaluation_only(split: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The dataset arguments ``split`` for a file that holds only the evaluation split ``key``
+    (``'n_valid'`` or ``'n_test'``): the sizes of the splits before it set to 0, as the
+    datasets expect of such a file (a nonzero size says the file starts with those splits,
+    and an evaluation split reaching into them is refused)."""
+    check_choice(key, "key", _SPLIT_SIZES[1:])
+    before = _SPLIT_SIZES[:_SPLIT_SIZES.index(key)]
+    return {**split, **{name: 0 for name in before if name in split}}
 
 
 def write_metrics(
