@@ -162,10 +162,7 @@ def kernel_arguments(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
     """The one place :func:`kernel_attention` and its domain-parallel form
     (:func:`galerkin_ext.domain.kernel_attention`, ``allow_empty=True``: a shard may hold no
     points) apply the op's autocast policy and check their arguments."""
-    # (autocast exists for CPU and CUDA only: meta tensors, e.g., go straight to the op)
-    if isinstance(q, Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
-        q.device.type
-    ):
+    if under_autocast(q):
         q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm = _autocast(
             q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm)
     batch, heads, n, m, dim_v = check_attention_operands(q, k, v, allow_empty=allow_empty)
@@ -255,6 +252,9 @@ def normalized_attention(
     key ``j``; a sample without keys gets 0, with zero gradients. Arguments and result as
     :func:`galerkin_ext.functional.normalized_attention`: ``(B, H, N, P + D_v)``.
     """
+    if under_autocast(q):
+        q, k, v, pos, kv_pos, weight, *_ = _autocast(q, k, v, pos, kv_pos, weight, None, None,
+                                                     None)
     return functional.normalized_core(
         q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight], reduce="sum", skip=skip,
         hetero=False, kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
@@ -276,6 +276,9 @@ def hetero_normalized_attention(
     one ``kv_reduce`` per input, one ``q_apply`` for all. Arguments and result as
     :func:`galerkin_ext.functional.hetero_normalized_attention`.
     """
+    if under_autocast(q):  # (the sequences come back as tuples; they are checked after)
+        q, ks, vs, pos, kv_pos, weights, *_ = _autocast(q, ks, vs, pos, kv_pos, weights, None,
+                                                        None, None)
     return functional.normalized_core(
         q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce, skip=skip,
         hetero=True, kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
@@ -478,6 +481,13 @@ def _cast(dtype: torch.dtype, *items):
         return t
 
     return tuple(one(t) for t in items)
+
+
+def under_autocast(x: object) -> bool:
+    """Whether autocast is on for ``x``'s device (it exists for CPU and CUDA only: meta tensors,
+    e.g., go straight to the op)."""
+    return (isinstance(x, Tensor) and x.device.type in ("cpu", "cuda")
+            and torch.is_autocast_enabled(x.device.type))
 
 
 def _autocast(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm):

@@ -420,6 +420,25 @@ def test_autocast_casts_like_matmul(gen):
     torch.testing.assert_close(out, expected)
 
 
+def test_autocast_of_the_normalized_ops_like_the_others(gen):
+    """GNOT's ops under autocast: bf16 activations meet float32 coordinates and weights, as in
+    galerkin_attention (they used to refuse pos as 'expected dtype torch.bfloat16 like q')."""
+    q, k, v = (torch.randn(2, 3, 6, 4, generator=gen) for _ in range(3))
+    pos, weight = torch.rand(2, 6, 1, generator=gen), torch.rand(2, 6, generator=gen)
+    bf16 = [t.bfloat16() for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        single = ops.normalized_attention(*bf16, pos=pos, weight=weight, skip=True)
+        hetero = ops.hetero_normalized_attention(bf16[0], [bf16[1]], [bf16[2]], pos=pos,
+                                                 kv_pos=[pos], weights=[weight])
+    exact = [t.float() for t in bf16]
+    assert single.dtype == hetero.dtype == torch.float32
+    torch.testing.assert_close(
+        single, ops.normalized_attention(*exact, pos=pos, weight=weight, skip=True))
+    torch.testing.assert_close(
+        hetero, ops.hetero_normalized_attention(exact[0], [exact[1]], [exact[2]], pos=pos,
+                                                kv_pos=[pos], weights=[weight]))
+
+
 @pytest.mark.parametrize("magnitude", [1e-30, 1e-3, 1e20, 1e36])
 def test_layer_norm_across_the_float32_range(magnitude, gen):
     """float32 rows of any magnitude are normalised right (the squares of 1e20 overflow float32:

@@ -221,7 +221,9 @@ class SimpleAttention(nn.Module):
             raise TypeError(f"pos: expected a tensor of shape {doc}, got {type(pos).__name__}")
         if tuple(pos.shape) not in ((batch, n, self.pos_dim), (n, self.pos_dim)):
             raise ValueError(f"pos: expected shape {doc}, got {tuple(pos.shape)}")
-        if pos.dtype != x.dtype or pos.device != x.device:
+        # (under autocast the op casts both: float32 coordinates meet bfloat16 activations)
+        if pos.device != x.device or (pos.dtype != x.dtype and not (
+                pos.is_floating_point() and ops.under_autocast(x))):
             raise TypeError(f"pos: expected dtype {x.dtype} on {x.device} like x, "
                             f"got {pos.dtype} on {pos.device}")
 
