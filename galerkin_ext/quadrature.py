@@ -57,6 +57,11 @@ def trapezoid_weights(x: Tensor) -> Tensor:
     if x.shape[-1] < 1:
         raise ValueError(f"x: expected at least 1 point along the last axis, got shape "
                          f"{tuple(x.shape)}")
+    if x.ndim >= 2 and x.shape[-1] == 1 and x.shape[-2] > 1:
+        # n sets of one point each (weight 1) is never meant: it is a grid (n, 1) of the models
+        raise ValueError(f"x: expected the points along the last axis, got shape "
+                         f"{tuple(x.shape)}, i.e. sets of 1 point each; for a grid of shape "
+                         "(n, 1) pass x[..., 0]")
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x: expected finite coordinates")
     if x.shape[-1] == 1:
@@ -113,6 +118,8 @@ def grid_weights(
         raise ValueError(f"lengths: expected {len(sizes)} lengths (one per axis of shape), "
                          f"got {lengths!r}")
     lengths = [check_float(length, f"lengths[{a}]") for a, length in enumerate(lengths)]
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
     weights = torch.ones((), dtype=torch.float64)
     for n, length in zip(sizes, lengths, strict=True):
         if rule == "riemann":

@@ -231,6 +231,17 @@ def test_auto_weights(gen):
     # a tensor grid in any order: uniform if equispaced ...
     grid = square_grid(5, F64).reshape(-1, 2)[torch.randperm(25, generator=gen)]
     torch.testing.assert_close(auto_quadrature_weights(grid), torch.ones(25, dtype=F64))
+    # ... the same grid in float32 cast to float64 too (its spacing is float32's): the same
+    # weights, so a model gives the same output in both precisions
+    t = torch.linspace(0, 1, 32)
+    grid32 = torch.stack(torch.meshgrid(t, t, indexing="ij"), dim=-1).reshape(-1, 2)
+    torch.testing.assert_close(auto_quadrature_weights(grid32.double()),
+                               torch.ones(1024, dtype=F64))
+    tno = TNO(1, 1, 2, d_model=8, n_head=2, num_layers=1).eval()
+    u = torch.randn(1, 1024, 1, generator=gen)
+    with torch.no_grad():
+        torch.testing.assert_close(tno.double()(u.double(), grid32.double()).float(),
+                                   tno.float()(u, grid32), rtol=1e-5, atol=1e-6)
     # ... else the product of the per-axis trapezoid weights; a batch of different grids
     a, c = torch.tensor([0.0, 0.1, 0.5, 1.0], dtype=F64), torch.tensor([0.0, 1.0, 3.0], dtype=F64)
     graded = torch.stack(torch.meshgrid(a, c, indexing="ij"), dim=-1).reshape(-1, 2)

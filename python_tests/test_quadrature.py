@@ -71,7 +71,8 @@ def test_trapezoid_weights_any_order_and_one_point(gen):
     want = torch.empty_like(x).scatter_(-1, order, trapezoid_weights(x.gather(-1, order)))
     torch.testing.assert_close(trapezoid_weights(x), want, rtol=0, atol=0)
     torch.testing.assert_close(trapezoid_weights(x).sum(-1), x.amax(-1) - x.amin(-1))
-    assert trapezoid_weights(torch.tensor([[0.3], [2.0]])).tolist() == [[1.0], [1.0]]
+    assert trapezoid_weights(torch.tensor([0.3])).tolist() == [1.0]
+    assert trapezoid_weights(torch.tensor([[0.3]])).tolist() == [[1.0]]
 
 
 def test_trapezoid_weights_errors():
@@ -83,6 +84,10 @@ def test_trapezoid_weights_errors():
         trapezoid_weights(torch.zeros(3, 0))
     with pytest.raises(ValueError, match="finite"):
         trapezoid_weights(torch.tensor([0.0, float("nan"), 1.0]))
+    # the models' (n, 1) grid is n sets of one point each along the last axis: all weights 1,
+    # never what was meant
+    with pytest.raises(ValueError, match=r"shape \(3, 1\).*pass x\[\.\.\., 0\]"):
+        trapezoid_weights(torch.tensor([[0.0], [0.5], [1.0]]))
 
 
 def test_grid_weights_volume_order_and_exactness():
@@ -142,6 +147,7 @@ def test_monte_carlo_weights_converge_at_half_order():
     (((4, 3), (1.0,)), {}, ValueError, "lengths: expected 2 lengths"),
     (((4, 3), (1.0, -2.0)), {}, ValueError, r"lengths\[1\]: expected a finite float > 0"),
     (((4,),), {"rule": "simpson"}, ValueError, "rule: expected one of"),
+    (((3,),), {"dtype": torch.int64}, TypeError, "dtype: expected a floating torch.dtype"),
 ])
 def test_grid_weights_errors(args, kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -42,7 +42,8 @@ def auto_quadrature_weights(coords: Tensor, name: str = "coords") -> Tensor:
       repeated point shares its weight with its copy; ``N = 1`` gets weight 1).
     * ``d >= 2``, the points form a tensor grid (every combination of the per-axis coordinate
       values appears exactly once, in any order): uniform weights when every axis is
-      equispaced; otherwise the product of the per-axis trapezoid weights.
+      equispaced (to float32 round-off, whatever the dtype); otherwise the product of the
+      per-axis trapezoid weights.
     * ``d >= 2``, scattered points: ``ValueError`` (pass e.g.
       :func:`galerkin_ext.quadrature.mesh_weights`).
 
@@ -62,6 +63,8 @@ def auto_quadrature_weights(coords: Tensor, name: str = "coords") -> Tensor:
                          f"{tuple(coords.shape)}")
     if not bool(torch.isfinite(coords).all()):
         raise ValueError(f"{name}: expected finite coordinates")
+    if coords.shape[-2] == 1:  # one point: weight 1 (only ratios matter)
+        return coords.new_ones(coords.shape[:-1])
     if coords.shape[-1] == 1:
         return trapezoid_weights(coords[..., 0])
     if coords.dim() == 2:
@@ -94,11 +97,14 @@ def _tensor_grid_weights(points: Tensor, name: str) -> Tensor:
 
 
 def _equispaced(axis: Tensor) -> bool:
-    """Whether the sorted distinct values ``axis`` are equally spaced, up to round-off."""
+    """Whether the sorted distinct values ``axis`` are equally spaced, up to float32 round-off
+    (or the dtype's, if coarser): a float32 grid cast to float64 is the same grid, and must get
+    the same weights (at float64's round-off it would get the trapezoid rule's instead)."""
     if len(axis) < 3:
         return True
     gaps = axis.diff()
-    tolerance = 64 * torch.finfo(axis.dtype).eps * float(axis.abs().max())
+    eps = max(torch.finfo(axis.dtype).eps, torch.finfo(torch.float32).eps)
+    tolerance = 64 * eps * float(axis.abs().max())
     return float((gaps - gaps.mean()).abs().max()) <= tolerance
 
 
