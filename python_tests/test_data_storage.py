@@ -184,6 +184,12 @@ def test_cli_generate_info_and_errors(tmp_path, capsys):
         main(["generate", "burgers", "--out", str(out), "--n-samples", "0"])
     with pytest.raises(SystemExit):
         main(["generate", "burgers", "--out", str(out), "--resume", "--overwrite"])
+    # an option the problem's generator does not take is refused, never silently ignored
+    for problem, option in (("darcy", "--solve-resolution=32"), ("darcy", "--n-steps=5"),
+                            ("darcy", "--device=cpu"), ("burgers", "--workers=7")):
+        with pytest.raises(SystemExit):
+            main(["generate", problem, "--out", str(tmp_path / "x.h5"), option])
+        assert f"{option.split('=')[0]} does not apply to {problem}" in capsys.readouterr().err
     # a device that cannot be used fails before the partial file exists (it would block a rerun)
     fresh = tmp_path / "dev.h5"
     bad_devices = ["foo"] + ([] if torch.cuda.is_available() else ["cuda"])

@@ -19,14 +19,14 @@ from .._cli import nonnegative_int, positive_float, positive_int
 
 PROBLEMS = ("burgers", "darcy", "lorenz63", "cde", "kolmogorov", "heat", "elasticity")
 GNOT = ("heat", "elasticity")
-# Problem-specific options (argparse dest -> problems that take it).  burgers and darcy have
-# always ignored each other's options; the newer ones are refused where they do not apply.
+# Problem-specific options (argparse dest -> problems whose generator takes it); refused for the
+# others, never silently ignored.
 _APPLIES = {
     "resolution": ("burgers", "darcy", "kolmogorov"),
-    "workers": ("burgers", "darcy", "heat", "elasticity"),
-    "solve_resolution": ("burgers", "darcy", "kolmogorov"),
-    "n_steps": ("burgers", "darcy"),
-    "device": ("burgers", "darcy", "kolmogorov"),
+    "workers": ("darcy", "heat", "elasticity"),
+    "solve_resolution": ("burgers", "kolmogorov"),
+    "n_steps": ("burgers",),
+    "device": ("burgers", "kolmogorov"),
     "coef": ("darcy",),
     "sigma": ("darcy",),
     "tau": ("darcy",),
@@ -206,8 +206,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "generate":
         for dest, problems in _APPLIES.items():
             if getattr(args, dest) is not None and args.problem not in problems:
-                if args.problem in ("burgers", "darcy") and problems == ("burgers", "darcy"):
-                    continue
                 parser.error(f"--{dest.replace('_', '-')} does not apply to {args.problem} "
                              f"(only to {', '.join(problems)})")
         if args.preset == "zero-shot" and args.problem != "kolmogorov":
