@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -223,3 +224,12 @@ def test_half_precision_prediction_is_promoted(gen):
 def test_bad_arguments_are_named(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_numpy_and_python_scalars_alike():
+    """A spacing or weight from numpy (np.float32 included) is a float like any other."""
+    pred, target = torch.rand(2, 5, 5, 1), torch.rand(2, 5, 5, 1)
+    for h in (0.25, np.float32(0.25), np.float64(0.25)):
+        torch.testing.assert_close(relative_h1(pred, target, h), relative_h1(pred, target, 0.25))
+    loss = OperatorLoss(gamma=np.float32(0.5), h=np.float32(0.25))
+    assert (loss.gamma, loss.h) == (0.5, 0.25)

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import is_tracing
+from .._checks import check_float, is_tracing
 from ..data.datasets import central_gradient_1d, central_gradient_2d
 
 __all__ = ["MaskedRelativeLoss", "OperatorLoss", "RelativeLoss", "masked_relative_l2",
@@ -58,9 +58,8 @@ def _reduce(per_sample: Tensor, reduction: str) -> Tensor:
 
 
 def _check_spacing(h: object) -> float:
-    if isinstance(h, bool) or not isinstance(h, (int, float)) or not (math.isfinite(h) and h > 0):
-        raise ValueError(f"h: expected a finite float > 0 (the grid spacing), got {h!r}")
-    return float(h)
+    """The grid spacing ``h``: any real number > 0 (numpy and 0-d tensors' ``item()`` too)."""
+    return check_float(h, "h")
 
 
 def _check_point_weight(weight: object, pred: Tensor) -> Tensor:
@@ -398,14 +397,11 @@ class OperatorLoss(nn.Module):
     def __init__(self, gamma: float = 0.0, h: float | None = None,
                  coefficient_weighted: bool = False) -> None:
         super().__init__()
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not (
-            math.isfinite(gamma) and gamma >= 0
-        ):
-            raise ValueError(f"gamma: expected a finite float >= 0, got {gamma!r}")
-        if gamma > 0 and (isinstance(h, bool) or not isinstance(h, (int, float))
-                          or not (math.isfinite(h) and h > 0)):
-            raise ValueError(f"h: expected the grid spacing (a float > 0) when gamma > 0, "
-                             f"got {h!r}")
+        gamma = check_float(gamma, "gamma", low_inclusive=True)
+        if gamma > 0 and h is None:
+            raise ValueError("h: expected the grid spacing (a float > 0) when gamma > 0, got None")
+        if h is not None:
+            h = _check_spacing(h)
         if not isinstance(coefficient_weighted, bool):
             raise TypeError(f"coefficient_weighted: expected a bool, got {coefficient_weighted!r}")
         self.gamma, self.h = float(gamma), None if h is None else float(h)
