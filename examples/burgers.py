@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from galerkin_ext._cli import positive_int
 from galerkin_ext.data import BurgersDataset
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
@@ -71,10 +72,10 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS)
     # --resolution is the same flag: torchrun's parser mistakes a bare --n for its own options.
-    parser.add_argument("--n", "--resolution", dest="n", type=int, default=None,
+    parser.add_argument("--n", "--resolution", dest="n", type=positive_int, default=None,
                         help="training resolution, dividing the stored one (paper: 512, 2048, "
                              "8192)")
-    parser.add_argument("--eval-n", type=int, nargs="*", default=[],
+    parser.add_argument("--eval-n", type=positive_int, nargs="*", default=[],
                         help="also evaluate the trained model zero-shot at these resolutions")
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args)

@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from galerkin_ext._cli import positive_int
 from galerkin_ext.data import DarcyDataset
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
@@ -69,10 +70,10 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS)
-    parser.add_argument("--fine", type=int, default=None,
+    parser.add_argument("--fine", type=positive_int, default=None,
                         help="input grid n per axis; (stored - 1) / (n - 1) must be an integer "
                              "(paper: 141, 211)")
-    parser.add_argument("--coarse", type=int, default=None,
+    parser.add_argument("--coarse", type=positive_int, default=None,
                         help="attention grid per axis (paper: 43 for 141, 61 for 211)")
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args)

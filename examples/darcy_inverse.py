@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from galerkin_ext._cli import positive_int
 from galerkin_ext.data import DarcyInverseDataset, UnitGaussianNormalizer
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
@@ -68,9 +69,9 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS)
-    parser.add_argument("--fine", type=int, default=None,
+    parser.add_argument("--fine", type=positive_int, default=None,
                         help="input grid n per axis (paper: 141, 211)")
-    parser.add_argument("--coarse", type=int, default=None,
+    parser.add_argument("--coarse", type=positive_int, default=None,
                         help="coefficient grid per axis (paper: 36 for 141, 71 for 211)")
     parser.add_argument("--noise", type=float, default=0.0,
                         help="std of the static noise on the normalised input (paper: 0, 0.01, "

@@ -31,6 +31,7 @@ import sys
 
 import torch
 
+from galerkin_ext._cli import positive_int
 from galerkin_ext.data import DarcyDataset, UnitGaussianNormalizer
 from galerkin_ext.domain import (
     DomainSplit,
@@ -139,7 +140,7 @@ def domain_loss(world_size):
 
 def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
-    parser.add_argument("--resolution", type=int, default=None,
+    parser.add_argument("--resolution", type=positive_int, default=None,
                         help="grid points per axis read from the data; (stored - 1) / "
                              "(resolution - 1) must be an integer (quick: 85, large: 421)")
     args = parser.parse_args(argv)

@@ -32,3 +32,14 @@ def positive_float(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a finite positive number, got {value}")
     return value
+
+
+def device(text: str) -> str:
+    """A device the run can use (``auto``, ``cpu``, ``cuda``, ``cuda:1``), checked at once."""
+    from ._checks import resolve_device  # imports torch: only when a command line needs it
+
+    try:
+        resolve_device(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text

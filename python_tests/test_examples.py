@@ -287,6 +287,9 @@ def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
           "--eval-n", "100"), "resolution must divide"),
         (("--data", str(burgers_file), "--n", "128", "--n-train", "8", "--n-eval", "8",
           "--out", str(burgers_file)), "out_dir: cannot write to"),
+        # one-line argparse errors, not tracebacks
+        (("--seed", "-5"), "argument --seed: expected an integer >= 0"),
+        (("--device", "bogus"), "argument --device: device: expected e.g. 'cpu'"),
         # the last 8 of the 80 samples would be training samples
         (("--data", str(burgers_file), "--n", "128", "--n-train", "75", "--n-eval", "8"),
          "n_train + n_valid = 75 + 8, so the splits would overlap"),

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .._checks import check_choice, check_int
-from .._cli import positive_float, positive_int
+from .._cli import device, nonnegative_int, positive_float, positive_int
 from .checkpoint import atomic_write, write_json
 from .distributed import DistributedContext
 from .trainer import _RESUMABLE_CHANGES, default_forward, per_sample_errors, relative_l2_metric
@@ -106,7 +106,8 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
     p.add_argument("--data-dir", default=None,
                    help="cache folder of generated data (default: $GALERKIN_EXT_CACHE or "
                         "~/.cache/galerkin_ext)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default)")
+    p.add_argument("--device", type=device, default="auto",
+                   help="cpu, cuda, cuda:1 or auto (default)")
     p.add_argument("--out", required=True, help="output folder (checkpoints, metrics, plot)")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/last.pt if it exists (same settings)")
@@ -118,12 +119,14 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                         "schedule")
     p.add_argument("--n-train", type=positive_int, default=None, help="training samples")
     p.add_argument("--n-eval", type=positive_int, default=None, help="evaluation samples")
-    p.add_argument("--seed", type=int, default=None, help="training seed (model init, order)")
+    p.add_argument("--seed", type=nonnegative_int, default=None,
+                   help="training seed (model init, order)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                    help="bf16: autocast on CUDA")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads of torch (default: the preset's 'threads', else torch's)")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
+    p.add_argument("--workers", type=nonnegative_int, default=0,
+                   help="DataLoader workers (default 0)")
     p.add_argument("--tensorboard", action="store_true", help="log to OUT/tensorboard")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
