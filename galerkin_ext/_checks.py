@@ -44,6 +44,13 @@ def check_float(value: object, name: str, *, low: float = 0.0, low_inclusive: bo
     return value
 
 
+def check_float_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
+    """``dtype`` if it is a floating ``torch.dtype``."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{name}: expected a floating torch.dtype, got {dtype!r}")
+    return dtype
+
+
 def check_int_pair(value: object, name: str, minimum: int = 1) -> tuple[int, int]:
     """``value``, an int or a pair of ints ``>= minimum`` (e.g. patches per axis), as a pair; an
     int ``p`` means ``(p, p)``."""

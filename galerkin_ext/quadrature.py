@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import check_choice, check_float, check_int
+from ._checks import check_choice, check_float, check_float_dtype, check_int
 
 __all__ = [
     "curve_weights",
@@ -118,8 +118,7 @@ def grid_weights(
         raise ValueError(f"lengths: expected {len(sizes)} lengths (one per axis of shape), "
                          f"got {lengths!r}")
     lengths = [check_float(length, f"lengths[{a}]") for a, length in enumerate(lengths)]
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
+    check_float_dtype(dtype)
     weights = torch.ones((), dtype=torch.float64)
     for n, length in zip(sizes, lengths, strict=True):
         if rule == "riemann":

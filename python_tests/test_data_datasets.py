@@ -79,6 +79,19 @@ def test_burgers_dataset_bad_arguments():
         BurgersDataset((a, u[:, :8]), n_train=4, n_valid=2)
     with pytest.raises(TypeError, match="source"):
         BurgersDataset(42, n_train=4, n_valid=2)
+    with pytest.raises(TypeError, match="dtype: expected a floating torch.dtype"):
+        BurgersDataset((a, u), "train", 16, n_train=4, n_valid=2, dtype=torch.int32)
+
+
+def test_darcy_dataset_bad_grids_and_dtype():
+    a, u = darcy_arrays()
+    for cls in (DarcyDataset, DarcyInverseDataset):
+        # the attention's coarse grid finer than the data's grid is never meant
+        with pytest.raises(ValueError, match="coarse_resolution: expected at most resolution"):
+            cls((a, u), "train", 13, coarse_resolution=25, n_train=6, n_valid=3)
+        with pytest.raises(TypeError, match="dtype: expected a floating torch.dtype"):
+            cls((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                dtype=torch.int64)
 
 
 def test_darcy_dataset_layout_normaliser_and_gradient():

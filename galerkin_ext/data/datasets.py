@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._checks import check_choice, check_float, check_int
+from .._checks import check_choice, check_float, check_float_dtype, check_int
 from . import mat as _mat
 from .random_fields import sample_rng
 from .storage import DataFileError, inspect_h5, read_h5
@@ -371,6 +371,7 @@ class BurgersDataset(Dataset):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         resolution = check_int(resolution, "resolution", 3)
+        check_float_dtype(dtype)
         n = _n_samples(source, ("a", "u"))
         idx = _split_indices(n, split, n_train, n_valid)
         first = _load(source, ("a", "u"), idx[:1], {"a": lambda x: x})["a"]
@@ -430,6 +431,9 @@ def _darcy_layout(
             f"(defaults exist for {sorted(defaults)})"
         )
     nc = check_int(nc, "coarse_resolution", 2)
+    if nc > resolution:
+        raise ValueError(f"coarse_resolution: expected at most resolution = {resolution} (the "
+                         f"attention's grid is the coarse one), got {nc}")
     keys = ("coeff", "sol")
     n = _n_samples(source, keys)
     idx = _split_indices(n, split, n_train, n_valid)
@@ -453,6 +457,7 @@ class DarcyDataset(Dataset):
         target_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
+        check_float_dtype(dtype)
         n, idx, _, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, DARCY_COARSE, n_train, n_valid)
         keys = ("coeff", "sol")
@@ -508,6 +513,7 @@ class DarcyInverseDataset(Dataset):
         input_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
+        check_float_dtype(dtype)
         n, idx, k, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_valid)
         noise = check_float(noise, "noise", low_inclusive=True)
@@ -637,8 +643,7 @@ class _NormalizedFields(Dataset):
             if norm is not None and not isinstance(norm, UnitGaussianNormalizer):
                 raise TypeError(f"{name}: expected a UnitGaussianNormalizer, got "
                                 f"{type(norm).__name__}")
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
+        check_float_dtype(dtype)
         idx = _three_way_split(info["n_samples"], split, n_train, n_valid, n_test, all(given))
 
         def load(indices: np.ndarray) -> dict[str, np.ndarray]:

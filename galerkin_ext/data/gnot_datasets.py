@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
-from .._checks import check_choice, check_float, check_int
+from .._checks import check_choice, check_float, check_float_dtype, check_int
 from .datasets import UnitGaussianNormalizer, evaluation_indices
 from .ragged import RaggedArrays, RaggedLayout, read_header, read_ragged
 from .storage import DataFileError
@@ -261,8 +261,7 @@ class RaggedDataset(Dataset):
         check_choice(weights, "weights", WEIGHTINGS)
         if not isinstance(normalize_inputs, bool):
             raise TypeError(f"normalize_inputs: expected a bool, got {normalize_inputs!r}")
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
+        check_float_dtype(dtype)
         info = read_header(path)
         if generator is not None:
             wanted = (generator,) if isinstance(generator, str) else tuple(generator)
