@@ -166,3 +166,21 @@ def test_gnot_claims_refined_errors(tmp_path: Path) -> None:
                                 **{**config["data"], "seed": config["data"]["seed"] + 1})
     with pytest.raises(RuntimeError, match="does not start with the base mesh's vertices"):
         claims.refined_errors(record, other)
+
+
+def test_complexity_table(tmp_path: Path) -> None:
+    """benchmarks/complexity.py counts every model at 416² on the meta device, and reproduces
+    the committed table (counting computes nothing, so it is exact)."""
+    out = tmp_path / "complexity.json"
+    cmd = [sys.executable, str(BENCHMARKS / "complexity.py"), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(out.read_text())["records"]
+    committed = json.loads((BENCHMARKS / "results" / "complexity.json").read_text())["records"]
+    assert records == committed
+    by = {(r["model"], r["width"]): r for r in records}
+    assert by["ViT NO", 128]["parameters"] == 716_417 and by["FANO", 128]["parameters"] == (
+        48_084_865)  # SPEC-continuum §2
+    for width in (32, 64, 96, 128):  # quadratic attention over 416² points dwarfs the rest
+        assert by["TNO", width]["forward_flops"] > 100 * by["ViT NO", width]["forward_flops"]
