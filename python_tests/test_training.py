@@ -219,10 +219,30 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
         save_checkpoint(tmp_path / "x.pt", "best", epoch=1)
 
 
+def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):
+    """TrainConfig.compile: the plain run's history to round-off (inductor drawing dropout masks
+    as eager does), checkpoints of the plain module's weights, and a resumption may switch it
+    (it changes no model, data or schedule)."""
+    torch._dynamo.reset()
+    plain = _trainer(tmp_path / "plain", epochs=2).fit()
+    with torch._inductor.config.patch(fallback_random=True):
+        compiled = _trainer(tmp_path / "compiled", epochs=2, compile=True).fit()
+    torch._dynamo.reset()
+    for a, b in zip(plain["history"], compiled["history"], strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["eval_rel_l2"] == pytest.approx(a["eval_rel_l2"], rel=1e-4)
+    last = load_checkpoint(tmp_path / "compiled" / "last.pt", "last")
+    assert last["config"]["train"]["compile"] is True
+    assert set(last["model"]) == set(_PointMLP().state_dict())  # no "_orig_mod." prefix
+    resumed = _trainer(tmp_path / "compiled", epochs=2).fit(resume=True)  # accepted
+    assert resumed["history"] == compiled["history"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         ({"epochs": 0}, "epochs"),
+        ({"compile": "yes"}, "compile"),
         ({"batch_size": 2.5}, "batch_size"),
         ({"max_lr": -1.0}, "max_lr"),
         ({"pct_start": 1.5}, "pct_start"),

@@ -128,6 +128,8 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
     p.add_argument("--workers", type=nonnegative_int, default=0,
                    help="DataLoader workers (default 0)")
     p.add_argument("--tensorboard", action="store_true", help="log to OUT/tensorboard")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the training steps (faster after a slow first step)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -171,7 +173,7 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
         if getattr(args, name) is not None:
             train[key] = getattr(args, name)
     train.update(num_workers=args.workers, progress=not args.no_progress,
-                 tensorboard=args.tensorboard)
+                 tensorboard=args.tensorboard, compile=args.compile)
     return cfg
 
 

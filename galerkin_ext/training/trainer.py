@@ -70,7 +70,7 @@ _SCHEDULERS = ("onecycle", "plateau")
 # Settings that may change between a run and its resumption (they do not change the numbers);
 # keys of the flattened run configuration (see Trainer._check_resumable).
 _RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progress",
-                      "train.tensorboard", "threads")
+                      "train.tensorboard", "train.compile", "threads")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -105,6 +105,11 @@ class TrainConfig:
         num_workers: DataLoader worker processes.
         progress: show a tqdm bar (rank 0 only).
         tensorboard: also log to ``out_dir/tensorboard`` (needs the ``tensorboard`` package).
+        compile: run the training steps' forward and backward through ``torch.compile``
+            (inductor): faster steps after the first ones, which wait for the compilation
+            (tens of seconds; again for each new input shape until the shapes are marked
+            dynamic). The evaluation and the checkpoints use the plain module; the numbers
+            agree with an uncompiled run to round-off, not bit for bit.
     """
 
     epochs: int = 100
@@ -126,6 +131,7 @@ class TrainConfig:
     num_workers: int = 0
     progress: bool = True
     tensorboard: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         check_int(self.epochs, "epochs")
@@ -149,7 +155,7 @@ class TrainConfig:
         check_int(self.num_workers, "num_workers", 0)
         if self.precision not in _PRECISIONS:
             raise ValueError(f"precision: expected one of {_PRECISIONS}, got {self.precision!r}")
-        for name in ("progress", "tensorboard"):
+        for name in ("progress", "tensorboard", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
 
@@ -638,6 +644,8 @@ class Trainer:
         if ctx.enabled and self.parallel == "data":
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             model = DistributedDataParallel(self.model, device_ids=ids)
+        if cfg.compile:  # the same parameters: the optimiser and checkpoints see no difference
+            model = torch.compile(model)
         bar = tqdm(total=cfg.epochs * self.steps_per_epoch, initial=start * self.steps_per_epoch,
                    unit="step", disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
         try:
