@@ -11,6 +11,7 @@
 * :class:`PatchedAttention`, :class:`PatchedEncoderLayer`, :func:`patchify`,
   :func:`unpatchify`, :func:`even_extension`, :func:`periodic_extension`,
   :class:`SpectralSmoothing` — function-space patching of the ViT NO and FANO.
+* :class:`CodomainAttention` — attention among a field's channels (Remark 16, CoDA-NO).
 * :class:`GNOTBlock`, :class:`HeteroNormalizedAttention`, :class:`GeometricGate`,
   :class:`MixtureFFN`, :class:`ResidualMLP` — GNOT's blocks.
 * :class:`SpectralRegressor`, :class:`PointwiseRegressor` — decoders.
@@ -23,6 +24,7 @@ All fields are channels-last: ``(B, N, C)`` token sequences, ``(B, n, C)`` 1-D a
 
 from .attention import ATTENTION_TYPES, NORM_SCHEMES, SimpleAttention
 from .cinn import CiNNDownsampler, CiNNSizes, CiNNUpsampler, cinn_sizes
+from .codomain import CodomainAttention
 from .continuum import (
     ContinuumAttention,
     ContinuumEncoderLayer,
@@ -53,6 +55,7 @@ __all__ = [
     "CiNNDownsampler",
     "CiNNSizes",
     "CiNNUpsampler",
+    "CodomainAttention",
     "ContinuumAttention",
     "ContinuumEncoderLayer",
     "Denormalizer",
