@@ -18,8 +18,11 @@ predicts the change w(T + 0.1) - w(T)) starts from the persistence forecast.  Lo
 L2 (quick) or relative H^1 with periodic differences at the physical spacing (paper).  Writes
 OUT/metrics.json (``test_rel_l2_median`` -- the paper's statistic, physical units --,
 ``persistence_rel_l2_median`` -- the error of predicting no change --, ``test_rel_l2`` (mean),
-``test_rel_l2_median_normalized``, ``zero_shot``, the config and the normaliser), OUT/best.pt,
-OUT/last.pt (resume with --resume), OUT/metrics.csv and OUT/prediction.png.
+``test_rel_l2_median_normalized``, ``zero_shot``, ``rollout``, the config and the normaliser),
+OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv and OUT/prediction.png.
+``--rollout K`` (quick 5, paper 10) applies the trained model K times to its own output from
+w(T) on the first test samples and compares each step with the solver's trajectory from the
+same w(T) (``rollout``: median relative L2 per step, the model's and persistence's).
 """
 
 import argparse
@@ -29,7 +32,7 @@ import sys
 
 import torch
 
-from galerkin_ext._cli import positive_int
+from galerkin_ext._cli import nonnegative_int, positive_int
 from galerkin_ext.data import KOLMOGOROV_PRESETS, KolmogorovDataset, inspect_h5
 from galerkin_ext.losses import RelativeLoss
 from galerkin_ext.models import build_model
@@ -76,6 +79,7 @@ PRESETS = {
         "zero_shot": {"data": {"n_samples": 50, "resolution": 64, "solve_resolution": 64,
                                "solve_dtype": "float32", "seed": 1},
                       "resolution": [16, 32, 64]},
+        "rollout": {"steps": 5, "samples": 50},
         "loss": "l2",
         "residual": True,
         "model": {},
@@ -88,6 +92,7 @@ PRESETS = {
         "n_train": 9000, "n_valid": 500, "n_eval": 500,
         "zero_shot": {"data": dict(KOLMOGOROV_PRESETS["zero-shot"]),
                       "resolution": [208, 312, 416, 624, 832]},
+        "rollout": {"steps": 10, "samples": 100},
         "loss": "h1",
         "residual": False,
         "model": {},
@@ -149,6 +154,38 @@ def make_forward(residual):
     return forward
 
 
+def rollout(model, dataset, forward, steps, samples, batch_size, device):
+    """The model applied ``steps`` times to its own output from w(T), on the first ``samples``
+    (at most all) of ``dataset``, against the solver's trajectories from the same w(T)
+    (:meth:`KolmogorovDataset.reference_trajectories`): the median relative L2 (physical units)
+    of the model and of persistence at each step, and how far the solver's step 1 is from the
+    stored target (its round-off when the data were solved on this grid)."""
+    count = min(samples, len(dataset))
+    truth = dataset.reference_trajectories(steps, count)  # (count, steps, s, s)
+    decode = dataset.target_normalizer.decode
+    grid = dataset.grid[None].to(device)
+    model.eval()
+    states = []
+    with torch.no_grad():
+        for lo in range(0, count, batch_size):
+            x, chunk = dataset.x[lo:min(lo + batch_size, count)].to(device), []
+            for _ in range(steps):  # input and output share one normaliser: feed it back
+                x = forward(model, {"x": x, "grid": grid})
+                chunk.append(decode(x)[..., 0].double().cpu())
+            states.append(torch.stack(chunk, dim=1))
+    pred = torch.cat(states)
+    w0 = dataset.input_normalizer.decode(dataset.x[:count, ..., 0]).double()
+    stored = decode(dataset.target[:count, ..., 0]).double()
+
+    def rel(a, b):  # per sample (and step), over the grid
+        return (a - b).flatten(-2).norm(dim=-1) / b.flatten(-2).norm(dim=-1)
+
+    return {"steps": steps, "samples": count, "dt_out": dataset.parameters["dt_out"],
+            "rel_l2_median": rel(pred, truth).quantile(0.5, dim=0).tolist(),
+            "persistence_rel_l2_median": rel(w0[:, None], truth).quantile(0.5, dim=0).tolist(),
+            "reference_step1_vs_stored": float(rel(truth[:, 0], stored).max())}
+
+
 def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
     parser.add_argument("--model", choices=list(MODELS), default="vitno",
@@ -164,6 +201,10 @@ def main(argv=None):
                         help="'l2' (quick); 'h1': relative H^1 with periodic differences at "
                              "the physical spacing (paper); 'h1-code': the authors' (|e| + "
                              "|grad e|) / (|y| + |grad y|) at index spacing")
+    parser.add_argument("--rollout", type=nonnegative_int, default=None,
+                        help="steps of dt_out the trained model is applied to its own output "
+                             "from w(T), against the solver (default: the preset's; quick 5, "
+                             "paper 10; 0: none)")
     parser.add_argument("--residual", action=argparse.BooleanOptionalAction, default=None,
                         help="predict the change of the vorticity (quick) or the vorticity "
                              "itself (paper)")
@@ -178,6 +219,8 @@ def main(argv=None):
         cfg["loss"] = args.loss
     if args.residual is not None:
         cfg["residual"] = args.residual
+    if args.rollout is not None:
+        cfg["rollout"]["steps"] = args.rollout
 
     def stored_size(path, flag, preset):
         """(samples, grid) of a given file (--data, --eval-data) or of the preset's."""
@@ -260,6 +303,9 @@ def main(argv=None):
     zero_shot.update({name: {"skipped": why} for name, why in skipped.items()})
 
     if ctx.is_main:
+        steps = cfg["rollout"]["steps"]
+        roll = (rollout(model, test_set, forward, steps, cfg["rollout"]["samples"],
+                        trainer.config.eval_batch_size, ctx.device) if steps else None)
         baseline = persistence(test_set)
         values = {"test_rel_l2_median": test["rel_l2_median"]}
         thresholds = {}
@@ -280,7 +326,7 @@ def main(argv=None):
                       test_rel_l2_median_normalized=test["rel_l2_median_normalized"],
                       test_rel_l2_max=test["rel_l2_max"], test=test, **baseline,
                       train_grid=describe_grid(train_set.grid, spec["weights"]),
-                      zero_shot=zero_shot, thresholds=report,
+                      zero_shot=zero_shot, rollout=roll, thresholds=report,
                       stopped_early=result["stopped_early"])
         print(f"test median relative L2 {test['rel_l2_median']:.4e} (physical units; "
               f"persistence {baseline['persistence_rel_l2_median']:.4e})")
@@ -288,6 +334,12 @@ def main(argv=None):
             print(f"zero-shot {name}: " + (z["skipped"] if "skipped" in z else
                                            f"median {z['rel_l2_median']:.4e} (persistence "
                                            f"{z['persistence_rel_l2_median']:.4e})"))
+        if roll:
+            for k, (err, base) in enumerate(zip(roll["rel_l2_median"],
+                                                roll["persistence_rel_l2_median"], strict=True),
+                                            start=1):
+                print(f"rollout step {k} (t = T + {k * roll['dt_out']:g}): median {err:.4e} "
+                      f"(persistence {base:.4e})")
         enforce_thresholds(report)
     cleanup_distributed(ctx)
 

@@ -657,3 +657,34 @@ def test_dataset_refuses_other_files(tmp_path, kolmo_file):
 
     with pytest.raises(DataFileError, match="holds kolmogorov data, expected darcy"):
         ContinuumDarcyDataset(kolmo_file, n_train=4, n_valid=1, n_test=2)
+
+
+def test_reference_trajectories_continue_the_stored_pairs(kolmo_file, tmp_path):
+    """Solved from the stored w(T) with the file's physics: step 1 is the stored w(T + dt_out)
+    (the file was solved on its grid), step k the solver's k dt_out from there; a file solved
+    on a finer grid than it stores is solved there again and resampled."""
+    test = KolmogorovDataset(kolmo_file, "test", n_train=4, n_valid=1, n_test=2,
+                             dtype=torch.float64)
+    traj = test.reference_trajectories(3)
+    assert traj.shape == (2, 3, 16, 16) and traj.dtype == torch.float64
+    stored = test.target_normalizer.decode(test.target[..., 0])
+    torch.testing.assert_close(traj[:, 0], stored, rtol=1e-10, atol=1e-10)
+    w0 = test.input_normalizer.decode(test.x[..., 0])
+    want = solve_kolmogorov(w0, 0.3, dt=gen_mod.kolmogorov_time_step(16, TINY["dt_out"]),
+                            snapshots=[0.1, 0.2, 0.3])
+    torch.testing.assert_close(traj, want, rtol=1e-12, atol=1e-12)
+    assert test.reference_trajectories(2, count=1).shape == (1, 2, 16, 16)
+    with pytest.raises(ValueError, match="count: expected at most the 2 samples"):
+        test.reference_trajectories(2, count=3)
+    with pytest.raises(ValueError, match="steps: expected an int >= 1"):
+        test.reference_trajectories(0)
+    # stored at 8^2, solved at 16^2 (8^2 cannot hold the forcing cos(4y)): solved at 16^2
+    coarse = kolmo(tmp_path / "c.h5", n=3, s=8, solve_resolution=16)
+    ds = KolmogorovDataset(coarse, "test", n_train=0, n_valid=0, n_test=3,
+                           **{k: getattr(test, k) for k in ("input_normalizer",
+                                                            "target_normalizer")},
+                           dtype=torch.float64)
+    traj = ds.reference_trajectories(2)
+    assert traj.shape == (3, 2, 8, 8)
+    stored = ds.target_normalizer.decode(ds.target[..., 0])
+    assert float((traj[:, 0] - stored).norm() / stored.norm()) < 1e-2  # the modes 8^2 lost

@@ -452,6 +452,13 @@ def test_kolmogorov_example(tmp_path, kolmogorov_files, model):
     m = _continuum_outputs(out, 2)
     assert m["config"]["residual"] is True and m["config"]["loss"] == "l2"
     assert 0 < m["persistence_rel_l2_median"] <= m["persistence_rel_l2"] * 2
+    # the preset's 5-step rollout on the 4 test samples: persistence falls behind the flow
+    roll = m["rollout"]
+    assert (roll["steps"], roll["samples"], roll["dt_out"]) == (5, 4, 0.1)
+    assert len(roll["rel_l2_median"]) == len(roll["persistence_rel_l2_median"]) == 5
+    assert all(math.isfinite(e) for e in roll["rel_l2_median"])
+    assert roll["persistence_rel_l2_median"][4] > roll["persistence_rel_l2_median"][0]
+    assert roll["reference_step1_vs_stored"] < 1e-2  # solved at 16^2, stored at 8^2
     if model == "vitno":
         for s in (8, 16):
             z = m["zero_shot"][f"s={s}"]

@@ -849,6 +849,38 @@ class KolmogorovDataset(_NormalizedFields):
         w_out = self.target_normalizer.decode(self.target).double().flatten(1)
         return (w_out - w_in).norm(dim=1) / w_out.norm(dim=1)
 
+    def reference_trajectories(self, steps: int, count: int | None = None) -> torch.Tensor:
+        """The vorticity ``w(T + k dt_out)``, ``k = 1 .. steps``, of the first ``count`` samples
+        (default: all), solved from their ``w(T)`` on this grid with the physics the file
+        records (viscosity, forcing, time step, solver dtype) on the file's solver grid (or this
+        one, if finer), then resampled to this grid: the truth a rollout of the model is
+        compared with. Step 1 is the stored target up to the solver's round-off when the data
+        were solved on this grid; a coarser grid has lost the modes it cannot hold, which step 1
+        shows as its distance from the stored target.
+
+        Returns ``(count, steps, s, s)`` float64 in physical units.
+        """
+        from .kolmogorov import resample_periodic, solve_kolmogorov
+
+        steps = check_int(steps, "steps")
+        count = len(self) if count is None else check_int(count, "count")
+        if count > len(self):
+            raise ValueError(f"count: expected at most the {len(self)} samples, got {count}")
+        par = self.parameters
+        solve_s = max(par["solve_resolution"], self.resolution)
+        w0 = self.input_normalizer.decode(self.x[:count, ..., 0]).double()
+        if solve_s != self.resolution:
+            w0 = resample_periodic(w0, solve_s)
+        # the recorded step keeps the CFL number below 1 on the solver's grid; a finer one
+        # needs a proportionally smaller step
+        dt = par["dt"] * par["solve_resolution"] / solve_s
+        dtype = getattr(torch, par["solve_dtype"])
+        times = [k * par["dt_out"] for k in range(1, steps + 1)]
+        out = solve_kolmogorov(w0.to(dtype), times[-1], dt=dt, nu=par["nu"],
+                               n=par["wavenumber"], forcing=par["forcing_amplitude"],
+                               snapshots=times, dtype=dtype).double()
+        return out if solve_s == self.resolution else resample_periodic(out, self.resolution)
+
     def __len__(self) -> int:
         return self.x.shape[0]
 
