@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -197,3 +198,19 @@ def test_cli_generate_info_and_errors(tmp_path, capsys):
         assert main([*args[:-1], str(fresh), "--no-progress", "--device", device]) == 1
         assert "device:" in capsys.readouterr().err
         assert not fresh.exists() and not partial_path(fresh).exists()
+
+
+def test_cli_interrupt_after_the_file_is_finished(tmp_path, capsys, monkeypatch):
+    """Ctrl-C that lands after the final rename (the race the fault tests can hit) says the
+    file is complete instead of pointing to --resume, which would have nothing to do."""
+    import galerkin_ext.data.generate as generate
+
+    def finished_then_interrupted(out, **kwargs):
+        Path(out).write_bytes(b"done")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "generate_burgers", finished_then_interrupted)
+    out = tmp_path / "b.h5"
+    assert main(["generate", "burgers", "--out", str(out), "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted after {out} was finished" in err and "--resume" not in err

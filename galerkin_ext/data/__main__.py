@@ -267,10 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {path}")
         return 0
     except KeyboardInterrupt:
-        print(
-            "\ninterrupted; completed chunks are kept, rerun with --resume to continue",
-            file=sys.stderr,
-        )
+        out = getattr(args, "out", None)
+        if out is not None and Path(out).is_file():  # the signal came after the last rename
+            print(f"\ninterrupted after {out} was finished; it is complete", file=sys.stderr)
+        else:
+            print("\ninterrupted; completed chunks are kept, rerun with --resume to continue",
+                  file=sys.stderr)
         return 130
     except (DataFileError, FileExistsError, FileNotFoundError, PermissionError,
             ValueError, TypeError, ImportError) as err:
