@@ -45,7 +45,8 @@ def trapezoid_weights(x: Tensor) -> Tensor:
     to the attention).
 
     Args:
-        x: ``(..., N)`` finite floating-point coordinates, ``N >= 1``.
+        x: ``(..., N)`` finite floating-point coordinates, ``N >= 1``; a shape ``(n, 1)``,
+            ``n > 1`` (the models' 1-D grids: ``n`` sets of one point), is refused.
 
     Returns:
         ``(..., N)`` weights, ``x``'s dtype and device.

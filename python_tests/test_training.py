@@ -237,6 +237,13 @@ def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):
     resumed = _trainer(tmp_path / "compiled", epochs=2).fit(resume=True)  # accepted
     assert resumed["history"] == compiled["history"]
 
+    class Padded(_Linear1d):  # a dataset that pads its samples, as the ragged ones do
+        collate_fn = staticmethod(torch.utils.data.default_collate)
+
+    with pytest.raises(ValueError, match="compile: this train_set pads its samples"):
+        Trainer(_PointMLP(), OperatorLoss(), Padded(32), _Linear1d(8, seed=1),
+                TrainConfig(compile=True, progress=False), tmp_path / "padded")
+
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),

@@ -36,7 +36,8 @@ the first ``n_train`` samples, ``"valid"`` = the next ``n_valid``, ``"test"`` = 
   a spectrally resampled ``s``): ``x`` ``(s, s, 1)`` vorticity ``w(T)``, ``grid`` ``(s, s, 2)``,
   ``target`` ``(s, s, 1)`` vorticity ``w(T + dt_out)``; one scalar normaliser for both.
 
-Splits: ``"train"`` = the first ``n_train`` samples, ``"valid"`` = the last ``n_valid``.  The
+Splits: ``"train"`` = the first ``n_train`` samples, ``"valid"`` = the last ``n_valid``, never
+overlapping (a source of validation samples only is read with ``n_train=0``).  The
 normalisers are fitted on the training samples of the same source unless given.  A source is a
 file written by :mod:`.generate` (``.h5``), an original ``.mat`` file, or a pair ``(a, u)`` of
 arrays.
@@ -378,7 +379,7 @@ class BurgersDataset(Dataset):
         stride = _stride(first.shape[-1], resolution, periodic=True)
         sub = {"a": lambda x: x[:, ::stride], "u": lambda x: x[:, ::stride]}
         data = _load(source, ("a", "u"), idx, sub)
-        if _needs_fit(n, split, n_train, n_valid, target_normalizer, "target_normalizer"):
+        if _needs_fit(n_train, target_normalizer, "target_normalizer"):
             train = data if split == "train" else _load(source, ("a", "u"), np.arange(n_train),
                                                         {"u": sub["u"]})
             target_normalizer = UnitGaussianNormalizer(train["u"].reshape(-1))
@@ -397,7 +398,7 @@ class BurgersDataset(Dataset):
         return {"x": self.x[i], "grid": self.grid, "target": target, "target_grad": grad}
 
 
-def _needs_fit(n: int, split: str, n_train: int, n_valid: int, given: Any, name: str) -> bool:
+def _needs_fit(n_train: int, given: Any, name: str) -> bool:
     """Whether a normaliser must be fitted here (on the first ``n_train`` samples)."""
     if given is not None:
         if not isinstance(given, UnitGaussianNormalizer):
@@ -410,7 +411,6 @@ def _needs_fit(n: int, split: str, n_train: int, n_valid: int, given: Any, name:
 
 
 class _DarcyLayout(NamedTuple):
-    n: int  # samples in the source
     idx: np.ndarray  # indices of the split
     stored: int  # stored grid size
     stride: int  # from the stored grid to resolution
@@ -438,7 +438,7 @@ def _darcy_layout(
     n = _n_samples(source, keys)
     idx = _split_indices(n, split, n_train, n_valid)
     k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
-    return _DarcyLayout(n, idx, k, _stride(k, resolution, periodic=False), resolution, nc)
+    return _DarcyLayout(idx, k, _stride(k, resolution, periodic=False), resolution, nc)
 
 
 class DarcyDataset(Dataset):
@@ -458,13 +458,13 @@ class DarcyDataset(Dataset):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         check_float_dtype(dtype)
-        n, idx, _, s, resolution, nc = _darcy_layout(
+        idx, _, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, DARCY_COARSE, n_train, n_valid)
         keys = ("coeff", "sol")
         sub = {"a": lambda x: x[:, ::s, ::s], "u": lambda x: x[:, ::s, ::s]}
         data = _load(source, keys, idx, sub)
-        fit_in = _needs_fit(n, split, n_train, n_valid, input_normalizer, "input_normalizer")
-        fit_t = _needs_fit(n, split, n_train, n_valid, target_normalizer, "target_normalizer")
+        fit_in = _needs_fit(n_train, input_normalizer, "input_normalizer")
+        fit_t = _needs_fit(n_train, target_normalizer, "target_normalizer")
         if fit_in or fit_t:
             train = data if split == "train" else _load(source, keys, np.arange(n_train), sub)
             if input_normalizer is None:
@@ -514,7 +514,7 @@ class DarcyInverseDataset(Dataset):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         check_float_dtype(dtype)
-        n, idx, k, s, resolution, nc = _darcy_layout(
+        idx, k, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_valid)
         noise = check_float(noise, "noise", low_inclusive=True)
         noise_seed = check_int(noise_seed, "noise_seed", 0)
@@ -525,7 +525,7 @@ class DarcyInverseDataset(Dataset):
             )
         sub_u = {"u": lambda x: x[:, ::s, ::s]}
         data = _load(source, keys, idx, {**sub_u, "a": lambda x: block_average(x, nc)})
-        if _needs_fit(n, split, n_train, n_valid, input_normalizer, "input_normalizer"):
+        if _needs_fit(n_train, input_normalizer, "input_normalizer"):
             if split == "train":
                 train_u = data["u"]
             else:
