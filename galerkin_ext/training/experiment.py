@@ -38,10 +38,10 @@ __all__ = [
     "cached_data",
     "default_cache_dir",
     "describe_device",
-    "evaluation_only",
     "describe_grid",
     "enforce_thresholds",
     "error_summary",
+    "evaluation_only",
     "experiment_parser",
     "plot_1d",
     "normalizer_config",
@@ -129,7 +129,8 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                    help="DataLoader workers (default 0)")
     p.add_argument("--tensorboard", action="store_true", help="log to OUT/tensorboard")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the training steps (faster after a slow first step)")
+                   help="torch.compile the training steps (grids only; the first step "
+                        "compiles for 10-30 s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -262,12 +263,12 @@ def _leaves(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def preset_unchanged(config: Mapping[str, Any], preset: Mapping[str, Any]) -> bool:
     """Whether ``config`` (from :func:`resolve_config`) runs ``preset`` as written: every
-    setting the preset names has its value (settings that do not change the numbers, such as
-    ``threads``, may differ).  A preset's thresholds apply only then."""
+    setting the preset names has its value (settings that change neither the model, the data
+    nor the schedule, such as ``threads``, may differ).  A preset's thresholds apply only then."""
     if not isinstance(config, Mapping) or not isinstance(preset, Mapping):
         raise TypeError("config, preset: expected dicts")
     have = _leaves(config)
-    # the settings a resumption may change are those that do not change the numbers
+    # the settings a resumption may change are those that leave the model, data and schedule
     return all(key in _RESUMABLE_CHANGES or key in have and have[key] == value
                for key, value in _leaves(preset).items())
 

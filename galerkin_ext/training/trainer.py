@@ -67,8 +67,9 @@ Forward = Callable[[nn.Module, Batch], Tensor]
 Metric = Callable[[Tensor, Batch], Tensor]
 _PRECISIONS = ("fp32", "bf16")
 _SCHEDULERS = ("onecycle", "plateau")
-# Settings that may change between a run and its resumption (they do not change the numbers);
-# keys of the flattened run configuration (see Trainer._check_resumable).
+# Settings that may change between a run and its resumption: they change neither the model, the
+# data nor the schedule (compile changes the rounding only); keys of the flattened run
+# configuration (see Trainer._check_resumable).
 _RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progress",
                       "train.tensorboard", "train.compile", "threads")
 
@@ -529,8 +530,8 @@ class Trainer:
 
     def _check_resumable(self, stored: Mapping[str, Any], world_size: int) -> None:
         """Refuse a resumption that would change the model, the data or the schedule: every
-        setting of the run configuration must equal the checkpoint's, but those that do not
-        change the numbers (``_RESUMABLE_CHANGES``)."""
+        setting of the run configuration must equal the checkpoint's, but those that change
+        none of them (``_RESUMABLE_CHANGES``)."""
         old, new = _flatten(stored), _flatten(self._full_config())
         # A checkpoint written before a setting existed ran with its default.
         for field in dataclasses.fields(TrainConfig):
