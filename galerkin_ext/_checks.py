@@ -91,8 +91,9 @@ def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
 
 
 def is_tracing(t: Tensor) -> bool:
-    """True where a data-dependent check would break tracing or CUDA-graph capture."""
-    if torch.compiler.is_compiling():
+    """True where a data-dependent check cannot run: tracing, CUDA-graph capture, or meta
+    tensors (shapes without values, e.g. for counting FLOPs)."""
+    if torch.compiler.is_compiling() or t.device.type == "meta":
         return True
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 

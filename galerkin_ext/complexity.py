@@ -15,6 +15,10 @@ models without computing anything::
         model = build_model("fano")
         u, x = torch.empty(1, 416, 416, 1), torch.empty(416, 416, 2)
     forward_flops(model, u, x)   # FLOPs of one forward pass at 416²
+
+Meta tensors hold no values: quadrature weights derived from coordinates (the TNO's default
+``weight='auto'``) cannot be formed there; pass ``weight=None`` or explicit weights (the same
+FLOPs).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from . import _C  # noqa: F401  (registers torch.ops.galerkin_ext)
+from ._checks import check_int
 
 __all__ = ["flop_counter_mode", "flop_formulas", "forward_flops", "parameter_count"]
 
@@ -147,6 +152,9 @@ def flop_counter_mode(display: bool = False, depth: int = 2) -> FlopCounterMode:
             model(u, x).sum().backward()
         counter.get_total_flops(), counter.get_flop_counts()
     """
+    if not isinstance(display, bool):
+        raise TypeError(f"display: expected a bool, got {display!r}")
+    check_int(depth, "depth", 0)
     return FlopCounterMode(display=display, depth=depth, custom_mapping=flop_formulas())
 
 

@@ -119,8 +119,29 @@ def test_meta_device_counts_what_the_cpu_computes(name, shape, kwargs, gen):
     assert on_cpu == on_meta > 0
 
 
+def test_tno_on_meta_with_explicit_weights(gen):
+    """Meta tensors hold no values: the weights' value checks are skipped there, so a TNO with
+    explicit weights counts as on the CPU; weight='auto' (derived from coordinate values) is
+    refused with a message saying what to pass."""
+    n = 40
+    u, x, w = torch.randn(1, n, 1), torch.rand(n, 1), torch.rand(n) + 0.1
+    torch.manual_seed(0)
+    model = build_model("tno_l63_y", d_model=16, n_head=2, num_layers=1)
+    with torch.device("meta"):
+        meta_model = build_model("tno_l63_y", d_model=16, n_head=2, num_layers=1)
+    meta = [t.to("meta") for t in (u, x, w)]
+    assert forward_flops(meta_model, *meta[:2], weight=meta[2]) == forward_flops(
+        model, u, x, weight=w) > 0
+    with pytest.raises(ValueError, match="x: weight='auto' derives the weights"):
+        forward_flops(meta_model, *meta[:2])
+
+
 def test_forward_flops_checks_its_model():
     with pytest.raises(TypeError, match="model: expected a torch.nn.Module"):
         forward_flops(lambda x: x, torch.zeros(2))
+    with pytest.raises(ValueError, match="depth: expected an int >= 0"):
+        flop_counter_mode(depth=-1)
+    with pytest.raises(TypeError, match="display: expected a bool"):
+        flop_counter_mode(display="x")
     linear = torch.nn.Linear(3, 5)
     assert forward_flops(linear, torch.zeros(7, 3)) == 2 * 7 * 3 * 5

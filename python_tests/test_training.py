@@ -7,6 +7,7 @@ test_examples.py.
 import math
 import os
 import stat
+import sys
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from galerkin_ext.training import (
     evaluate,
     experiment_parser,
     load_checkpoint,
+    predict,
     resolve_config,
     save_checkpoint,
     write_csv,
@@ -240,6 +242,13 @@ def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):
     class Padded(_Linear1d):  # a dataset that pads its samples, as the ragged ones do
         collate_fn = staticmethod(torch.utils.data.default_collate)
 
+    class MSE(nn.Module):  # a user's loss without the logged relative error
+        def forward(self, pred, target, *args):
+            loss = (pred - target).square().mean()
+            return loss, {"mse": loss.detach()}
+
+    with pytest.raises(TypeError, match="loss_fn: expected .* holding at least 'rel_l2'"):
+        _trainer(tmp_path / "mse", epochs=1, loss=MSE()).fit()
     with pytest.raises(ValueError, match="compile: this train_set pads its samples"):
         Trainer(_PointMLP(), OperatorLoss(), Padded(32), _Linear1d(8, seed=1),
                 TrainConfig(compile=True, progress=False), tmp_path / "padded")
@@ -453,3 +462,16 @@ def test_thresholds_and_preset_identity(capsys):
     enforce_thresholds(threshold_report({"b": 0.3}, {"b": 0.2}, enforced=False))  # no raise
     with pytest.raises(ValueError, match="no value for the thresholds"):
         threshold_report({}, {"a": 1.0}, enforced=True)
+
+
+def test_evaluate_predict_and_tensorboard_arguments(tmp_path, monkeypatch):
+    model, data = _PointMLP(), _Linear1d(8)
+    with pytest.raises(ValueError, match="device: expected e.g. 'cpu'"):
+        evaluate(model, data, device="gpu")
+    with pytest.raises(ValueError, match="indices: expected a non-empty list of ints"):
+        predict(model, data, torch.tensor([0, 1]))
+    # without the tensorboard package: the error comes before the output folder is made
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(RuntimeError, match="needs the tensorboard package"):
+        _trainer(tmp_path / "tb", tensorboard=True)
+    assert not (tmp_path / "tb").exists()

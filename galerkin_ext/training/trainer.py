@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
-from .._checks import check_choice, check_float, check_int, check_path
+from .._checks import check_choice, check_float, check_int, check_path, resolve_device
 from ..data.gnot_datasets import batch_to
 from ..domain import sum_gradients
 from ..losses import relative_l2
@@ -161,6 +161,16 @@ class TrainConfig:
         for name in ("progress", "tensorboard", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+
+
+def _tensorboard_writer_class() -> Any:
+    """TensorBoard's ``SummaryWriter`` (``tensorboard=True``), or a clear error without it."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise RuntimeError("tensorboard=True (--tensorboard) needs the tensorboard package: "
+                           "pip install tensorboard") from err
+    return SummaryWriter
 
 
 def _writable_dir(path: object) -> Path:
@@ -304,8 +314,8 @@ def per_sample_errors(
     check_int(batch_size, "batch_size")
     if not callable(forward) or not callable(metric):
         raise TypeError("forward and metric must be callables")
-    ctx = ctx or DistributedContext(device=torch.device(device))
-    dev = ctx.device if ctx.enabled else torch.device(device)
+    ctx = ctx or DistributedContext(device=resolve_device(device))
+    dev = ctx.device if ctx.enabled else resolve_device(device)
     indices = range(ctx.rank, len(dataset), ctx.world_size)
     shard = Subset(dataset, indices)
     model.eval()
@@ -358,7 +368,7 @@ def predict(
 ) -> tuple[Tensor, Batch]:
     """Predictions for ``dataset[indices]`` (e.g. for plots): ``(pred, batch)`` on the CPU."""
     _check_dataset(dataset, "dataset")
-    if not indices or any(
+    if not isinstance(indices, Sequence) or not indices or any(
         isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(dataset)
         for i in indices
     ):
@@ -369,7 +379,7 @@ def predict(
     batch = collate(items) if collate is not None else {
         k: torch.stack([it[k] for it in items]) for k in items[0]}
     model.eval()
-    pred = forward(model, _to(batch, torch.device(device)))
+    pred = forward(model, _to(batch, resolve_device(device)))
     return pred.float().cpu(), _to(batch, torch.device("cpu"))
 
 
@@ -393,7 +403,8 @@ class Trainer:
         model: the network (on any device; it is moved to ``ctx.device``).
         loss_fn: ``loss_fn(pred, target, target_grad, coeff) -> (loss, parts)``, e.g.
             :class:`~galerkin_ext.losses.OperatorLoss` (``target_grad``/``coeff`` are ``None``
-            when the batch has no such key); for padded ragged batches (a ``mask`` key)
+            when the batch has no such key; ``parts`` holds the detached ``'rel_l2'`` and
+            optionally ``'rel_h1'`` that are logged); for padded ragged batches (a ``mask`` key)
             ``loss_fn(pred, target, mask=mask)``, e.g.
             :class:`~galerkin_ext.losses.MaskedRelativeLoss`.
         train_set, eval_set: datasets of dicts (see module doc).
@@ -470,6 +481,8 @@ class Trainer:
             raise ValueError(f"train_set: {len(train_set)} samples are fewer than one batch of "
                              f"{config.batch_size}")
         self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
+        if config.tensorboard and self.ctx.is_main:
+            _tensorboard_writer_class()  # missing package: found before the folder is made
         self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else Path(out_dir)
         self.run_config = dict(run_config or {})
         self.model = model.to(self.ctx.device)
@@ -516,12 +529,7 @@ class Trainer:
         return self.out_dir / "best.pt"
 
     def _tensorboard(self) -> Any:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as err:
-            raise RuntimeError("tensorboard=True (--tensorboard) needs the tensorboard package: "
-                               "pip install tensorboard") from err
-        return SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+        return _tensorboard_writer_class()(log_dir=str(self.out_dir / "tensorboard"))
 
     def _full_config(self) -> dict[str, Any]:
         return {**self.run_config, "parallel": self.parallel,
@@ -573,6 +581,10 @@ class Trainer:
         else:
             loss, parts = self.loss_fn(pred, batch["target"], batch.get("target_grad"),
                                        batch.get("coeff"))
+        if not isinstance(parts, Mapping) or "rel_l2" not in parts:
+            raise TypeError("loss_fn: expected (loss, parts) with parts a dict holding at least "
+                            "'rel_l2' (and optionally 'rel_h1'), the logged relative errors, as "
+                            f"OperatorLoss returns; got parts {parts!r}")
         stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(),
                              parts.get("rel_h1", torch.zeros((), device=loss.device)).float()])
         self.ctx.all_reduce_sum(stats)
