@@ -34,7 +34,7 @@ def positive_float(text: str) -> float:
     return value
 
 
-def device(text: str) -> str:
+def usable_device(text: str) -> str:
     """A device the run can use (``auto``, ``cpu``, ``cuda``, ``cuda:1``), checked at once."""
     from ._checks import resolve_device  # imports torch: only when a command line needs it
 

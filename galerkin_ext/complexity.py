@@ -24,7 +24,6 @@ FLOPs).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -89,18 +88,14 @@ def _fft_length_flops(count: int, length: int) -> float:
     return 5.0 * count * length * math.log2(length) if length > 1 else 0.0
 
 
-def _numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)
-
-
 def _fft_r2c_flops(x, dim, normalization, onesided, *args, out_shape, **kwargs) -> int:
     """Real-to-complex over ``dim``: the last axis as complex transforms of its full length,
     then the other axes over the output's (half) spectrum."""
     dims = sorted(d % len(x) for d in dim)
     last = dims[-1]
-    total = _fft_length_flops(_numel(x) // x[last], x[last])
+    total = _fft_length_flops(math.prod(x) // x[last], x[last])
     for d in dims[:-1]:
-        total += _fft_length_flops(_numel(out_shape) // out_shape[d], out_shape[d])
+        total += _fft_length_flops(math.prod(out_shape) // out_shape[d], out_shape[d])
     return round(total)
 
 
@@ -108,13 +103,14 @@ def _fft_c2r_flops(y, dim, normalization, last_dim_size, *args, out_shape, **kwa
     """Complex-to-real over ``dim``: the forward transform's count in reverse order."""
     dims = sorted(d % len(y) for d in dim)
     last = dims[-1]
-    total = sum(_fft_length_flops(_numel(y) // y[d], y[d]) for d in dims[:-1])
-    total += _fft_length_flops(_numel(out_shape) // out_shape[last], out_shape[last])
+    total = sum(_fft_length_flops(math.prod(y) // y[d], y[d]) for d in dims[:-1])
+    total += _fft_length_flops(math.prod(out_shape) // out_shape[last], out_shape[last])
     return round(total)
 
 
 def _fft_c2c_flops(x, dim, normalization, forward, *args, out_shape, **kwargs) -> int:
-    return round(sum(_fft_length_flops(_numel(x) // x[d % len(x)], x[d % len(x)]) for d in dim))
+    sizes = [x[d % len(x)] for d in dim]
+    return round(sum(_fft_length_flops(math.prod(x) // n, n) for n in sizes))
 
 
 def _cpu_sdpa_flops(query, key, value, *args, out_shape, **kwargs) -> int:

@@ -57,11 +57,6 @@ def _reduce(per_sample: Tensor, reduction: str) -> Tensor:
     return per_sample
 
 
-def _check_spacing(h: object) -> float:
-    """The grid spacing ``h``: any real number > 0 (numpy and 0-d tensors' ``item()`` too)."""
-    return check_float(h, "h")
-
-
 def _check_point_weight(weight: object, pred: Tensor) -> Tensor:
     """Quadrature weights over the grid axes of ``pred (B, *grid, C)``: shape ``grid`` (shared
     by the batch) or ``(B, *grid)``, finite and non-negative; returned as ``(B | 1, *grid)``."""
@@ -225,7 +220,7 @@ def relative_h1_error(
     """
     _check_tensor(pred, "pred")
     _check_tensor(target_grad, "target_grad")
-    h = _check_spacing(h)
+    h = check_float(h, "h")
     reduction = _check_reduction(reduction)
     pred, target_grad = _float32_at_least(pred), _float32_at_least(target_grad)
     if pred.ndim == 3:
@@ -297,7 +292,7 @@ def relative_h1(
     if target.shape != pred.shape:
         raise ValueError(f"target: expected the shape of pred {tuple(pred.shape)}, "
                          f"got {tuple(target.shape)}")
-    h = _check_spacing(h)
+    h = check_float(h, "h")
     reduction = _check_reduction(reduction)
     if form not in _H1_FORMS:
         raise ValueError(f"form: expected one of {_H1_FORMS}, got {form!r}")
@@ -343,7 +338,7 @@ class RelativeLoss(nn.Module):
         if norm not in _LOSS_NORMS:
             raise ValueError(f"norm: expected one of {_LOSS_NORMS}, got {norm!r}")
         if norm == "h1":
-            h = _check_spacing(h)
+            h = check_float(h, "h")
         if weight is not None and norm != "l2":
             raise ValueError("weight: quadrature weights apply to norm='l2' only (the H^1 "
                              "losses are for uniform 2-D grids)")
@@ -401,10 +396,10 @@ class OperatorLoss(nn.Module):
         if gamma > 0 and h is None:
             raise ValueError("h: expected the grid spacing (a float > 0) when gamma > 0, got None")
         if h is not None:
-            h = _check_spacing(h)
+            h = check_float(h, "h")
         if not isinstance(coefficient_weighted, bool):
             raise TypeError(f"coefficient_weighted: expected a bool, got {coefficient_weighted!r}")
-        self.gamma, self.h = float(gamma), None if h is None else float(h)
+        self.gamma, self.h = gamma, h
         self.coefficient_weighted = coefficient_weighted
 
     def extra_repr(self) -> str:

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from .._checks import check_choice, check_int
-from .._cli import device, nonnegative_int, positive_float, positive_int
+from .._cli import nonnegative_int, positive_float, positive_int, usable_device
+from ..complexity import parameter_count
 from .checkpoint import atomic_write, write_json
 from .distributed import DistributedContext
 from .trainer import _RESUMABLE_CHANGES, default_forward, per_sample_errors, relative_l2_metric
@@ -106,7 +107,7 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
     p.add_argument("--data-dir", default=None,
                    help="cache folder of generated data (default: $GALERKIN_EXT_CACHE or "
                         "~/.cache/galerkin_ext)")
-    p.add_argument("--device", type=device, default="auto",
+    p.add_argument("--device", type=usable_device, default="auto",
                    help="cpu, cuda, cuda:1 or auto (default)")
     p.add_argument("--out", required=True, help="output folder (checkpoints, metrics, plot)")
     p.add_argument("--resume", action="store_true",
@@ -240,7 +241,7 @@ def write_metrics(
     metrics = {
         "test_rel_l2": float(test_rel_l2), "best_epoch": result["best_epoch"],
         "epochs": result["epochs"], "train_seconds": result["train_seconds"],
-        "n_params": sum(p.numel() for p in model.parameters()), "device": str(ctx.device),
+        "n_params": parameter_count(model), "device": str(ctx.device),
         "device_name": describe_device(ctx.device), "world_size": ctx.world_size,
         "command": command_line(), **extra, "config": dict(config),
         "history": result["history"],

@@ -314,8 +314,9 @@ def per_sample_errors(
     check_int(batch_size, "batch_size")
     if not callable(forward) or not callable(metric):
         raise TypeError("forward and metric must be callables")
-    ctx = ctx or DistributedContext(device=resolve_device(device))
-    dev = ctx.device if ctx.enabled else resolve_device(device)
+    dev = resolve_device(device)
+    ctx = ctx or DistributedContext(device=dev)
+    dev = ctx.device if ctx.enabled else dev
     indices = range(ctx.rank, len(dataset), ctx.world_size)
     shard = Subset(dataset, indices)
     model.eval()
