@@ -9,7 +9,7 @@
 
 namespace galerkin_ext {
 
-RowMap parse_row_map(std::string_view name, const char* arg) {
+RowMap parse_row_map(c10::string_view name, const char* arg) {
   if (name == "identity") return RowMap::kIdentity;
   if (name == "layer_norm") return RowMap::kLayerNorm;
   if (name == "softmax") return RowMap::kSoftmax;
@@ -76,9 +76,9 @@ std::pair<OptTensor, OptTensor> norm_pair(RowMap map, const OptTensor& w, const 
 }
 
 KvReduceInputs kv_inputs(const Tensor& k, const Tensor& v, const OptTensor& kv_pos,
-                         const OptTensor& weight, std::string_view k_map,
+                         const OptTensor& weight, c10::string_view k_map,
                          const OptTensor& k_norm_weight, const OptTensor& k_norm_bias,
-                         std::string_view v_map, const OptTensor& v_norm_weight,
+                         c10::string_view v_map, const OptTensor& v_norm_weight,
                          const OptTensor& v_norm_bias, bool ones_column) {
   check_operand(k, "k");
   check_operand(v, "v");
@@ -107,7 +107,7 @@ KvReduceInputs kv_inputs(const Tensor& k, const Tensor& v, const OptTensor& kv_p
   return in;
 }
 
-QApplyInputs q_inputs(const Tensor& q, const OptTensor& pos, std::string_view q_map,
+QApplyInputs q_inputs(const Tensor& q, const OptTensor& pos, c10::string_view q_map,
                       const OptTensor& q_norm_weight, const OptTensor& q_norm_bias,
                       const Tensor& s, int64_t normalizers, bool skip) {
   check_operand(q, "q");

@@ -21,9 +21,9 @@
 #include "attention.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <optional>
-#include <string_view>
 #include <vector>
 
 namespace galerkin_ext {
@@ -31,7 +31,7 @@ namespace galerkin_ext {
 enum class RowMap { kIdentity, kLayerNorm, kSoftmax };
 
 // "identity", "layer_norm" or "softmax" (the op schemas take the map by name).
-RowMap parse_row_map(std::string_view name, const char* arg);
+RowMap parse_row_map(c10::string_view name, const char* arg);
 
 // The key side, validated; pos, weight and the norm parameters contiguous, k and v any strides.
 struct KvReduceInputs {

@@ -203,7 +203,8 @@ class _Spectral:
                 device: torch.device) -> Tensor:
         """Spectrum of ``-A n cos(n y)`` (axis -1 is y); shape ``(s, s//2+1)``."""
         y = 2 * math.pi * torch.arange(self.s, dtype=dtype, device=device) / self.s
-        grid = (-amplitude * n * torch.cos(n * y)).expand(self.s, self.s)
+        # Materialised: torch 2.5's MKL FFT refuses the stride-0 rows of an expanded tensor.
+        grid = (-amplitude * n * torch.cos(n * y)).expand(self.s, self.s).contiguous()
         return self.rfft2(grid)
 
 

@@ -55,8 +55,9 @@ class Denormalizer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, *shape)`` → ``x · scale + shift``, same shape."""
         stats = self.scale.shape
+        # Equal-length zip of the trailing dims (torch 2.5's dynamo fails on unequal ones).
         if len(stats) > x.dim() or any(
-            s not in (1, d) for s, d in zip(reversed(stats), reversed(x.shape), strict=False)
+            s not in (1, d) for s, d in zip(stats, x.shape[x.dim() - len(stats):], strict=True)
         ):
             raise ValueError(f"x: expected a shape the statistics {tuple(self.scale.shape)} "
                              f"broadcast to, got {tuple(x.shape)}; were they fitted at another "
