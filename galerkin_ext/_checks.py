@@ -91,11 +91,19 @@ def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
 
 
 def is_tracing(t: Tensor) -> bool:
-    """True where a data-dependent check cannot run: tracing, CUDA-graph capture, or meta
-    tensors (shapes without values, e.g. for counting FLOPs)."""
-    if torch.compiler.is_compiling() or t.device.type == "meta":
+    """True where a data-dependent check cannot run: tracing (compile, export,
+    ``torch.jit.trace``), CUDA-graph capture, or meta tensors (shapes without values, e.g. for
+    counting FLOPs)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or t.device.type == "meta":
         return True
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def is_exporting() -> bool:
+    """True under ``torch.export`` or ``torch.jit.trace``, whose programs cannot branch on
+    tensor values: a branch would be refused or baked in for every later input."""
+    exporting = getattr(torch.compiler, "is_exporting", None)  # absent in torch 2.5
+    return torch.jit.is_tracing() or (exporting is not None and exporting())
 
 
 def check_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None:
@@ -222,11 +230,20 @@ def check_patched_operands(
 
 def check_cell_weight(cell_weight: object, n: int, like: Tensor,
                       like_name: str = "q") -> float | Tensor:
-    """The in-patch quadrature of patched attention: a positive finite float (the same cell
-    volume at every point), or a tensor of shape ``(n,)``, finite and non-negative, on
+    """The in-patch quadrature of patched attention: a positive finite float or 0-d tensor (the
+    same cell volume at every point), or a tensor of shape ``(n,)``, finite and non-negative, on
     ``like``'s device (dtype: :func:`check_param_like`). The value check of a tensor is skipped
     while tracing (data-dependent)."""
     expected = f"cell_weight: expected a finite float > 0 or a tensor of shape (n,) = ({n},)"
+    if isinstance(cell_weight, Tensor) and cell_weight.dim() == 0:
+        # One volume as a 0-d tensor: what 1 / (number of points) becomes under torch.jit.trace.
+        if not cell_weight.is_floating_point():
+            raise TypeError(f"{expected}, got a {cell_weight.dtype} tensor")
+        if not is_tracing(cell_weight) and not bool(
+            torch.isfinite(cell_weight) & (cell_weight > 0)
+        ):
+            raise ValueError(f"{expected}, got {cell_weight.item()!r}")
+        return cell_weight
     if isinstance(cell_weight, Tensor):
         check_param_like(cell_weight, "cell_weight", like, like_name)
         if cell_weight.shape != (n,):

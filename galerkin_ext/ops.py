@@ -435,8 +435,9 @@ def patched_attention(
         k: ``(B, H, O, n, D)`` key patches, ``O`` independent of ``P`` (patched
             cross-attention over a domain cut into congruent patches of the same points).
         v: ``(B, H, O, n, D_v)`` value patches.
-        cell_weight: ``ω``, a positive float (one cell volume for every point) or an ``(n,)``
-            tensor of finite non-negative volumes (dtype of ``q``, or float32 for half ``q``).
+        cell_weight: ``ω``, a positive float or 0-d tensor (one cell volume for every point),
+            or an ``(n,)`` tensor of finite non-negative volumes (dtype of ``q``, or float32
+            for half ``q``).
         scale: the logits' factor ``s`` (the paper: 1); ``None`` also means 1.
 
     Returns:
@@ -455,14 +456,14 @@ def patched_attention(
     # Half types: a float32 logits GEMM (no overflow of the n·D-term sums) and softmax.
     logit_dtype = functional.opmath_dtype(q)
     qf, kf = q.to(logit_dtype), k.to(logit_dtype)
-    if isinstance(omega, Tensor):
+    if isinstance(omega, Tensor) and omega.dim() == 1:
         w = omega.to(logit_dtype)[:, None]  # (n, 1): the same volume for every feature
         if p <= o:
             qf = qf * w
         else:
             kf = kf * w
-    else:
-        factor *= omega
+    else:  # one volume: a float, or a 0-d tensor
+        factor = factor * omega
     logits = torch.bmm(qf.reshape(batch * heads, p, n * dim),
                        kf.reshape(batch * heads, o, n * dim).transpose(1, 2)) * factor
     probs = torch.softmax(logits, dim=-1).to(v.dtype)

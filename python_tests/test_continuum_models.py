@@ -262,6 +262,26 @@ def test_auto_weights(gen):
     assert out.shape == (1, 10, 1)
 
 
+def test_export_needs_explicit_weights(gen):
+    """weight='auto' chooses its rule from the coordinates' values: torch.export cannot branch
+    on them and torch.jit.trace would bake the branch in, so both are refused with the cure,
+    which exports and traces exactly."""
+    tno = small_tno(gen)
+    u, x = torch.randn(2, 9, 1, generator=gen, dtype=F64), torch.rand(9, 1, dtype=F64,
+                                                                       generator=gen)
+    with pytest.raises(ValueError, match=r"x: weight='auto'.*torch.export.*auto_quadrature"):
+        torch.export.export(tno, (u, x))
+    with pytest.raises(ValueError, match=r"x: weight='auto'.*torch.jit.trace"):
+        torch.jit.trace(tno, (u, x))
+    weight = auto_quadrature_weights(x)
+    exported = torch.export.export(tno, (u, x, weight)).module()
+    traced = torch.jit.trace(tno, (u, x, weight))
+    with torch.no_grad():
+        expected = tno(u, x)
+        torch.testing.assert_close(exported(u, x, weight), expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(traced(u, x, weight), expected, rtol=1e-12, atol=1e-12)
+
+
 def test_l63_initial_condition_token(gen):
     """token0 replaces the lifted token of the initial time: u there is ignored, token0 is
     not, the point may sit anywhere in the sequence, and the length is unchanged."""

@@ -172,12 +172,16 @@ def test_op_errors():
         (lambda: call(q, k, v, torch.tensor([1.0, math.nan, 1.0, 1.0])), ValueError,
          "cell_weight: expected finite"),
         (lambda: call(q, k, v, torch.ones(4, dtype=F64)), TypeError, "cell_weight: expected dtype"),
+        (lambda: call(q, k, v, torch.tensor(0.0)), ValueError, "cell_weight: .*got 0.0"),
+        (lambda: call(q, k, v, torch.tensor(1)), TypeError, "cell_weight: .*int64 tensor"),
         (lambda: call(q, k, v, 1.0, scale=math.nan), ValueError, "scale: expected a finite"),
         (lambda: call(q, k, v, 1.0, scale="1"), ValueError, "scale: expected a finite"),
     ]
     for fn, error, match in cases:
         with pytest.raises(error, match=match):
             fn()
+    # one volume as a 0-d tensor (as under torch.jit.trace) is the float
+    torch.testing.assert_close(call(q, k, v, torch.tensor(0.3)), call(q, k, v, 0.3))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,6 +507,19 @@ def test_batch_independence_and_empty_batch(cls, gen):
     # per-sample coordinates give the same as a shared grid
     torch.testing.assert_close(model(u, x.expand(3, 8, 12, 2)), out, rtol=1e-12, atol=1e-12)
     assert model(u[:0], x).shape == (0, 8, 12, 1)
+
+
+@pytest.mark.parametrize("cls", [ViTNO, FANO])
+def test_jit_trace_follows_the_grid(cls, gen):
+    """Under torch.jit.trace the cell volume 1 / (points) is a 0-d tensor of the traced sizes:
+    the traced model gives eager's output at its own grid and at a finer one."""
+    model = _tiny(cls, patches=(2, 2), final_modes=3).to(F64)
+    u = randn(1, 8, 8, 1, gen=gen)
+    traced = torch.jit.trace(model, (u, unit_grid(8, dtype=F64)))
+    with torch.no_grad():
+        for s in (8, 12):
+            u, x = randn(2, s, s, 1, gen=gen), unit_grid(s, dtype=F64)
+            torch.testing.assert_close(traced(u, x), model(u, x), rtol=1e-12, atol=1e-12)
 
 
 def test_smoothing_and_final_conv_act_on_the_output(gen):

@@ -27,6 +27,7 @@ from .._checks import (
     check_scale,
     check_tensor,
     expand_grid,
+    is_exporting,
 )
 from ..quadrature import trapezoid_weights
 from .activation import make_activation
@@ -61,10 +62,11 @@ def auto_quadrature_weights(coords: Tensor, name: str = "coords") -> Tensor:
     if coords.shape[-2] == 0 or coords.shape[-1] == 0:
         raise ValueError(f"{name}: expected N >= 1 points with d >= 1 coordinates, got shape "
                          f"{tuple(coords.shape)}")
-    if coords.device.type == "meta":
-        raise ValueError(f"{name}: weight='auto' derives the weights from the coordinates' "
-                         "values, which meta tensors do not hold; pass weight=None or explicit "
-                         "weights")
+    if coords.device.type == "meta" or is_exporting():
+        raise ValueError(f"{name}: weight='auto' chooses its rule from the coordinates' values, "
+                         "which meta tensors do not hold and torch.export or torch.jit.trace "
+                         "cannot branch on; pass explicit weights (e.g. "
+                         "auto_quadrature_weights(coords), computed once beforehand) or None")
     if not bool(torch.isfinite(coords).all()):
         raise ValueError(f"{name}: expected finite coordinates")
     if coords.shape[-2] == 1:  # one point: weight 1 (only ratios matter)
