@@ -8,6 +8,7 @@ import torch
 
 from galerkin_ext.data.datasets import BurgersDataset, DarcyDataset
 from galerkin_ext.data.mat import is_mat_v73, load_mat, read_burgers_mat, read_darcy_mat
+from galerkin_ext.data.storage import DataFileError
 
 
 def write_v73(path, **arrays):
@@ -90,3 +91,27 @@ def test_datasets_read_mat_files(tmp_path, darcy_arrays):
     dd = DarcyDataset(tmp_path / "d.mat", "train", 5, coarse_resolution=3, n_train=4, n_valid=2,
                       dtype=torch.float64)
     np.testing.assert_array_equal(dd[3]["target"][..., 0].numpy(), sol[3, ::2, ::2])
+
+
+def test_non_finite_samples_are_named_before_any_training(tmp_path, darcy_arrays):
+    """NaN or infinity in a sample is found on reading, naming the file, the variable and the
+    sample, in both formats; a dataset gives it as its DataFileError."""
+    a = np.zeros((5, 8))
+    a[3, 2] = np.nan
+    a[4, 0] = np.inf
+    scipy.io.savemat(tmp_path / "b.mat", {"a": np.ones((5, 8)), "u": a})
+    with pytest.raises(ValueError, match=r"b\.mat': variable 'u' .* 2 sample\(s\), the first is "
+                                         r"sample 3"):
+        read_burgers_mat(tmp_path / "b.mat")
+    coeff, sol = darcy_arrays
+    coeff = coeff.copy()
+    coeff[5, 8, 8] = -np.inf
+    write_v73(tmp_path / "d.mat", coeff=coeff, sol=sol)
+    with pytest.raises(ValueError, match=r"variable 'coeff' .* 1 sample\(s\), the first is "
+                                         r"sample 5"):
+        read_darcy_mat(tmp_path / "d.mat")
+    with pytest.raises(DataFileError, match=r"b\.mat': variable 'u' has non-finite"):
+        BurgersDataset(tmp_path / "b.mat", "train", 8, n_train=4, n_valid=1)
+    scipy.io.savemat(tmp_path / "x.mat", {"a": np.zeros((2, 4))})
+    with pytest.raises(DataFileError, match=r"lacks \['u'\]"):
+        BurgersDataset(tmp_path / "x.mat", "train", 4, n_train=1, n_valid=1)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.io
 import torch
 from test_faults import default_sigint
 
@@ -197,6 +198,26 @@ def test_ctrl_c_ends_training_with_one_line(tmp_path, burgers_file):
     assert load_checkpoint(out / "last.pt", "last")["epoch"] >= 1
 
 
+def test_bad_data_file_is_one_line_before_training(tmp_path):
+    """A .mat file with a NaN sample or a missing variable stops the script before any epoch,
+    with one line naming the file, and nothing is written."""
+    rng = np.random.default_rng(0)
+    a, u = rng.random((12, 128)), rng.random((12, 128))
+    a[10, 5] = np.nan  # an evaluation sample: the whole training epoch would come first
+    scipy.io.savemat(tmp_path / "nan.mat", {"a": a, "u": u})
+    scipy.io.savemat(tmp_path / "vars.mat", {"input": a, "output": u})
+    for name, message in (("nan.mat", "variable 'a' has non-finite values in 1 sample(s)"),
+                          ("vars.mat", "lacks ['a', 'u']")):
+        out = tmp_path / name
+        proc = subprocess.run(
+            _cmd("burgers.py", out, "--data", str(tmp_path / name), "--n", "128",
+                 "--n-train", "8", "--n-eval", "4", "--epochs", "2"),
+            capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and name in proc.stderr, proc.stderr[-2000:]
+        assert not (out / "last.pt").exists()
+
+
 def test_resume_refuses_changed_settings(tmp_path, burgers_file):
     """A resumption that would change the model, the data or the schedule stops before any
     work, naming the setting, and leaves last.pt as it was."""
@@ -219,7 +240,8 @@ def test_resume_refuses_changed_settings(tmp_path, burgers_file):
         flat = [x for kv in changed.items() for x in kv]
         proc = subprocess.run(_cmd("burgers.py", out, *flat, "--resume"), capture_output=True,
                               text=True, timeout=TIMEOUT, env=ENV)
-        assert proc.returncode != 0 and "cannot resume" in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 1 and "cannot resume" in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert setting in proc.stderr, (setting, proc.stderr[-1000:])
         assert (out / "last.pt").read_bytes() == last
 

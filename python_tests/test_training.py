@@ -156,7 +156,7 @@ def test_resume_is_exact(tmp_path):
         trainer = Trainer(_PointMLP(), OperatorLoss(), train_set, _Linear1d(8, seed=1),
                           TrainConfig(**{**config, **changes}), tmp_path / "cut",
                           run_config=run_config, parallel=parallel)
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(CheckpointError, match=match):
             trainer.fit(resume=True)
         assert (tmp_path / "cut" / "last.pt").read_bytes() == last
     again = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(8, seed=1),

@@ -275,7 +275,12 @@ def _source_info(source: Source, mat_keys: tuple[str, str]) -> tuple[str, int, t
 
 
 def _read_mat(path: str | os.PathLike[str], keys: tuple[str, str]) -> tuple[np.ndarray, ...]:
-    return _mat.read_burgers_mat(path) if keys == ("a", "u") else _mat.read_darcy_mat(path)
+    """The readers' account of a bad file (a missing variable, a wrong shape, non-finite
+    samples) as the datasets' DataFileError."""
+    try:
+        return _mat.read_burgers_mat(path) if keys == ("a", "u") else _mat.read_darcy_mat(path)
+    except (KeyError, ValueError) as err:
+        raise DataFileError(err.args[0]) from err
 
 
 def _load(

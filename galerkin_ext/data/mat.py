@@ -69,23 +69,36 @@ def _numeric(path: Path, key: str, value: object) -> np.ndarray:
     return array.astype(np.float64, copy=False)
 
 
+def _finite_samples(path: str | os.PathLike[str], key: str, array: np.ndarray) -> None:
+    """A ValueError naming the file, the variable and its samples (axis 0) that hold NaN or
+    infinity, found before any training on them."""
+    bad = np.flatnonzero(~np.isfinite(array).all(axis=tuple(range(1, array.ndim))))
+    if bad.size:
+        raise ValueError(f"{str(path)!r}: variable {key!r} has non-finite values in "
+                         f"{bad.size} sample(s), the first is sample {bad[0]}")
+
+
 def read_burgers_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``(a, u)`` of a Burgers ``.mat`` file, each of shape ``(B, N)``."""
+    """``(a, u)`` of a Burgers ``.mat`` file, each of shape ``(B, N)``, finite."""
     d = load_mat(path, ("a", "u"))
     a, u = d["a"], d["u"]
     if a.ndim != 2 or a.shape != u.shape:
         raise ValueError(
             f"{path!s}: expected a and u of equal shape (B, N), got {a.shape}, {u.shape}"
         )
+    _finite_samples(path, "a", a)
+    _finite_samples(path, "u", u)
     return a, u
 
 
 def read_darcy_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``(coeff, sol)`` of a Darcy ``.mat`` file, each of shape ``(B, K, K)``."""
+    """``(coeff, sol)`` of a Darcy ``.mat`` file, each of shape ``(B, K, K)``, finite."""
     d = load_mat(path, ("coeff", "sol"))
     a, u = d["coeff"], d["sol"]
     if a.ndim != 3 or a.shape != u.shape or a.shape[1] != a.shape[2]:
         raise ValueError(
             f"{path!s}: expected coeff and sol of equal shape (B, K, K), got {a.shape}, {u.shape}"
         )
+    _finite_samples(path, "coeff", a)
+    _finite_samples(path, "sol", u)
     return a, u

@@ -54,7 +54,8 @@ _REQUIRED = {
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, corrupt, or not a galerkin_ext training checkpoint."""
+    """A checkpoint file is missing, corrupt, not a galerkin_ext training checkpoint, or not
+    resumable with the run's settings."""
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:

@@ -29,9 +29,16 @@ import torch
 from .._checks import check_choice, check_int
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
-from .checkpoint import atomic_write, write_json
+from ..data.storage import DataFileError
+from .checkpoint import CheckpointError, atomic_write, write_json
 from .distributed import DistributedContext
-from .trainer import _RESUMABLE_CHANGES, default_forward, per_sample_errors, relative_l2_metric
+from .trainer import (
+    _RESUMABLE_CHANGES,
+    NonFiniteLossError,
+    default_forward,
+    per_sample_errors,
+    relative_l2_metric,
+)
 
 __all__ = [
     "ATTENTION_TYPES",
@@ -180,11 +187,13 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
 
 
 def run_main(main: Callable[[], object]) -> int:
-    """Run an example script's ``main()``; Ctrl-C ends it with one line instead of a traceback.
+    """Run an example script's ``main()``; Ctrl-C and the package's own account of a bad data
+    file, checkpoint or run end it with one line instead of a traceback.
 
     Returns the exit status: 0, 130 after an interrupt (``last.pt`` keeps the last finished
     epoch for ``--resume``), or 1 when a preset's accuracy threshold was missed
-    (:class:`ThresholdError`; the outputs are written).
+    (:class:`ThresholdError`; the outputs are written) or on a :class:`DataFileError`,
+    :class:`CheckpointError` or :class:`NonFiniteLossError`.
     """
     try:
         main()
@@ -194,6 +203,9 @@ def run_main(main: Callable[[], object]) -> int:
         return 130
     except ThresholdError as err:
         print(f"threshold not met: {err}", file=sys.stderr)
+        return 1
+    except (DataFileError, CheckpointError, NonFiniteLossError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
 

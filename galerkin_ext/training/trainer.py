@@ -47,7 +47,13 @@ from .._checks import check_choice, check_float, check_int, check_path, resolve_
 from ..data.gnot_datasets import batch_to
 from ..domain import sum_gradients
 from ..losses import relative_l2
-from .checkpoint import load_checkpoint, save_checkpoint, stray_temporary_files, write_csv
+from .checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+    stray_temporary_files,
+    write_csv,
+)
 from .distributed import DistributedContext
 
 __all__ = [
@@ -549,14 +555,14 @@ class Trainer:
         changed = sorted(k for k in old.keys() | new.keys()
                          if k not in _RESUMABLE_CHANGES and old.get(k) != new.get(k))
         if changed:
-            raise ValueError(
+            raise CheckpointError(
                 f"cannot resume from {str(self.last_path)!r}: the settings {changed} differ "
                 f"from the checkpoint's (there { {k: old.get(k) for k in changed} }, now "
                 f"{ {k: new.get(k) for k in changed} }); use the same settings or another "
                 f"out_dir"
             )
         if world_size != self.ctx.world_size:
-            raise ValueError(
+            raise CheckpointError(
                 f"cannot resume from {str(self.last_path)!r} exactly: it was written by "
                 f"{world_size} processes, this run has {self.ctx.world_size}"
             )
@@ -636,7 +642,8 @@ class Trainer:
 
         Raises:
             NonFiniteLossError: the loss or gradient became NaN/inf (nothing is overwritten).
-            CheckpointError: ``last.pt`` is corrupt.
+            CheckpointError: ``last.pt`` is corrupt, or was written with settings that
+                change the model, the data or the schedule, or by another number of processes.
         """
         if not isinstance(resume, bool):
             raise TypeError(f"resume: expected a bool, got {resume!r}")
