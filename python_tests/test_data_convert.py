@@ -16,6 +16,7 @@ from galerkin_ext.data import (
 )
 from galerkin_ext.data.__main__ import main
 from galerkin_ext.data.ragged import read_header, read_ragged
+from galerkin_ext.data.storage import partial_path
 
 
 def geofno_arrays(tmp_path, n_points=7, n_samples=5, seed=0):
@@ -79,14 +80,15 @@ def test_command_line_and_refusals(tmp_path, capsys):
     np.save(bad, spoiled)
     with pytest.raises(ValueError, match="sigma: sample 2 has non-finite values"):
         convert_geofno_elasticity(paths["xy"], bad, tmp_path / "x.h5", progress=False)
-    assert not (tmp_path / "x.h5").exists()
-    # what the failed conversion left is refused, then resumed once the input is fixed
-    partial = [*args[:5], str(bad), "--out", str(tmp_path / "x.h5"), "--no-progress"]
-    assert main(partial) == 1 and "interrupted" in capsys.readouterr().err
+    # every sample is checked before the output is begun: nothing is left behind that a
+    # rerun (which would refuse the same sample) must resume or overwrite
+    assert not (tmp_path / "x.h5").exists() and not partial_path(tmp_path / "x.h5").exists()
+    rerun = [*args[:5], str(bad), "--out", str(tmp_path / "x.h5"), "--no-progress"]
+    assert main(rerun) == 1 and "sigma: sample 2" in capsys.readouterr().err
     np.save(bad, arrays["sigma"])
-    assert main([*partial, "--resume"]) == 0
-    resumed = read_ragged(tmp_path / "x.h5", np.arange(3), fields=("target",))
-    np.testing.assert_array_equal(resumed.target[:, 0], arrays["sigma"].T.reshape(-1))
+    assert main(rerun) == 0
+    fixed = read_ragged(tmp_path / "x.h5", np.arange(3), fields=("target",))
+    np.testing.assert_array_equal(fixed.target[:, 0], arrays["sigma"].T.reshape(-1))
 
 
 def gnot_samples(rng, n=4):
@@ -143,5 +145,16 @@ def test_gnot_pickle_round_trip_and_refusals(tmp_path, capsys):
         spoil(bad)
         path.write_bytes(pickle.dumps(bad))
         with pytest.raises(ValueError, match=match):
-            convert_gnot_pickle(path, tmp_path / "bad.h5", trust_pickle=True, progress=False,
-                                overwrite=True)
+            convert_gnot_pickle(path, tmp_path / "bad.h5", trust_pickle=True, progress=False)
+        assert not partial_path(tmp_path / "bad.h5").exists()
+    # a sample of another layout than sample 0 (f2 with a value column) is named up front
+    bad = gnot_samples(np.random.default_rng(1))
+    bad[3][3] = (bad[3][3][0], np.ones((2, 3)))
+    path.write_bytes(pickle.dumps(bad))
+    with pytest.raises(ValueError, match="sample 3"):
+        convert_gnot_pickle(path, tmp_path / "bad.h5", trust_pickle=True, progress=False)
+    assert not partial_path(tmp_path / "bad.h5").exists()
+    # a file that is no pickle: one line from the command line, naming it
+    path.write_bytes(b"not a pickle at all")
+    assert main([*args, "--trust-pickle", "--no-progress", "--overwrite"]) == 1
+    assert "heat.pkl' is not a readable pickle" in capsys.readouterr().err

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .ragged import write_ragged
+from .ragged import RaggedLayout, validate_sample, write_ragged
 
 __all__ = ["GEOFNO_ELASTICITY", "GNOT_PICKLE", "convert_geofno_elasticity",
            "convert_gnot_pickle"]
@@ -33,6 +33,17 @@ __all__ = ["GEOFNO_ELASTICITY", "GNOT_PICKLE", "convert_geofno_elasticity",
 #: The generators recorded in converted files.
 GEOFNO_ELASTICITY = "geofno_elasticity"
 GNOT_PICKLE = "gnot_pickle"
+
+
+def _write(out: str | os.PathLike[str], sample_fn: Callable[[int], dict[str, Any]],
+           n_samples: int, **kwargs: Any) -> Path:
+    """:func:`write_ragged` after every sample is converted and checked against sample 0's
+    layout: the source is at hand, so a refused sample is named before the output is begun
+    (no partial file, which a resume would only refuse again)."""
+    layout = RaggedLayout.from_sample(sample_fn(0), where="sample 0")
+    for i in range(1, n_samples):
+        validate_sample(sample_fn(i), where=f"sample {i}", layout=layout)
+    return write_ragged(out, sample_fn, n_samples=n_samples, **kwargs)
 
 
 def _load(path: str | os.PathLike[str], name: str, shape_doc: str, ndim: int) -> np.ndarray:
@@ -103,10 +114,9 @@ def convert_geofno_elasticity(
 
     parameters = {"source": "Geo-FNO elasticity", "xy": str(xy), "sigma": str(sigma),
                   "rr": None if rr is None else str(rr)}
-    return write_ragged(out, sample, generator=GEOFNO_ELASTICITY, parameters=parameters,
-                        seed=0, n_samples=n_samples, resume=resume, overwrite=overwrite,
-                        progress=progress,
-                        desc="convert Geo-FNO elasticity")
+    return _write(out, sample, n_samples, generator=GEOFNO_ELASTICITY, parameters=parameters,
+                  seed=0, resume=resume, overwrite=overwrite, progress=progress,
+                  desc="convert Geo-FNO elasticity")
 
 
 def _matrix(value: object, where: str, columns: int | None = None) -> np.ndarray:
@@ -154,7 +164,11 @@ def convert_gnot_pickle(
     if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
         raise FileNotFoundError(f"path: no such file: {path!r}")
     with open(path, "rb") as f:
-        samples = pickle.load(f)  # the caller trusts the file (trust_pickle)
+        try:
+            samples = pickle.load(f)  # the caller trusts the file (trust_pickle)
+        except Exception as err:  # unpickling can fail in any way its contents choose
+            raise ValueError(f"path: {str(path)!r} is not a readable pickle: "
+                             f"{type(err).__name__}: {err}") from err
     if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)) or not samples:
         raise ValueError(f"path: expected a non-empty list of samples, got "
                          f"{type(samples).__name__}")
@@ -189,7 +203,7 @@ def convert_gnot_pickle(
                 "target_names": [f"y{c + 1}" for c in range(y.shape[1])], "inputs": inputs,
                 "theta": theta if theta.size else None, "triangles": None}
 
-    return write_ragged(out, sample, generator=GNOT_PICKLE,
-                        parameters={"source": "GNOT pickle", "path": str(path)}, seed=0,
-                        n_samples=len(samples), resume=resume, overwrite=overwrite,
-                        progress=progress, desc="convert GNOT pickle")
+    return _write(out, sample, len(samples), generator=GNOT_PICKLE,
+                  parameters={"source": "GNOT pickle", "path": str(path)}, seed=0,
+                  resume=resume, overwrite=overwrite, progress=progress,
+                  desc="convert GNOT pickle")
