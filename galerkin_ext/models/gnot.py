@@ -12,7 +12,8 @@ baselines of its experiments (SPEC-gnot §6).
 Every model takes padded ragged batches: query points ``x (B, N, query_dim)`` whose first
 ``space_dim`` columns are the (normalised) coordinates, query weights ``weight (B, N)`` (0 on
 padding), input functions ``inputs[l] (B, M_l, b_l)`` with weights ``input_weights[l]``
-``(B, M_l)``, and ``theta (B, p)``. Padded points never change a real point's output.
+``(B, M_l)``, and ``theta (B, p)``. Padded points never change a real point's output, as
+long as their values are finite (weight 0 times NaN is NaN).
 """
 
 from __future__ import annotations
