@@ -31,11 +31,12 @@ from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from . import _C  # noqa: F401  (registers torch.ops.galerkin_ext)
 from ._checks import check_int
+from ._extension import load_extension
 
 __all__ = ["flop_counter_mode", "flop_formulas", "forward_flops", "parameter_count"]
 
+load_extension()  # registers torch.ops.galerkin_ext, whose FLOPs are counted below
 _aten = torch.ops.aten
 
 

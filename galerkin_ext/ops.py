@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from . import _C, functional
+from . import functional
 from ._checks import (
     check_attention_operands,
     check_cell_weight,
@@ -43,8 +43,11 @@ from ._checks import (
     check_quadrature_weight,
     check_scale,
 )
+from ._extension import load_extension
 
 Norm = tuple[Tensor, Tensor] | None
+
+_C = load_extension()
 
 # Read once: a call into the extension inside traced code would break torch.compile's graph.
 _CUDA_BUILT = bool(_C.cuda_built())

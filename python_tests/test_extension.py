@@ -1,0 +1,57 @@
+"""Loading the compiled extension: the build records its torch, and an extension that cannot be
+loaded (torch changed after the build, or never built) says why and how to rebuild."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import galerkin_ext
+from galerkin_ext import _build_info
+from galerkin_ext._extension import REBUILD, load_error_message
+
+
+def test_the_build_records_the_torch_it_was_compiled_against():
+    assert _build_info.TORCH_VERSION == torch.__version__
+
+
+def test_messages():
+    error = ImportError("undefined symbol: _ZN3c108ListType3get")
+    message = load_error_message(error, "2.11.0", "2.13.0+cpu")
+    assert "compiled against torch 2.11.0, but torch 2.13.0+cpu is installed" in message
+    assert REBUILD in message and "undefined symbol" in message
+    assert "never built" in load_error_message(error, None, "2.13.0")
+    assert load_error_message(error, "2.13.0", "2.13.0").endswith(str(error))
+
+
+def _import_ops_from(package_parent: Path) -> subprocess.CompletedProcess:
+    """``import galerkin_ext.ops`` in a fresh interpreter from a copy of the package (an
+    editable install's import redirection, if any, is taken out of the way)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "sys.meta_path[:] = [f for f in sys.meta_path "
+            "if 'Redirecting' not in type(f).__name__]; "
+            "import galerkin_ext.ops")
+    return subprocess.run([sys.executable, "-c", code, str(package_parent)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_another_torch_or_no_build_is_named_on_import(tmp_path):
+    copy = tmp_path / "galerkin_ext"
+    shutil.copytree(Path(galerkin_ext.__file__).parent, copy,
+                    ignore=shutil.ignore_patterns("_C*", "_build_info.py", "__pycache__"))
+    proc = _import_ops_from(tmp_path)
+    assert proc.returncode != 0 and "the compiled extension is missing" in proc.stderr, (
+        proc.stderr[-2000:])
+    # an extension that does not load beside a record of another torch
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (copy / f"_C{suffix}").write_bytes(b"not a shared library")
+    (copy / "_build_info.py").write_text('TORCH_VERSION = "1.0.0"\n')
+    proc = _import_ops_from(tmp_path)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    assert f"compiled against torch 1.0.0, but torch {torch.__version__}" in proc.stderr, (
+        proc.stderr[-2000:])
