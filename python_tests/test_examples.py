@@ -612,3 +612,14 @@ def test_gnot_example_refuses_experts_for_mionet(tmp_path):
     proc = subprocess.run(_cmd("heat.py", tmp_path / "run", "--model", "mionet", "--experts",
                                "2"), capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
     assert proc.returncode == 2 and "--experts: only GNOT has experts" in proc.stderr
+
+
+def test_readme_use_block_runs_as_written():
+    """The README's first code block under "## Use" runs verbatim and gives its shapes."""
+    text = (EXAMPLES.parent / "README.md").read_text()
+    use = text[text.index("## Use"):]
+    block = use[use.index("```python\n") + len("```python\n"):use.index("```\n", 1)]
+    namespace: dict = {}
+    exec(compile(block, "README.md (Use)", "exec"), namespace)  # noqa: S102
+    B, H, N, D, M = (namespace[k] for k in ("B", "H", "N", "D", "M"))
+    assert namespace["z"].shape == (B, H, N, D + 2) and M != N
