@@ -262,6 +262,8 @@ def test_auto_weights(gen):
     assert out.shape == (1, 10, 1)
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning",
+                            "ignore:`torch.jit:DeprecationWarning")
 def test_export_needs_explicit_weights(gen):
     """weight='auto' chooses its rule from the coordinates' values: torch.export cannot branch
     on them and torch.jit.trace would bake the branch in, so both are refused with the cure,

@@ -509,6 +509,8 @@ def test_batch_independence_and_empty_batch(cls, gen):
     assert model(u[:0], x).shape == (0, 8, 12, 1)
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning",
+                            "ignore:`torch.jit:DeprecationWarning")
 @pytest.mark.parametrize("cls", [ViTNO, FANO])
 def test_jit_trace_follows_the_grid(cls, gen):
     """Under torch.jit.trace the cell volume 1 / (points) is a 0-d tensor of the traced sizes:
