@@ -218,6 +218,17 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
         assert not (out / "last.pt").exists()
 
 
+def test_settings_that_need_no_data_are_refused_before_generating_any(tmp_path):
+    """bf16 on a CPU is one line before the data are generated (minutes for Darcy)."""
+    cache = tmp_path / "cache"
+    proc = subprocess.run(_cmd("darcy.py", tmp_path / "run", "--precision", "bf16",
+                               "--data-dir", str(cache)),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 1 and "error: precision: 'bf16' needs a CUDA device" in (
+        proc.stderr), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not cache.exists()
+
+
 def test_resume_refuses_changed_settings(tmp_path, burgers_file):
     """A resumption that would change the model, the data or the schedule stops before any
     work, naming the setting, and leaves last.pt as it was."""

@@ -18,6 +18,7 @@ from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.training import (
     CHECKPOINT_FORMAT,
     CheckpointError,
+    ConfigError,
     NonFiniteLossError,
     TrainConfig,
     Trainer,
@@ -249,6 +250,15 @@ def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):
 
     with pytest.raises(TypeError, match="loss_fn: expected .* holding at least 'rel_l2'"):
         _trainer(tmp_path / "mse", epochs=1, loss=MSE()).fit()
+
+    class L2Only(MSE):  # a loss with no H¹ part: no train_rel_h1 is recorded, not a false 0
+        def forward(self, pred, target, *args):
+            loss, _ = super().forward(pred, target)
+            return loss, {"rel_l2": loss.detach().sqrt()}
+
+    history = _trainer(tmp_path / "l2", epochs=1, loss=L2Only()).fit()["history"]
+    assert "train_rel_h1" not in history[0] and history[0]["train_rel_l2"] > 0
+    assert "train_rel_h1" not in (tmp_path / "l2" / "metrics.csv").read_text()
     with pytest.raises(ValueError, match="compile: this train_set pads its samples"):
         Trainer(_PointMLP(), OperatorLoss(), Padded(32), _Linear1d(8, seed=1),
                 TrainConfig(compile=True, progress=False), tmp_path / "padded")
@@ -472,6 +482,6 @@ def test_evaluate_predict_and_tensorboard_arguments(tmp_path, monkeypatch):
         predict(model, data, torch.tensor([0, 1]))
     # without the tensorboard package: the error comes before the output folder is made
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    with pytest.raises(RuntimeError, match="needs the tensorboard package"):
+    with pytest.raises(ConfigError, match="needs the tensorboard package"):
         _trainer(tmp_path / "tb", tensorboard=True)
     assert not (tmp_path / "tb").exists()

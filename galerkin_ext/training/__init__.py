@@ -2,7 +2,8 @@
 and what the example scripts in ``examples/`` share.
 
 * :class:`Trainer`, :class:`TrainConfig`, :func:`evaluate`, :func:`per_sample_errors`,
-  :func:`relative_l2_metric`, :func:`predict` (:mod:`.trainer`);
+  :func:`relative_l2_metric`, :func:`predict`, :class:`ConfigError`,
+  :class:`NonFiniteLossError` (:mod:`.trainer`);
 * :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`write_json`, :func:`write_csv`,
   :class:`CheckpointError` (:mod:`.checkpoint`; atomic, ``weights_only``-loadable);
 * :func:`setup_distributed`, :func:`cleanup_distributed`, :class:`DistributedContext`
@@ -56,6 +57,7 @@ from .experiment import (
     write_metrics,
 )
 from .trainer import (
+    ConfigError,
     NonFiniteLossError,
     TrainConfig,
     Trainer,
@@ -70,6 +72,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "CHECKPOINT_FORMAT",
     "CheckpointError",
+    "ConfigError",
     "DistributedContext",
     "NonFiniteLossError",
     "ThresholdError",

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_choice, check_int
+from .._checks import check_choice, check_int, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
 from ..data.storage import DataFileError
@@ -34,10 +34,13 @@ from .checkpoint import CheckpointError, atomic_write, write_json
 from .distributed import DistributedContext
 from .trainer import (
     _RESUMABLE_CHANGES,
+    ConfigError,
     NonFiniteLossError,
+    check_precision,
     default_forward,
     per_sample_errors,
     relative_l2_metric,
+    tensorboard_writer_class,
 )
 
 __all__ = [
@@ -183,17 +186,21 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
             train[key] = getattr(args, name)
     train.update(num_workers=args.workers, progress=not args.no_progress,
                  tensorboard=args.tensorboard, compile=args.compile)
+    # settings that need no data are checked before any is generated
+    check_precision(train.get("precision", "fp32"), resolve_device(args.device))
+    if args.tensorboard:
+        tensorboard_writer_class()
     return cfg
 
 
 def run_main(main: Callable[[], object]) -> int:
     """Run an example script's ``main()``; Ctrl-C and the package's own account of a bad data
-    file, checkpoint or run end it with one line instead of a traceback.
+    file, checkpoint, setting or run end it with one line instead of a traceback.
 
     Returns the exit status: 0, 130 after an interrupt (``last.pt`` keeps the last finished
     epoch for ``--resume``), or 1 when a preset's accuracy threshold was missed
     (:class:`ThresholdError`; the outputs are written) or on a :class:`DataFileError`,
-    :class:`CheckpointError` or :class:`NonFiniteLossError`.
+    :class:`CheckpointError`, :class:`ConfigError` or :class:`NonFiniteLossError`.
     """
     try:
         main()
@@ -204,7 +211,7 @@ def run_main(main: Callable[[], object]) -> int:
     except ThresholdError as err:
         print(f"threshold not met: {err}", file=sys.stderr)
         return 1
-    except (DataFileError, CheckpointError, NonFiniteLossError) as err:
+    except (DataFileError, CheckpointError, ConfigError, NonFiniteLossError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
@@ -259,8 +266,9 @@ def write_metrics(
         "history": result["history"],
     }
     write_json(Path(out_dir) / "metrics.json", metrics)
-    print(f"evaluation relative L2: {test_rel_l2:.4e} (best epoch {result['best_epoch']} of "
-          f"{result['epochs']}, {result['train_seconds']:.0f} s of training)", flush=True)
+    print(f"evaluation relative L2: {test_rel_l2:.4e} ({result['epochs']} epochs, "
+          f"{result['train_seconds']:.0f} s of training; the best, epoch "
+          f"{result['best_epoch']}, evaluated {result['best_metric']:.4e})", flush=True)
     return metrics
 
 

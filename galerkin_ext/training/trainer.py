@@ -57,6 +57,7 @@ from .checkpoint import (
 from .distributed import DistributedContext
 
 __all__ = [
+    "ConfigError",
     "NonFiniteLossError",
     "TrainConfig",
     "Trainer",
@@ -78,6 +79,30 @@ _SCHEDULERS = ("onecycle", "plateau")
 # configuration (see Trainer._check_resumable).
 _RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progress",
                       "train.tensorboard", "train.compile", "threads")
+
+
+class ConfigError(ValueError):
+    """The run's settings cannot work together or with its device, data, process count or
+    installed packages; found before any epoch."""
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """``ConfigError`` unless ``precision`` (``'fp32'`` or ``'bf16'``) can run on ``device``
+    (bf16: CUDA with bfloat16)."""
+    if precision == "bf16" and not (device.type == "cuda" and torch.cuda.is_bf16_supported()):
+        raise ConfigError(f"precision: 'bf16' needs a CUDA device with bfloat16 support, got "
+                          f"device {device}")
+
+
+def tensorboard_writer_class() -> Any:
+    """TensorBoard's ``SummaryWriter`` (``tensorboard=True``), or a ``ConfigError`` without
+    the package."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise ConfigError("tensorboard=True (--tensorboard) needs the tensorboard package: "
+                          "pip install tensorboard") from err
+    return SummaryWriter
 
 
 class NonFiniteLossError(RuntimeError):
@@ -167,16 +192,6 @@ class TrainConfig:
         for name in ("progress", "tensorboard", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
-
-
-def _tensorboard_writer_class() -> Any:
-    """TensorBoard's ``SummaryWriter`` (``tensorboard=True``), or a clear error without it."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as err:
-        raise RuntimeError("tensorboard=True (--tensorboard) needs the tensorboard package: "
-                           "pip install tensorboard") from err
-    return SummaryWriter
 
 
 def _writable_dir(path: object) -> Path:
@@ -463,33 +478,29 @@ class Trainer:
         self.ctx = ctx if ctx is not None else DistributedContext()
         if not isinstance(self.ctx, DistributedContext):
             raise TypeError(f"ctx: expected a DistributedContext, got {type(ctx).__name__}")
-        if config.precision == "bf16" and not (
-            self.ctx.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        ):
-            raise ValueError(f"precision: 'bf16' needs a CUDA device with bfloat16 support, "
-                             f"got device {self.ctx.device}")
+        check_precision(config.precision, self.ctx.device)
         self.parallel = check_choice(parallel, "parallel", ("data", "domain"))
         # how many processes the samples are split over, and this process's place among them
         sample_ranks, sample_rank = ((1, 0) if parallel == "domain"
                                      else (self.ctx.world_size, self.ctx.rank))
         if config.batch_size % sample_ranks:
-            raise ValueError(f"batch_size: the global batch {config.batch_size} must be "
+            raise ConfigError(f"batch_size: the global batch {config.batch_size} must be "
                              f"divisible by the {sample_ranks} processes")
         self.train_set = _check_dataset(train_set, "train_set")
         self.eval_set = _check_dataset(eval_set, "eval_set")
         if config.compile and _collate(train_set) is not None:
             # Measured on GNOT's elasticity set: each new padded size recompiled (25-30 s a
             # step on the CPU), since the model's shape checks pin every size.
-            raise ValueError("compile: this train_set pads its samples into batches of "
+            raise ConfigError("compile: this train_set pads its samples into batches of "
                              "varying shapes, which torch.compile would recompile for at "
                              "every new size; train it without compile")
         per_rank = config.batch_size // sample_ranks
         if len(train_set) // sample_ranks < per_rank:
-            raise ValueError(f"train_set: {len(train_set)} samples are fewer than one batch of "
-                             f"{config.batch_size}")
+            raise ConfigError(f"train_set: {len(train_set)} samples are fewer than one batch "
+                              f"of {config.batch_size}")
         self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
         if config.tensorboard and self.ctx.is_main:
-            _tensorboard_writer_class()  # missing package: found before the folder is made
+            tensorboard_writer_class()  # missing package: found before the folder is made
         self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else Path(out_dir)
         self.run_config = dict(run_config or {})
         self.model = model.to(self.ctx.device)
@@ -536,7 +547,7 @@ class Trainer:
         return self.out_dir / "best.pt"
 
     def _tensorboard(self) -> Any:
-        return _tensorboard_writer_class()(log_dir=str(self.out_dir / "tensorboard"))
+        return tensorboard_writer_class()(log_dir=str(self.out_dir / "tensorboard"))
 
     def _full_config(self) -> dict[str, Any]:
         return {**self.run_config, "parallel": self.parallel,
@@ -592,8 +603,9 @@ class Trainer:
             raise TypeError("loss_fn: expected (loss, parts) with parts a dict holding at least "
                             "'rel_l2' (and optionally 'rel_h1'), the logged relative errors, as "
                             f"OperatorLoss returns; got parts {parts!r}")
-        stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(),
-                             parts.get("rel_h1", torch.zeros((), device=loss.device)).float()])
+        # NaN marks a loss without an H¹ part: the epoch's record then has no train_rel_h1
+        rel_h1 = parts.get("rel_h1", torch.full((), math.nan, device=loss.device))
+        stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(), rel_h1.float()])
         self.ctx.all_reduce_sum(stats)
         # data: every process's batch share is averaged; domain: the loss shares add up and
         # the parts are the whole batch's in every process
@@ -637,7 +649,8 @@ class Trainer:
 
         Returns ``{'best_metric', 'best_epoch', 'epochs', 'stopped_early', 'train_seconds',
         'history'}``; ``epochs`` is the number of epochs run, ``history`` a list of per-epoch
-        dicts (``epoch``, ``train_loss``, ``train_rel_l2``, ``train_rel_h1``, ``eval_rel_l2``
+        dicts (``epoch``, ``train_loss``, ``train_rel_l2``, ``train_rel_h1`` (only when the loss
+        reports an H¹ part), ``eval_rel_l2``
         -- the mean of the ``metric`` --, ``lr`` at the end of the epoch, ``seconds``).
 
         Raises:
@@ -750,6 +763,6 @@ class Trainer:
                             forward=self.forward, metric=self.metric,
                             ctx=self.ctx if self.parallel == "data" else None,
                             device=self.ctx.device)
-        return {"epoch": epoch + 1, "train_loss": mean[0], "train_rel_l2": mean[1],
-                "train_rel_h1": mean[2], "eval_rel_l2": eval_err, "lr": self._lr(),
-                "seconds": time.perf_counter() - t0}
+        h1 = {} if math.isnan(mean[2]) else {"train_rel_h1": mean[2]}
+        return {"epoch": epoch + 1, "train_loss": mean[0], "train_rel_l2": mean[1], **h1,
+                "eval_rel_l2": eval_err, "lr": self._lr(), "seconds": time.perf_counter() - t0}
