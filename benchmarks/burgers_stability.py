@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from galerkin_ext.data import BurgersDataset
+from galerkin_ext.data.storage import DataFileError
 from galerkin_ext.losses import OperatorLoss, relative_l2
 from galerkin_ext.models import build_model
 from galerkin_ext.training import cached_data, command_line, write_json
@@ -71,7 +72,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
+    preset = _example().PRESETS["paper"]
+    if args.epochs > preset["train"]["epochs"]:
+        p.error(f"--epochs: at most the schedule's {preset['train']['epochs']}, got {args.epochs}")
+    n_train = args.n_train or preset["n_train"]
+    args.batch_size = args.batch_size or preset["train"]["batch_size"]
+    if args.batch_size > n_train:
+        p.error(f"--batch-size: at most the {n_train} training samples (full batches only), "
+                f"got {args.batch_size}")
     return args
+
+
+def datasets(args: argparse.Namespace, data: str) -> tuple[BurgersDataset, BurgersDataset]:
+    """The training and evaluation sets of ``data`` at ``args.n`` (the paper preset's split
+    unless overridden)."""
+    cfg = _example().PRESETS["paper"]
+    split = {"n_train": args.n_train or cfg["n_train"], "n_valid": args.n_eval or cfg["n_eval"]}
+    train_set = BurgersDataset(data, "train", args.n, **split)
+    return train_set, BurgersDataset(data, "valid", args.n, **split,
+                                     target_normalizer=train_set.target_normalizer)
 
 
 def run_arm(arm: str, args: argparse.Namespace, data: str) -> dict[str, Any]:
@@ -80,17 +99,14 @@ def run_arm(arm: str, args: argparse.Namespace, data: str) -> dict[str, Any]:
     example = _example()
     cfg = example.PRESETS["paper"]
     train_cfg = cfg["train"]
-    split = {"n_train": args.n_train or cfg["n_train"], "n_valid": args.n_eval or cfg["n_eval"]}
-    train_set = BurgersDataset(data, "train", args.n, **split)
-    eval_set = BurgersDataset(data, "valid", args.n, **split,
-                              target_normalizer=train_set.target_normalizer)
+    train_set, eval_set = datasets(args, data)
     torch.manual_seed(train_cfg["seed"])
     model = build_model("burgers", **{**cfg["model"], "attention_type": args.attention})
     if arm == "scaled":
         norm = train_set.target_normalizer
         model.denormalizer.set_statistics(norm.mean, norm.std, eps=norm.eps)
     loss_fn = OperatorLoss(gamma=example.GAMMA, h=1.0 / args.n)
-    loader = DataLoader(train_set, batch_size=args.batch_size or train_cfg["batch_size"],
+    loader = DataLoader(train_set, batch_size=args.batch_size,
                         shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(train_cfg["seed"]))
     optimizer = torch.optim.Adam(model.parameters(), lr=train_cfg["max_lr"])
@@ -135,6 +151,11 @@ def run_arm(arm: str, args: argparse.Namespace, data: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     data = args.data or str(cached_data("burgers", **_example().PRESETS["paper"]["data"]))
+    try:  # the data fit the resolution and split before the workers train for hours
+        datasets(args, data)
+    except (ValueError, DataFileError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     spawn = multiprocessing.get_context("spawn")  # no fork of a process that has run torch
     with ProcessPoolExecutor(max_workers=len(args.arms), mp_context=spawn) as pool:
         arms = list(pool.map(run_arm, args.arms, [args] * len(args.arms),

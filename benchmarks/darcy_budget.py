@@ -6,25 +6,24 @@ Galerkin Transformer encoder) at reduced CPU budgets, to see whether and when it
 
 Each budget is one ``examples/darcy_continuum.py`` run (quick preset data: s = 32, lognormal;
 ``--epochs`` and ``--n-train`` where the budget sets them) into ``RUNS/<model>_<budget>``; a
-run whose ``metrics.json`` exists is not repeated. Writes
-``benchmarks/results/darcy_budget.json`` (``--out``): per run the test median relative L² in
-physical units and normalised (the paper's units), the zero-shot 64² median, the last epoch's
-training loss and validation error (for the generalisation gap), parameters, training time and
-the command.
+run whose ``metrics.json`` exists is reused when the same command made it (refused
+otherwise). Writes ``benchmarks/results/darcy_budget.json`` (``--out``): per run the test
+median relative L² in physical units and normalised (the paper's units), the zero-shot 64²
+median, the last epoch's training loss and validation error (for the generalisation gap),
+parameters, training time and the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from example_runs import ROOT, run_example  # the script's folder is first on sys.path
+
 from galerkin_ext.training import write_json
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "darcy_budget.json"
 # budget name -> extra flags of examples/darcy_continuum.py, and the models run at it
 BUDGETS = {
@@ -91,9 +90,7 @@ def main() -> None:
             run = args.runs / f"{model}_{budget}"
             command = ["python", "examples/darcy_continuum.py", "--model", model, *flags,
                        "--no-progress", "--out", str(run)]
-            if not (run / "metrics.json").exists():
-                print(" ".join(command), flush=True)
-                subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=True)
+            run_example(command, run, check=True)
             records.append(record(run, model, budget, command))
     write_json(args.out, {"runs": records})
     print(table(records))

@@ -4,7 +4,8 @@ script, then the claims checked and tabulated.
     python benchmarks/gnot_claims.py --preset quick --runs runs/gnot_claims
 
 Runs (``examples/heat.py`` / ``examples/elasticity.py`` with their quick presets) go to
-``RUNS/<name>``; a run whose ``metrics.json`` exists is not repeated.  Then the elasticity
+``RUNS/<name>``; a run whose ``metrics.json`` exists is reused when the same command made it
+(refused otherwise).  Then the elasticity
 models trained with mesh and with uniform weights are evaluated on the refined evaluation set
 (the same geometries re-meshed, triangles near the cavity split, solved again; generated once
 into ``RUNS/elasticity_refined.h5``).  Claims (SPEC-gnot §5, §8): heat GNOT ≤ ½ MIONet
@@ -23,13 +24,11 @@ are the last epoch's evaluation relative L² (physical units), means over the sa
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from example_runs import ROOT, run_example  # the script's folder is first on sys.path
 
 from galerkin_ext.data import (
     RaggedDataset,
@@ -46,7 +45,6 @@ from galerkin_ext.training import (
     write_json,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "gnot_claims.json"
 # name -> (script, flags); every run uses its script's preset
 RUNS = {
@@ -71,11 +69,8 @@ def run(name: str, runs: Path, preset: str) -> dict[str, Any]:
     out = runs / name
     command = ["python", f"examples/{script}", "--preset", preset, *flags, "--no-progress",
                "--out", str(out)]
-    if not (out / "metrics.json").exists():
-        print(" ".join(command), flush=True)
-        # a run that misses its script's threshold still counts: the claims are relative
-        subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=False)
-    metrics = json.loads((out / "metrics.json").read_text())
+    # a run that misses its script's threshold still counts: the claims are relative
+    metrics = run_example(command, out, check=False)
     return {"name": name, "test_rel_l2": metrics["test_rel_l2"],
             "best_epoch_rel_l2": metrics["best_epoch_rel_l2"], "n_params": metrics["n_params"],
             "train_seconds": metrics["train_seconds"], "paper_rel_l2": PAPER.get(name),

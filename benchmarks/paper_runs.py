@@ -1,14 +1,15 @@
 """Records of the paper-protocol runs, beside the paper's numbers (SPEC §5).
 
-    python benchmarks/paper_runs.py add runs/gt512 [--command "..."] [--device "..."]
+    python benchmarks/paper_runs.py add runs/gt512 [--command "..."] [--device "..."] [--replace]
     python benchmarks/paper_runs.py table
 
 (``--results FILE`` before the action reads and writes another file.)
 
 ``add`` reads a finished run's ``metrics.json`` (written by ``examples/burgers.py``,
-``darcy.py`` or ``darcy_inverse.py``) and puts one record into
-``benchmarks/results/paper_runs.json`` (a list; a record with the same ``experiment``,
-``attention``, ``norm``, ``setting`` and ``reference_dropout`` is replaced).  ``command`` and
+``darcy.py`` or ``darcy_inverse.py`` with ``--preset paper``; other presets are refused) and
+puts one record into ``benchmarks/results/paper_runs.json`` (a list; a record with the same
+``experiment``, ``attention``, ``norm``, ``setting`` and ``reference_dropout`` is replaced only
+with ``--replace``: a committed record can cost hours).  ``command`` and
 ``device`` come from ``metrics.json``; runs that predate those keys give them on the command
 line.  ``table`` prints the records as the README's markdown table.
 
@@ -69,6 +70,9 @@ def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]
         raise ValueError(f"{metrics_file} has no command/device_name: give --command and "
                          "--device")
     config = m["config"]
+    if config.get("preset") != "paper":
+        raise ValueError(f"{metrics_file}: a run of preset {config.get('preset')!r}; only "
+                         "--preset paper runs are recorded beside the paper's numbers")
     experiment, setting = experiment_and_setting(config)
     model = config["model"]
     attention = model["attention_type"]
@@ -89,10 +93,17 @@ def load(results: Path) -> list[dict[str, Any]]:
     return json.loads(results.read_text()) if results.is_file() else []
 
 
-def add(results: Path, run: Path, command: str | None, device: str | None) -> dict[str, Any]:
+def add(results: Path, run: Path, command: str | None, device: str | None,
+        replace: bool = False) -> dict[str, Any]:
     new = record(run, command, device)
-    records = [r for r in load(results)
-               if tuple(r[k] for k in KEY) != tuple(new[k] for k in KEY)]
+    records = load(results)
+    same = [r for r in records if tuple(r[k] for k in KEY) == tuple(new[k] for k in KEY)]
+    if same and not replace:
+        old = same[0]
+        raise ValueError(f"{results} already holds {', '.join(str(new[k]) for k in KEY)} "
+                         f"({old['test_rel_l2']:.3e} after {old['epochs']} epochs, "
+                         f"{old['train_seconds'] / 60:.0f} min); --replace replaces it")
+    records = [r for r in records if r not in same]
     records.append(new)
     records.sort(key=lambda r: tuple(str(r[k]) for k in KEY))
     write_json(results, records)  # atomic: a reader never sees half a file
@@ -124,11 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--command", default=None, help="the command that ran it (default: "
                                                    "metrics.json's)")
     a.add_argument("--device", default=None, help="what it ran on (default: metrics.json's)")
+    a.add_argument("--replace", action="store_true",
+                   help="replace the record of the same experiment and setting")
     sub.add_parser("table", help="print the records as a markdown table")
     args = p.parse_args(argv)
     if args.action == "add":
         try:
-            r = add(args.results, args.run, args.command, args.device)
+            r = add(args.results, args.run, args.command, args.device, args.replace)
         except (OSError, ValueError) as e:
             p.error(str(e))
         print(json.dumps(r, indent=1))

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,16 @@ def test_burgers_stability_smoke(tmp_path: Path) -> None:
     bad = subprocess.run([*cmd[:2], "--arms", "raw,other", "--out", str(out)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--arms" in bad.stderr
+    # settings the schedule or the data cannot take are refused before any training
+    for change, message in ((("--epochs", "101"), "--epochs: at most the schedule's 100"),
+                            (("--batch-size", "9"), "--batch-size: at most the 8 training"),
+                            (("--n", "100"), "error: resolution")):
+        args = list(cmd[2:])
+        args[args.index(change[0]) + 1] = change[1]
+        bad = subprocess.run([*cmd[:2], *args], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert bad.returncode != 0 and message in bad.stderr, bad.stderr[-2000:]
+        assert "Traceback" not in bad.stderr, bad.stderr[-2000:]
 
 
 def test_domain_parallel_smoke(tmp_path: Path) -> None:
@@ -105,8 +116,9 @@ def _fake_run(folder: Path, config: dict, test: float, last: float, **keys) -> P
 def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     results = tmp_path / "paper_runs.json"
     script = [sys.executable, str(BENCHMARKS / "paper_runs.py"), "--results", str(results)]
-    burgers = {"n": 512, "model": {"attention_type": "galerkin", "norm": "attn"}}
-    inverse = {"fine": 141, "coarse": 36, "noise": 0.01,
+    burgers = {"preset": "paper", "n": 512,
+               "model": {"attention_type": "galerkin", "norm": "attn"}}
+    inverse = {"preset": "paper", "fine": 141, "coarse": 36, "noise": 0.01,
                "model": {"attention_type": "fourier", "norm": "attn",
                          "reference_dropout": True}}
     gt = _fake_run(tmp_path / "gt", burgers, 2.406e-3, 2.5e-3, command="python x.py",
@@ -114,9 +126,17 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     inv = _fake_run(tmp_path / "inv", inverse, 3e-2, 3.1e-2)
     for cmd in ([*script, "add", str(gt)],
                 [*script, "add", str(inv), "--command", "python y.py", "--device", "gpu"],
-                [*script, "add", str(gt)]):  # the same run again replaces its record
+                [*script, "add", str(gt), "--replace"]):  # the same run replaces its record
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
+    # ... only when asked; and a run of another preset is never recorded
+    quick = _fake_run(tmp_path / "quick", {**burgers, "preset": "quick"}, 0.8, 0.8,
+                      command="python z.py", device_name="cpu")
+    for cmd, message in (([*script, "add", str(gt)], "already holds burgers, galerkin, attn, "
+                                                      "n=512, False (2.406e-03 after 2 epochs"),
+                         ([*script, "add", str(quick), "--replace"], "preset 'quick'")):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     records = json.loads(results.read_text())
     assert len(records) == 2
     by_experiment = {r["experiment"]: r for r in records}
@@ -137,7 +157,24 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     assert bad.returncode != 0 and "--command" in bad.stderr
 
 
-def test_gnot_claims_refined_errors(tmp_path: Path) -> None:
+def test_example_runs_are_reused_only_for_the_same_command(tmp_path: Path, monkeypatch):
+    """darcy_budget.py and gnot_claims.py tabulate a folder's earlier run only when the same
+    command (apart from --out) made it: a run of another preset is refused, not tabulated."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import example_runs
+
+    out = tmp_path / "run"
+    out.mkdir()
+    command = ["python", "examples/heat.py", "--preset", "quick", "--no-progress", "--out",
+               str(out)]
+    made_by = shlex.join([*command[:-1], "runs/elsewhere"])
+    (out / "metrics.json").write_text(json.dumps({"command": made_by, "test_rel_l2": 0.5}))
+    assert example_runs.run_example(command, out, check=True)["test_rel_l2"] == 0.5
+    with pytest.raises(SystemExit, match="holds a run of .*--preset quick.*not of .*paper"):
+        example_runs.run_example([*command[:3], "paper", *command[4:]], out, check=True)
+
+
+def test_gnot_claims_refined_errors(tmp_path: Path, monkeypatch) -> None:
     """The refined-set analysis of gnot_claims.py on a one-epoch elasticity run: the refined
     solve moves the targets at the kept vertices, a barely trained mesh-weighted model does not
     move its predictions, and a file of other geometries is refused."""
@@ -149,6 +186,7 @@ def test_gnot_claims_refined_errors(tmp_path: Path) -> None:
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     config = json.loads((out / "metrics.json").read_text())["config"]
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # its sibling example_runs.py
     spec = importlib.util.spec_from_file_location("gnot_claims", BENCHMARKS / "gnot_claims.py")
     claims = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(claims)
@@ -184,3 +222,19 @@ def test_complexity_table(tmp_path: Path) -> None:
         48_084_865)  # SPEC-continuum §2
     for width in (32, 64, 96, 128):  # quadratic attention over 416² points dwarfs the rest
         assert by["TNO", width]["forward_flops"] > 100 * by["ViT NO", width]["forward_flops"]
+
+
+def test_data_generation_records_what_it_compared_and_keeps_existing_files(tmp_path: Path):
+    keep, out = tmp_path / "keep", tmp_path / "generation.json"
+    cmd = [sys.executable, str(BENCHMARKS / "data_generation.py"), str(out), "--problem",
+           "burgers", "--burgers-samples", "2", "--keep", str(keep)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    checks = json.loads(out.read_text())["burgers"]["checks"]
+    assert checks["truncated_vs_full_samples"] == 2  # the file's 2 samples, not the 4 asked
+    assert checks["truncated_vs_full_solve_max_rel_diff"] < 1e-6
+    kept = (keep / "burgers.h5").read_bytes()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode != 0 and "--keep" in again.stderr and "exist" in again.stderr
+    assert (keep / "burgers.h5").read_bytes() == kept

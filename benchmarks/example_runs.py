@@ -1,0 +1,41 @@
+"""Example-script runs of the benchmarks that train (``darcy_budget.py``, ``gnot_claims.py``):
+each made once into its folder and reused afterwards only when the same command made it, so that
+a folder of other settings (another preset, other flags) is refused, never tabulated."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _settings(command: list[str]) -> list[str]:
+    """The script and its flags, without the interpreter and ``--out``."""
+    args = list(command[1:])
+    if "--out" in args:
+        at = args.index("--out")
+        del args[at : at + 2]
+    return args
+
+
+def run_example(command: list[str], out: Path, *, check: bool) -> dict[str, Any]:
+    """``out/metrics.json`` of ``command`` (``['python', 'examples/X.py', ..., '--out',
+    str(out)]``, run from the repository root): the existing one when the same command made
+    it, else that of a new run. ``check``: a failing run is an error; without it the metrics
+    of a run that exits non-zero after writing them (a missed threshold) still count."""
+    metrics_file = out / "metrics.json"
+    if metrics_file.exists():
+        metrics = json.loads(metrics_file.read_text())
+        made_by = metrics.get("command", "")
+        if _settings(shlex.split(made_by)) != _settings(command):
+            raise SystemExit(f"{out} holds a run of `{made_by}`, not of `{shlex.join(command)}`; "
+                             "remove it or choose another --runs")
+        return metrics
+    print(shlex.join(command), flush=True)
+    subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=check)
+    return json.loads(metrics_file.read_text())
