@@ -5,20 +5,20 @@ script, then the claims checked and tabulated.
 
 Runs (``examples/heat.py`` / ``examples/elasticity.py`` with their quick presets) go to
 ``RUNS/<name>``; a run whose ``metrics.json`` exists is reused when the same command made it
-(refused otherwise).  Then the elasticity
-models trained with mesh and with uniform weights are evaluated on the refined evaluation set
-(the same geometries re-meshed, triangles near the cavity split, solved again; generated once
-into ``RUNS/elasticity_refined.h5``).  Claims (SPEC-gnot §5, §8): heat GNOT ≤ ½ MIONet
-(§8 expects ≥ 1.5× at quick scale), heat K = 3 < K = 1 (a gap within ±10 % is "not shown
-at quick scale"), elasticity GNOT < GK < MIONet, and refined/base error ratio ≤ 1.25 with
-mesh weights and below the uniform-weight ratio.  What makes up the refined error is measured
-at the base vertices, which the refinement keeps (the first vertices of each refined mesh): how
-far the refined solve's targets moved there from the base solve's (``refined_target_shift``, a
-property of the data: a model reproducing the base data exactly is that far off), how far the
-model's predictions moved (``refined_prediction_shift``: zero for a model blind to the mesh),
-and the refined error there (``refined_rel_l2_base_vertices``).  Writes
-``benchmarks/results/gnot_claims.json`` (``--out``) and prints the README's tables.  Errors
-are the last epoch's evaluation relative L² (physical units), means over the samples.
+(refused otherwise). Then the elasticity models trained with mesh and with uniform weights are
+evaluated on the refined evaluation set (the same geometries re-meshed, triangles near the
+cavity split, solved again; generated once into ``RUNS/elasticity_refined.h5``). Claims
+(SPEC-gnot §5, §8): heat GNOT ≤ ½ MIONet (§8 expects ≥ 1.5× at quick scale), heat K = 3 < K = 1
+(a gap within ±10 % is "not shown at quick scale"), elasticity GNOT < GK < MIONet, and
+refined/base error ratio ≤ 1.25 with mesh weights and below the uniform-weight ratio. What
+makes up the refined error is measured at the base vertices, which the refinement keeps (the
+first vertices of each refined mesh): how far the refined solve's targets moved there from the
+base solve's (``refined_target_shift``, a property of the data: a model reproducing the base
+data exactly is that far off), how far the model's predictions moved
+(``refined_prediction_shift``: zero for a model blind to the mesh), and the refined error there
+(``refined_rel_l2_base_vertices``). Writes ``benchmarks/results/gnot_claims.json`` (``--out``)
+and prints the README's tables. Errors are the last epoch's evaluation relative L² (physical
+units), means over the samples.
 """
 
 from __future__ import annotations
