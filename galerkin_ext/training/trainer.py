@@ -485,15 +485,15 @@ class Trainer:
                                      else (self.ctx.world_size, self.ctx.rank))
         if config.batch_size % sample_ranks:
             raise ConfigError(f"batch_size: the global batch {config.batch_size} must be "
-                             f"divisible by the {sample_ranks} processes")
+                              f"divisible by the {sample_ranks} processes")
         self.train_set = _check_dataset(train_set, "train_set")
         self.eval_set = _check_dataset(eval_set, "eval_set")
         if config.compile and _collate(train_set) is not None:
             # Measured on GNOT's elasticity set: each new padded size recompiled (25-30 s a
             # step on the CPU), since the model's shape checks pin every size.
             raise ConfigError("compile: this train_set pads its samples into batches of "
-                             "varying shapes, which torch.compile would recompile for at "
-                             "every new size; train it without compile")
+                              "varying shapes, which torch.compile would recompile for at "
+                              "every new size; train it without compile")
         per_rank = config.batch_size // sample_ranks
         if len(train_set) // sample_ranks < per_rank:
             raise ConfigError(f"train_set: {len(train_set)} samples are fewer than one batch "
