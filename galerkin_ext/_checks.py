@@ -102,7 +102,7 @@ def is_tracing(t: Tensor) -> bool:
 def is_exporting() -> bool:
     """True under ``torch.export`` or ``torch.jit.trace``, whose programs cannot branch on
     tensor values: a branch would be refused or baked in for every later input."""
-    exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.7
+    exporting = getattr(torch.compiler, "is_exporting", None)  # not in torch 2.5, 2.6
     return torch.jit.is_tracing() or (exporting is not None and exporting())
 
 
