@@ -1,5 +1,6 @@
 // The galerkin_ext op library (schemas) and the Python module that loads it.
-// Implementations are registered per device in attention/core.cpp.
+// Implementations are registered per device in attention/core.cpp, autograd in
+// attention/autograd.cpp.
 #include "attention/cuda_limits.h"
 
 #include <pybind11/pybind11.h>
@@ -28,6 +29,18 @@ TORCH_LIBRARY(galerkin_ext, m) {
   // Gradients for (q, pos, q_norm_weight, q_norm_bias, s), as kv_reduce_backward's.
   m.def(
       "q_apply_backward(Tensor grad_out, Tensor q, Tensor? pos, str q_map, "
+      "Tensor? q_norm_weight, Tensor? q_norm_bias, Tensor s, float eps, int normalizers, "
+      "bool skip, bool pos_grad) -> Tensor[]");
+  // The backwards' gradients again, by differentiating the plain formulas, so that they are
+  // differentiable: the backward under create_graph=True (attention/autograd.cpp). Their
+  // CompositeImplicitAutograd kernels are Python (ops.py registers them).
+  m.def(
+      "kv_reduce_backward_formula(Tensor grad_s, Tensor k, Tensor v, Tensor? kv_pos, "
+      "Tensor? weight, str k_map, Tensor? k_norm_weight, Tensor? k_norm_bias, str v_map, "
+      "Tensor? v_norm_weight, Tensor? v_norm_bias, float eps, bool ones_column, "
+      "bool kv_pos_grad, bool weight_grad) -> Tensor[]");
+  m.def(
+      "q_apply_backward_formula(Tensor grad_out, Tensor q, Tensor? pos, str q_map, "
       "Tensor? q_norm_weight, Tensor? q_norm_bias, Tensor s, float eps, int normalizers, "
       "bool skip, bool pos_grad) -> Tensor[]");
 }

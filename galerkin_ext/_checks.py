@@ -32,16 +32,18 @@ def check_float(value: object, name: str, *, low: float = 0.0, low_inclusive: bo
                 high: float = math.inf) -> float:
     """``value`` as a finite float above ``low`` (or equal to it if ``low_inclusive``) and at
     most ``high``."""
-    bounds = f"{'>=' if low_inclusive else '>'} {low:g}" + (
-        f" and <= {high:g}" if high < math.inf else "")
-    expected = f"{name}: expected a finite float {bounds}, got {value!r}"
+    def expected() -> str:  # built on failure only: the ops call this on every call
+        bounds = f"{'>=' if low_inclusive else '>'} {low:g}" + (
+            f" and <= {high:g}" if high < math.inf else "")
+        return f"{name}: expected a finite float {bounds}, got {value!r}"
+
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(expected)
-    value = float(value)
-    above = value >= low if low_inclusive else value > low
-    if not (math.isfinite(value) and above and value <= high):
-        raise ValueError(expected)
-    return value
+        raise TypeError(expected())
+    number = float(value)
+    above = number >= low if low_inclusive else number > low
+    if not (math.isfinite(number) and above and number <= high):
+        raise ValueError(expected())
+    return number
 
 
 def check_float_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
@@ -64,11 +66,10 @@ def check_int_pair(value: object, name: str, minimum: int = 1) -> tuple[int, int
 
 def check_probability(value: object, name: str) -> float:
     """``value`` as a dropout probability in ``[0, 1)``."""
-    expected = f"{name}: expected a float in [0, 1), got {value!r}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(expected)
+        raise TypeError(f"{name}: expected a float in [0, 1), got {value!r}")
     if not 0.0 <= value < 1.0:
-        raise ValueError(expected)
+        raise ValueError(f"{name}: expected a float in [0, 1), got {value!r}")
     return float(value)
 
 

@@ -14,7 +14,8 @@ a CPU and a CUDA twin: ``torch.ops.galerkin_ext.kv_reduce`` builds ``S = K̂ᵀ 
 compositions of the two; the quadratic Fourier order and ``continuum_attention`` are pairwise and
 run on ATen (SDPA for the latter), as does ``patched_attention`` (patch functions as tokens,
 SPEC-continuum §1.2: two batched GEMMs). This module adds input validation, dropout masks,
-autograd and fake kernels. Where the compiled core does not run (CPU half types, CUDA rows
+fake kernels and the formula backwards of second-order gradients (the ops' autograd is C++,
+``csrc/attention/autograd.cpp``). Where the compiled core does not run (CPU half types, CUDA rows
 wider than ``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the plain formulas
 of :mod:`galerkin_ext.functional` compute the same.
 """
@@ -511,7 +512,7 @@ def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Autograd and fake (meta) kernels of the compiled ops
+# Second-order gradients and fake (meta) kernels of the compiled ops
 
 
 def _autodiff_beyond_the_op() -> bool:
@@ -526,106 +527,49 @@ def _pair_or_none(weight: Tensor | None, bias: Tensor | None) -> Norm:
     return None if weight is None else (weight, bias)
 
 
-def _formula_grads(formula, inputs, needs, grads) -> list[Tensor | None]:
-    """Gradients of ``formula(*inputs)`` (a tensor or tuple of tensors) against ``grads`` for
-    each input that needs one, as differentiable tensors (``create_graph=True``)."""
-    outputs = formula(*inputs)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
-    wanted = [i for i, t in enumerate(inputs) if t is not None and needs[i]]
-    found = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
-                                [g for _, g in pairs], create_graph=True, allow_unused=True)
-    result: list[Tensor | None] = [None] * len(inputs)
-    for i, g in zip(wanted, found, strict=True):
-        result[i] = g
+def _formula_grads(formula, inputs, wanted, grad) -> list[Tensor]:
+    """Gradients of ``formula(*inputs)`` against ``grad`` for each input that is given, wanted
+    and requires grad, as differentiable tensors (``create_graph=True``); an empty placeholder
+    for the rest, which the autograd kernel discards."""
+    result = [inputs[0].new_empty((0,))] * len(inputs)
+    targets = [i for i, t in enumerate(inputs) if t is not None and wanted[i] and t.requires_grad]
+    if not targets:
+        return result
+    found = torch.autograd.grad(formula(*inputs), [inputs[i] for i in targets], grad,
+                                create_graph=True, allow_unused=True)
+    for i, g in zip(targets, found, strict=True):
+        result[i] = torch.zeros_like(inputs[i]) if g is None else g
     return result
 
 
-class KvReduceGrads(NamedTuple):
-    """What ``kv_reduce_backward`` returns, by name (empty where not asked for)."""
+def _kv_reduce_backward_formula(grad_s, k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb,
+                                eps, ones_column, kv_pos_grad, weight_grad) -> list[Tensor]:
+    def formula(k, v, kv_pos, weight, knw, knb, vnw, vnb):
+        return functional.kv_reduce(
+            k, v, kv_pos=kv_pos, weight=weight, k_map=k_map, k_norm=_pair_or_none(knw, knb),
+            v_map=v_map, v_norm=_pair_or_none(vnw, vnb), eps=eps, ones_column=ones_column)
 
-    k: Tensor
-    v: Tensor
-    kv_pos: Tensor
-    weight: Tensor
-    k_norm_weight: Tensor
-    k_norm_bias: Tensor
-    v_norm_weight: Tensor
-    v_norm_bias: Tensor
+    return _formula_grads(formula, (k, v, kv_pos, weight, knw, knb, vnw, vnb),
+                          (True, True, kv_pos_grad, weight_grad, True, True, True, True), grad_s)
 
 
-class QApplyGrads(NamedTuple):
-    """What ``q_apply_backward`` returns, by name (empty where not asked for)."""
+def _q_apply_backward_formula(grad_out, q, pos, q_map, qnw, qnb, s, eps, normalizers, skip,
+                              pos_grad) -> list[Tensor]:
+    def formula(q, pos, qnw, qnb, s):
+        return functional.q_apply(q, s, pos=pos, q_map=q_map, q_norm=_pair_or_none(qnw, qnb),
+                                  eps=eps, normalizers=normalizers, skip=skip)
 
-    q: Tensor
-    pos: Tensor
-    q_norm_weight: Tensor
-    q_norm_bias: Tensor
-    s: Tensor
-
-
-def _kv_reduce_setup(ctx, inputs, output) -> None:
-    k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb, eps, ones_column = inputs
-    # The inputs only: the backward recomputes the prepared operands.
-    ctx.save_for_backward(k, v, kv_pos, weight, knw, knb, vnw, vnb)
-    ctx.k_map, ctx.v_map, ctx.eps, ctx.ones_column = k_map, v_map, eps, ones_column
+    return _formula_grads(formula, (q, pos, qnw, qnb, s), (True, pos_grad, True, True, True),
+                          grad_out)
 
 
-def _kv_reduce_backward(ctx, grad_s):
-    k, v, kv_pos, weight, knw, knb, vnw, vnb = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    wanted = (True, True, kv_pos is not None and needs[2], weight is not None and needs[3],
-              knw is not None, knb is not None, vnw is not None, vnb is not None)
-    if torch.is_grad_enabled():  # create_graph=True: differentiate the formula
-        def formula(k, v, kv_pos, weight, knw, knb, vnw, vnb):
-            return functional.kv_reduce(
-                k, v, kv_pos=kv_pos, weight=weight, k_map=ctx.k_map,
-                k_norm=_pair_or_none(knw, knb), v_map=ctx.v_map,
-                v_norm=_pair_or_none(vnw, vnb), eps=ctx.eps, ones_column=ctx.ones_column)
-
-        inputs = (k, v, kv_pos, weight, knw, knb, vnw, vnb)
-        input_needs = (needs[0], needs[1], needs[2], needs[3], needs[5], needs[6], needs[8],
-                       needs[9])
-        grads = KvReduceGrads(*_formula_grads(formula, inputs, input_needs, (grad_s,)))
-    else:
-        grads = KvReduceGrads(*torch.ops.galerkin_ext.kv_reduce_backward(
-            grad_s, k, v, kv_pos, weight, ctx.k_map, knw, knb, ctx.v_map, vnw, vnb, ctx.eps,
-            ctx.ones_column, wanted[2], wanted[3]))
-    g = [t if ok else None for t, ok in zip(grads, wanted, strict=True)]
-    return g[0], g[1], g[2], g[3], None, g[4], g[5], None, g[6], g[7], None, None
-
-
-def _q_apply_setup(ctx, inputs, output) -> None:
-    q, pos, q_map, qnw, qnb, s, eps, normalizers, skip = inputs
-    ctx.save_for_backward(q, pos, qnw, qnb, s)
-    ctx.q_map, ctx.eps, ctx.normalizers, ctx.skip = q_map, eps, normalizers, skip
-
-
-def _q_apply_backward(ctx, grad_out):
-    q, pos, qnw, qnb, s = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    wanted = (True, pos is not None and needs[1], qnw is not None, qnb is not None, True)
-    if torch.is_grad_enabled():  # create_graph=True: differentiate the formula
-        def formula(q, pos, qnw, qnb, s):
-            return functional.q_apply(q, s, pos=pos, q_map=ctx.q_map,
-                                      q_norm=_pair_or_none(qnw, qnb), eps=ctx.eps,
-                                      normalizers=ctx.normalizers, skip=ctx.skip)
-
-        input_needs = (needs[0], needs[1], needs[3], needs[4], needs[5])
-        grads = QApplyGrads(*_formula_grads(formula, (q, pos, qnw, qnb, s), input_needs,
-                                            (grad_out,)))
-    else:
-        grads = QApplyGrads(*torch.ops.galerkin_ext.q_apply_backward(
-            grad_out.contiguous(), q, pos, ctx.q_map, qnw, qnb, s, ctx.eps, ctx.normalizers,
-            ctx.skip, wanted[1]))
-    g = [t if ok else None for t, ok in zip(grads, wanted, strict=True)]
-    return g[0], g[1], None, g[2], g[3], g[4], None, None, None
-
-
-torch.library.register_autograd("galerkin_ext::kv_reduce", _kv_reduce_backward,
-                                setup_context=_kv_reduce_setup)
-torch.library.register_autograd("galerkin_ext::q_apply", _q_apply_backward,
-                                setup_context=_q_apply_setup)
+# The ops' autograd is C++ (csrc/attention/autograd.cpp); under create_graph=True it calls these
+# formula backwards, composite kernels that autograd differentiates through.
+_FORMULA_BACKWARDS = torch.library.Library("galerkin_ext", "IMPL")
+_FORMULA_BACKWARDS.impl("kv_reduce_backward_formula", _kv_reduce_backward_formula,
+                        "CompositeImplicitAutograd")
+_FORMULA_BACKWARDS.impl("q_apply_backward_formula", _q_apply_backward_formula,
+                        "CompositeImplicitAutograd")
 
 
 def _grad_like(t: Tensor | None, wanted: bool, like: Tensor) -> Tensor:

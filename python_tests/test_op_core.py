@@ -238,6 +238,41 @@ def test_gradcheck_every_input(maps, gen):
                                     core_leaves(x))
 
 
+@pytest.mark.parametrize("wanted, pos_kind", [
+    (("v",), None), (("weight", "k_norm"), None), (("kv_pos", "v_norm"), "batched"),
+    (("pos", "q_norm"), "shared"), (("q", "weight"), "shared")], ids=str)
+def test_gradients_of_some_inputs_first_and_second_order(wanted, pos_kind, gen):
+    """Gradients of only some inputs, first and second order, equal the formulas': autograd
+    numbers only the tensors given (an absent kv_pos must not shift the weight's place), and a
+    second order runs the formula backwards."""
+    x = core_inputs((2, 2, 7, 5, 3, 3, 2, pos_kind, "batched", True),
+                    ("layer_norm", "layer_norm"), gen)
+    leaves = []
+    for name in wanted:
+        x[name] = (tuple(p.detach().requires_grad_() for p in x[name]) if name.endswith("norm")
+                   else x[name].detach().requires_grad_())
+        leaves += list(x[name]) if name.endswith("norm") else [x[name]]
+
+    def compiled():
+        s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(x, False))
+        return torch.ops.galerkin_ext.q_apply(*apply_args(x, s, 0))
+
+    def formula():
+        s = functional.kv_reduce(x["k"], x["v"], kv_pos=x["kv_pos"], weight=x["weight"],
+                                 k_map="layer_norm", k_norm=x["k_norm"], v_map="layer_norm",
+                                 v_norm=x["v_norm"], eps=1e-5, ones_column=False)
+        return functional.q_apply(x["q"], s, pos=x["pos"], q_map="layer_norm",
+                                  q_norm=x["q_norm"], eps=1e-5, normalizers=0)
+
+    def first_and_second(fn):
+        first = torch.autograd.grad(fn().square().sum(), leaves, create_graph=True)
+        second = torch.autograd.grad(sum(g.square().sum() for g in first), leaves)
+        return [*first, *second]
+
+    for ours, expected in zip(first_and_second(compiled), first_and_second(formula), strict=True):
+        torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("maps", [("layer_norm", "layer_norm"), ("softmax", "identity"),
                                   ("identity", "identity")], ids=str)
 def test_opcheck(maps, gen):
