@@ -1,12 +1,15 @@
 """Original .mat files: MATLAB v5 (scipy) and v7.3 (HDF5) round trips, and datasets on them."""
 
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
 import scipy.io
 import torch
 
-from galerkin_ext.data.datasets import BurgersDataset, DarcyDataset
+from galerkin_ext.data import datasets
+from galerkin_ext.data.datasets import BurgersDataset, DarcyDataset, DarcyInverseDataset
 from galerkin_ext.data.mat import is_mat_v73, load_mat, read_burgers_mat, read_darcy_mat
 from galerkin_ext.data.storage import DataFileError
 
@@ -91,6 +94,23 @@ def test_datasets_read_mat_files(tmp_path, darcy_arrays):
     dd = DarcyDataset(tmp_path / "d.mat", "train", 5, coarse_resolution=3, n_train=4, n_valid=2,
                       dtype=torch.float64)
     np.testing.assert_array_equal(dd[3]["target"][..., 0].numpy(), sol[3, ::2, ::2])
+
+
+def test_each_dataset_reads_a_mat_file_once(tmp_path, darcy_arrays, monkeypatch):
+    """A dataset's passes over its source (sample count, first sample, split, normaliser fit)
+    read a .mat file once, not once each: the original Darcy files hold 2 × 1024 fields of 421²."""
+    reads = []
+    real = datasets._mat.load_mat
+    monkeypatch.setattr(datasets._mat, "load_mat", lambda *a: reads.append(a) or real(*a))
+    rng = np.random.default_rng(3)
+    scipy.io.savemat(tmp_path / "b.mat", {"a": rng.random((6, 32)), "u": rng.random((6, 32))})
+    BurgersDataset(tmp_path / "b.mat", "valid", 8, n_train=4, n_valid=2)  # fits on "train"
+    coeff, sol = darcy_arrays
+    write_v73(tmp_path / "d.mat", coeff=coeff, sol=sol)
+    DarcyDataset(tmp_path / "d.mat", "valid", 5, coarse_resolution=3, n_train=4, n_valid=2)
+    DarcyInverseDataset(tmp_path / "d.mat", "valid", 5, coarse_resolution=3, n_train=4,
+                        n_valid=2)
+    assert [Path(a[0]).name for a in reads] == ["b.mat", "d.mat", "d.mat"]
 
 
 def test_non_finite_samples_are_named_before_any_training(tmp_path, darcy_arrays):

@@ -283,6 +283,15 @@ def _read_mat(path: str | os.PathLike[str], keys: tuple[str, str]) -> tuple[np.n
         raise DataFileError(err.args[0]) from err
 
 
+def _read_once(source: Source, mat_keys: tuple[str, str]) -> Source:
+    """``source``, with a ``.mat`` file read into its ``(a, u)`` arrays: a dataset passes over
+    its source several times (sample count, first sample, split, normaliser fit), and each pass
+    would read the whole file again (an original Darcy file holds 2 × 1024 fields of 421²)."""
+    if isinstance(source, str | os.PathLike) and _source_info(source, mat_keys)[0] == "mat":
+        return _read_mat(source, mat_keys)
+    return source
+
+
 def _load(
     source: Source,
     mat_keys: tuple[str, str],
@@ -378,6 +387,7 @@ class BurgersDataset(Dataset):
     ) -> None:
         resolution = check_int(resolution, "resolution", 3)
         check_float_dtype(dtype)
+        source = _read_once(source, ("a", "u"))
         n = _n_samples(source, ("a", "u"))
         idx = _split_indices(n, split, n_train, n_valid)
         first = _load(source, ("a", "u"), idx[:1], {"a": lambda x: x})["a"]
@@ -463,6 +473,7 @@ class DarcyDataset(Dataset):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         check_float_dtype(dtype)
+        source = _read_once(source, ("coeff", "sol"))
         idx, _, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, DARCY_COARSE, n_train, n_valid)
         keys = ("coeff", "sol")
@@ -519,6 +530,7 @@ class DarcyInverseDataset(Dataset):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         check_float_dtype(dtype)
+        source = _read_once(source, ("coeff", "sol"))
         idx, k, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_valid)
         noise = check_float(noise, "noise", low_inclusive=True)
