@@ -64,6 +64,7 @@ stage bench 420 bash -c "
   $py benchmarks/attention.py --device cuda --impls ${impls/,compiled/} --shapes '' --sweep \
     --reps 10 --out $out/attention_cuda_${gpu}_float32_sweep.json > $out/bench_sweep.log 2>&1
   $py benchmarks/attention.py --device cuda --impls $impls --dtype bfloat16 --reps 20 \
+    --shapes burgers,darcy_coarse,large,gnot \
     --out $out/attention_cuda_${gpu}_bfloat16.json > $out/bench_bfloat16.log 2>&1
   cat $out/bench_float32.log $out/bench_sweep.log $out/bench_bfloat16.log | grep -v Warn"
 stage profile 240 bash -c "
