@@ -142,6 +142,7 @@ def monte_carlo_weights(
     the Monte Carlo rule, whose error falls as ``n^(-1/2)``. Returns ``(n,)``."""
     n = check_int(n, "n")
     volume = check_float(volume, "volume")
+    check_float_dtype(dtype)
     return torch.full((n,), volume / n, dtype=dtype, device=device)
 
 
@@ -163,8 +164,10 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
         ``(V,)`` weights, ``points``' dtype and device.
 
     Raises:
-        ValueError: for an index out of range, a repeated vertex or a cell of zero measure
-            (relative to the mesh's size), naming the first such cell.
+        ValueError: for an index out of range, a repeated vertex or a given cell of zero
+            measure (up to round-off at the cell's size), naming the first such cell. Flat
+            simplices of a Delaunay triangulation (from co-circular or co-spherical points,
+            e.g. a regular grid) are dropped instead: they carry no weight.
     """
     if not isinstance(points, Tensor) or not points.is_floating_point() or points.ndim != 2 or (
         points.shape[1] not in (2, 3)
@@ -172,7 +175,8 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
         raise TypeError(f"points: expected a floating-point tensor of shape (V, 2) or (V, 3), "
                         f"got {getattr(points, 'dtype', type(points).__name__)} "
                         f"{tuple(getattr(points, 'shape', ()))}")
-    if cells is None:
+    delaunay = cells is None
+    if delaunay:
         cells = _delaunay(points)
     if not isinstance(cells, Tensor) or cells.is_floating_point() or cells.is_complex() or (
         cells.dtype == torch.bool
@@ -198,7 +202,9 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
     if bool(repeated.any()):
         c = int(repeated.nonzero()[0])
         raise ValueError(f"cells: cell {c} = {cells[c].tolist()} repeats a vertex")
-    corner = points[cells]  # (C, corners, dim)
+    # Measures in float64 whatever the points' dtype: a small cell of a float32 or half mesh is
+    # still resolved, and only cells flat in the given coordinates are degenerate.
+    corner = points[cells].double()  # (C, corners, dim)
     edges = corner[:, 1:] - corner[:, :1]
     if corners == 3 and dim == 2:
         measure = (edges[:, 0, 0] * edges[:, 1, 1] - edges[:, 0, 1] * edges[:, 1, 0]).abs() / 2
@@ -206,17 +212,19 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
         measure = torch.linalg.cross(edges[:, 0], edges[:, 1]).norm(dim=1) / 2
     else:
         measure = torch.linalg.det(edges).abs() / 6
-    size = (points.amax(dim=0) - points.amin(dim=0)).max()
-    # A cell below round-off of the mesh's scale is degenerate (collinear/coplanar vertices).
-    tiny = 16 * torch.finfo(points.dtype).eps * size ** (corners - 1)
-    degenerate = measure <= tiny
-    if bool(degenerate.any()):
+    # Zero up to round-off at the cell's own scale (its longest edge from the first vertex).
+    scale = edges.norm(dim=2).amax(dim=1)
+    degenerate = measure <= 16 * torch.finfo(torch.float64).eps * scale ** (corners - 1)
+    if delaunay:  # flat simplices of co-circular/co-spherical points carry no weight: dropped
+        cells, measure = cells[~degenerate], measure[~degenerate]
+    elif bool(degenerate.any()):
         c = int(degenerate.nonzero()[0])
         kind = "area" if corners == 3 else "volume"
         raise ValueError(f"cells: cell {c} = {cells[c].tolist()} has zero {kind} (its "
                          "vertices are collinear or coplanar)")
     share = (measure / corners).repeat_interleave(corners)
-    return points.new_zeros(n_vertices).index_add_(0, cells.reshape(-1), share)
+    weights = torch.zeros(n_vertices, dtype=torch.float64, device=points.device)
+    return weights.index_add_(0, cells.reshape(-1), share).to(points.dtype)
 
 
 def curve_weights(points: Tensor, segments: Tensor) -> Tensor:

@@ -136,6 +136,9 @@ def test_monte_carlo_weights_converge_at_half_order():
         monte_carlo_weights(3, 0.0)
     with pytest.raises(ValueError, match="n: expected an int >= 1"):
         monte_carlo_weights(0)
+    for dtype in (torch.int64, torch.bool):  # a rule of 0s (or Trues) would integrate nothing
+        with pytest.raises(TypeError, match="dtype: expected a floating torch.dtype"):
+            monte_carlo_weights(3, dtype=dtype)
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
@@ -202,6 +205,44 @@ def test_mesh_weights_of_the_delaunay_triangulation():
         1 + 0.5 - 1.0, rel=1e-13)
     with pytest.raises(ValueError, match="points: no Delaunay triangulation"):
         mesh_weights(torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16,
+                                   torch.bfloat16])
+def test_mesh_weights_of_small_cells_in_every_dtype(dtype):
+    """A cell far smaller than the mesh is a cell, not a degenerate one, in every dtype: a
+    31 × 31 grid of the unit square, and a corner refined into triangles with legs 1e-3
+    (float32, float64; half types cannot hold that refinement)."""
+    n = 31
+    x = torch.linspace(0, 1, n, dtype=torch.float64)
+    points = torch.stack(torch.meshgrid(x, x, indexing="ij"), -1).reshape(-1, 2)
+    i, j = torch.meshgrid(torch.arange(n - 1), torch.arange(n - 1), indexing="ij")
+    v = (i * n + j).reshape(-1)
+    cells = torch.cat([torch.stack([v, v + n, v + n + 1], 1), torch.stack([v, v + n + 1, v + 1],
+                                                                           1)])
+    w = mesh_weights(points.to(dtype), cells)
+    assert w.dtype == dtype
+    exact = mesh_weights(points.to(dtype).double(), cells)  # the same coordinates, in float64
+    torch.testing.assert_close(w, exact.to(dtype))
+    assert float(w.double().sum()) == pytest.approx(1.0, rel=1e-2)
+    if dtype in (torch.float32, torch.float64):
+        fine = torch.tensor([[0.0, 0.0], [1e-3, 0.0], [0.0, 1e-3], [1.0, 1.0]], dtype=dtype)
+        w = mesh_weights(fine, torch.tensor([[0, 1, 2], [1, 3, 2]]))
+        # 0.5e-6 + 0.5 (0.999e-3 + 1e-3): the small triangle and the sliver to (1, 1)
+        assert float(w.sum()) == pytest.approx(1e-3, rel=1e-5)
+
+
+def test_mesh_weights_drop_flat_delaunay_simplices():
+    """Qhull's triangulation of a regular 3-D grid holds flat tetrahedra (co-spherical
+    points): they carry no weight and are dropped, not refused as the user's cells."""
+    x = torch.linspace(0, 1, 3, dtype=torch.float64)
+    points = torch.stack(torch.meshgrid(x, x, x, indexing="ij"), -1).reshape(-1, 3)
+    w = mesh_weights(points)
+    assert float(w.sum()) == pytest.approx(1.0, rel=1e-13)
+    assert float((w * (1 + points @ torch.tensor([2.0, -3.0, 1.0], dtype=torch.float64))).sum()
+                 ) == pytest.approx(1.0, rel=1e-13)
+    empty = mesh_weights(torch.zeros(0, 2), torch.zeros(0, 3, dtype=torch.long))
+    assert empty.shape == (0,)
 
 
 @pytest.mark.parametrize(("points", "cells", "error", "match"), [
