@@ -113,6 +113,35 @@ def test_each_dataset_reads_a_mat_file_once(tmp_path, darcy_arrays, monkeypatch)
     assert [Path(a[0]).name for a in reads] == ["b.mat", "d.mat", "d.mat"]
 
 
+def test_datasets_check_a_pair_of_arrays_as_they_check_files(darcy_arrays):
+    """Arrays given as the source get the files' checks: Darcy fields square (a (B, 17, 33)
+    pair gave inputs of one shape and a grid of another), finite (an inf gave an inf/nan
+    normaliser), real."""
+    coeff, sol = darcy_arrays
+    wide = np.zeros((6, 9, 17))
+    with pytest.raises(ValueError, match=r"expected darcy data of shape \(B, K, K\), got "
+                                         r"\(6, 9, 17\)"):
+        DarcyDataset((wide, wide), "train", 5, coarse_resolution=3, n_train=4, n_valid=2)
+    with pytest.raises(ValueError, match=r"expected darcy data"):
+        DarcyInverseDataset((wide, wide), "train", 5, coarse_resolution=3, n_train=4,
+                            n_valid=2)
+    bad = sol.copy()
+    bad[4, 1, 1] = np.inf
+    with pytest.raises(ValueError, match=r"variable 'u' has non-finite values in 1 sample\(s\), "
+                                         r"the first is sample 4"):
+        DarcyDataset((coeff, bad), "train", 5, coarse_resolution=3, n_train=4, n_valid=2)
+    a = np.ones((6, 16))
+    a[2, 3] = np.nan
+    with pytest.raises(ValueError, match=r"variable 'a' has non-finite values"):
+        BurgersDataset((a, np.ones((6, 16))), "train", 8, n_train=4, n_valid=2)
+    with pytest.raises(ValueError, match=r"variable 'a' holds complex128 data"):
+        BurgersDataset((np.ones((6, 16)) * 1j, np.ones((6, 16))), "train", 8, n_train=4,
+                       n_valid=2)
+    ds = DarcyDataset((coeff, sol), "train", 5, coarse_resolution=3, n_train=4, n_valid=2,
+                      dtype=torch.float64)
+    np.testing.assert_array_equal(ds[3]["target"][..., 0].numpy(), sol[3, ::2, ::2])
+
+
 def test_non_finite_samples_are_named_before_any_training(tmp_path, darcy_arrays):
     """NaN or infinity in a sample is found on reading, naming the file, the variable and the
     sample, in both formats; a dataset gives it as its DataFileError."""

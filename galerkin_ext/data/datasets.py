@@ -244,10 +244,10 @@ def _source_info(source: Source, mat_keys: tuple[str, str]) -> tuple[str, int, t
             raise ValueError(
                 f"source arrays a and u must share a shape (B, ...), got {a.shape}, {u.shape}"
             )
-        ndim = 2 if _GENERATOR[mat_keys] == "burgers" else 3
-        if a.ndim != ndim:
+        burgers = _GENERATOR[mat_keys] == "burgers"
+        if a.ndim != (2 if burgers else 3) or not (burgers or a.shape[1] == a.shape[2]):
             raise ValueError(f"source arrays: expected {_GENERATOR[mat_keys]} data of shape "
-                             f"{'(B, N)' if ndim == 2 else '(B, K, K)'}, got {a.shape}")
+                             f"{'(B, N)' if burgers else '(B, K, K)'}, got {a.shape}")
         return "arrays", a.shape[0], a.shape[1:]
     if not isinstance(source, str | os.PathLike):
         raise TypeError(
@@ -283,12 +283,21 @@ def _read_mat(path: str | os.PathLike[str], keys: tuple[str, str]) -> tuple[np.n
         raise DataFileError(err.args[0]) from err
 
 
-def _read_once(source: Source, mat_keys: tuple[str, str]) -> Source:
-    """``source``, with a ``.mat`` file read into its ``(a, u)`` arrays: a dataset passes over
-    its source several times (sample count, first sample, split, normaliser fit), and each pass
-    would read the whole file again (an original Darcy file holds 2 × 1024 fields of 421²)."""
-    if isinstance(source, str | os.PathLike) and _source_info(source, mat_keys)[0] == "mat":
-        return _read_mat(source, mat_keys)
+def _checked_source(source: Source, mat_keys: tuple[str, str]) -> Source:
+    """``source`` ready for a dataset's several passes over it (sample count, first sample,
+    split, normaliser fit): a ``.mat`` file read once into its ``(a, u)`` arrays (each pass
+    would read the whole file again; an original Darcy file holds 2 × 1024 fields of 421²), and
+    a pair of arrays checked once for real, finite values, as the file readers check theirs."""
+    kind, _, _ = _source_info(source, mat_keys)
+    if kind == "mat":
+        return _read_mat(source, mat_keys)  # type: ignore[arg-type]
+    if kind == "arrays":
+        checked = []
+        for key, x in zip(("a", "u"), source, strict=True):  # type: ignore[arg-type]
+            x = _mat.numeric("source arrays", key, x)
+            _mat.finite_samples("source arrays", key, x)
+            checked.append(x)
+        return tuple(checked)
     return source
 
 
@@ -387,7 +396,7 @@ class BurgersDataset(Dataset):
     ) -> None:
         resolution = check_int(resolution, "resolution", 3)
         check_float_dtype(dtype)
-        source = _read_once(source, ("a", "u"))
+        source = _checked_source(source, ("a", "u"))
         n = _n_samples(source, ("a", "u"))
         idx = _split_indices(n, split, n_train, n_valid)
         first = _load(source, ("a", "u"), idx[:1], {"a": lambda x: x})["a"]
@@ -473,7 +482,7 @@ class DarcyDataset(Dataset):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         check_float_dtype(dtype)
-        source = _read_once(source, ("coeff", "sol"))
+        source = _checked_source(source, ("coeff", "sol"))
         idx, _, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, DARCY_COARSE, n_train, n_valid)
         keys = ("coeff", "sol")
@@ -530,7 +539,7 @@ class DarcyInverseDataset(Dataset):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         check_float_dtype(dtype)
-        source = _read_once(source, ("coeff", "sol"))
+        source = _checked_source(source, ("coeff", "sol"))
         idx, k, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_valid)
         noise = check_float(noise, "noise", low_inclusive=True)

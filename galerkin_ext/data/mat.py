@@ -48,7 +48,7 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.
             present = sorted(k for k in f if not k.startswith("#"))
             if missing:
                 raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
-            return {k: _numeric(p, k, f[k][...]).transpose() for k in keys}
+            return {k: numeric(p, k, f[k][...]).transpose() for k in keys}
     try:
         data = scipy.io.loadmat(p, variable_names=list(keys))
     except (ValueError, OSError, NotImplementedError) as err:
@@ -57,10 +57,10 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.
     if missing:
         present = sorted(v[0] for v in scipy.io.whosmat(p))
         raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
-    return {k: _numeric(p, k, data[k]) for k in keys}
+    return {k: numeric(p, k, data[k]) for k in keys}
 
 
-def _numeric(path: Path, key: str, value: object) -> np.ndarray:
+def numeric(path: str | os.PathLike[str], key: str, value: object) -> np.ndarray:
     """``value`` as a float64 array, or a ValueError naming the file and the variable."""
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
@@ -69,7 +69,7 @@ def _numeric(path: Path, key: str, value: object) -> np.ndarray:
     return array.astype(np.float64, copy=False)
 
 
-def _finite_samples(path: str | os.PathLike[str], key: str, array: np.ndarray) -> None:
+def finite_samples(path: str | os.PathLike[str], key: str, array: np.ndarray) -> None:
     """A ValueError naming the file, the variable and its samples (axis 0) that hold NaN or
     infinity, found before any training on them."""
     bad = np.flatnonzero(~np.isfinite(array).all(axis=tuple(range(1, array.ndim))))
@@ -86,8 +86,8 @@ def read_burgers_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarr
         raise ValueError(
             f"{path!s}: expected a and u of equal shape (B, N), got {a.shape}, {u.shape}"
         )
-    _finite_samples(path, "a", a)
-    _finite_samples(path, "u", u)
+    finite_samples(path, "a", a)
+    finite_samples(path, "u", u)
     return a, u
 
 
@@ -99,6 +99,6 @@ def read_darcy_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray
         raise ValueError(
             f"{path!s}: expected coeff and sol of equal shape (B, K, K), got {a.shape}, {u.shape}"
         )
-    _finite_samples(path, "coeff", a)
-    _finite_samples(path, "sol", u)
+    finite_samples(path, "coeff", a)
+    finite_samples(path, "sol", u)
     return a, u
