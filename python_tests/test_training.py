@@ -183,6 +183,19 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path):
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
+def test_a_stop_on_the_loss_names_a_sample_without_a_relative_error(tmp_path):
+    """A target that is zero everywhere has no relative error (x/0): the stop says which
+    sample of the batch it is, not only "try a lower max_lr"."""
+    train = _Linear1d(32)
+    train.target[2] = 0.0  # the one batch holds every sample
+    torch.manual_seed(0)
+    trainer = Trainer(_PointMLP(), OperatorLoss(), train, _Linear1d(8, seed=1),
+                      TrainConfig(epochs=1, batch_size=32, progress=False), tmp_path)
+    with pytest.raises(NonFiniteLossError, match=r"epoch 1, step 1 \(sample \d+ of the batch "
+                                                 r"has a target that is zero everywhere"):
+        trainer.fit()
+
+
 def test_corrupt_checkpoint_gives_clear_error(tmp_path):
     trainer = _trainer(tmp_path, epochs=1)
     trainer.fit()

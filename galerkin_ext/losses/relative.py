@@ -2,9 +2,13 @@
 SPEC-continuum §4).
 
 Every error is relative per sample, then averaged over the batch, as in the papers: a field with
-a small norm counts as much as a large one.  On a uniform grid the quadrature weight ``h^d``
-cancels between numerator and denominator, so plain sums are exact discrete norms; on other
-point sets :func:`relative_l2` takes the points' quadrature weights.
+a small norm counts as much as a large one. A sample whose target has norm 0 has no relative
+error: its ratio is inf (nan where the prediction is 0 too), and so is the batch's mean; the
+:class:`~galerkin_ext.training.Trainer` names such a sample when it stops on the loss.
+
+On a uniform grid the quadrature weight ``h^d`` cancels between numerator and denominator, so
+plain sums are exact discrete norms; on other point sets :func:`relative_l2` takes the points'
+quadrature weights.
 """
 
 from __future__ import annotations
@@ -216,7 +220,7 @@ def relative_h1_error(
         h: the grid spacing used for ``target_grad``.
         coeff: optional non-negative weight ``a`` ``(B, n, n, 1)`` (2-D only): the error is then
             measured in the energy seminorm ``(sum a |grad e|^2 / sum a |grad u|^2)^(1/2)``.
-        reduction: ``'mean'`` (scalar) or ``'none'`` (``(B,)``).
+        reduction: ``'mean'``, ``'median'`` (scalars) or ``'none'`` (``(B,)``).
     """
     _check_tensor(pred, "pred")
     _check_tensor(target_grad, "target_grad")
@@ -245,6 +249,9 @@ def relative_h1_error(
             if coeff.shape != pred.shape:
                 raise ValueError(f"coeff: expected the shape of pred {tuple(pred.shape)}, "
                                  f"got {tuple(coeff.shape)}")
+            if not is_tracing(coeff) and bool((coeff < 0).any()):
+                raise ValueError("coeff: expected a non-negative coefficient (a negative one "
+                                 "makes the energy seminorm's ratio meaningless)")
             weight = _float32_at_least(coeff)
     else:
         raise ValueError(f"pred: expected (B, n, C) in 1-D or (B, n, n, 1) in 2-D, "

@@ -405,6 +405,26 @@ def predict(
     return pred.float().cpu(), _to(batch, torch.device("cpu"))
 
 
+def _data_cause(batch: Batch) -> str:
+    """What in ``batch`` makes a relative loss non-finite whatever the model does, as a clause
+    for the stop message: a non-finite value, a negative coefficient, or a target that is zero
+    everywhere (its relative error divides by 0). Run only once the loss is non-finite."""
+    for key, value in batch.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f" (the batch's {key!r} holds NaN or inf)"
+    if "coeff" in batch and bool((batch["coeff"] < 0).any()):
+        return " (the batch's 'coeff' has negative values)"
+    target = batch["target"]
+    if "mask" in batch:  # per sample and channel over the valid points
+        zero = torch.where(batch["mask"][..., None], target, 0).eq(0).all(1).any(1)
+    else:
+        zero = target.flatten(1).eq(0).all(1)
+    if bool(zero.any()):
+        return (f" (sample {int(zero.nonzero()[0])} of the batch has a target that is zero "
+                "everywhere: its relative error divides by 0)")
+    return ""
+
+
 def _rng_state(device: torch.device) -> dict[str, Tensor]:
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
@@ -612,7 +632,7 @@ class Trainer:
         (stats[1:] if self.parallel == "domain" else stats).div_(self.ctx.world_size)
         where = f"epoch {epoch + 1}, step {step + 1}"
         if not math.isfinite(float(stats[0])):
-            self._stop(f"training loss is {float(stats[0])} at {where}")
+            self._stop(f"training loss is {float(stats[0])} at {where}{_data_cause(batch)}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.parallel == "domain":
