@@ -505,6 +505,8 @@ def test_cross_attention_monte_carlo_is_half_order():
     (lambda: AFNO(grid=64), ValueError, "grid: expected"),
     (lambda: FNOChannelMLP(n_modes=7), ValueError, "n_modes: expected an even int"),
     (lambda: ContinuumEncoderLayer(8, 2, dim_feedforward=0), ValueError, "dim_feedforward"),
+    (lambda: ContinuumEncoderLayer(8, 2, eps=-1.0), ValueError, "eps: expected a finite float"),
+    (lambda: ContinuumEncoderLayer(8, 2, eps="a"), TypeError, "eps: expected a finite float"),
     (lambda: build_model("tno_nope"), ValueError, "name: expected one of"),
 ])
 def test_constructor_errors(build, error, match):

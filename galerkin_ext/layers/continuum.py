@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from .. import ops
 from .._checks import (
     check_choice,
+    check_float,
     check_int,
     check_like,
     check_probability,
@@ -258,6 +259,7 @@ class ContinuumEncoderLayer(nn.Module):
         super().__init__()
         if not isinstance(layer_norm, bool):
             raise TypeError(f"layer_norm: expected a bool, got {layer_norm!r}")
+        eps = check_float(eps, "eps")
         self.attn = ContinuumAttention(d_model, n_head, scale=scale, attn_dropout=attn_dropout)
         self.linear1 = nn.Linear(d_model, check_int(dim_feedforward, "dim_feedforward"))
         self.activation = make_activation(activation)
