@@ -6,6 +6,7 @@ of cross-attention, and clear errors. Small widths except where parameters are c
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -18,6 +19,8 @@ from galerkin_ext.layers import (
     ContinuumAttention,
     ContinuumEncoderLayer,
     SpectralConv,
+    SpectralConv1d,
+    SpectralConv2d,
     auto_quadrature_weights,
 )
 from galerkin_ext.models import AFNO, TNO, FNOChannelMLP, GTEncoder, available_models, build_model
@@ -493,6 +496,28 @@ def test_cross_attention_monte_carlo_is_half_order():
 
 # ---------------------------------------------------------------------------------------------
 # Errors name the argument
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_spectral_layers_run_in_half_precision_modules(dtype):
+    """A model converted with .bfloat16()/.half() runs its FFT layers: the FFTs and spectral
+    weights in float32 (half FFTs are missing or power-of-two only), the result in the
+    module's dtype, close to the float32 module's."""
+    with torch.random.fork_rng():  # the later tests' draws stay as they were
+        torch.manual_seed(0)
+        _check_half_precision_module(dtype)
+
+
+def _check_half_precision_module(dtype):
+    layers = [(SpectralConv(3, 4, 3), (2, 9, 8, 3)), (AFNOFilter(8, num_blocks=2), (2, 9, 8, 8)),
+              (SpectralConv1d(3, 4, 4), (2, 12, 3)), (SpectralConv2d(3, 4, 3), (2, 8, 8, 3))]
+    for layer, shape in layers:
+        x = torch.randn(shape)
+        expected = layer(x)
+        half = copy.deepcopy(layer).to(dtype)
+        out = half(x.to(dtype))
+        assert out.dtype == dtype, type(layer).__name__
+        torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
 
 
 @pytest.mark.parametrize(("build", "error", "match"), [

@@ -247,6 +247,7 @@ def test_torch_compile_matches_eager(name):
 def test_bfloat16_autocast_runs_close_to_float32(name, attention):
     """Under autocast (the Trainer's precision='bf16', here on the CPU) the float32 grids meet
     bfloat16 activations in every attention layer; the output stays near float32's."""
+    torch.manual_seed(0)  # the error depends on the initialisation: not on the tests before
     kwargs, spatial = _SMALL[name]
     model = build_model(name, **{**kwargs, "attention_type": attention}).eval()
     _, inputs = _small(name)

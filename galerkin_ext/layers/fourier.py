@@ -17,9 +17,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_float, check_int, check_tensor
+from ..functional import opmath_dtype
 from .activation import make_activation
 
 __all__ = ["AFNOBlock", "AFNOFilter", "SpectralConv"]
+
+
+def spectral_dtypes(x: Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """The dtype an FFT layer computes in for input ``x``, and the one it returns: half types
+    compute in float32 (half-precision FFTs are power-of-two only on CUDA and missing for
+    bfloat16 on the CPU); the result is in ``x``'s dtype (a ``.bfloat16()`` model's next layer
+    expects it), except under autocast, which keeps float32 results as for its float32 ops."""
+    work = opmath_dtype(x)
+    autocast = x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)
+    return work, work if autocast else x.dtype
 
 
 def _apply_to_complex(fn: Callable[[Tensor], Tensor], t: Tensor) -> Tensor:
@@ -118,7 +129,8 @@ class SpectralConv(_ComplexParametersModule):
         n_pos = min(self.modes, (p1 - 1) // 2 + 1)  # k₁ = 0 .. n_pos - 1
         n_neg = min(self.modes, (p1 - 1) // 2)  # k₁ = -n_neg .. -1
         n_last = min(self.last_modes, (p2 - 1) // 2 + 1)
-        x_ft = torch.fft.rfft2(x, dim=(1, 2))
+        work, result = spectral_dtypes(x)
+        x_ft = torch.fft.rfft2(x.to(work), dim=(1, 2))
         weight_pos = self.weight_pos.to(x_ft.dtype)
         weight_neg = self.weight_neg.to(x_ft.dtype)
         out_ft = x_ft.new_zeros(batch, p1, p2 // 2 + 1, self.out_channels)
@@ -129,7 +141,7 @@ class SpectralConv(_ComplexParametersModule):
             out_ft[:, p1 - n_neg:, :n_last] = torch.einsum(
                 "bxyi,ioxy->bxyo", x_ft[:, p1 - n_neg:, :n_last],
                 weight_neg[:, :, self.modes - n_neg:, :n_last])
-        return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2))
+        return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2)).to(result)
 
 
 class AFNOFilter(nn.Module):
@@ -186,7 +198,8 @@ class AFNOFilter(nn.Module):
                              f"{self.d_model}, got {tuple(x.shape)}")
         if batch == 0:
             return x
-        x_ft = torch.fft.rfft2(x, dim=(1, 2), norm="ortho")
+        work, result = spectral_dtypes(x)
+        x_ft = torch.fft.rfft2(x.to(work), dim=(1, 2), norm="ortho")
         x_ft = x_ft.reshape(*x_ft.shape[:3], self.num_blocks, self.block)
         hidden = self._complex_linear(x_ft, self.w1, self.b1)
         hidden = torch.complex(F.relu(hidden.real), F.relu(hidden.imag))
@@ -194,13 +207,14 @@ class AFNOFilter(nn.Module):
         out = torch.complex(F.softshrink(out.real, self.sparsity_threshold),
                             F.softshrink(out.imag, self.sparsity_threshold))
         out = out.reshape(*out.shape[:3], channels)
-        return torch.fft.irfft2(out, s=(s1, s2), dim=(1, 2), norm="ortho") + x
+        return torch.fft.irfft2(out, s=(s1, s2), dim=(1, 2), norm="ortho").to(result) + x
 
     @staticmethod
     def _complex_linear(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         """Per block: ``z (..., nb, block) @ (W_re + i W_im) + (b_re + i b_im)``."""
-        w = torch.complex(weight[0], weight[1]).to(z.dtype)
-        b = torch.complex(bias[0], bias[1]).to(z.dtype)
+        weight, bias = weight.to(z.real.dtype), bias.to(z.real.dtype)
+        w = torch.complex(weight[0], weight[1])
+        b = torch.complex(bias[0], bias[1])
         return torch.einsum("...ni,nio->...no", z, w) + b
 
 
