@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from galerkin_ext.layers.gnot import GeometricGate
+from galerkin_ext.layers.gnot import GeometricGate, GNOTBlock, HeteroNormalizedAttention
 from galerkin_ext.models import GNOT, GKTransformer, MIONet, build_model
 
 
@@ -247,6 +247,35 @@ def test_bad_arguments_fail_clearly(call, match):
     model = GNOT(2, 2, [3], 1, n_hidden=8, n_layers=1)
     with pytest.raises((ValueError, TypeError), match=match):
         call(model)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda a, g, b: a(torch.rand(5, 8), [torch.rand(1, 4, 8)] * 2), "x: expected shape"),
+    (lambda a, g, b: a(torch.rand(1, 5, 6), [torch.rand(1, 4, 8)] * 2),
+     r"x: expected shape \(B, N, d_model = 8\)"),
+    (lambda a, g, b: a(torch.rand(1, 5, 8), [torch.rand(1, 4, 8)]), "expected sequences of 2"),
+    (lambda a, g, b: a(torch.rand(1, 5, 8), [torch.rand(1, 4, 8)] * 2, torch.rand(2, 4)),
+     "expected sequences of 2"),
+    (lambda a, g, b: a(torch.rand(1, 5, 8), [torch.rand(1, 4, 8), torch.rand(2, 4, 8)]),
+     r"inputs\[1\]: expected shape \(B = 1, M, d_model = 8\)"),
+    (lambda a, g, b: g(torch.rand(1, 5, 3)), r"coords: expected shape \(B, N, space_dim = 2\)"),
+    (lambda a, g, b: b(torch.rand(1, 5, 8), [torch.rand(1, 4, 8)], [None], None, None),
+     "inputs: expected a sequence of 2"),
+    (lambda a, g, b: HeteroNormalizedAttention(8, 2, 2, skip="no"), "skip: expected a bool"),
+])
+def test_gnot_layers_check_their_inputs(call, match):
+    """The layers, used on their own, name the argument at fault (they gave torch's matmul,
+    unpacking and zip messages, and took skip='no' for True)."""
+    layers = (HeteroNormalizedAttention(8, 2, 2), GeometricGate(2, 16, 3),
+              GNOTBlock(8, 2, 2, 16))
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(*layers)
+
+
+def test_hetero_attention_weights_default_to_uniform():
+    attention = HeteroNormalizedAttention(8, 2, 2)
+    x, ys = torch.rand(2, 5, 8), [torch.rand(2, 4, 8), torch.rand(2, 3, 8)]
+    torch.testing.assert_close(attention(x, ys), attention(x, ys, [None, None]))
 
 
 @pytest.mark.parametrize("kwargs, match", [

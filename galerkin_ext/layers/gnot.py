@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import domain, ops
-from .._checks import check_choice, check_int, check_probability
+from .._checks import check_choice, check_int, check_probability, check_tensor
 from .activation import make_activation
 
 __all__ = ["GNOTBlock", "GeometricGate", "HeteroNormalizedAttention", "MixtureFFN",
@@ -79,9 +79,11 @@ class HeteroNormalizedAttention(nn.Module):
         check_int(n_head, "n_head")
         if d_model % n_head:
             raise ValueError(f"n_head: expected a divisor of d_model = {d_model}, got {n_head}")
+        if not isinstance(skip, bool):
+            raise TypeError(f"skip: expected a bool, got {skip!r}")
         self.n_head = n_head
         self.reduce = check_choice(reduce, "reduce", ("sum", "mean"))
-        self.skip = bool(skip)
+        self.skip = skip
         self.query = nn.Linear(d_model, d_model)
         self.keys = nn.ModuleList(nn.Linear(d_model, d_model)
                                   for _ in range(check_int(n_inputs, "n_inputs")))
@@ -94,12 +96,28 @@ class HeteroNormalizedAttention(nn.Module):
         return x.view(b, n, self.n_head, c // self.n_head).transpose(1, 2)
 
     def forward(self, x: Tensor, inputs: Sequence[Tensor],
-                weights: Sequence[Tensor | None]) -> Tensor:
+                weights: Sequence[Tensor | None] | None = None) -> Tensor:
         """``x (B, N, C)``, ``inputs`` ``L`` tensors ``(B, M_l, C)``, ``weights`` ``L`` key
-        weights ``(B, M_l)`` / ``(M_l,)`` / ``None`` (uniform) → ``(B, N, C)``."""
-        if len(inputs) != len(self.keys) or len(weights) != len(self.keys):
-            raise ValueError(f"inputs, weights: expected {len(self.keys)} of each, got "
-                             f"{len(inputs)} and {len(weights)}")
+        weights ``(B, M_l)`` / ``(M_l,)`` / ``None`` (uniform), or ``None`` for all uniform
+        → ``(B, N, C)``."""
+        channels = self.query.in_features
+        check_tensor(x, "x", 3, f"(B, N, d_model = {channels})")
+        if x.shape[2] != channels:
+            raise ValueError(f"x: expected shape (B, N, d_model = {channels}), got "
+                             f"{tuple(x.shape)}")
+        n_inputs = len(self.keys)
+        weights = [None] * n_inputs if weights is None else weights
+        if not isinstance(inputs, Sequence) or not isinstance(weights, Sequence) or (
+            len(inputs) != n_inputs or len(weights) != n_inputs
+        ):
+            raise ValueError(f"inputs, weights: expected sequences of {n_inputs} (one per "
+                             f"input function; a weight may be None), got {_count(inputs)} "
+                             f"and {_count(weights)}")
+        for i, y in enumerate(inputs):
+            check_tensor(y, f"inputs[{i}]", 3, f"(B, M, d_model = {channels})")
+            if y.shape[0] != x.shape[0] or y.shape[2] != channels:
+                raise ValueError(f"inputs[{i}]: expected shape (B = {x.shape[0]}, M, d_model = "
+                                 f"{channels}), got {tuple(y.shape)}")
         q = self._heads(self.query(x))
         ks = [self._heads(key(y)) for key, y in zip(self.keys, inputs, strict=True)]
         vs = [self._heads(value(y)) for value, y in zip(self.values, inputs, strict=True)]
@@ -107,6 +125,11 @@ class HeteroNormalizedAttention(nn.Module):
                      if self.domain_parallel else ops.hetero_normalized_attention)
         z = attention(q, ks, vs, weights=list(weights), reduce=self.reduce, skip=self.skip)
         return self.out(z.transpose(1, 2).flatten(2))
+
+
+def _count(items: object) -> str:
+    """How many items a sequence holds, for messages; else the type given."""
+    return str(len(items)) if isinstance(items, Sequence) else type(items).__name__
 
 
 class GeometricGate(nn.Module):
@@ -123,6 +146,11 @@ class GeometricGate(nn.Module):
 
     def forward(self, coords: Tensor) -> Tensor:
         """``coords (B, N, d)`` → ``(B, N, K)``, rows summing to 1."""
+        space_dim = self.net[0].in_features
+        check_tensor(coords, "coords", 3, f"(B, N, space_dim = {space_dim})")
+        if coords.shape[2] != space_dim:
+            raise ValueError(f"coords: expected shape (B, N, space_dim = {space_dim}), got "
+                             f"{tuple(coords.shape)}")
         return torch.softmax(self.net(coords), dim=-1)
 
 
@@ -199,6 +227,9 @@ class GNOTBlock(nn.Module):
         """``x (B, N, C)``, ``inputs`` ``L`` × ``(B, M_l, C)`` with ``input_weights``, query
         ``weight (B, N)`` or ``None`` (the self-attention's key weights), ``probs (B, N, K)``
         → ``(B, N, C)``."""
+        if not isinstance(inputs, Sequence) or len(inputs) != len(self.norm_inputs):
+            raise ValueError(f"inputs: expected a sequence of {len(self.norm_inputs)} input "
+                             f"functions' tokens, got {_count(inputs)}")
         ys = [norm(y) for norm, y in zip(self.norm_inputs, inputs, strict=True)]
         x = x + self.dropout(self.cross(self.norm_query(x), ys, input_weights))
         x = self._mixture(self.ffn1, self.norm_ffn1, x, probs)
