@@ -252,6 +252,9 @@ def test_attention_errors():
         attn(torch.randn(2, 5, 6), torch.rand(5, 2))
     with pytest.raises(ValueError, match="x: expected shape"):
         attn(torch.randn(5, 8), torch.rand(5, 2))
+    for attention_type in ("fourier", "galerkin", "softmax", "linear"):  # alike, by the layer
+        with pytest.raises(ValueError, match=r"x: expected shape \(B, N, d_model\) with N >= 1"):
+            SimpleAttention(8, 2, attention_type)(torch.randn(2, 0, 8))
     with pytest.raises(ValueError, match="pos: expected coordinates"):
         attn(x)
     with pytest.raises(ValueError, match="pos: expected shape"):

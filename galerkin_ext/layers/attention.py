@@ -154,9 +154,10 @@ class SimpleAttention(nn.Module):
         """
         check_tensor(x, "x", 3, "(B, N, d_model)")
         batch, n, width = x.shape
-        if width != self.d_model:
-            raise ValueError(f"x: expected shape (B, N, d_model) with d_model = {self.d_model}, "
-                             f"got {tuple(x.shape)}")
+        # No points is refused for every type alike; only a domain-parallel shard may be empty.
+        if width != self.d_model or (n == 0 and not self.domain_parallel):
+            raise ValueError(f"x: expected shape (B, N, d_model) with N >= 1 and d_model = "
+                             f"{self.d_model}, got {tuple(x.shape)}")
         self._check_pos(pos, x)
         if weight is not None and (self.attention_type == "linear" or self.norm == "instance"
                                    or (self.attention_type == "softmax" and return_attention)):
