@@ -177,6 +177,11 @@ def test_relative_loss(gen):
     l2, parts = RelativeLoss("l2", weight=w)(pred[..., 0, :], target[..., 0, :])
     torch.testing.assert_close(l2, relative_l2(pred[..., 0, :], target[..., 0, :], weight=w))
     assert set(parts) == {"rel_l2"}
+    # the weights move with the loss (a buffer) and stay out of its state_dict
+    loss_fn = RelativeLoss("l2", weight=w.float())
+    assert loss_fn.double().weight.dtype == torch.float64 and not loss_fn.state_dict()
+    with pytest.raises(ValueError, match="weight: expected finite, non-negative"):
+        RelativeLoss("l2", weight=-w)
 
 
 def test_half_precision_prediction_is_promoted(gen):

@@ -353,9 +353,14 @@ class RelativeLoss(nn.Module):
                                    or not weight.is_floating_point()):
             raise TypeError(f"weight: expected a floating-point tensor or None, got "
                             f"{type(weight).__name__}")
+        if weight is not None and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
+            raise ValueError("weight: expected finite, non-negative quadrature weights")
         self.norm = norm
         self.h = None if h is None else float(h)
-        self.weight = weight
+        # A buffer, so that .to(device)/.double() move it with the model; not in the state_dict
+        # (the weights belong to the data, not to what training learns).
+        self.weight: Tensor | None
+        self.register_buffer("weight", weight, persistent=False)
         self.periodic = periodic
 
     def extra_repr(self) -> str:
