@@ -28,6 +28,7 @@ from galerkin_ext.training import (
     load_checkpoint,
     predict,
     resolve_config,
+    run_main,
     save_checkpoint,
     write_csv,
     write_json,
@@ -194,6 +195,20 @@ def test_a_stop_on_the_loss_names_a_sample_without_a_relative_error(tmp_path):
     with pytest.raises(NonFiniteLossError, match=r"epoch 1, step 1 \(sample \d+ of the batch "
                                                  r"has a target that is zero everywhere"):
         trainer.fit()
+
+
+def test_run_main_says_which_process_a_line_comes_from(monkeypatch, capsys):
+    """One line per refusal; under torchrun, where every process prints its own, with the
+    rank."""
+    def refused():
+        raise ConfigError("batch_size: 3 does not split over 2 processes")
+
+    assert run_main(refused) == 1
+    assert capsys.readouterr().err == "error: batch_size: 3 does not split over 2 processes\n"
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run_main(refused) == 1
+    assert capsys.readouterr().err.startswith("error (rank 1 of 2): batch_size: 3")
 
 
 def test_corrupt_checkpoint_gives_clear_error(tmp_path):

@@ -202,17 +202,20 @@ def run_main(main: Callable[[], object]) -> int:
     (:class:`ThresholdError`; the outputs are written) or on a :class:`DataFileError`,
     :class:`CheckpointError`, :class:`ConfigError` or :class:`NonFiniteLossError`.
     """
+    # Under torchrun every process prints its own line: say whose it is.
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    who = f" (rank {os.environ.get('RANK', '?')} of {world})" if world > 1 else ""
     try:
         main()
     except KeyboardInterrupt:
-        print("\ninterrupted; OUT/last.pt holds the last finished epoch: rerun the same command "
-              "with --resume to continue", file=sys.stderr)
+        print(f"\ninterrupted{who}; OUT/last.pt holds the last finished epoch: rerun the same "
+              "command with --resume to continue", file=sys.stderr)
         return 130
     except ThresholdError as err:
-        print(f"threshold not met: {err}", file=sys.stderr)
+        print(f"threshold not met{who}: {err}", file=sys.stderr)
         return 1
     except (DataFileError, CheckpointError, ConfigError, NonFiniteLossError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error{who}: {err}", file=sys.stderr)
         return 1
     return 0
 
