@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=512, help="training resolution (default 512)")
     p.add_argument("--epochs", type=int, default=16,
                    help="epochs to run of the 100-epoch schedule (default 16: the raw arm "
-                        "diverged in epoch 14 at n = 512)")
+                        "diverged in epoch 15 at n = 512)")
     p.add_argument("--attention", default="galerkin", help="attention type (default galerkin)")
     p.add_argument("--n-train", type=int, default=None, help="training samples (preset: 1024)")
     p.add_argument("--n-eval", type=int, default=None, help="evaluation samples (preset: 100)")

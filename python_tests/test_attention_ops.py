@@ -365,6 +365,9 @@ BAD = {
                 ValueError),
     "not a tensor": (lambda a: a.update(v=[[1.0]]), "v", TypeError),
     "eps zero": (lambda a: a.update(eps=0.0), "eps", ValueError),
+    # below float32's normal range the float32 norms would add 0 or a subnormal (NaN, 15 % off)
+    "eps subnormal": (lambda a: a.update(eps=1e-45), r"eps: expected a finite float >= 1.17549e-38",
+                      ValueError),
     "dropout_p 1": (lambda a: a.update(dropout_p=1.0), "dropout_p", ValueError),
     "dropout_p negative": (lambda a: a.update(dropout_p=-0.1), "dropout_p", ValueError),
 }
