@@ -46,6 +46,13 @@ def check_float(value: object, name: str, *, low: float = 0.0, low_inclusive: bo
     return number
 
 
+def check_norm_eps(eps: object) -> float:
+    """The ``eps`` of the attention ops' fused layer norms: a finite float no smaller than
+    float32's smallest normal number (~1.2e-38), since the norms add it in float32 for float32
+    rows, where a smaller one would be 0 or subnormal."""
+    return check_float(eps, "eps", low=torch.finfo(torch.float32).tiny, low_inclusive=True)
+
+
 def check_float_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
     """``dtype`` if it is a floating ``torch.dtype``."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

@@ -36,9 +36,9 @@ from ._checks import (
     check_cell_weight,
     check_choice,
     check_dropout,
-    check_float,
     check_has_keys,
     check_norm,
+    check_norm_eps,
     check_patched_operands,
     check_probability,
     check_quadrature_weight,
@@ -56,7 +56,6 @@ _CUDA_MAX_WIDTH = int(_C.cuda_max_width)
 _CUDA_MAX_COORDINATES = int(_C.cuda_max_coordinates)
 _CUDA_MAX_BATCH_HEADS = int(_C.cuda_max_batch_heads)
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_EPS_MIN = torch.finfo(torch.float32).tiny  # the norms' smallest eps, ~1.2e-38
 
 
 def cuda_built() -> bool:
@@ -177,8 +176,7 @@ def kernel_arguments(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
     q_norm = check_norm(q_norm, "q_norm", q)
     k_norm = check_norm(k_norm, "k_norm", q)
     v_norm = check_norm(v_norm, "v_norm", v, "v")
-    # A normal float32 at least: the fused norms add eps in float32 for float32 rows
-    eps = float(check_float(eps, "eps", low=_EPS_MIN, low_inclusive=True))
+    eps = check_norm_eps(eps)
     dropout_p = check_probability(dropout_p, "dropout_p")
     coordinates = pos.shape[-1] if pos is not None else 0
     width = q.shape[3] + coordinates

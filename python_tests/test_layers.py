@@ -242,6 +242,8 @@ def test_attention_errors():
         SimpleAttention(8, 2, attn_dropout=1.0)
     with pytest.raises(ValueError, match="eps"):
         SimpleAttention(8, 2, eps=0.0)
+    with pytest.raises(ValueError, match="eps: expected a finite float >= 1.17549e-38"):
+        SimpleAttention(8, 2, eps=1e-45)  # at construction, not at the first forward
     with pytest.raises(ValueError, match="pos_dim"):
         SimpleAttention(8, 2, pos_dim=-1)
     with pytest.raises(TypeError, match="reference_dropout"):

@@ -27,6 +27,7 @@ from .._checks import (
     check_float,
     check_has_keys,
     check_int,
+    check_norm_eps,
     check_probability,
     check_quadrature_weight,
     check_tensor,
@@ -105,7 +106,7 @@ class SimpleAttention(nn.Module):
         self.d_head = d_model // n_head
         self.attention_type, self.norm = attention_type, norm
         self.attn_dropout = check_probability(attn_dropout, "attn_dropout")
-        self.eps = check_float(eps, "eps")
+        self.eps = check_norm_eps(eps)
         self.reference_dropout = reference_dropout
 
         self.query, self.key, self.value = (nn.Linear(d_model, d_model) for _ in range(3))
