@@ -39,6 +39,7 @@ from galerkin_ext.training import (
     cached_data,
     cleanup_distributed,
     enforce_thresholds,
+    evaluation_only,
     experiment_parser,
     load_checkpoint,
     normalizer_config,
@@ -120,13 +121,16 @@ def main(argv=None):
         torch.set_num_threads(cfg["threads"])
     ctx = setup_distributed(args.device)
 
-    # -- data: the first n_train samples train, the last n_eval evaluate ------------------------
+    # -- data: the first n_train samples train, the last n_eval (of --eval-data if given) evaluate
     data = args.data or cached_data("heat", args.data_dir, ctx, **cfg["data"])
-    record_data_files(cfg, data, None)  # a resumed run must read the same file
+    eval_data = args.eval_data or data  # a separate file holds evaluation samples only
+    record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     split = {"n_train": cfg["n_train"], "n_test": cfg["n_eval"], "weights": args.weights,
              "generator": "heat", "dtype": torch.float32}
     train_set = RaggedDataset(data, "train", **split)
-    eval_set = RaggedDataset(data, "test", **split, normalizers=train_set.normalizers)
+    eval_set = RaggedDataset(eval_data, "test",
+                             **(evaluation_only(split, "n_test") if args.eval_data else split),
+                             normalizers=train_set.normalizers)
     cfg["normalizers"] = normalizer_config(**train_set.normalizers.named())  # in checkpoints
 
     # -- model, loss, training -----------------------------------------------------------------
@@ -147,7 +151,7 @@ def main(argv=None):
     if ctx.is_main:
         last = result["history"][-1]["eval_rel_l2"]
         report = threshold_report({"test_rel_l2": last}, thresholds, enforced=enforced)
-        plot_ragged_predictions(f"{args.out}/prediction.png", model, eval_set, data, N_PLOT,
+        plot_ragged_predictions(f"{args.out}/prediction.png", model, eval_set, eval_data, N_PLOT,
                                 device=ctx.device,
                                 title=f"Heat, {args.model}, best epoch's model: "
                                       f"evaluation rel. L2 {result['best_metric']:.3e}")

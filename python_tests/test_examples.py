@@ -608,6 +608,16 @@ def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):
               "--batch-size", "3")
     _run(_cmd("elasticity.py", tmp_path / "run", *common, "--weights", "uniform"))
     assert math.isfinite(_metrics(tmp_path / "run")["test_rel_l2"])
+    # --eval-data: evaluation samples from their own file (it was ignored)
+    for name, value in arrays.items():
+        np.save(tmp_path / f"eval_{name}.npy", value[:3].astype(np.float32) * 2)
+    eval_file = convert_geofno_elasticity(tmp_path / "eval_xy.npy", tmp_path / "eval_sigma.npy",
+                                          tmp_path / "eval.h5", progress=False)
+    _run(_cmd("elasticity.py", tmp_path / "eval", *common, "--weights", "uniform",
+              "--eval-data", str(eval_file)))
+    evaluated = _metrics(tmp_path / "eval")
+    assert evaluated["config"]["data_files"]["eval"] == str(eval_file.resolve())
+    assert evaluated["test_rel_l2"] != _metrics(tmp_path / "run")["test_rel_l2"]
     png = (tmp_path / "run" / "prediction.png").read_bytes()  # points drawn without a mesh
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     proc = subprocess.run(_cmd("elasticity.py", tmp_path / "mesh", *common), capture_output=True,

@@ -210,6 +210,12 @@ def test_run_main_says_which_process_a_line_comes_from(monkeypatch, capsys):
     assert run_main(refused) == 1
     assert capsys.readouterr().err.startswith("error (rank 1 of 2): batch_size: 3")
 
+    def missing():
+        raise FileNotFoundError("path: no such file 'eval.h5'")
+
+    assert run_main(missing) == 1
+    assert capsys.readouterr().err == "error (rank 1 of 2): path: no such file 'eval.h5'\n"
+
 
 def test_corrupt_checkpoint_gives_clear_error(tmp_path):
     trainer = _trainer(tmp_path, epochs=1)

@@ -200,7 +200,8 @@ def run_main(main: Callable[[], object]) -> int:
     Returns the exit status: 0, 130 after an interrupt (``last.pt`` keeps the last finished
     epoch for ``--resume``), or 1 when a preset's accuracy threshold was missed
     (:class:`ThresholdError`; the outputs are written) or on a :class:`DataFileError`,
-    :class:`CheckpointError`, :class:`ConfigError` or :class:`NonFiniteLossError`.
+    :class:`CheckpointError`, :class:`ConfigError`, :class:`NonFiniteLossError` or a missing
+    file.
     """
     # Under torchrun every process prints its own line: say whose it is.
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -214,7 +215,8 @@ def run_main(main: Callable[[], object]) -> int:
     except ThresholdError as err:
         print(f"threshold not met{who}: {err}", file=sys.stderr)
         return 1
-    except (DataFileError, CheckpointError, ConfigError, NonFiniteLossError) as err:
+    except (DataFileError, CheckpointError, ConfigError, NonFiniteLossError,
+            FileNotFoundError) as err:  # the package's FileNotFoundErrors name the file
         print(f"error{who}: {err}", file=sys.stderr)
         return 1
     return 0
