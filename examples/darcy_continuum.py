@@ -30,7 +30,7 @@ import sys
 import torch
 
 from galerkin_ext._cli import positive_int
-from galerkin_ext.data import ContinuumDarcyDataset
+from galerkin_ext.data import ContinuumDarcyDataset, inspect_h5
 from galerkin_ext.losses import RelativeLoss
 from galerkin_ext.models import build_model
 from galerkin_ext.training import (
@@ -216,6 +216,16 @@ def main(argv=None):
         cfg["zero_shot"]["n_samples"] = args.n_zero_shot
     if args.loss is not None:
         cfg["loss"] = args.loss
+    if args.data is not None:  # the grid is the file's: its spacing enters the H^1 loss
+        info = inspect_h5(args.data)
+        if info["generator"] != "darcy":
+            parser.error(f"--data: {args.data} holds {info['generator']} data, expected darcy "
+                         "data")
+        stored = info["shapes"]["a"][-1]
+        if args.resolution not in (None, stored):
+            parser.error(f"--resolution: --data holds {stored}x{stored} grids, got "
+                         f"{args.resolution}")
+        cfg["data"]["resolution"] = stored
     s = cfg["data"]["resolution"]
     if s < 3:
         parser.error(f"--resolution: expected at least 3 nodes per axis, got {s}")

@@ -444,6 +444,21 @@ def test_darcy_continuum_example(tmp_path, darcy_cache, model):
         assert m["config"]["model"]["grid"] == [9, 9] and m["thresholds"]["checks"] == {}
 
 
+def test_darcy_continuum_example_takes_the_grid_of_its_data_file(tmp_path):
+    """--data sets the training grid (its spacing enters the H^1 loss): a --resolution that
+    disagrees is refused before any work, and the patch check sees the file's grid."""
+    from galerkin_ext.data import generate_darcy
+
+    data = generate_darcy(tmp_path / "d9.h5", 4, 9, coef="lognormal", progress=False)
+    for flags, message in ((["--resolution", "13"], "--resolution: --data holds 9x9 grids"),
+                           (["--model", "vitno"], "patches must divide every grid, got s = 9")):
+        proc = subprocess.run(_cmd("darcy_continuum.py", tmp_path / "run", "--data", str(data),
+                                   *flags), capture_output=True, text=True, timeout=TIMEOUT,
+                              env=ENV)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert not (tmp_path / "run").exists()
+
+
 def test_darcy_continuum_example_patched(tmp_path, darcy_cache):
     """The ViT NO's 4 x 4 patches at 8^2 (2^2 points each), zero-shot at 4^2 and 16^2 with the
     same patches and the cell weight of each grid."""
