@@ -308,6 +308,20 @@ def test_domain_parallel_example_refuses_bad_arguments(tmp_path, darcy_file):
         assert not (tmp_path / "bad" / "last.pt").exists()
 
 
+@pytest.mark.parametrize("script", ["controlled_ode.py", "heat.py", "darcy_continuum.py"])
+def test_an_unwritable_out_is_refused_before_any_data_are_generated(tmp_path, script):
+    """One line, exit 1, no data generated, no folder left behind."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    cache = tmp_path / "cache"
+    proc = subprocess.run(_cmd(script, blocker / "out", "--data-dir", str(cache)),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: out_dir: cannot write to") and "Traceback" not in (
+        proc.stderr)
+    assert not cache.exists()
+
+
 def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
     cases = [
         (("--preset", "huge"), "invalid choice: 'huge'"),

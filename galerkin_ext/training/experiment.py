@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import json
@@ -36,6 +37,7 @@ from .trainer import (
     _RESUMABLE_CHANGES,
     ConfigError,
     NonFiniteLossError,
+    _writable_dir,
     check_precision,
     default_forward,
     per_sample_errors,
@@ -187,10 +189,26 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
     train.update(num_workers=args.workers, progress=not args.no_progress,
                  tensorboard=args.tensorboard, compile=args.compile)
     # settings that need no data are checked before any is generated
+    _check_out(args.out)
     check_precision(train.get("precision", "fp32"), resolve_device(args.device))
     if args.tensorboard:
         tensorboard_writer_class()
     return cfg
+
+
+def _check_out(path: str) -> None:
+    """The Trainer's check that ``--out`` can be written, made before any data are generated;
+    the folders it had to create for the check are removed again."""
+    folder = Path(path).absolute()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    try:
+        _writable_dir(folder)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    finally:
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def run_main(main: Callable[[], object]) -> int:
