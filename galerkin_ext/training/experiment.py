@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import hashlib
 import json
@@ -197,18 +196,12 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
 
 
 def _check_out(path: str) -> None:
-    """The Trainer's check that ``--out`` can be written, made before any data are generated;
-    the folders it had to create for the check are removed again."""
-    folder = Path(path).absolute()
-    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    """The Trainer's check that ``--out`` can be written (creating it), made before any data
+    are generated."""
     try:
-        _writable_dir(folder)
+        _writable_dir(path)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    finally:
-        for p in created:
-            with contextlib.suppress(OSError):
-                p.rmdir()
 
 
 def run_main(main: Callable[[], object]) -> int:

@@ -410,7 +410,8 @@ def _data_cause(batch: Batch) -> str:
     for the stop message: a non-finite value, a negative coefficient, or a target that is zero
     everywhere (its relative error divides by 0). Run only once the loss is non-finite."""
     for key, value in batch.items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        if isinstance(value, Tensor) and value.is_floating_point() and not bool(
+                torch.isfinite(value).all()):
             return f" (the batch's {key!r} holds NaN or inf)"
     if "coeff" in batch and bool((batch["coeff"] < 0).any()):
         return " (the batch's 'coeff' has negative values)"
