@@ -208,7 +208,7 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
     scipy.io.savemat(tmp_path / "vars.mat", {"input": a, "output": u})
     for name, message in (("nan.mat", "variable 'a' has non-finite values in 1 sample(s)"),
                           ("vars.mat", "lacks ['a', 'u']")):
-        out = tmp_path / name
+        out = tmp_path / f"run_{name}"  # not the data file itself
         proc = subprocess.run(
             _cmd("burgers.py", out, "--data", str(tmp_path / name), "--n", "128",
                  "--n-train", "8", "--n-eval", "4", "--epochs", "2"),
