@@ -93,6 +93,31 @@ def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
     assert _attrs(reference) == _attrs(out)
 
 
+def test_an_interrupt_swallowed_by_a_callback_still_stops_the_generation(tmp_path, monkeypatch):
+    """Python only prints a KeyboardInterrupt raised inside a weakref callback or a __del__;
+    one that landed there once let a generation run to its end. It stops at the chunk's end."""
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # else nothing tested
+    calls = {"n": 0}
+
+    def swallowed(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second chunk (one call per chunk)
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass
+        return solve_burgers(*args, **kwargs)
+
+    out = tmp_path / "x.h5"
+    monkeypatch.setattr(gen, "solve_burgers", swallowed)
+    with pytest.raises(KeyboardInterrupt):
+        burgers(out)
+    assert calls["n"] == 2 and inspect_h5(partial_path(out))["n_done"] == 8
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_existing_file_and_bad_paths(tmp_path):
     out = burgers(tmp_path / "b.h5", n=2, chunk=2)
     with pytest.raises(FileExistsError, match="overwrite"):

@@ -33,9 +33,12 @@ files as :class:`DataFileError`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,7 +197,7 @@ def run_chunks(
     interruption keeps the completed chunks for a resume).
     """
     try:
-        with tqdm(
+        with _sigint_recorded() as interrupted, tqdm(
             total=writer.n_samples,
             initial=writer.n_done(),
             unit="sample",
@@ -209,9 +212,40 @@ def run_chunks(
                 else:
                     writer.write_chunk(chunk, data, statistics(data))
                 bar.update(stop - start)
-        return writer.finish()
+                if interrupted:
+                    raise KeyboardInterrupt
+            path = writer.finish()
+        if interrupted:  # the file is complete: the data CLI says so
+            raise KeyboardInterrupt
+        return path
     finally:
         writer.close()
+
+
+@contextlib.contextmanager
+def _sigint_recorded() -> Iterator[list[int]]:
+    """SIGINT raises ``KeyboardInterrupt`` as usual and is also recorded in the list yielded.
+
+    Python only prints an exception raised inside a weakref callback or a ``__del__`` (as
+    h5py's and torch's clean-ups run) and carries on: an interrupt landing there was lost, and
+    the generation ran to its end.  The record lets :func:`run_chunks` raise it again at the
+    next chunk boundary.  A handler other than Python's default one is left alone.
+    """
+    interrupted: list[int] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield interrupted
+        return
+
+    def record(signum: int, frame: object) -> None:
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, record)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass(frozen=True)
