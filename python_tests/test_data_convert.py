@@ -16,7 +16,7 @@ from galerkin_ext.data import (
 )
 from galerkin_ext.data.__main__ import main
 from galerkin_ext.data.ragged import read_header, read_ragged
-from galerkin_ext.data.storage import partial_path
+from galerkin_ext.data.storage import DataFileError, partial_path
 
 
 def geofno_arrays(tmp_path, n_points=7, n_samples=5, seed=0):
@@ -137,7 +137,11 @@ def test_gnot_pickle_round_trip_and_refusals(tmp_path, capsys):
     # a sample that does not fit is named
     for spoil, match in [
         (lambda s: s[2].__setitem__(1, s[2][1][:3]), r"sample 2: Y has 3 rows, X"),
-        (lambda s: s[1].__setitem__(3, ()), "sample 1: expected at least one input function"),
+        (lambda s: s[1].__setitem__(3, ()), "sample 1: expected the input functions as a "
+                                            "non-empty list"),
+        (lambda s: s[1].__setitem__(3, np.ones((2, 3))), r"got ndarray of shape \(2, 3\)"),
+        (lambda s: s[2].__setitem__(2, [1.0, np.inf]), "sample 2: theta: has non-finite"),
+        (lambda s: s[2].__setitem__(2, "abc"), "sample 2: theta: expected real numbers"),
         (lambda s: s[0][3][0].__setitem__((0, 0), np.nan), "sample 0: f1: has non-finite"),
         (lambda s: s.__setitem__(3, [s[3][0], s[3][1]]), r"sample 3: expected \[X, Y, theta"),
     ]:
@@ -158,3 +162,55 @@ def test_gnot_pickle_round_trip_and_refusals(tmp_path, capsys):
     path.write_bytes(b"not a pickle at all")
     assert main([*args, "--trust-pickle", "--no-progress", "--overwrite"]) == 1
     assert "heat.pkl' is not a readable pickle" in capsys.readouterr().err
+
+
+def test_gnot_pickle_takes_no_theta_as_none_and_functions_as_one_array(tmp_path):
+    rng = np.random.default_rng(2)
+    samples = [[rng.random((5, 2)), rng.random((5, 1)), None, rng.random((2, 4, 3))]
+               for _ in range(3)]
+    path = tmp_path / "g.pkl"
+    path.write_bytes(pickle.dumps(samples))
+    out = convert_gnot_pickle(path, tmp_path / "g.h5", trust_pickle=True, progress=False)
+    data = read_ragged(out, np.arange(3), fields=("query", "target", "inputs", "theta"))
+    assert read_header(out)["layout"].theta_dim == 0
+    for i, (_, _, _, functions) in enumerate(samples):
+        s = data.sample(i)
+        assert s["theta"] is None and list(s["inputs"]) == ["f1", "f2"]
+        np.testing.assert_array_equal(s["inputs"]["f2"]["points"], functions[1][:, :2])
+        np.testing.assert_array_equal(s["inputs"]["f2"]["values"], functions[1][:, 2:])
+
+
+def test_a_resumed_conversion_reads_sources_of_the_same_content(tmp_path, monkeypatch):
+    """The file records its sources' SHA-256, not their paths: another spelling of the same
+    file resumes, while a source replaced since the interruption is refused, naming it (it
+    gave a file of two sources' samples)."""
+    import galerkin_ext.data.convert as convert
+
+    arrays, paths = geofno_arrays(tmp_path, n_samples=120)
+    write_ragged = convert.write_ragged
+
+    def interrupted(out, sample_fn, **kwargs):  # stops after the first chunk is stored
+        def sample(i):
+            if i == 60:
+                raise KeyboardInterrupt
+            return sample_fn(i)
+        return write_ragged(out, sample, **kwargs)
+
+    for replace in (False, True):
+        out = tmp_path / f"e{int(replace)}.h5"
+        monkeypatch.setattr(convert, "write_ragged", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            convert_geofno_elasticity(paths["xy"], paths["sigma"], out, progress=False)
+        monkeypatch.undo()
+        assert partial_path(out).exists()
+        if replace:
+            np.save(paths["sigma"], arrays["sigma"][::-1].copy())
+            with pytest.raises(DataFileError, match=r"its parameters \['sigma_sha256'\] are"):
+                convert_geofno_elasticity(paths["xy"], paths["sigma"], out, resume=True,
+                                          progress=False)
+        else:
+            monkeypatch.chdir(tmp_path)
+            convert_geofno_elasticity(f"./{paths['xy'].name}", paths["sigma"].name, out,
+                                      resume=True, progress=False)
+            target = read_ragged(out, np.arange(120), fields=("target",)).target[:, 0]
+            np.testing.assert_array_equal(target, arrays["sigma"].T.reshape(-1))

@@ -81,6 +81,7 @@ _EXPORTS = {
     "read_h5": "storage",
     "inspect_h5": "storage",
     "DataFileError": "storage",
+    "DataMismatchError": "storage",
     "BurgersDataset": "datasets",
     "DarcyDataset": "datasets",
     "DarcyInverseDataset": "datasets",

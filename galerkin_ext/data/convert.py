@@ -9,14 +9,16 @@ for users who have them: the same examples and models then train on the paper's 
   uniform``), as the original code does.  Geo-FNO trains on the first 1000 samples and evaluates
   the last 200.
 * GNOT's own pickles: a list of samples ``[X, Y, θ, (f_1, ..., f_L)]`` with ``X`` ``(N, d)``
-  the query points, ``Y`` ``(N, o)`` the targets, ``θ`` ``(p,)`` (empty: none) and each input
-  function ``f_l`` ``(M_l, d + c_l)``: its points' ``d`` coordinates, then its ``c_l`` values.
+  the query points, ``Y`` ``(N, o)`` the targets, ``θ`` ``(p,)`` (empty or ``None``: none) and
+  each input function ``f_l`` ``(M_l, d + c_l)``: its points' ``d`` coordinates, then its
+  ``c_l`` values (the functions a list, or one array ``(L, M, d + c)`` of equal sizes).
   The inputs are named ``f1 ... fL``, the targets ``y1 ... yo``; no weights (uniform).
   Unpickling runs code from the file, so it needs ``trust_pickle=True`` (``--trust-pickle``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 from collections.abc import Callable, Sequence
@@ -44,6 +46,16 @@ def _write(out: str | os.PathLike[str], sample_fn: Callable[[int], dict[str, Any
     for i in range(1, n_samples):
         validate_sample(sample_fn(i), where=f"sample {i}", layout=layout)
     return write_ragged(out, sample_fn, n_samples=n_samples, **kwargs)
+
+
+def _sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a source file's bytes: what a resumed conversion must read again (its
+    path may be spelled otherwise, or name another file by now)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _load(path: str | os.PathLike[str], name: str, shape_doc: str, ndim: int) -> np.ndarray:
@@ -77,7 +89,8 @@ def convert_geofno_elasticity(
         sigma: ``Random_UnitCell_sigma_10.npy``, ``(N, S)`` stress at those points.
         out: the ``.h5`` file to write (written to ``out.partial`` and renamed when complete).
         rr: ``Random_UnitCell_rr_10.npy``, ``(42, S)``, stored as ``θ``; ``None`` for none.
-        resume: continue a conversion that was interrupted (``out.partial`` exists).
+        resume: continue a conversion that was interrupted (``out.partial`` exists), from
+            sources of the same content (the file records their SHA-256).
         overwrite: replace an existing ``out`` (or ``out.partial``).
         progress: show a progress bar.
 
@@ -112,11 +125,22 @@ def convert_geofno_elasticity(
                 "inputs": {"mesh": {"points": x.copy(), "values": None, "weights": None}},
                 "theta": theta, "triangles": None}
 
-    parameters = {"source": "Geo-FNO elasticity", "xy": str(xy), "sigma": str(sigma),
-                  "rr": None if rr is None else str(rr)}
+    parameters = {"source": "Geo-FNO elasticity", "xy_sha256": _sha256(xy),
+                  "sigma_sha256": _sha256(sigma), "rr_sha256": None if rr is None else _sha256(rr)}
     return _write(out, sample, n_samples, generator=GEOFNO_ELASTICITY, parameters=parameters,
                   seed=0, resume=resume, overwrite=overwrite, progress=progress,
                   desc="convert Geo-FNO elasticity")
+
+
+def _vector(value: object, where: str) -> np.ndarray:
+    """A finite real array of any shape, flattened, as float64."""
+    try:
+        array = np.asarray(value, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: expected real numbers, got {type(value).__name__}") from err
+    if not np.isfinite(array).all():
+        raise ValueError(f"{where}: has non-finite values")
+    return array
 
 
 def _matrix(value: object, where: str, columns: int | None = None) -> np.ndarray:
@@ -135,7 +159,7 @@ def _matrix(value: object, where: str, columns: int | None = None) -> np.ndarray
 
 
 def convert_gnot_pickle(
-    path: str | os.PathLike[str],
+    file: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
     trust_pickle: bool = False,
@@ -146,7 +170,8 @@ def convert_gnot_pickle(
     """Convert one of GNOT's pickled data sets (module doc) into the ragged file ``out``.
 
     Args:
-        path: the pickle, a list of ``[X, Y, θ, (f_1, ..., f_L)]``.
+        file: the pickle, a list of ``[X, Y, θ, (f_1, ..., f_L)]`` (θ empty or ``None``: none;
+            the input functions a list, or one array ``(L, M, d + c)`` of equal sizes).
         out: the ``.h5`` file to write (written to ``out.partial`` and renamed when complete).
         trust_pickle: must be true: unpickling can run any code the file holds.
         resume, overwrite, progress: as :func:`convert_geofno_elasticity`.
@@ -161,16 +186,16 @@ def convert_gnot_pickle(
     if trust_pickle is not True:
         raise ValueError("trust_pickle: unpickling runs code from the file; pass True "
                          "(--trust-pickle) only for a file you trust")
-    if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
-        raise FileNotFoundError(f"path: no such file: {path!r}")
-    with open(path, "rb") as f:
+    if not isinstance(file, (str, os.PathLike)) or not Path(file).is_file():
+        raise FileNotFoundError(f"file: no such file: {file!r}")
+    with open(file, "rb") as f:
         try:
             samples = pickle.load(f)  # the caller trusts the file (trust_pickle)
         except Exception as err:  # unpickling can fail in any way its contents choose
-            raise ValueError(f"path: {str(path)!r} is not a readable pickle: "
+            raise ValueError(f"file: {str(file)!r} is not a readable pickle: "
                              f"{type(err).__name__}: {err}") from err
     if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)) or not samples:
-        raise ValueError(f"path: expected a non-empty list of samples, got "
+        raise ValueError(f"file: expected a non-empty list of samples, got "
                          f"{type(samples).__name__}")
 
     def sample(i: int) -> dict[str, Any]:
@@ -183,12 +208,16 @@ def convert_gnot_pickle(
         y = _matrix(item[1], f"{where}: Y")
         if y.shape[0] != x.shape[0]:
             raise ValueError(f"{where}: Y has {y.shape[0]} rows, X {x.shape[0]}")
-        theta = np.asarray(item[2], dtype=np.float64).reshape(-1)
-        if not np.isfinite(theta).all():
-            raise ValueError(f"{where}: theta has non-finite values")
+        theta = np.zeros(0) if item[2] is None else _vector(item[2], f"{where}: theta")
         functions = item[3]
+        if isinstance(functions, np.ndarray) and functions.ndim == 3:
+            functions = list(functions)  # L functions of equal sizes in one array
         if not isinstance(functions, Sequence) or not functions:
-            raise ValueError(f"{where}: expected at least one input function (f_1, ...)")
+            shape = (f" of shape {functions.shape}" if isinstance(functions, np.ndarray)
+                     else "")
+            raise ValueError(f"{where}: expected the input functions as a non-empty list "
+                             f"(f_1, ...) of (M_l, d + c_l) arrays, or one (L, M, d + c) "
+                             f"array, got {type(functions).__name__}{shape}")
         dim = x.shape[1]
         inputs = {}
         for number, fn in enumerate(functions, start=1):
@@ -204,6 +233,6 @@ def convert_gnot_pickle(
                 "theta": theta if theta.size else None, "triangles": None}
 
     return _write(out, sample, len(samples), generator=GNOT_PICKLE,
-                  parameters={"source": "GNOT pickle", "path": str(path)}, seed=0,
+                  parameters={"source": "GNOT pickle", "sha256": _sha256(file)}, seed=0,
                   resume=resume, overwrite=overwrite, progress=progress,
                   desc="convert GNOT pickle")

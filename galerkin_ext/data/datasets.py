@@ -60,7 +60,7 @@ from torch.utils.data import Dataset
 from .._checks import check_choice, check_float, check_float_dtype, check_int
 from . import mat as _mat
 from .random_fields import sample_rng
-from .storage import DataFileError, inspect_h5, read_h5
+from .storage import DataFileError, DataMismatchError, inspect_h5, read_h5
 
 __all__ = [
     "UnitGaussianNormalizer",
@@ -323,7 +323,7 @@ def _load(
         a, u = (np.asarray(x, dtype=np.float64) for x in source)  # type: ignore[union-attr]
     arrays = {"a": a, "u": u}
     if indices.size and indices.max() >= a.shape[0]:
-        raise ValueError(f"source has {a.shape[0]} samples, fewer than the split needs")
+        raise DataMismatchError(f"source has {a.shape[0]} samples, fewer than the split needs")
     return {k: fn(arrays[k][indices]) for k, fn in reduce.items()}
 
 
@@ -343,7 +343,7 @@ def evaluation_indices(n: int, before: dict[str, int], name: str, size: int) -> 
         names = " + ".join([*before, name])
         sizes = " + ".join(str(v) for v in [*before.values(), size])
         zeros = ", ".join(f"{k}=0" for k in before)
-        raise ValueError(
+        raise DataMismatchError(
             f"{name}: the source has {n} samples, fewer than {names} = {sizes}, so the splits "
             f"would overlap (a source that holds evaluation samples only is read with {zeros} "
             "and the training set's normalisers)")
@@ -361,17 +361,17 @@ def _split_indices(n: int, split: str, n_train: int, n_valid: int) -> np.ndarray
     if n_train < 1:
         raise ValueError("n_train: expected >= 1 for the 'train' split, got 0")
     if n_train > n:
-        raise ValueError(f"n_train: the source has {n} samples, fewer than {n_train}")
+        raise DataMismatchError(f"n_train: the source has {n} samples, fewer than {n_train}")
     return np.arange(n_train)
 
 
 def _stride(k: int, n: int, periodic: bool) -> int:
     if periodic:
         if n > k or k % n:
-            raise ValueError(f"resolution must divide the stored {k} points, got {n}")
+            raise DataMismatchError(f"resolution must divide the stored {k} points, got {n}")
         return k // n
     if n > k or n < 3 or (k - 1) % (n - 1):
-        raise ValueError(f"resolution - 1 must divide the stored {k} - 1 intervals, got {n}")
+        raise DataMismatchError(f"resolution - 1 must divide the stored {k} - 1 intervals, got {n}")
     return (k - 1) // (n - 1)
 
 
@@ -546,7 +546,7 @@ class DarcyInverseDataset(Dataset):
         noise_seed = check_int(noise_seed, "noise_seed", 0)
         keys = ("coeff", "sol")
         if (k - 1) % (nc - 1):
-            raise ValueError(
+            raise DataMismatchError(
                 f"coarse_resolution - 1 must divide the stored {k} - 1 intervals, got {nc}"
             )
         sub_u = {"u": lambda x: x[:, ::s, ::s]}

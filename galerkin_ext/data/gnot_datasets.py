@@ -35,7 +35,7 @@ from torch.utils.data import Dataset, Sampler
 from .._checks import check_choice, check_float, check_float_dtype, check_int
 from .datasets import UnitGaussianNormalizer, evaluation_indices
 from .ragged import RaggedArrays, RaggedLayout, read_header, read_ragged
-from .storage import DataFileError
+from .storage import DataFileError, DataMismatchError
 
 __all__ = [
     "WEIGHTINGS",
@@ -276,18 +276,18 @@ class RaggedDataset(Dataset):
         if n_train is not None:
             n_train = check_int(n_train, "n_train", 0)
             if n_train > n:
-                raise ValueError(f"n_train: the file has {n} samples, fewer than {n_train}")
+                raise DataMismatchError(f"n_train: the file has {n} samples, fewer than {n_train}")
         if n_test is not None:
             n_test = check_int(n_test, "n_test")
             if n_test > n:
-                raise ValueError(f"n_test: the file has {n} samples, fewer than {n_test}")
+                raise DataMismatchError(f"n_test: the file has {n} samples, fewer than {n_test}")
         idx = self._split(split, n, n_train, n_test, fitting=normalizers is None)
         if weights == "mesh":
             missing = ([] if layout.query_weights else ["query"]) + [
                 s.name for s in layout.inputs if not s.weights]
             if missing:
-                raise ValueError(f"weights: 'mesh' needs stored weights, but the file has none "
-                                 f"for {missing}; use weights='uniform'")
+                raise DataMismatchError(f"weights: 'mesh' needs stored weights, but the file "
+                                        f"has none for {missing}; use weights='uniform'")
         data = read_ragged(path, idx, fields=("query", "target", "inputs", "theta"))
         if normalizers is None:
             assert n_train is not None

@@ -74,6 +74,12 @@ class DataFileError(RuntimeError):
     """A data file is missing, unreadable, incomplete or not of the expected kind."""
 
 
+class DataMismatchError(DataFileError, ValueError):
+    """A data source does not hold what the settings ask of it: fewer samples than the splits,
+    a stored grid that the resolution does not divide, no stored quadrature weights.  Also a
+    ``ValueError``, as the argument checks that raised it before."""
+
+
 def partial_path(path: str | os.PathLike[str]) -> Path:
     """Where an unfinished generation of ``path`` lives: ``path`` + ``.partial``."""
     p = Path(path)
@@ -132,6 +138,15 @@ def prepare_output(out: object, *, resume: bool, overwrite: bool) -> tuple[Path,
     return final, part
 
 
+def _json_object(text: object) -> dict[str, Any] | None:
+    """``text`` read as a JSON object, or ``None`` where it is none."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) -> None:
     """Refuse to resume ``part`` if a recorded attribute (schema, generator, parameters, seed,
     sample count; not the package version) differs from this run's ``attrs``, or if it has no
@@ -144,11 +159,20 @@ def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) 
             stored = stored.decode()
         if isinstance(stored, np.generic):
             stored = stored.item()
-        if stored != value:
+        if stored == value:
+            continue
+        old, new = (_json_object(stored), _json_object(value)) if key == "parameters" else (
+            None, None)
+        if old is not None and new is not None:  # JSON objects: name what differs
+            names = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
             raise DataFileError(
-                f"cannot resume {str(part)!r}: its {key} is {stored!r}, but this run asks "
-                f"for {value!r} (use overwrite to start again)"
-            )
+                f"cannot resume {str(part)!r}: its parameters {names} are "
+                f"{ {k: old.get(k) for k in names} }, but this run asks for "
+                f"{ {k: new.get(k) for k in names} } (use overwrite to start again)")
+        raise DataFileError(
+            f"cannot resume {str(part)!r}: its {key} is {stored!r}, but this run asks "
+            f"for {value!r} (use overwrite to start again)"
+        )
     if "completed" not in f or "chunk_size" not in f.attrs:
         raise DataFileError(f"cannot resume {str(part)!r}: it has no completed-chunk record")
 
