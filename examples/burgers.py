@@ -23,6 +23,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     evaluate,
     evaluation_only,
@@ -70,7 +71,7 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 
 def main(argv=None):
-    parser = experiment_parser(__doc__, PRESETS)
+    parser = experiment_parser(__doc__, PRESETS, mat_files=True)
     # --resolution is the same flag: torchrun's parser mistakes a bare --n for its own options.
     parser.add_argument("--n", "--resolution", dest="n", type=positive_int, default=None,
                         help="training resolution, dividing the stored one (paper: 512, 2048, "
@@ -83,6 +84,7 @@ def main(argv=None):
         cfg["n"] = args.n
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data ----------------------------------------------------------------------------------

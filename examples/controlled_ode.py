@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from galerkin_ext._cli import positive_float, positive_int
+from galerkin_ext._cli import ode_time_step, positive_int
 from galerkin_ext.data import ODEDataset
 from galerkin_ext.layers import auto_quadrature_weights
 from galerkin_ext.losses import RelativeLoss
@@ -31,6 +31,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     describe_grid,
     enforce_thresholds,
@@ -98,11 +99,11 @@ def tno_forward(weight):
 
 def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
-    parser.add_argument("--dt", type=positive_float, default=None,
+    parser.add_argument("--dt", type=ode_time_step, default=None,
                         help="time step of the training data (quick 0.02, paper 0.01)")
     parser.add_argument("--n-valid", type=positive_int, default=None,
                         help="validation samples (pick the best epoch, drive the schedule)")
-    parser.add_argument("--eval-dt", type=positive_float, nargs="*", default=None,
+    parser.add_argument("--eval-dt", type=ode_time_step, nargs="*", default=None,
                         help="zero-shot time steps (default: the preset's, 0.005 ... 0.02)")
     parser.add_argument("--eval-grid", choices=("nonuniform",), nargs="*", default=None,
                         help="zero-shot non-uniform grids: 'nonuniform' is grid (41); give "
@@ -128,6 +129,7 @@ def main(argv=None):
     thresholds = cfg.pop("thresholds", {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data: train/validation/test from one file, normalisers fitted on the training split --

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from galerkin_ext._cli import positive_int
+from galerkin_ext._cli import grid_nodes, positive_int
 from galerkin_ext.data import DarcyDataset
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
@@ -25,6 +25,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     evaluate,
     evaluation_only,
@@ -69,8 +70,8 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 
 def main(argv=None):
-    parser = experiment_parser(__doc__, PRESETS)
-    parser.add_argument("--fine", type=positive_int, default=None,
+    parser = experiment_parser(__doc__, PRESETS, mat_files=True)
+    parser.add_argument("--fine", type=grid_nodes, default=None,
                         help="input grid n per axis; (stored - 1) / (n - 1) must be an integer "
                              "(paper: 141, 211)")
     parser.add_argument("--coarse", type=positive_int, default=None,
@@ -84,6 +85,7 @@ def main(argv=None):
         cfg["train"]["max_lr"] = min(cfg["train"]["max_lr"], LOWER_MAX_LR[attention])
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data ----------------------------------------------------------------------------------

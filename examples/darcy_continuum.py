@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-from galerkin_ext._cli import positive_int
+from galerkin_ext._cli import grid_nodes, positive_int
 from galerkin_ext.data import ContinuumDarcyDataset, inspect_h5
 from galerkin_ext.losses import RelativeLoss
 from galerkin_ext.models import build_model
@@ -37,6 +37,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     describe_grid,
     enforce_thresholds,
@@ -187,12 +188,12 @@ def main(argv=None):
                         help="the TNO or a baseline of the paper's Table 1 (default: %(default)s)")
     parser.add_argument("--coef", choices=("lognormal", "piecewise"), default="lognormal",
                         help="coefficient a = exp(g), or 12/3 where g >= 0 / < 0")
-    parser.add_argument("--resolution", type=positive_int, default=None,
+    parser.add_argument("--resolution", type=grid_nodes, default=None,
                         help="training grid s per axis (quick 32, paper 64; vitno and fano: "
                              "quick 64, paper 416)")
     parser.add_argument("--n-valid", type=positive_int, default=None,
                         help="validation samples (pick the best epoch, drive the schedule)")
-    parser.add_argument("--eval-resolution", type=positive_int, nargs="*", default=None,
+    parser.add_argument("--eval-resolution", type=grid_nodes, nargs="*", default=None,
                         help="zero-shot grids s per axis (default: the preset's; quick 64, "
                              "paper 32 128; vitno and fano: quick 32 128, paper 208 312 624 "
                              "832); give the flag alone for none")
@@ -227,8 +228,8 @@ def main(argv=None):
                          f"{args.resolution}")
         cfg["data"]["resolution"] = stored
     s = cfg["data"]["resolution"]
-    if s < 3:
-        parser.error(f"--resolution: expected at least 3 nodes per axis, got {s}")
+    if s < 3:  # the flag's type checks --resolution
+        parser.error(f"--data: its grids have {s} nodes per axis, expected at least 3")
     patches = cfg["model"].get("patches")
     if patches is not None:  # found now, not after the data are generated
         for res in (s, *cfg["zero_shot"]["resolution"]):
@@ -243,6 +244,7 @@ def main(argv=None):
     thresholds = cfg.pop("thresholds")  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data: train/validation/test from one file, scalar normalisers from the training split

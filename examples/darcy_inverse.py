@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from galerkin_ext._cli import positive_int
+from galerkin_ext._cli import grid_nodes, nonnegative_float, positive_int
 from galerkin_ext.data import DarcyInverseDataset, UnitGaussianNormalizer
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
@@ -24,6 +24,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     evaluate,
     evaluation_only,
@@ -68,12 +69,12 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 
 def main(argv=None):
-    parser = experiment_parser(__doc__, PRESETS)
-    parser.add_argument("--fine", type=positive_int, default=None,
+    parser = experiment_parser(__doc__, PRESETS, mat_files=True)
+    parser.add_argument("--fine", type=grid_nodes, default=None,
                         help="input grid n per axis (paper: 141, 211)")
     parser.add_argument("--coarse", type=positive_int, default=None,
                         help="coefficient grid per axis (paper: 36 for 141, 71 for 211)")
-    parser.add_argument("--noise", type=float, default=0.0,
+    parser.add_argument("--noise", type=nonnegative_float, default=0.0,
                         help="std of the static noise on the normalised input (paper: 0, 0.01, "
                              "0.1)")
     args = parser.parse_args(argv)
@@ -86,6 +87,7 @@ def main(argv=None):
         cfg["train"]["max_lr"] = min(cfg["train"]["max_lr"], LOWER_MAX_LR[attention])
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data ----------------------------------------------------------------------------------

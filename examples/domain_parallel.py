@@ -31,7 +31,7 @@ import sys
 
 import torch
 
-from galerkin_ext._cli import positive_int
+from galerkin_ext._cli import grid_nodes
 from galerkin_ext.data import DarcyDataset, UnitGaussianNormalizer
 from galerkin_ext.domain import (
     DomainSplit,
@@ -44,6 +44,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     enforce_thresholds,
     evaluate,
@@ -139,8 +140,8 @@ def domain_loss(world_size):
 
 
 def main(argv=None):
-    parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
-    parser.add_argument("--resolution", type=positive_int, default=None,
+    parser = experiment_parser(__doc__, PRESETS, attention_flags=False, mat_files=True)
+    parser.add_argument("--resolution", type=grid_nodes, default=None,
                         help="grid points per axis read from the data; (stored - 1) / "
                              "(resolution - 1) must be an integer (quick: 85, large: 421)")
     args = parser.parse_args(argv)
@@ -151,6 +152,7 @@ def main(argv=None):
     cfg["resolution"] = args.resolution or cfg["resolution"]
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data: every process reads every sample and keeps its own points ---------------------

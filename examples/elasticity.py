@@ -16,7 +16,8 @@ sample's prediction never depends on its batch mates.  ``--weights mesh`` (defau
 with the lumped areas (and curve weights), ``uniform`` with 1/N.  Data: generated once (P2
 finite elements on Triangle meshes) and cached, or ``--data`` a converted copy of Geo-FNO's set
 (``python -m galerkin_ext.data convert geofno-elasticity``; it has no mesh, so ``--weights
-uniform``, no cavity input and no θ: convert without ``--rr``); training on the first
+uniform``, and no cavity input; converted with ``--rr``, its θ, the cavity's radii, goes to GNOT
+and MIONet, while the GK model ignores it); training on the first
 ``n_train`` samples, evaluation on the last ``n_eval``; z-score normalisers fitted on the
 training split.  Loss and metric: the per-sample relative L2 over the valid points (metric in
 physical units).  Writes OUT/metrics.json (``test_rel_l2``: the last epoch, as SPEC-gnot §5
@@ -38,6 +39,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     enforce_thresholds,
     evaluation_only,
@@ -116,7 +118,7 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 
 def main(argv=None):
-    parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
+    parser = experiment_parser(__doc__, PRESETS, attention_flags=False, compile_flag=False)
     parser.add_argument("--model", choices=list(MODELS), default="gnot",
                         help="GNOT or a baseline of SPEC-gnot §6 (default: %(default)s)")
     parser.add_argument("--weights", choices=("mesh", "uniform"), default="mesh",
@@ -138,6 +140,7 @@ def main(argv=None):
     thresholds = cfg.pop("thresholds", {}).get(args.model, {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data: the first n_train samples train, the last n_eval (of --eval-data if given) evaluate
@@ -155,8 +158,9 @@ def main(argv=None):
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
     model_args = dict(cfg["model"])
-    if args.model != "gk":  # GNOT and MIONet take every input function of the data
+    if args.model != "gk":  # GNOT and MIONet take every input function and theta of the data
         cfg["model"]["input_dims"] = model_args["input_dims"] = list(train_set.input_dims)
+        cfg["model"]["theta_dim"] = model_args["theta_dim"] = train_set.theta_dim
     if args.model == "mionet":  # each branch takes its input's largest size in the data set
         sizes = [max(int(train_set.input_lengths[name].max()),
                      int(eval_set.input_lengths[name].max()))

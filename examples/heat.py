@@ -37,6 +37,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     enforce_thresholds,
     evaluation_only,
@@ -99,7 +100,7 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 
 def main(argv=None):
-    parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
+    parser = experiment_parser(__doc__, PRESETS, attention_flags=False, compile_flag=False)
     parser.add_argument("--model", choices=list(MODELS), default="gnot",
                         help="GNOT or a baseline of SPEC-gnot §6 (default: %(default)s)")
     parser.add_argument("--weights", choices=("mesh", "uniform"), default="mesh",
@@ -119,6 +120,7 @@ def main(argv=None):
     thresholds = cfg.pop("thresholds", {}).get(args.model, {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data: the first n_train samples train, the last n_eval (of --eval-data if given) evaluate

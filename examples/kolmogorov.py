@@ -40,6 +40,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     cached_data,
+    check_resume,
     cleanup_distributed,
     describe_grid,
     enforce_thresholds,
@@ -70,11 +71,15 @@ from galerkin_ext.training import (
 # 16, 32 and 64 (half, the same and twice the training grid).  Measured on 2 idle cores from an
 # empty cache: ViT NO median 0.153 (persistence 0.187) in 281 s, FANO 0.163 in 292 s, FNO
 # 0.071 in 172 s, AFNO 0.184 in 185 s (146 s before the fused Adam of 35d186a; no better than
-# persistence: see the README).
+# persistence: see the README).  The generator's presets without their sample count: the data
+# hold n_train + n_valid + n_eval samples (the presets' 1300 and 10000), so a smaller run
+# generates no more than it uses.
+DATA = {name: {k: v for k, v in KOLMOGOROV_PRESETS[name].items() if k != "n_samples"}
+        for name in ("quick", "paper")}
 PRESETS = {
     "quick": {
         "threads": None,
-        "data": dict(KOLMOGOROV_PRESETS["quick"]),
+        "data": DATA["quick"],
         "n_train": 1000, "n_valid": 100, "n_eval": 200,
         "zero_shot": {"data": {"n_samples": 50, "resolution": 64, "solve_resolution": 64,
                                "solve_dtype": "float32", "seed": 1},
@@ -88,7 +93,7 @@ PRESETS = {
     },
     "paper": {
         "threads": None,
-        "data": dict(KOLMOGOROV_PRESETS["paper"]),
+        "data": DATA["paper"],
         "n_train": 9000, "n_valid": 500, "n_eval": 500,
         "zero_shot": {"data": dict(KOLMOGOROV_PRESETS["zero-shot"]),
                       "resolution": [208, 312, 416, 624, 832]},
@@ -189,7 +194,11 @@ def rollout(model, dataset, forward, steps, samples, batch_size, device):
 
 
 def main(argv=None):
-    parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
+    parser = experiment_parser(
+        __doc__, PRESETS, attention_flags=False,
+        eval_data_help="the zero-shot set's file, a galerkin_ext .h5 of kolmogorov data read at "
+                       "every --eval-resolution (default: generate the preset's once and cache "
+                       "it); the test split is always the last samples of --data")
     parser.add_argument("--model", choices=list(MODELS), default="vitno",
                         help="a patched model or a baseline of the paper's Table 3 (default: "
                              "%(default)s)")
@@ -254,6 +263,7 @@ def main(argv=None):
                 and preset_unchanged(cfg, presets[args.preset]))
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data: train/validation/test from one file, one scalar normaliser from the training split

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 
 def _number(text: str, kind: type, what: str) -> int | float:
@@ -27,6 +29,21 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+def grid_nodes(text: str) -> int:
+    """Nodes per axis of a grid with nodes on its boundary (Darcy's): at least 3."""
+    value = _number(text, int, "an integer >= 3")
+    if value < 3:
+        raise argparse.ArgumentTypeError(f"expected at least 3 nodes per axis, got {value}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = _number(text, float, "a number >= 0")
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = _number(text, float, "a positive number")
     if not (value > 0 and math.isfinite(value)):
@@ -43,3 +60,30 @@ def usable_device(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def ode_time_step(text: str) -> float:
+    """A step of the ODE sets' uniform time grid on [0, 2] (see
+    :func:`galerkin_ext.data.ode.time_grid`), checked at once."""
+    value = positive_float(text)
+    from .data.ode import time_grid
+
+    try:
+        time_grid(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
+def writable_file(text: str) -> Path:
+    """A file the command writes when it ends (a results JSON), checked at once: not a folder,
+    and the nearest existing folder on its way is writable (the missing ones are made)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; expected a file to write")
+    folder = path.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write in {str(folder)!r}")
+    return path

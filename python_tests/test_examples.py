@@ -199,33 +199,47 @@ def test_ctrl_c_ends_training_with_one_line(tmp_path, burgers_file):
 
 
 def test_bad_data_file_is_one_line_before_training(tmp_path):
-    """A .mat file with a NaN sample or a missing variable stops the script before any epoch,
-    with one line naming the file, and nothing is written."""
+    """A .mat file with a NaN sample or a missing variable, or fewer samples or another grid
+    than the settings ask for, stops the script before any epoch with one line (naming the
+    file where the file is at fault), and nothing is written."""
     rng = np.random.default_rng(0)
     a, u = rng.random((12, 128)), rng.random((12, 128))
+    scipy.io.savemat(tmp_path / "ok.mat", {"a": a, "u": u})
+    scipy.io.savemat(tmp_path / "vars.mat", {"input": a, "output": u})
     a[10, 5] = np.nan  # an evaluation sample: the whole training epoch would come first
     scipy.io.savemat(tmp_path / "nan.mat", {"a": a, "u": u})
-    scipy.io.savemat(tmp_path / "vars.mat", {"input": a, "output": u})
-    for name, message in (("nan.mat", "variable 'a' has non-finite values in 1 sample(s)"),
-                          ("vars.mat", "lacks ['a', 'u']")):
-        out = tmp_path / f"run_{name}"  # not the data file itself
+    for name, flags, message in (
+            ("nan.mat", (), "nan.mat': variable 'a' has non-finite values in 1 sample(s)"),
+            ("vars.mat", (), "vars.mat' lacks ['a', 'u']"),
+            ("ok.mat", ("--n-train", "10"), "n_valid: the source has 12 samples, fewer than "
+                                            "n_train + n_valid = 10 + 4"),
+            ("ok.mat", ("--n", "100"), "resolution must divide the stored 128 points")):
+        out = tmp_path / "run"  # not the data file itself
         proc = subprocess.run(
             _cmd("burgers.py", out, "--data", str(tmp_path / name), "--n", "128",
-                 "--n-train", "8", "--n-eval", "4", "--epochs", "2"),
+                 "--n-train", "8", "--n-eval", "4", "--epochs", "2", *flags),
             capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-        assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr and name in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 1 and "error: " in proc.stderr, proc.stderr[-2000:]
+        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert not (out / "last.pt").exists()
 
 
-def test_settings_that_need_no_data_are_refused_before_generating_any(tmp_path):
-    """bf16 on a CPU is one line before the data are generated (minutes for Darcy)."""
+@pytest.mark.parametrize("script,flags,status,message", [
+    ("darcy.py", ("--precision", "bf16"), 1, "error: precision: 'bf16' needs a CUDA device"),
+    ("darcy.py", ("--batch-size", "16", "--n-train", "8"), 1,
+     "error: batch_size: the batch of 16 is larger than the 8 training samples"),
+    ("heat.py", ("--compile",), 2, "unrecognized arguments: --compile"),  # ragged batches
+    ("controlled_ode.py", ("--dt", "3"), 2, "argument --dt: dt: expected a step <= t_end = 2.0"),
+    ("domain_parallel.py", ("--resolution", "2"), 2, "argument --resolution: expected at least 3"),
+    ("darcy_inverse.py", ("--noise", "-0.1"), 2, "argument --noise: expected a finite number >= 0"),
+])
+def test_settings_that_need_no_data_are_refused_before_generating_any(tmp_path, script, flags,
+                                                                      status, message):
+    """One line before the data are generated (minutes for Darcy), not after."""
     cache = tmp_path / "cache"
-    proc = subprocess.run(_cmd("darcy.py", tmp_path / "run", "--precision", "bf16",
-                               "--data-dir", str(cache)),
+    proc = subprocess.run(_cmd(script, tmp_path / "run", *flags, "--data-dir", str(cache)),
                           capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-    assert proc.returncode == 1 and "error: precision: 'bf16' needs a CUDA device" in (
-        proc.stderr), proc.stderr[-2000:]
+    assert proc.returncode == status and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not cache.exists()
 
 
@@ -255,6 +269,13 @@ def test_resume_refuses_changed_settings(tmp_path, burgers_file):
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert setting in proc.stderr, (setting, proc.stderr[-1000:])
         assert (out / "last.pt").read_bytes() == last
+    # a change that needs other data is refused before they are generated
+    cache = tmp_path / "cache"
+    proc = subprocess.run(_cmd("burgers.py", out, *args[2:], "--n-train", "12", "--resume",
+                               "--data-dir", str(cache)),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 1 and "cannot resume" in proc.stderr, proc.stderr[-2000:]
+    assert "'n_train'" in proc.stderr and not cache.exists(), proc.stderr[-2000:]
 
 
 def test_torchrun_two_processes_match_single_process(tmp_path, burgers_file):
@@ -421,6 +442,11 @@ def test_lorenz63_task_a_and_controlled_ode_examples(tmp_path):
     assert set(m["zero_shot"]) == {"dt=0.1"} and m["thresholds"]["checks"] == {}
     assert m["n_params"] == sum(p.numel() for p in build_model(
         "tno_l63", **m["config"]["model"]).parameters())
+    # a finished run evaluated again on other zero-shot grids: no epoch is trained again
+    _run(_cmd("lorenz63.py", out, "--task", "a", *tiny[:-4], "0.02", "--n-zero-shot", "8",
+              "--eval-grid", "--resume"))
+    again = _continuum_outputs(out, 1)
+    assert set(again["zero_shot"]) == {"dt=0.02"} and again["history"] == m["history"]
     out = tmp_path / "cde"
     _run(_cmd("controlled_ode.py", out, *tiny, "--weight", "none"))
     m = _continuum_outputs(out, 1)
@@ -564,22 +590,22 @@ def test_continuum_examples_refuse_bad_arguments(tmp_path, capsys):
         (kolmogorov, ["--loss", "h2"], "argument --loss: invalid choice"),
         (darcy, ["--coef", "uniform"], "argument --coef: invalid choice"),
         (darcy, ["--loss", "h2"], "argument --loss: invalid choice"),
-        (darcy, ["--resolution", "2"], "--resolution: expected at least 3"),
+        (darcy, ["--resolution", "2"], "argument --resolution: expected at least 3 nodes"),
     ]
     for module, args, message in cases:
         with pytest.raises(SystemExit) as exit_info:
             module.main([*out, *args])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err, args
     # a data file of the other experiment is refused, naming both
-    from galerkin_ext.data import DataFileError, generate_cde
+    from galerkin_ext.data import DataFileError, DataMismatchError, generate_cde
 
     wrong = generate_cde(tmp_path / "cde.h5", 12, dt=0.1, progress=False)
     with pytest.raises(DataFileError, match="holds cde data, expected lorenz63 data"):
         l63.main([*out, "--data", str(wrong), "--n-train", "4", "--n-valid", "2",
-                  "--n-eval", "2"])
-    with pytest.raises(ValueError, match="fewer than n_train"):
+                  "--n-eval", "2", "--batch-size", "2"])
+    with pytest.raises(DataMismatchError, match="fewer than n_train"):
         cde.main([*out, "--data", str(wrong), "--n-train", "20", "--n-valid", "2",
-                  "--n-eval", "2"])
+                  "--n-eval", "2", "--batch-size", "2"])
     assert not (tmp_path / "bad" / "last.pt").exists()  # no epoch was trained
 
 
@@ -625,23 +651,28 @@ def test_gnot_examples(tmp_path, gnot_cache, script, flags):
 
 
 def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):
-    """Geo-FNO's layout (XY (N, 2, S), sigma (N, S)) converted, then trained on with uniform
-    weights (the file has no mesh); mesh weights are refused before any work."""
+    """Geo-FNO's layout (XY (N, 2, S), sigma (N, S), the radii rr (42, S)) converted, then
+    trained on with uniform weights (the file has no mesh) and the radii as GNOT's theta; mesh
+    weights are refused before any work, in one line."""
     rng = np.random.default_rng(0)
-    arrays = {"xy": rng.random((30, 2, 9)), "sigma": rng.random((30, 9)) + 0.5}
+    arrays = {"xy": rng.random((30, 2, 9)), "sigma": rng.random((30, 9)) + 0.5,
+              "rr": 0.2 + 0.2 * rng.random((42, 9))}
     for name, value in arrays.items():
         np.save(tmp_path / f"{name}.npy", value.astype(np.float32))
     data = convert_geofno_elasticity(tmp_path / "xy.npy", tmp_path / "sigma.npy",
-                                     tmp_path / "geofno.h5", progress=False)
+                                     tmp_path / "geofno.h5", rr=tmp_path / "rr.npy",
+                                     progress=False)
     common = ("--data", str(data), "--n-train", "6", "--n-eval", "3", "--epochs", "1",
               "--batch-size", "3")
     _run(_cmd("elasticity.py", tmp_path / "run", *common, "--weights", "uniform"))
     assert math.isfinite(_metrics(tmp_path / "run")["test_rel_l2"])
+    assert _metrics(tmp_path / "run")["config"]["model"]["theta_dim"] == 42
     # --eval-data: evaluation samples from their own file (it was ignored)
     for name, value in arrays.items():
-        np.save(tmp_path / f"eval_{name}.npy", value[:3].astype(np.float32) * 2)
+        np.save(tmp_path / f"eval_{name}.npy", value[..., :3].astype(np.float32) * 2)
     eval_file = convert_geofno_elasticity(tmp_path / "eval_xy.npy", tmp_path / "eval_sigma.npy",
-                                          tmp_path / "eval.h5", progress=False)
+                                          tmp_path / "eval.h5", rr=tmp_path / "eval_rr.npy",
+                                          progress=False)
     _run(_cmd("elasticity.py", tmp_path / "eval", *common, "--weights", "uniform",
               "--eval-data", str(eval_file)))
     evaluated = _metrics(tmp_path / "eval")
@@ -651,7 +682,8 @@ def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     proc = subprocess.run(_cmd("elasticity.py", tmp_path / "mesh", *common), capture_output=True,
                           text=True, timeout=TIMEOUT, env=ENV)
-    assert proc.returncode != 0 and "weights: 'mesh' needs stored weights" in proc.stderr
+    assert proc.returncode == 1 and "weights: 'mesh' needs stored weights" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not (tmp_path / "mesh" / "last.pt").exists()
     proc = subprocess.run(_cmd("elasticity.py", tmp_path / "inputs", *common, "--inputs", "mesh"),
                           capture_output=True, text=True, timeout=TIMEOUT, env=ENV)

@@ -23,6 +23,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     atomic_write,
+    describe_grid,
     evaluate,
     experiment_parser,
     load_checkpoint,
@@ -519,3 +520,20 @@ def test_evaluate_predict_and_tensorboard_arguments(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="needs the tensorboard package"):
         _trainer(tmp_path / "tb", tensorboard=True)
     assert not (tmp_path / "tb").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_describe_grid_tells_uniform_from_nonuniform_time_grids(dtype):
+    """A uniform float32 grid t = 0.005 n on [0, 2] has gaps 0.005 +- 3e-7: the round-off of
+    its largest times, not of its spacing, says whether it is uniform."""
+    from galerkin_ext.data.ode import time_grid
+
+    for dt in (0.005, 0.0075, 0.01, 0.015, 0.02):
+        record = describe_grid(torch.tensor(time_grid(dt), dtype=dtype)[:, None], None)
+        assert record["uniform"], (dt, record["spacing"])
+    record = describe_grid(torch.tensor(time_grid(grid="nonuniform"), dtype=dtype)[:, None])
+    assert not record["uniform"]
+    assert record["weights"] == "auto: trapezoid, derived from these coordinates"
+    shifted = torch.tensor(time_grid(0.01), dtype=dtype)
+    shifted[100] += 1e-4  # one time off by 1 % of the step
+    assert not describe_grid(shifted[:, None], None)["uniform"]

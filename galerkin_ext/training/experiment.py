@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,14 +31,16 @@ from .._checks import check_choice, check_int, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
 from ..data.storage import DataFileError
-from .checkpoint import CheckpointError, atomic_write, write_json
+from .checkpoint import CheckpointError, atomic_write, load_checkpoint, write_json
 from .distributed import DistributedContext
 from .trainer import (
     _RESUMABLE_CHANGES,
     ConfigError,
     NonFiniteLossError,
+    TrainConfig,
     _writable_dir,
     check_precision,
+    check_resumable_config,
     default_forward,
     per_sample_errors,
     relative_l2_metric,
@@ -48,6 +51,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "ThresholdError",
     "cached_data",
+    "check_resume",
     "default_cache_dir",
     "describe_device",
     "describe_grid",
@@ -84,18 +88,29 @@ class ThresholdError(RuntimeError):
 
 
 def experiment_parser(description: str, presets: Mapping[str, Any], *,
-                      attention_flags: bool = True) -> argparse.ArgumentParser:
+                      attention_flags: bool = True, compile_flag: bool = True,
+                      mat_files: bool = False,
+                      eval_data_help: str | None = None) -> argparse.ArgumentParser:
     """The command line every example shares; scripts add their own resolution flags.
 
     Overrides (``--epochs``, ``--batch-size``, ``--lr``, ``--n-train``, ``--n-eval``, ``--seed``,
     ``--precision``) default to ``None``: "keep the preset's value".  ``attention_flags``:
     whether the Galerkin Transformer's ``--attention``, ``--norm`` and
-    ``--reference-dropout`` exist (the continuum-attention scripts have none of them).
+    ``--reference-dropout`` exist (the continuum-attention scripts have none of them);
+    ``compile_flag``: whether ``--compile`` does (not for padded ragged batches, which
+    ``torch.compile`` would compile again at every new size); ``mat_files``: whether
+    ``--data`` and ``--eval-data`` take the original code's ``.mat`` files too;
+    ``eval_data_help``: the help of ``--eval-data`` where it is not a file of evaluation
+    samples that replaces ``--data``'s.
     """
     if not isinstance(presets, Mapping) or not presets:
         raise ValueError("presets: expected a non-empty dict of preset name -> config")
-    if not isinstance(attention_flags, bool):
-        raise TypeError(f"attention_flags: expected a bool, got {attention_flags!r}")
+    for name, flag in (("attention_flags", attention_flags), ("compile_flag", compile_flag),
+                       ("mat_files", mat_files)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool, got {flag!r}")
+    if eval_data_help is not None and not isinstance(eval_data_help, str):
+        raise TypeError(f"eval_data_help: expected a str or None, got {eval_data_help!r}")
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=list(presets), default=next(iter(presets)),
@@ -110,11 +125,14 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                        help="the original code's always-on p = 0.5 dropout of the attention "
                             "matrix (in training and evaluation), to compare with its "
                             "published numbers")
+    kinds = "a galerkin_ext .h5 or an original .mat" if mat_files else "a galerkin_ext .h5"
     p.add_argument("--data", default=None,
-                   help="data file: a galerkin_ext .h5 or an original .mat (default: generate "
-                        "the preset's data once and cache it)")
+                   help=f"data file: {kinds} (default: generate the preset's data once and "
+                        "cache it)")
     p.add_argument("--eval-data", default=None,
-                   help="separate evaluation file (e.g. the original test .mat); default --data")
+                   help=eval_data_help or f"separate file of evaluation samples ({kinds}"
+                        f"{', e.g. the original test .mat' if mat_files else ''}); default: "
+                        "the last samples of --data")
     p.add_argument("--data-dir", default=None,
                    help="cache folder of generated data (default: $GALERKIN_EXT_CACHE or "
                         "~/.cache/galerkin_ext)")
@@ -125,7 +143,7 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                    help="continue from OUT/last.pt if it exists (same settings)")
     p.add_argument("--epochs", type=positive_int, default=None)
     p.add_argument("--batch-size", type=positive_int, default=None,
-                   help="global batch size (split over torchrun processes)")
+                   help="samples per optimiser step (of all torchrun processes together)")
     p.add_argument("--lr", type=positive_float, default=None,
                    help="learning rate: OneCycle's max_lr, or the initial rate of a 'plateau' "
                         "schedule")
@@ -140,9 +158,10 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
     p.add_argument("--workers", type=nonnegative_int, default=0,
                    help="DataLoader workers (default 0)")
     p.add_argument("--tensorboard", action="store_true", help="log to OUT/tensorboard")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the training steps (grids only; the first step "
-                        "compiles for 10-30 s)")
+    if compile_flag:
+        p.add_argument("--compile", action="store_true",
+                       help="torch.compile the training steps (the first step compiles for "
+                            "10-30 s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -186,9 +205,13 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
         if getattr(args, name) is not None:
             train[key] = getattr(args, name)
     train.update(num_workers=args.workers, progress=not args.no_progress,
-                 tensorboard=args.tensorboard, compile=args.compile)
+                 tensorboard=args.tensorboard, compile=getattr(args, "compile", False))
     # settings that need no data are checked before any is generated
     _check_out(args.out)
+    batch_size = TrainConfig(**train).batch_size  # its own checks, and the default
+    if batch_size > cfg["n_train"]:
+        raise ConfigError(f"batch_size: the batch of {batch_size} is larger than the "
+                          f"{cfg['n_train']} training samples (--batch-size, --n-train)")
     check_precision(train.get("precision", "fp32"), resolve_device(args.device))
     if args.tensorboard:
         tensorboard_writer_class()
@@ -204,15 +227,31 @@ def _check_out(path: str) -> None:
         raise ConfigError(str(err)) from None
 
 
+def check_resume(cfg: Mapping[str, Any], args: argparse.Namespace) -> None:
+    """With ``--resume`` and an ``OUT/last.pt``: refuse now, before any data are generated, a
+    setting of ``cfg`` that differs from the checkpoint's (``CheckpointError``).
+
+    Scripts call it once ``cfg`` holds every setting of the command line.  The
+    :class:`~galerkin_ext.training.Trainer` compares the whole configuration again once the
+    data are read (normalisers, sample counts, data files).
+    """
+    last = Path(args.out) / "last.pt"
+    if not args.resume or not last.is_file():
+        return
+    stored = load_checkpoint(last, "last")["config"]
+    current = {**cfg, "train": dataclasses.asdict(TrainConfig(**cfg["train"]))}
+    check_resumable_config(stored, current, last, partial=True)
+
+
 def run_main(main: Callable[[], object]) -> int:
     """Run an example script's ``main()``; Ctrl-C and the package's own account of a bad data
     file, checkpoint, setting or run end it with one line instead of a traceback.
 
-    Returns the exit status: 0, 130 after an interrupt (``last.pt`` keeps the last finished
-    epoch for ``--resume``), or 1 when a preset's accuracy threshold was missed
-    (:class:`ThresholdError`; the outputs are written) or on a :class:`DataFileError`,
-    :class:`CheckpointError`, :class:`ConfigError`, :class:`NonFiniteLossError` or a missing
-    file.
+    Returns the exit status: 0, 130 after an interrupt (the generated data chunks and
+    ``last.pt``, the last finished epoch, are kept for ``--resume``), or 1 when a preset's
+    accuracy threshold was missed (:class:`ThresholdError`; the outputs are written) or on a
+    :class:`DataFileError`, :class:`CheckpointError`, :class:`ConfigError`,
+    :class:`NonFiniteLossError` or a missing file.
     """
     # Under torchrun every process prints its own line: say whose it is.
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -220,8 +259,9 @@ def run_main(main: Callable[[], object]) -> int:
     try:
         main()
     except KeyboardInterrupt:
-        print(f"\ninterrupted{who}; OUT/last.pt holds the last finished epoch: rerun the same "
-              "command with --resume to continue", file=sys.stderr)
+        print(f"\ninterrupted{who}; rerun the same command with --resume to continue from what "
+              "is kept (the data generated so far, and OUT/last.pt once an epoch has finished)",
+              file=sys.stderr)
         return 130
     except ThresholdError as err:
         print(f"threshold not met{who}: {err}", file=sys.stderr)
@@ -282,9 +322,11 @@ def write_metrics(
         "history": result["history"],
     }
     write_json(Path(out_dir) / "metrics.json", metrics)
-    print(f"evaluation relative L2: {test_rel_l2:.4e} ({result['epochs']} epochs, "
-          f"{result['train_seconds']:.0f} s of training; the best, epoch "
-          f"{result['best_epoch']}, evaluated {result['best_metric']:.4e})", flush=True)
+    # the best epoch's figure is on the set that picked it (a validation split where the
+    # script has one), which need not be the set of test_rel_l2
+    print(f"test_rel_l2 {test_rel_l2:.4e} ({result['epochs']} epochs, "
+          f"{result['train_seconds']:.0f} s of training; best epoch {result['best_epoch']}: "
+          f"{result['best_metric']:.4e} on the set that picked it)", flush=True)
     return metrics
 
 
@@ -395,12 +437,15 @@ def describe_grid(coords: torch.Tensor, weight: str | None = "auto") -> dict[str
     if weight is not None and not isinstance(weight, str):
         raise TypeError(f"weight: expected 'auto', None or a description, got {weight!r}")
     flat = coords.reshape(-1, coords.shape[-1])  # in its dtype, as the model sees it
-    spacing = []
+    spacing, uniform = [], True
     for axis in range(flat.shape[1]):
-        gaps = torch.unique(flat[:, axis].double()).diff()
+        values = torch.unique(flat[:, axis].double())
+        gaps = values.diff()
         spacing.append([float(gaps.min()), float(gaps.max())] if gaps.numel() else [0.0, 0.0])
-    tolerance = 64 * torch.finfo(flat.dtype).eps  # round-off of the stored coordinates
-    uniform = all(hi - lo <= tolerance * max(hi, 1e-300) for lo, hi in spacing)
+        # A stored coordinate is off by up to eps |x|, so a gap by twice the largest |x| (a
+        # float32 grid 0.005 n on [0, 2] has gaps 0.005 +- 3e-7).
+        tolerance = 64 * torch.finfo(flat.dtype).eps * float(values.abs().max())
+        uniform = uniform and spacing[-1][1] - spacing[-1][0] <= tolerance
     record: dict[str, Any] = {"n_points": int(flat.shape[0]),
                               "shape": list(coords.shape[:-1]), "spacing": spacing,
                               "uniform": uniform}

@@ -79,6 +79,37 @@ _SCHEDULERS = ("onecycle", "plateau")
 # configuration (see Trainer._check_resumable).
 _RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progress",
                       "train.tensorboard", "train.compile", "threads")
+# Top-level blocks of a run configuration that shape only the evaluation after training (the
+# example scripts' zero-shot sets and rollouts): a resumption may change them as well, e.g. to
+# evaluate a finished run on other grids.  Unlike the settings above they change what is
+# measured, so a preset's thresholds no longer apply (see experiment.preset_unchanged).
+_EVALUATION_BLOCKS = ("zero_shot", "rollout")
+
+
+def check_resumable_config(stored: Mapping[str, Any], current: Mapping[str, Any],
+                           path: str | Path, *, partial: bool = False) -> None:
+    """``CheckpointError`` unless the run configuration ``current`` equals the one ``stored``
+    in the checkpoint ``path`` in every setting but those that change neither the model, the
+    data nor the schedule (``_RESUMABLE_CHANGES``, and the blocks ``_EVALUATION_BLOCKS`` of
+    settings used only after training).
+
+    ``partial``: ``current`` is not complete yet (the example scripts check before their data
+    exist, which add the normalisers and sample counts): settings it lacks are not compared.
+    """
+    old, new = _flatten(stored), _flatten(current)
+    # A checkpoint written before a setting existed ran with its default.
+    for field in dataclasses.fields(TrainConfig):
+        old.setdefault(f"train.{field.name}", field.default)
+    old.setdefault("parallel", "data")
+    keys = new.keys() if partial else old.keys() | new.keys()
+    changed = sorted(k for k in keys if k not in _RESUMABLE_CHANGES
+                     and k.split(".")[0] not in _EVALUATION_BLOCKS and old.get(k) != new.get(k))
+    if changed:
+        raise CheckpointError(
+            f"cannot resume from {str(path)!r}: the settings {changed} differ from the "
+            f"checkpoint's (there { {k: old.get(k) for k in changed} }, now "
+            f"{ {k: new.get(k) for k in changed} }); use the same settings or another out_dir"
+        )
 
 
 class ConfigError(ValueError):
@@ -576,23 +607,9 @@ class Trainer:
                 "train_samples": len(self.train_set), "eval_samples": len(self.eval_set)}
 
     def _check_resumable(self, stored: Mapping[str, Any], world_size: int) -> None:
-        """Refuse a resumption that would change the model, the data or the schedule: every
-        setting of the run configuration must equal the checkpoint's, but those that change
-        none of them (``_RESUMABLE_CHANGES``)."""
-        old, new = _flatten(stored), _flatten(self._full_config())
-        # A checkpoint written before a setting existed ran with its default.
-        for field in dataclasses.fields(TrainConfig):
-            old.setdefault(f"train.{field.name}", field.default)
-        old.setdefault("parallel", "data")
-        changed = sorted(k for k in old.keys() | new.keys()
-                         if k not in _RESUMABLE_CHANGES and old.get(k) != new.get(k))
-        if changed:
-            raise CheckpointError(
-                f"cannot resume from {str(self.last_path)!r}: the settings {changed} differ "
-                f"from the checkpoint's (there { {k: old.get(k) for k in changed} }, now "
-                f"{ {k: new.get(k) for k in changed} }); use the same settings or another "
-                f"out_dir"
-            )
+        """Refuse a resumption that would change the model, the data or the schedule (see
+        :func:`check_resumable_config`), or the number of processes."""
+        check_resumable_config(stored, self._full_config(), self.last_path)
         if world_size != self.ctx.world_size:
             raise CheckpointError(
                 f"cannot resume from {str(self.last_path)!r} exactly: it was written by "
