@@ -34,12 +34,12 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import original  # benchmarks/original.py: the script's folder is first on sys.path
 import torch
 
 from galerkin_ext import ops, reference
+from galerkin_ext._cli import writable_file
 from galerkin_ext.training import command_line, describe_device, write_json
 
 SHAPES = {  # name: (B, H, N, M, D, P)
@@ -57,7 +57,7 @@ _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, help="JSON file to write (required)")
+    p.add_argument("--out", type=writable_file, help="JSON file to write (required)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--impls", default="ours,eager",
@@ -244,17 +244,24 @@ def _proc_status_kb(key: str) -> int:
     raise RuntimeError(f"{key} not found in /proc/self/status")
 
 
+def op_shape(op: str, shape):
+    """The shape an op runs: normalised attention takes no coordinates here (P = 0: no pos to
+    read, an output of width D)."""
+    return (*shape[:5], 0) if op == "normalized" else tuple(shape)
+
+
 def workload(op, shape, device, dtype, gen):
     """Inputs, the leaves to differentiate, and the upstream gradient of one measurement."""
+    shape = op_shape(op, shape)
     x = make_inputs(shape, device, dtype, gen)
     leaves = [x["q"], x["k"], x["v"], *x["norm_a"], *x["norm_b"]]
     B, H, N, M, D, P = shape
-    width = D if op == "normalized" else D + P  # normalized takes no coordinates here
-    grad = torch.randn(B, H, N, width, generator=gen).to(device, dtype)
+    grad = torch.randn(B, H, N, D + P, generator=gen).to(device, dtype)
     return x, leaves, grad
 
 
 def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> list[dict]:
+    shape = op_shape(op, shape)
     x, leaves, grad = workload(op, shape, dev.name, dtype, gen)
     B, H, N, M, D, P = shape
     element = torch.empty((), dtype=dtype).element_size()

@@ -34,6 +34,7 @@ import original  # benchmarks/original.py: the script's folder is first on sys.p
 import torch
 from torch.utils.data import DataLoader
 
+from galerkin_ext._cli import writable_file
 from galerkin_ext.data import BurgersDataset
 from galerkin_ext.data.storage import DataFileError
 from galerkin_ext.losses import OperatorLoss, relative_l2
@@ -51,7 +52,7 @@ def _example() -> Any:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
     p.add_argument("--data", default=None, help="Burgers HDF5/.mat file (default: the paper "
                                                  "preset's generated and cached data)")
     p.add_argument("--n", type=int, default=512, help="training resolution (default 512)")

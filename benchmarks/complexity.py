@@ -13,10 +13,10 @@ sample (batch 1); the TNO with plain softmax weights (the quadrature weights cos
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
+from galerkin_ext._cli import writable_file
 from galerkin_ext.complexity import forward_flops, parameter_count
 from galerkin_ext.models import build_model
 from galerkin_ext.training import command_line, write_json
@@ -52,7 +52,7 @@ def count(name: str, width: int, resolution: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
     args = p.parse_args(argv)
     records = []
     for name in MODELS:

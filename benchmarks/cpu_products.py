@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
+from galerkin_ext._cli import writable_file
 from galerkin_ext.training import command_line, describe_device, write_json
 
 CASES = [  # (m, K, W)
@@ -34,7 +35,7 @@ SOURCES = HERE.parent / "csrc" / "attention"
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
     p.add_argument("--reps", type=int, default=20, help="timed runs per measurement (best)")
     args = p.parse_args()
     if args.reps < 1:

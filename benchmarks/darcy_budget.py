@@ -22,6 +22,7 @@ from typing import Any
 
 from example_runs import ROOT, run_example  # the script's folder is first on sys.path
 
+from galerkin_ext._cli import writable_file
 from galerkin_ext.training import write_json
 
 RESULTS = ROOT / "benchmarks" / "results" / "darcy_budget.json"
@@ -78,7 +79,7 @@ def table(records: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, required=True, help="folder of the runs")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
+    parser.add_argument("--out", type=writable_file, default=RESULTS, help="results JSON")
     parser.add_argument("--table", action="store_true", help="print the table of --out only")
     args = parser.parse_args()
     if args.table:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from galerkin_ext import domain, ops
-from galerkin_ext._cli import nonnegative_int, positive_int
+from galerkin_ext._cli import nonnegative_int, positive_int, writable_file
 from galerkin_ext.domain import DomainSplit
 from galerkin_ext.training import command_line, describe_device, write_json
 
@@ -47,7 +47,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
     p.add_argument("--n", default="16384,131072",
                    help="comma-separated point counts N of one sample (default 2^14, 2^17)")
     p.add_argument("--world", type=positive_int, default=2, help="gloo processes (default 2)")

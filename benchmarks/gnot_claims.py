@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from example_runs import ROOT, run_example  # the script's folder is first on sys.path
 
+from galerkin_ext._cli import writable_file
 from galerkin_ext.data import (
     RaggedDataset,
     RaggedNormalizers,
@@ -128,7 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=("quick", "paper"), default="quick")
     parser.add_argument("--runs", type=Path, required=True, help="folder of the runs")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON")
+    parser.add_argument("--out", type=writable_file, default=RESULTS, help="results JSON")
     args = parser.parse_args()
     args.runs.mkdir(parents=True, exist_ok=True)
     records = {name: run(name, args.runs, args.preset) for name in RUNS}

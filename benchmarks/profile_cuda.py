@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from attention import SHAPES, make_fn, workload
 from torch.profiler import ProfilerActivity, profile
 
+from galerkin_ext._cli import writable_file
 from galerkin_ext.training import command_line, describe_device, write_json
 
 
@@ -23,7 +23,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ops", default="galerkin,fourier", help="comma list of galerkin, fourier")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--reps", type=int, default=5, help="profiled repetitions (after a warm-up)")
-    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
     args = p.parse_args()
     for name in args.shapes.split(","):
         if name not in SHAPES:

@@ -46,7 +46,6 @@ import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import original  # benchmarks/original.py: the script's folder is first on sys.path
@@ -54,6 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from galerkin_ext._checks import check_choice, check_int
+from galerkin_ext._cli import writable_file
 from galerkin_ext.layers import cinn_sizes
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     p.add_argument("--repeats", type=int, default=3,
                    help="interleaved timing rounds; it/s from the median round (default 3)")
-    p.add_argument("--out", type=Path, help="JSON file to write (optional)")
+    p.add_argument("--out", type=writable_file, help="JSON file to write (optional)")
     p.add_argument("--impls", default="ours", help="comma list of " + ", ".join(IMPLS))
     p.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     p.add_argument("--attention",

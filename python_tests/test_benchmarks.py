@@ -20,6 +20,17 @@ RECORD_KEYS = {"model", "attention", "impl", "it_per_s", "peak_mem_mb", "device"
                "batch", "n"}
 
 
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")
+                                           if '"--out", type=writable_file' in p.read_text()))
+def test_an_unwritable_out_is_refused_before_any_measurement(tmp_path: Path, script) -> None:
+    """--out is a results file, written at the end: a folder there is refused at once (it was
+    an IsADirectoryError after all the measurements)."""
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "argument --out: " in proc.stderr and "is a folder" in proc.stderr, proc.stderr
+
+
 def test_table1_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "table1.json"
     # Smallest grids the spectral decoders take; one thread, so 2 CI cores are not oversubscribed.
