@@ -139,7 +139,7 @@ def check_param_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -
 
 def check_quadrature_weight(
     weight: object, batch: int, n: int, like: Tensor, like_name: str = "q", axis: str = "N",
-    name: str = "weight",
+    name: str = "weight", *, values: bool = True,
 ) -> None:
     """Validate quadrature weights for ``n`` points and a batch of ``batch``: a tensor of shape
     ``(B, N)`` or ``(N,)`` on ``like``'s device (dtype: :func:`check_param_like`), finite and
@@ -147,8 +147,9 @@ def check_quadrature_weight(
     (``axis`` names the points' axis in the messages, e.g. ``"M"`` for keys; ``name`` the
     argument).
 
-    The value check is data-dependent; it is skipped while tracing (``torch.compile``) or
-    capturing a CUDA graph.
+    The value check is data-dependent (a host sync); it is skipped while tracing
+    (``torch.compile``) or capturing a CUDA graph, and with ``values=False`` (a layer whose op
+    checks the values again).
     """
     if not isinstance(weight, Tensor):
         raise TypeError(f"{name}: expected a tensor or None, got {type(weight).__name__}")
@@ -158,7 +159,8 @@ def check_quadrature_weight(
             f"{name}: expected shape (B, {axis}) = ({batch}, {n}) or ({axis},) = ({n},), "
             f"got {tuple(weight.shape)}"
         )
-    if not is_tracing(weight) and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
+    if values and not is_tracing(weight) and not bool(
+            torch.all(torch.isfinite(weight) & (weight >= 0))):
         raise ValueError(f"{name}: expected finite, non-negative quadrature weights")
 
 

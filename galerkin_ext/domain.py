@@ -37,8 +37,13 @@ do on its own; mathematically the same, since the ratios are unchanged).
 Requirements: every rank of the group calls every attention layer in the same order (also with
 no points of its own) and runs the backward of a loss that depends on each layer's output (sum
 the ranks' losses: a mean over an empty shard is NaN); every key point lives on exactly one
-rank. Without an initialised process group, or with a group of one process, the functions are
-exactly the single-process ops.
+rank. The ranks' calls agree in everything but their own points: batch, heads and widths,
+``dropout_p``, and whether ``weight`` is ``None`` (on every rank or on none) — the all-reduce
+is sized by them, and a rank whose call differs stops the group (gloo and NCCL abort without
+a message of ours). As in the single-process ops, ``kv_pos=None`` with ``pos`` given takes
+``pos`` for the keys where a shard has as many keys as queries, and is refused where it has
+not: pass ``kv_pos`` on every rank for cross-attention. Without an initialised process group,
+or with a group of one process, the functions are exactly the single-process ops.
 """
 
 from __future__ import annotations
@@ -388,6 +393,11 @@ def hetero_normalized_attention(
 # The split of a sample's points
 
 
+def _check_axis(dim: object, x: Tensor) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim: expected an axis of x, which has {x.dim()}, got {dim!r}")
+
+
 class DomainSplit:
     """Contiguous shards of a sample's ``n`` points over the ranks of a process group: the
     group's rank ``r`` holds points ``[start_r, start_r + counts[r])``. Shards may be uneven or
@@ -438,8 +448,7 @@ class DomainSplit:
         with ``dim=1``, ``(n, P)`` coordinates with ``dim=0``): a view with ``local_n`` there."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
-        if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
-            raise ValueError(f"dim: expected an axis of x, which has {x.dim()}, got {dim!r}")
+        _check_axis(dim, x)
         if x.shape[dim] != self.n:
             raise ValueError(f"x: expected the split's n = {self.n} points on axis {dim}, got "
                              f"shape {tuple(x.shape)}")
@@ -466,8 +475,7 @@ class DomainSplit:
         differentiable (for metrics and plots)."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
-        if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
-            raise ValueError(f"dim: expected an axis of x, which has {x.dim()}, got {dim!r}")
+        _check_axis(dim, x)
         if x.shape[dim] != self.local_n:
             raise ValueError(f"x: expected this rank's local_n = {self.local_n} points on axis "
                              f"{dim}, got shape {tuple(x.shape)}")

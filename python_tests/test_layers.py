@@ -267,6 +267,11 @@ def test_attention_errors():
         attn(x, torch.rand(5, 2), torch.rand(4))
     with pytest.raises(ValueError, match="weight: expected finite, non-negative"):
         attn(x, torch.rand(5, 2), -torch.rand(5))
+    for attention_type in ("fourier", "galerkin", "softmax", "linear"):  # the user's x, not k
+        with pytest.raises(TypeError, match="weight: expected dtype torch.float32 like x"):
+            SimpleAttention(8, 2, attention_type)(x, weight=torch.ones(5, dtype=torch.float64))
+        with pytest.raises(ValueError, match=r"weight: expected shape \(B, N\) = \(2, 5\)"):
+            SimpleAttention(8, 2, attention_type)(x, weight=torch.ones(3))
     with pytest.raises(ValueError, match="pos: expected None"):
         SimpleAttention(8, 2)(x, torch.rand(5, 2))
 

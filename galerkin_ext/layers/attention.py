@@ -160,10 +160,12 @@ class SimpleAttention(nn.Module):
             raise ValueError(f"x: expected shape (B, N, d_model) with N >= 1 and d_model = "
                              f"{self.d_model}, got {tuple(x.shape)}")
         self._check_pos(pos, x)
-        if weight is not None and (self.attention_type == "linear" or self.norm == "instance"
-                                   or (self.attention_type == "softmax" and return_attention)):
-            # Otherwise the op validates the weights itself: one host sync, not two.
-            check_quadrature_weight(weight, batch, n, x, "x")
+        if weight is not None:
+            # Where the op validates the values itself, one host sync, not two; its messages
+            # would name its own operand k where the user passed x.
+            values = (self.attention_type == "linear" or self.norm == "instance"
+                      or (self.attention_type == "softmax" and return_attention))
+            check_quadrature_weight(weight, batch, n, x, "x", values=values)
 
         q, k, v = (proj(x).view(batch, n, self.n_head, self.d_head).transpose(1, 2)
                    for proj in (self.query, self.key, self.value))

@@ -183,7 +183,8 @@ class ContinuumAttention(nn.Module):
             weight: the key points' quadrature weights: ``(M,)`` or ``(B, M)`` non-negative
                 (zero removes a key), ``None`` for plain softmax, or ``'auto'``
                 (:func:`auto_quadrature_weights` of ``coords``).
-            coords: the key points' coordinates ``(M, d)`` or ``(B, M, d)``, for ``'auto'``.
+            coords: the key points' coordinates ``(M, d)`` or ``(B, M, d)``, for ``'auto'``
+                (checked whenever given, so a model may pass them with any ``weight``).
 
         Returns:
             ``(B, N, d_model)``.
