@@ -160,7 +160,8 @@ def main(argv=None):
     model_args = dict(cfg["model"])
     if args.model != "gk":  # GNOT and MIONet take every input function and theta of the data
         cfg["model"]["input_dims"] = model_args["input_dims"] = list(train_set.input_dims)
-        cfg["model"]["theta_dim"] = model_args["theta_dim"] = train_set.theta_dim
+        if train_set.theta_dim:  # converted with --rr (runs without it keep their config)
+            cfg["model"]["theta_dim"] = model_args["theta_dim"] = train_set.theta_dim
     if args.model == "mionet":  # each branch takes its input's largest size in the data set
         sizes = [max(int(train_set.input_lengths[name].max()),
                      int(eval_set.input_lengths[name].max()))
