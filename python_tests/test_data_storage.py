@@ -93,12 +93,15 @@ def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
     assert _attrs(reference) == _attrs(out)
 
 
-def test_an_interrupt_swallowed_by_a_callback_still_stops_the_generation(tmp_path, monkeypatch):
+def test_an_interrupt_swallowed_by_a_callback_still_stops_the_generation(tmp_path, monkeypatch,
+                                                                         request):
     """Python only prints a KeyboardInterrupt raised inside a weakref callback or a __del__;
     one that landed there once let a generation run to its end. It stops at the chunk's end."""
     import signal
 
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # else nothing tested
+    # Python's own handler, as a terminal's shell gives it (a background job inherits SIG_IGN)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     calls = {"n": 0}
 
     def swallowed(*args, **kwargs):
