@@ -17,7 +17,7 @@ import sys
 import torch
 
 from galerkin_ext._cli import grid_nodes, nonnegative_float, positive_int
-from galerkin_ext.data import DarcyInverseDataset, UnitGaussianNormalizer
+from galerkin_ext.data import DarcyInverseDataset, UnitGaussianNormalizer, check_darcy_grids
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
 from galerkin_ext.training import (
@@ -81,6 +81,10 @@ def main(argv=None):
     cfg = resolve_config(PRESETS, args)
     cfg["fine"] = args.fine or cfg["fine"]
     cfg["coarse"] = args.coarse or cfg["coarse"]
+    try:  # found now, not after the data are generated
+        check_darcy_grids(cfg["fine"], cfg["coarse"])
+    except ValueError as err:
+        parser.error(f"--fine/--coarse: {err}")
     cfg["noise"] = args.noise
     attention = cfg["model"]["attention_type"]
     if args.lr is None and attention in LOWER_MAX_LR:

@@ -232,6 +232,8 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
     ("controlled_ode.py", ("--dt", "3"), 2, "argument --dt: dt: expected a step <= t_end = 2.0"),
     ("domain_parallel.py", ("--resolution", "2"), 2, "argument --resolution: expected at least 3"),
     ("darcy_inverse.py", ("--noise", "-0.1"), 2, "argument --noise: expected a finite number >= 0"),
+    ("darcy.py", ("--fine", "64", "--coarse", "70"), 2,
+     "--fine/--coarse: coarse_resolution: expected at most resolution = 64"),
 ])
 def test_settings_that_need_no_data_are_refused_before_generating_any(tmp_path, script, flags,
                                                                       status, message):

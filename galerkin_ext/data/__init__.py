@@ -92,6 +92,7 @@ _EXPORTS = {
     "central_gradient_1d": "datasets",
     "central_gradient_2d": "datasets",
     "block_average": "datasets",
+    "check_darcy_grids": "datasets",
     "load_mat": "mat",
     "read_burgers_mat": "mat",
     "read_darcy_mat": "mat",

@@ -67,6 +67,7 @@ __all__ = [
     "central_gradient_1d",
     "central_gradient_2d",
     "block_average",
+    "check_darcy_grids",
     "uniform_grid_1d",
     "uniform_grid_2d",
     "BurgersDataset",
@@ -442,6 +443,17 @@ class _DarcyLayout(NamedTuple):
     coarse: int
 
 
+def check_darcy_grids(resolution: int, coarse_resolution: int) -> None:
+    """``ValueError`` unless ``3 <= resolution`` and ``2 <= coarse_resolution <= resolution``
+    (the attention's grid is the coarse one): the Darcy datasets' grid rule that needs no data,
+    for scripts to check before they generate any."""
+    resolution = check_int(resolution, "resolution", 3)
+    coarse_resolution = check_int(coarse_resolution, "coarse_resolution", 2)
+    if coarse_resolution > resolution:
+        raise ValueError(f"coarse_resolution: expected at most resolution = {resolution} (the "
+                         f"attention's grid is the coarse one), got {coarse_resolution}")
+
+
 def _darcy_layout(
     source: Source, split: str, resolution: int, coarse_resolution: int | None,
     defaults: dict[int, int], n_train: int, n_valid: int,
@@ -454,10 +466,7 @@ def _darcy_layout(
             f"coarse_resolution must be given for resolution {resolution} "
             f"(defaults exist for {sorted(defaults)})"
         )
-    nc = check_int(nc, "coarse_resolution", 2)
-    if nc > resolution:
-        raise ValueError(f"coarse_resolution: expected at most resolution = {resolution} (the "
-                         f"attention's grid is the coarse one), got {nc}")
+    check_darcy_grids(resolution, nc)
     keys = ("coeff", "sol")
     n = _n_samples(source, keys)
     idx = _split_indices(n, split, n_train, n_valid)
