@@ -82,6 +82,12 @@ def main(argv=None):
     cfg = resolve_config(PRESETS, args)
     if args.n is not None:
         cfg["n"] = args.n
+    if args.data is None:  # found now, not after the data are generated
+        stored = cfg["data"]["resolution"]
+        for flag, n in (("--n", cfg["n"]), *(("--eval-n", n) for n in args.eval_n)):
+            if stored % n:
+                parser.error(f"{flag}: expected a divisor of the generated data's {stored} "
+                             f"points, got {n}")
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     check_resume(cfg, args)  # before any data are generated

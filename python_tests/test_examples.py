@@ -232,6 +232,8 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
     ("controlled_ode.py", ("--dt", "3"), 2, "argument --dt: dt: expected a step <= t_end = 2.0"),
     ("domain_parallel.py", ("--resolution", "2"), 2, "argument --resolution: expected at least 3"),
     ("darcy_inverse.py", ("--noise", "-0.1"), 2, "argument --noise: expected a finite number >= 0"),
+    ("burgers.py", ("--eval-n", "1024", "1000"), 2,
+     "--eval-n: expected a divisor of the generated data's 2048 points, got 1000"),
     ("darcy.py", ("--fine", "64", "--coarse", "70"), 2,
      "--fine/--coarse: coarse_resolution: expected at most resolution = 64"),
 ])
