@@ -207,6 +207,12 @@ def test_cli(tmp_path, capsys):
         ({"coef": "lognormal", "sigma": 0.0}, ValueError, "sigma"),
         ({"coef": "lognormal", "tau": -1.0}, ValueError, "tau"),
         ({"coef": "piecewise", "alpha": 0.0}, ValueError, "alpha"),
+        # alpha <= d/2 = 1: the field's variance grows without bound with the grid
+        ({"coef": "lognormal", "alpha": 1.0}, ValueError, "alpha: expected a finite float > 1"),
+        ({"alpha": 0.5}, ValueError, "alpha: expected a finite float > 1"),
+        # the threshold at g = 0 does not move with the amplitude
+        ({"coef": "piecewise", "sigma": 5.0}, ValueError, "sigma: only used with "
+                                                           "coef='lognormal'"),
         ({"coef": "lognormal", "resolution": 2}, ValueError, "resolution"),
         ({"coef": "lognormal", "n_samples": 0}, ValueError, "n_samples"),
     ],

@@ -13,7 +13,13 @@ from test_data_storage import _attrs
 from galerkin_ext.data import generate as gen
 from galerkin_ext.data import ode
 from galerkin_ext.data.__main__ import main
-from galerkin_ext.data.storage import DataFileError, inspect_h5, partial_path, read_h5
+from galerkin_ext.data.storage import (
+    DataFileError,
+    SolverError,
+    inspect_h5,
+    partial_path,
+    read_h5,
+)
 
 ZERO_SHOT_DT = {0.005: 401, 0.0075: 267, 0.01: 201, 0.015: 134, 0.02: 101}
 
@@ -295,6 +301,14 @@ def test_bad_arguments(fn, args, kwargs, err, match):
         (gen.generate_cde, {"z0": -4.0}, ValueError, "z0"),
         (gen.generate_cde, {"dt": 0.3, "t_end": 0.2}, ValueError, "dt"),
         (gen.generate_cde, {"n_samples": 0}, ValueError, "n_samples"),
+        # a mistyped step: 1e9 times were an 8 GB partial file, then an out-of-memory kill
+        (gen.generate_cde, {"dt": 1e-9, "t_end": 1.0}, ValueError,
+         "dt: 1e-09 gives 1000000001 sample times"),
+        (gen.generate_lorenz63, {"max_step": 1e-12}, ValueError,
+         "max_step: 1e-12 takes about 2e[+]12 steps"),
+        # an unstable step: non-finite data were written and reported as success
+        (gen.generate_lorenz63, {"dt": 0.5, "max_step": 0.5}, SolverError,
+         "rk4: the solution became non-finite; max_step = 0.5 is too large"),
     ],
 )
 def test_bad_generator_arguments_leave_no_file(tmp_path, make, kwargs, err, match):
@@ -302,3 +316,27 @@ def test_bad_generator_arguments_leave_no_file(tmp_path, make, kwargs, err, matc
     with pytest.raises(err, match=match):
         make(out, **{"n_samples": 2, **kwargs}, progress=False)
     assert not out.exists() and not partial_path(out).exists()
+
+
+def test_a_diverging_solve_removes_its_partial_file_and_is_one_line(tmp_path, capsys):
+    """The first chunk is stored, the second diverges: the same settings would fail there
+    again, so the partial file goes, and the command line says why in one line."""
+    out = tmp_path / "x.h5"
+    calls = {"n": 0}
+    solve = ode.solve_lorenz63
+
+    def diverging(initial, times, **kwargs):
+        calls["n"] += 1
+        return solve(initial, times, **{**kwargs, "max_step": 0.5 if calls["n"] == 2 else 1e-3})
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gen, "solve_lorenz63", diverging)
+        with pytest.raises(SolverError):
+            gen.generate_lorenz63(out, 4, chunk_size=2, dt=0.5, progress=False)
+    assert calls["n"] == 2 and not out.exists() and not partial_path(out).exists()
+    args = ["generate", "lorenz63", "--out", str(out), "--n-samples", "2", "--dt", "0.5",
+            "--max-step", "0.5", "--no-progress"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: rk4: the solution became non-finite") and "Traceback" not in err
+    assert "RuntimeWarning" not in err and not partial_path(out).exists()

@@ -209,6 +209,21 @@ def test_cli_generate_info_and_errors(tmp_path, capsys):
     (tmp_path / "bad.h5").write_bytes(b"\0" * 100)
     assert main(["info", str(tmp_path / "bad.h5")]) == 1
     assert "corrupt" in capsys.readouterr().err
+    # info prints strict JSON: a non-finite statistic (a file of diverged data, written before
+    # the solvers refused them) is null, not NaN, which jq and other strict parsers reject
+    import galerkin_ext.data.storage as storage
+
+    real = storage.inspect_h5
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(storage, "inspect_h5", lambda path: {
+            **real(path), "statistics": {"u": {"mean": float("nan"), "max": float("inf")}}})
+        assert main(["info", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))
+    assert printed["statistics"]["u"] == {"mean": None, "max": None} and printed["n_done"] == 3
+    # burgers solves on at most its stored grid (the default 1024 is cut to it silently)
+    with pytest.raises(SystemExit):
+        main([*args, "--solve-resolution", "128"])
+    assert "--solve-resolution: expected at most --resolution = 64" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "burgers", "--out", str(out), "--n-samples", "0"])
     with pytest.raises(SystemExit):

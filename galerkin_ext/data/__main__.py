@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chunk-size", type=positive_int, default=None,
                      help="samples per stored chunk (default: burgers 256, darcy 32, lorenz63 "
                           "and cde 1000, heat and elasticity 50, kolmogorov 50, solved as one "
-                          "batch)")
+                          "batch); a resumed file keeps the chunk size it was begun with (the "
+                          "data do not depend on it)")
     mode = gen.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue an interrupted generation")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing file")
@@ -123,11 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="darcy: the continuum-attention coefficient, exp(g) or 12/3 where "
                           "g >= 0 / g < 0 (default: SPEC.md's set)")
     gen.add_argument("--sigma", type=positive_float, default=None,
-                     help="darcy --coef: amplitude of g (default 12)")
+                     help="darcy --coef lognormal: amplitude of g (default 12)")
     gen.add_argument("--tau", type=positive_float, default=None,
                      help="darcy: tau of the covariance (default 3, or 6 with --coef)")
     gen.add_argument("--alpha", type=positive_float, default=None,
-                     help="darcy: exponent of the covariance (default 2)")
+                     help="darcy: exponent of the covariance, > 1 (default 2)")
     gen.add_argument("--dt", type=positive_float, default=None,
                      help="lorenz63/cde: uniform time step (default 0.01): t = 0, dt, ... <= "
                           "t_end; kolmogorov: largest solver step (default: the largest "
@@ -210,7 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"(only to {', '.join(problems)})")
         if args.preset == "zero-shot" and args.problem != "kolmogorov":
             parser.error(f"--preset zero-shot applies to kolmogorov only, not to {args.problem}")
-    from .storage import DataFileError
+        if (args.problem == "burgers" and args.solve_resolution is not None
+                and args.solve_resolution > (args.resolution or 8192)):
+            parser.error(f"--solve-resolution: expected at most --resolution = "
+                         f"{args.resolution or 8192} (the solve grid is zero-padded to it), got "
+                         f"{args.solve_resolution}")
+    from .storage import DataFileError, SolverError
 
     try:
         if args.command == "info":
@@ -218,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .storage import inspect_h5
 
             inspect = inspect_ragged if is_ragged_file(args.file) else inspect_h5
-            print(json.dumps(inspect(args.file), indent=2))
+            # strict JSON: a statistic of non-finite data is null, not NaN
+            print(json.dumps(_finite(inspect(args.file)), indent=2, allow_nan=False))
             return 0
         if args.command == "convert":
             path = _convert(args)
@@ -274,10 +281,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\ninterrupted; completed chunks are kept, rerun with --resume to continue",
                   file=sys.stderr)
         return 130
-    except (DataFileError, FileExistsError, FileNotFoundError, PermissionError,
+    except (DataFileError, SolverError, FileExistsError, FileNotFoundError, PermissionError,
             ValueError, TypeError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+
+
+def _finite(value: object) -> object:
+    """``value`` with every non-finite float (recursively) replaced by ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _convert(args: argparse.Namespace) -> Path:

@@ -52,6 +52,7 @@ from .ode import (
     LORENZ63_INITIAL_HIGH,
     LORENZ63_INITIAL_LOW,
     cde_control,
+    check_max_step,
     sample_cde_control,
     sample_lorenz63_initial,
     solve_cde,
@@ -187,7 +188,8 @@ def generate_darcy(
     numbers back it: alpha must exceed d/2 = 1 for a 2-D field with finite variance, and at
     s = 64, alpha = 1.5 / 2 / 2.5 give a pooled std(log a) of 2.15 / 0.641 / 0.215, of which
     only alpha = 2 matches the 0.63 SPEC-continuum quotes.  Not checked against the arXiv PDF:
-    no network here.)  The threshold does not depend on ``sigma``.  The
+    no network here.)  The threshold does not depend on ``sigma``, so only ``"lognormal"``
+    takes one (``"piecewise"`` draws ``g`` with the default 12).  ``alpha`` must exceed 1.  The
     files record ``coef`` and ``sigma`` in ``parameters``, and the statistics ``log_a`` and
     ``u`` (lognormal) or ``a_at_high`` (its mean: the fraction of nodes at ``high``) and ``u``.
 
@@ -200,9 +202,10 @@ def generate_darcy(
     """
     if coef is not None:
         check_choice(coef, "coef", DARCY_COEFFICIENTS)
-    elif sigma is not None:
-        raise ValueError(f"sigma: only used with coef='lognormal' or 'piecewise' (SPEC.md's "
-                         f"set has no amplitude), got {sigma!r}")
+    if sigma is not None and coef != "lognormal":
+        raise ValueError(f"sigma: only used with coef='lognormal' (SPEC.md's set has no "
+                         f"amplitude, and 'piecewise' thresholds g at 0, which no amplitude "
+                         f"moves), got {sigma!r}")
     legacy = coef is None
     n_samples = check_int((2048 if legacy else 4000) if n_samples is None else n_samples,
                           "n_samples")
@@ -210,7 +213,8 @@ def generate_darcy(
                            "resolution", 3)
     seed = check_int(seed, "seed", 0)
     params: dict[str, Any] = {
-        "alpha": check_float(alpha, "alpha"),
+        # alpha > d/2 = 1: otherwise the field's variance grows without bound with the grid
+        "alpha": check_float(alpha, "alpha", low=1.0),
         "tau": check_float((3.0 if legacy else 6.0) if tau is None else tau, "tau",
                            low_inclusive=True),
         "high": check_float(high, "high"),
@@ -315,7 +319,7 @@ def generate_lorenz63(
         "sigma": check_float(sigma, "sigma"),
         "rho": check_float(rho, "rho"),
         "beta": check_float(beta, "beta"),
-        "max_step": check_float(max_step, "max_step"),
+        "max_step": check_max_step(max_step, times),
         "initial_low": list(LORENZ63_INITIAL_LOW),
         "initial_high": list(LORENZ63_INITIAL_HIGH),
         **grid_params,

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from .._checks import check_float, check_int, check_tensor
 from .random_fields import sample_rng
+from .storage import SolverError
 
 __all__ = [
     "STREAM_KOLMOGOROV",
@@ -355,7 +356,7 @@ def solve_kolmogorov(
         ``dtype`` on ``omega0``'s device.
 
     Raises:
-        RuntimeError: the solution became non-finite (``dt`` too large: check :func:`cfl_number`).
+        SolverError: the solution became non-finite (``dt`` too large: check :func:`cfl_number`).
     """
     omega0 = _check_vorticity(omega0, "omega0")
     t_end = check_float(t_end, "t_end")
@@ -400,8 +401,8 @@ def solve_kolmogorov(
         t_prev = t
     result = out[0] if snapshots is None else torch.stack(out, dim=1)
     if not bool(torch.isfinite(result).all()):
-        raise RuntimeError(f"solve_kolmogorov: the solution became non-finite; dt = {dt:g} is "
-                           "too large (check cfl_number)")
+        raise SolverError(f"solve_kolmogorov: the solution became non-finite; dt = {dt:g} is "
+                          "too large (check cfl_number)")
     return result
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from .._checks import check_choice, check_float, check_int
 from .random_fields import STREAM_CDE, STREAM_LORENZ63, sample_rng
+from .storage import SolverError
 
 __all__ = [
     "GRIDS",
@@ -44,6 +45,10 @@ __all__ = [
 ]
 
 GRIDS = ("uniform", "nonuniform")
+#: Bounds that stop a mistyped step before it fills the disk or runs for days: the most sample
+#: times of a grid (the data sets have 41-401) and RK4 steps of a trajectory (2e3 by default).
+MAX_TIMES = 2**20
+MAX_STEPS = 10**8
 #: Box of the Lorenz-63 initial conditions (x0, y0, z0), SPEC-continuum §3 (authors' code).
 LORENZ63_INITIAL_LOW = (-15.0, -15.0, 0.0)
 LORENZ63_INITIAL_HIGH = (15.0, 15.0, 40.0)
@@ -87,6 +92,9 @@ def time_grid(
     n = math.floor(_decimal(t_end) / step)
     if n < 1:
         raise ValueError(f"dt: expected a step <= t_end = {t_end!r}, got {dt!r}")
+    if n + 1 > MAX_TIMES:
+        raise ValueError(f"dt: {dt!r} gives {n + 1} sample times up to t_end = {t_end!r}, more "
+                         f"than {MAX_TIMES}; expected a coarser step")
     if step.numerator * n >= 2**53 or step.denominator >= 2**53:
         raise ValueError(f"dt: {dt!r} has too many digits to give exact times up to {t_end!r}")
     # n * p is an exact integer in float64 and q is exact, so the division rounds only once.
@@ -117,6 +125,18 @@ def _check_state(y: object, name: str, d: int | None = None) -> np.ndarray:
     return y.astype(np.float64)
 
 
+def check_max_step(max_step: object, times: np.ndarray) -> float:
+    """``max_step`` as a float, refused where :func:`rk4` would take more than ``MAX_STEPS``
+    steps over ``times``."""
+    max_step = check_float(max_step, "max_step")
+    steps = (times[-1] - times[0]) / max_step
+    if steps > MAX_STEPS:
+        raise ValueError(f"max_step: {max_step:g} takes about {steps:.3g} steps from "
+                         f"{times[0]:g} to {times[-1]:g}, more than {MAX_STEPS:g}; expected a "
+                         "larger step")
+    return max_step
+
+
 def rk4(
     rhs: Callable[[float, np.ndarray], np.ndarray],
     y0: np.ndarray,
@@ -138,27 +158,35 @@ def rk4(
 
     Returns:
         ``(..., T, d)`` float64, ``[..., 0, :] = y0``.
+
+    Raises:
+        SolverError: the solution became non-finite (``max_step`` too large).
     """
     if not callable(rhs):
         raise TypeError(f"rhs: expected a callable rhs(t, y), got {type(rhs).__name__}")
     y = _check_state(y0, "y0")
     t = _check_times(times)
-    max_step = check_float(max_step, "max_step")
+    max_step = check_max_step(max_step, t)
     out = np.empty((t.size, *y.shape))
     out[0] = y
-    for k in range(t.size - 1):
-        span = t[k + 1] - t[k]
-        # 1e-10 slack: a decimal spacing such as 0.01 is 10.000000000000002 steps of 1e-3.
-        m = max(1, math.ceil(span / max_step * (1 - 1e-10)))
-        h = span / m
-        for j in range(m):
-            s = t[k] + j * h
-            k1 = rhs(s, y)
-            k2 = rhs(s + h / 2, y + (h / 2) * k1)
-            k3 = rhs(s + h / 2, y + (h / 2) * k2)
-            k4 = rhs(s + h, y + h * k3)
-            y = y + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
-        out[k + 1] = y
+    # An unstable step overflows: checked once at the end instead of numpy's warnings.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(t.size - 1):
+            span = t[k + 1] - t[k]
+            # 1e-10 slack: a decimal spacing such as 0.01 is 10.000000000000002 steps of 1e-3.
+            m = max(1, math.ceil(span / max_step * (1 - 1e-10)))
+            h = span / m
+            for j in range(m):
+                s = t[k] + j * h
+                k1 = rhs(s, y)
+                k2 = rhs(s + h / 2, y + (h / 2) * k1)
+                k3 = rhs(s + h / 2, y + (h / 2) * k2)
+                k4 = rhs(s + h, y + h * k3)
+                y = y + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
+            out[k + 1] = y
+    if not np.isfinite(out).all():
+        raise SolverError(f"rk4: the solution became non-finite; max_step = {max_step:g} is too "
+                          "large for the equation (the data sets' default is 1e-3)")
     return np.moveaxis(out, 0, -2)
 
 

@@ -74,6 +74,12 @@ class DataFileError(RuntimeError):
     """A data file is missing, unreadable, incomplete or not of the expected kind."""
 
 
+class SolverError(RuntimeError):
+    """A solver's solution became non-finite: its step is too large for the equation and its
+    settings.  The generation stops and removes its partial file, which the same settings would
+    only fail on again."""
+
+
 class DataMismatchError(DataFileError, ValueError):
     """A data source does not hold what the settings ask of it: fewer samples than the splits,
     a stored grid that the resolution does not divide, no stored quadrature weights.  Also a
@@ -218,7 +224,7 @@ def run_chunks(
     ``close()``); ``compute(start, stop)`` gives what ``write_chunk`` stores for samples
     ``[start, stop)``; ``statistics(chunk_data)``, if given, the summary fields passed to
     ``write_chunk`` as its third argument.  The writer is closed however this ends (an
-    interruption keeps the completed chunks for a resume).
+    interruption keeps the completed chunks for a resume; a :class:`SolverError` removes them).
     """
     try:
         with _sigint_recorded() as interrupted, tqdm(
@@ -242,6 +248,10 @@ def run_chunks(
         if interrupted:  # the file is complete: the data CLI says so
             raise KeyboardInterrupt
         return path
+    except SolverError:
+        writer.close()
+        partial_path(writer.path).unlink(missing_ok=True)  # the same settings fail again
+        raise
     finally:
         writer.close()
 
