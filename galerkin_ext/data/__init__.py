@@ -82,6 +82,7 @@ _EXPORTS = {
     "inspect_h5": "storage",
     "DataFileError": "storage",
     "DataMismatchError": "storage",
+    "SolverError": "storage",
     "BurgersDataset": "datasets",
     "DarcyDataset": "datasets",
     "DarcyInverseDataset": "datasets",
