@@ -255,13 +255,13 @@ def test_resume_refuses_changed_settings(tmp_path, burgers_file):
     out = tmp_path / "run"
     _run(_cmd("burgers.py", out, *args))
     last = (out / "last.pt").read_bytes()
-    copy = tmp_path / "copy.h5"
-    copy.write_bytes(burgers_file.read_bytes())
+    other = generate_burgers(tmp_path / "other.h5", n_samples=80, resolution=2048,
+                             solve_resolution=256, seed=1, n_steps=20, progress=False)
     changes = [
         (("--attention", "fourier"), "model.attention_type"),
         (("--n-train", "12"), "n_train"),
         (("--epochs", "3"), "train.epochs"),
-        (("--data", str(copy)), "data_files.train"),
+        (("--data", str(other)), "data_identity.train.seed"),
     ]
     for change, setting in changes:
         changed = dict(zip(args[::2], args[1::2], strict=True))
@@ -273,6 +273,14 @@ def test_resume_refuses_changed_settings(tmp_path, burgers_file):
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert setting in proc.stderr, (setting, proc.stderr[-1000:])
         assert (out / "last.pt").read_bytes() == last
+    # the same data elsewhere (a copied run, another cache): resumed, here to evaluate again
+    copy = tmp_path / "elsewhere" / "burgers.h5"
+    copy.parent.mkdir()
+    copy.write_bytes(burgers_file.read_bytes())
+    flat = [*args[2:], "--data", str(copy), "--resume"]
+    _run(_cmd("burgers.py", out, *flat))
+    assert (out / "last.pt").read_bytes() == last
+    assert _metrics(out)["config"]["data_files"]["train"] == str(copy.resolve())
     # a change that needs other data is refused before they are generated
     cache = tmp_path / "cache"
     proc = subprocess.run(_cmd("burgers.py", out, *args[2:], "--n-train", "12", "--resume",

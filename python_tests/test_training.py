@@ -237,6 +237,12 @@ def test_corrupt_checkpoint_gives_clear_error(tmp_path):
         load_checkpoint(tmp_path / "best.pt", "last")
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")  # torch's error has no text: its type is said
+    with pytest.raises(CheckpointError, match=r"corrupt or truncated\?\): \w+"):
+        load_checkpoint(tmp_path / "empty.pt")
+    if not torch.cuda.is_available():  # a machine without the device, not a corrupt file
+        with pytest.raises(ValueError, match="map_location: 'cuda', but CUDA is not available"):
+            load_checkpoint(tmp_path / "best.pt", map_location="cuda")
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):

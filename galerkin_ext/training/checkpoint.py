@@ -171,6 +171,7 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: no such file.
+        ValueError: ``map_location`` is a CUDA device on a machine without one.
         CheckpointError: the file is truncated/corrupt, not a galerkin_ext checkpoint, of another
             kind, or lacks a field of its kind.
     """
@@ -179,11 +180,17 @@ def load_checkpoint(
         raise ValueError(f"kind: expected one of {sorted(_REQUIRED)} or None, got {kind!r}")
     if not p.is_file():
         raise FileNotFoundError(f"path: no checkpoint file {str(p)!r}")
+    # a device this machine lacks, not a damaged file (torch.load's error reads alike)
+    if (isinstance(map_location, str | torch.device) and str(map_location).startswith("cuda")
+            and not torch.cuda.is_available()):
+        raise ValueError(f"map_location: {str(map_location)!r}, but CUDA is not available here; "
+                         "load with map_location='cpu'")
     try:
         state = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for damaged files (zip, pickle, EOF)
         raise CheckpointError(
-            f"{str(p)!r} is not a readable checkpoint (corrupt or truncated?): {err}"
+            f"{str(p)!r} is not a readable checkpoint (corrupt or truncated?): "
+            f"{str(err) or type(err).__name__}"
         ) from err
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{str(p)!r} is not a galerkin_ext training checkpoint "

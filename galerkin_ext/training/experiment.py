@@ -275,11 +275,35 @@ def run_main(main: Callable[[], object]) -> int:
 
 def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
                       eval_data: str | os.PathLike[str] | None) -> None:
-    """Store the absolute paths of the training and evaluation data files in ``config`` as
-    ``data_files``: the run configuration a resumed run must match (another file is other
-    data)."""
-    config["data_files"] = {"train": str(Path(data).resolve()),
-                            "eval": str(Path(eval_data or data).resolve())}
+    """Store in ``config`` the training and evaluation data files: ``data_files``, their
+    absolute paths (a record: a resumed run may find them elsewhere, e.g. in another cache), and
+    ``data_identity``, what a resumed run must find again in them (another file is other data):
+    a galerkin_ext file's generator, seed, sample count and parameters (a converted file's
+    parameters hold its sources' SHA-256), any other file's name and size."""
+    files = {"train": Path(data), "eval": Path(eval_data or data)}
+    config["data_files"] = {k: str(v.resolve()) for k, v in files.items()}
+    config["data_identity"] = {k: _data_identity(v) for k, v in files.items()}
+
+
+def _data_identity(path: Path) -> dict[str, Any]:
+    import h5py
+
+    try:
+        if h5py.is_hdf5(path):
+            with h5py.File(path, "r") as f:
+                if "schema" in f.attrs:
+                    return {key: _plain(f.attrs[key])
+                            for key in ("generator", "seed", "n_samples", "parameters")}
+    except OSError:  # damaged: the datasets report it, naming the file
+        pass
+    return {"name": path.name, "bytes": path.stat().st_size}
+
+
+def _plain(value: Any) -> Any:
+    """An HDF5 attribute as JSON-like Python (``str``, ``int``, ``float``)."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return value.item() if hasattr(value, "item") else value
 
 
 _SPLIT_SIZES = ("n_train", "n_valid", "n_test")  # the order of the splits in a data file

@@ -101,8 +101,13 @@ def check_resumable_config(stored: Mapping[str, Any], current: Mapping[str, Any]
     for field in dataclasses.fields(TrainConfig):
         old.setdefault(f"train.{field.name}", field.default)
     old.setdefault("parallel", "data")
+    resumable = set(_RESUMABLE_CHANGES)
+    if any(k.startswith("data_identity.") for k in old):  # the data files' paths are a record
+        resumable |= {"data_files.train", "data_files.eval"}
+    else:  # a checkpoint from before the identity was recorded: its paths say which data
+        new = {k: v for k, v in new.items() if not k.startswith("data_identity.")}
     keys = new.keys() if partial else old.keys() | new.keys()
-    changed = sorted(k for k in keys if k not in _RESUMABLE_CHANGES
+    changed = sorted(k for k in keys if k not in resumable
                      and k.split(".")[0] not in _EVALUATION_BLOCKS and old.get(k) != new.get(k))
     if changed:
         raise CheckpointError(
@@ -419,7 +424,12 @@ def predict(
     device: torch.device | str = "cpu",
     forward: Forward = default_forward,
 ) -> tuple[Tensor, Batch]:
-    """Predictions for ``dataset[indices]`` (e.g. for plots): ``(pred, batch)`` on the CPU."""
+    """Predictions for ``dataset[indices]`` (e.g. for plots): ``(pred, batch)`` on the CPU.
+
+    ``pred`` is what ``forward`` returns, in the units the model works in: physical for the
+    Galerkin Transformer models (they de-normalise inside), normalised for the ragged GNOT
+    models and their batches' targets (``dataset.decode_target`` gives physical units).
+    """
     _check_dataset(dataset, "dataset")
     if not isinstance(indices, Sequence) or not indices or any(
         isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(dataset)
