@@ -281,6 +281,9 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
     a galerkin_ext file's generator, seed, sample count and parameters (a converted file's
     parameters hold its sources' SHA-256), any other file's name and size."""
     files = {"train": Path(data), "eval": Path(eval_data or data)}
+    for flag, path in (("--data", files["train"]), ("--eval-data", files["eval"])):
+        if not path.is_file():
+            raise FileNotFoundError(f"{flag}: no such file {str(path)!r}")
     config["data_files"] = {k: str(v.resolve()) for k, v in files.items()}
     config["data_identity"] = {k: _data_identity(v) for k, v in files.items()}
 
