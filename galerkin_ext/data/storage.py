@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -263,7 +264,8 @@ def _sigint_recorded() -> Iterator[list[int]]:
     Python only prints an exception raised inside a weakref callback or a ``__del__`` (as
     h5py's and torch's clean-ups run) and carries on: an interrupt landing there was lost, and
     the generation ran to its end.  The record lets :func:`run_chunks` raise it again at the
-    next chunk boundary.  A handler other than Python's default one is left alone.
+    next chunk boundary, and the "Exception ignored" traceback Python prints is left out.  A
+    handler other than Python's default one is left alone.
     """
     interrupted: list[int] = []
     if (threading.current_thread() is not threading.main_thread()
@@ -275,11 +277,18 @@ def _sigint_recorded() -> Iterator[list[int]]:
         interrupted.append(signum)
         raise KeyboardInterrupt
 
+    def quiet(unraisable: Any) -> None:  # recorded already: no "Exception ignored" traceback
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            previous_hook(unraisable)
+
+    previous_hook = sys.unraisablehook
     signal.signal(signal.SIGINT, record)
+    sys.unraisablehook = quiet
     try:
         yield interrupted
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = previous_hook
 
 
 @dataclass(frozen=True)
