@@ -495,6 +495,22 @@ class ChunkedWriter:
             self.file.close()
 
 
+def data_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What a data file holds, wherever it lies: a galerkin_ext file's generator, seed, sample
+    count and parameters (a converted file's parameters hold its sources' SHA-256); any other
+    file's name and size (also a damaged HDF5 file, which its reader reports)."""
+    p = Path(path)
+    try:
+        if h5py.is_hdf5(p):
+            with h5py.File(p, "r") as f:
+                if "schema" in f.attrs:
+                    return {key: _attr(f, key)
+                            for key in ("generator", "seed", "n_samples", "parameters")}
+    except OSError:
+        pass
+    return {"name": p.name, "bytes": p.stat().st_size}
+
+
 def _attr(f: h5py.File | h5py.Dataset, key: str) -> Any:
     value = f.attrs[key]
     if isinstance(value, bytes):

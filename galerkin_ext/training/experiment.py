@@ -30,7 +30,7 @@ import torch
 from .._checks import check_choice, check_int, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
-from ..data.storage import DataFileError
+from ..data.storage import DataFileError, data_identity
 from .checkpoint import CheckpointError, atomic_write, load_checkpoint, write_json
 from .distributed import DistributedContext
 from .trainer import (
@@ -277,36 +277,14 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
                       eval_data: str | os.PathLike[str] | None) -> None:
     """Store in ``config`` the training and evaluation data files: ``data_files``, their
     absolute paths (a record: a resumed run may find them elsewhere, e.g. in another cache), and
-    ``data_identity``, what a resumed run must find again in them (another file is other data):
-    a galerkin_ext file's generator, seed, sample count and parameters (a converted file's
-    parameters hold its sources' SHA-256), any other file's name and size."""
+    ``data_identity``, what a resumed run must find again in them (another file is other data;
+    :func:`~galerkin_ext.data.storage.data_identity`)."""
     files = {"train": Path(data), "eval": Path(eval_data or data)}
     for flag, path in (("--data", files["train"]), ("--eval-data", files["eval"])):
         if not path.is_file():
             raise FileNotFoundError(f"{flag}: no such file {str(path)!r}")
     config["data_files"] = {k: str(v.resolve()) for k, v in files.items()}
-    config["data_identity"] = {k: _data_identity(v) for k, v in files.items()}
-
-
-def _data_identity(path: Path) -> dict[str, Any]:
-    import h5py
-
-    try:
-        if h5py.is_hdf5(path):
-            with h5py.File(path, "r") as f:
-                if "schema" in f.attrs:
-                    return {key: _plain(f.attrs[key])
-                            for key in ("generator", "seed", "n_samples", "parameters")}
-    except OSError:  # damaged: the datasets report it, naming the file
-        pass
-    return {"name": path.name, "bytes": path.stat().st_size}
-
-
-def _plain(value: Any) -> Any:
-    """An HDF5 attribute as JSON-like Python (``str``, ``int``, ``float``)."""
-    if isinstance(value, bytes):
-        return value.decode()
-    return value.item() if hasattr(value, "item") else value
+    config["data_identity"] = {k: data_identity(v) for k, v in files.items()}
 
 
 _SPLIT_SIZES = ("n_train", "n_valid", "n_test")  # the order of the splits in a data file
