@@ -436,6 +436,29 @@ def test_spectral_conv_init_count_and_dtype_conversions():
     assert conv.double().weight_pos.dtype == torch.complex128
 
 
+def test_complex_parameters_move_to_and_from_meta_and_vmap_over_weights(gen):
+    """Build on 'meta', then to_empty + load_state_dict (the pattern for large models); an
+    ensemble's stacked weights through torch.func.vmap."""
+    conv = SpectralConv(3, 2, 4)
+    x = torch.randn(2, 9, 8, 3, generator=gen)
+    with torch.device("meta"):
+        empty = SpectralConv(3, 2, 4)
+    empty.to_empty(device="cpu").load_state_dict(conv.state_dict())
+    assert empty.weight_pos.dtype == torch.complex64
+    torch.testing.assert_close(empty(x), conv(x), rtol=0, atol=0)
+    assert conv.to("meta").weight_neg.device.type == "meta"
+    with torch.device("meta"):
+        model = build_model("fano", d_model=16, n_head=2, num_layers=1, qkv_modes=3)
+    model.to_empty(device="cpu")
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    members = [SpectralConv(2, 3, 3) for _ in range(3)]
+    weights, _ = torch.func.stack_module_state(members)
+    u = torch.randn(2, 7, 6, 2, generator=gen)
+    outs = torch.func.vmap(lambda w: torch.func.functional_call(members[0], w, (u,)))(weights)
+    for out, member in zip(outs, members, strict=True):
+        torch.testing.assert_close(out, member(u), rtol=1e-5, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # Quadrature orders of cross-attention, M != N (§6.6; the self-attention case on a graded grid
 # is in test_continuum_attention.py)

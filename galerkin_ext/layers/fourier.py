@@ -63,10 +63,19 @@ class _ComplexParametersModule(nn.Module):
         finally:
             self._parameters.update(hidden)
         with torch.no_grad():
-            for p in hidden.values():
-                p.data = _apply_to_complex(fn, p.data)
-                if p.grad is not None:
-                    p.grad = _apply_to_complex(fn, p.grad)
+            for name, p in hidden.items():
+                data = _apply_to_complex(fn, p)
+                grad = None if p.grad is None else _apply_to_complex(fn, p.grad)
+                # as nn.Module does: in place where the tensor types allow it (the optimiser
+                # keeps its reference), a new Parameter across them (to and from 'meta')
+                if (torch._has_compatible_shallow_copy_type(p, data)
+                        and not torch.__future__.get_overwrite_module_params_on_conversion()):
+                    p.data = data
+                    if grad is not None:
+                        p.grad = grad
+                else:
+                    self._parameters[name] = nn.Parameter(data, p.requires_grad)
+                    self._parameters[name].grad = grad
         return self
 
 
@@ -133,14 +142,16 @@ class SpectralConv(_ComplexParametersModule):
         x_ft = torch.fft.rfft2(x.to(work), dim=(1, 2))
         weight_pos = self.weight_pos.to(x_ft.dtype)
         weight_neg = self.weight_neg.to(x_ft.dtype)
-        out_ft = x_ft.new_zeros(batch, p1, p2 // 2 + 1, self.out_channels)
-        out_ft[:, :n_pos, :n_last] = torch.einsum(
-            "bxyi,ioxy->bxyo", x_ft[:, :n_pos, :n_last], weight_pos[:, :, :n_pos, :n_last])
-        if n_neg:
-            # weight_neg[..., j, :] holds k₁ = j - m: the last n_neg rows are k₁ = -n_neg .. -1
-            out_ft[:, p1 - n_neg:, :n_last] = torch.einsum(
-                "bxyi,ioxy->bxyo", x_ft[:, p1 - n_neg:, :n_last],
-                weight_neg[:, :, self.modes - n_neg:, :n_last])
+        # The spectrum is assembled out of place (no writes into a zero tensor), so that
+        # torch.func.vmap over the weights alone (ensembles) works.
+        pos = torch.einsum("bxyi,ioxy->bxyo", x_ft[:, :n_pos, :n_last],
+                           weight_pos[:, :, :n_pos, :n_last])
+        # weight_neg[..., j, :] holds k₁ = j - m: the last n_neg rows are k₁ = -n_neg .. -1
+        neg = torch.einsum("bxyi,ioxy->bxyo", x_ft[:, p1 - n_neg:, :n_last],
+                           weight_neg[:, :, self.modes - n_neg:, :n_last])
+        middle = pos.new_zeros(batch, p1 - n_pos - n_neg, n_last, self.out_channels)
+        out_ft = torch.nn.functional.pad(torch.cat([pos, middle, neg], dim=1),
+                                         (0, 0, 0, p2 // 2 + 1 - n_last))
         return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2)).to(result)
 
 
