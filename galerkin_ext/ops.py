@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import functional
 from ._checks import (
@@ -383,7 +385,10 @@ def continuum_attention(
 
     Returns:
         ``(B, H, N, D_v)``.  Gradients with respect to ``weight`` are exact where ``w > 0`` and
-        0 for removed keys.
+        0 for removed keys.  Forward mode (``torch.func.jvp``, dual tensors) and ``torch.func``
+        transforms run on PyTorch's math kernel; second-order gradients need it too: compute
+        the forward under ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`` (the fused
+        kernels have no double backward).
 
     Raises:
         ValueError: naming ``weight`` where a batch element has no key of positive weight (its
@@ -395,15 +400,18 @@ def continuum_attention(
     scale = check_scale(scale, 1.0 / math.sqrt(dim))
     check_dropout(dropout_p, training)
     p = dropout_p if training else 0.0
-    if weight is None:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p,
-                                                                scale=scale)
-    check_quadrature_weight(weight, batch, m, k, "k", axis="M")
-    check_has_keys(weight, batch, m)
-    bias, has_keys = functional.log_weight_bias(weight, batch, m)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias[:, None, None, :].to(q.dtype), dropout_p=p, scale=scale)
-    return out * has_keys[:, :, None, None].to(out.dtype)
+    mask, has_keys = None, None
+    if weight is not None:
+        check_quadrature_weight(weight, batch, m, k, "k", axis="M")
+        check_has_keys(weight, batch, m)
+        bias, has_keys = functional.log_weight_bias(weight, batch, m)
+        mask = bias[:, None, None, :].to(q.dtype)
+    # The fused kernels have no forward derivative and no functorch rules; the math one has
+    # (otherwise the user's choice of kernels, e.g. sdpa_kernel for second-order gradients).
+    with sdpa_kernel(SDPBackend.MATH) if _autodiff_beyond_the_op() else nullcontext():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                               dropout_p=p, scale=scale)
+    return out if has_keys is None else out * has_keys[:, :, None, None].to(out.dtype)
 
 
 def patched_attention(

@@ -215,3 +215,31 @@ def test_errors(kwargs, error, match):
     args.update({key: kwargs.pop(key) for key in ("q", "k", "v") if key in kwargs})
     with pytest.raises(error, match=match):
         ops.continuum_attention(args["q"], args["k"], args["v"], **kwargs)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_forward_mode_transforms_and_second_order(weighted, gen):
+    """Forward mode and torch.func run on the math kernel (the fused ones have no forward
+    derivative); second-order gradients under sdpa_kernel(MATH), as documented."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    # D_v = D: shapes the fused CPU kernel takes
+    q, k, v = rand(2, 2, 5, 4, gen=gen), rand(2, 2, 6, 4, gen=gen), rand(2, 2, 6, 4, gen=gen)
+    w = torch.rand(2, 6, generator=gen, dtype=torch.float64) + 0.1 if weighted else None
+
+    def call(q, k, v):
+        return ops.continuum_attention(q, k, v, weight=w, scale=0.8)
+
+    tangents = tuple(torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in (q, k, v))
+    _, jvp = torch.func.jvp(call, (q, k, v), tangents)
+    h = 1e-6
+    up = call(*(t + h * d for t, d in zip((q, k, v), tangents, strict=True)))
+    down = call(*(t - h * d for t, d in zip((q, k, v), tangents, strict=True)))
+    torch.testing.assert_close(jvp, (up - down) / (2 * h), rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(torch.func.jacfwd(call)(q, k, v), torch.func.jacrev(call)(q, k, v))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected, = torch.autograd.grad(call(*leaves).square().sum(), leaves[0])
+    torch.testing.assert_close(torch.func.grad(lambda t: call(t, k, v).square().sum())(q),
+                               expected, rtol=1e-12, atol=1e-14)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert torch.autograd.gradgradcheck(call, leaves)

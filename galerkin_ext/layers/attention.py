@@ -148,7 +148,9 @@ class SimpleAttention(nn.Module):
             pos: ``(B, N, pos_dim)`` or ``(N, pos_dim)``; required iff ``pos_dim > 0``.
             weight: ``(B, N)`` or ``(N,)`` non-negative quadrature weights; ``None`` = ``1/N``.
             return_attention: also return the attention matrix (after dropout), per head:
-                ``(B, H, N, N)`` for fourier/softmax, ``(B, H, d, d)`` for galerkin/linear.
+                ``(B, H, N, N)`` for fourier/softmax, ``(B, H, d, d)`` for galerkin/linear;
+                float32 for half-precision ``x`` for fourier/galerkin (the op accumulates in
+                it), else ``x``'s dtype.
 
         Returns:
             ``(B, N, d_model)``, or ``(output, attention)`` with ``return_attention``.
