@@ -5,12 +5,16 @@ the original-style formulas.
     python examples/attention_demo.py
 """
 
+import argparse
 import time
 
 import torch
 
 from galerkin_ext import ops, reference
 
+# no options: --help says what the tour does
+argparse.ArgumentParser(description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 torch.manual_seed(0)
 B, H, N, D = 4, 4, 2048, 32  # batch, heads, points, features per head
 device = "cuda" if torch.cuda.is_available() and ops.cuda_built() else "cpu"

@@ -16,12 +16,12 @@ import sys
 import torch
 
 from galerkin_ext._cli import positive_int
-from galerkin_ext.data import BurgersDataset
+from galerkin_ext.data import BurgersDataset, DataMismatchError
 from galerkin_ext.losses import OperatorLoss
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -79,7 +79,7 @@ def main(argv=None):
     parser.add_argument("--eval-n", type=positive_int, nargs="*", default=[],
                         help="also evaluate the trained model zero-shot at these resolutions")
     args = parser.parse_args(argv)
-    cfg = resolve_config(PRESETS, args)
+    cfg = resolve_config(PRESETS, args, experiment="burgers")
     if args.n is not None:
         cfg["n"] = args.n
     if args.data is None:  # found now, not after the data are generated
@@ -103,12 +103,17 @@ def main(argv=None):
     eval_set = BurgersDataset(args.eval_data or data, "valid", cfg["n"], **eval_split,
                               target_normalizer=norm)
     # before training: a resolution the data cannot give fails now, not after hours
-    zero_shot_sets = {n: BurgersDataset(args.eval_data or data, "valid", n, **eval_split,
-                                        target_normalizer=norm) for n in args.eval_n}
+    zero_shot_sets = {}
+    for n in args.eval_n:
+        try:
+            zero_shot_sets[n] = BurgersDataset(args.eval_data or data, "valid", n, **eval_split,
+                                               target_normalizer=norm)
+        except DataMismatchError as err:  # the evaluation split itself was read: the grid
+            raise DataMismatchError(f"--eval-n {n}: {err}") from None
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_model("burgers", **cfg["model"])
+    model = build_run_model(cfg, "burgers")
     model.denormalizer.set_statistics(norm.mean, norm.std, eps=norm.eps)  # u = out * std + mean
     loss = OperatorLoss(gamma=GAMMA, h=1.0 / cfg["n"])
     trainer = Trainer(model, loss, train_set, eval_set, TrainConfig(**cfg["train"]), args.out,

@@ -26,10 +26,10 @@ from galerkin_ext._cli import ode_time_step, positive_int
 from galerkin_ext.data import ODEDataset
 from galerkin_ext.layers import auto_quadrature_weights
 from galerkin_ext.losses import RelativeLoss
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -114,7 +114,7 @@ def main(argv=None):
                         help="quadrature weights of the model: 'auto' (trapezoid, from the "
                              "times) or 'none' (plain softmax)")
     args = parser.parse_args(argv)
-    cfg = resolve_config(PRESETS, args)
+    cfg = resolve_config(PRESETS, args, experiment="controlled_ode")
     if args.dt is not None:
         cfg["data"]["dt"] = args.dt
     if args.eval_dt is not None:
@@ -163,7 +163,7 @@ def main(argv=None):
     weight = None if args.weight == "none" else "auto"
     cfg["weight"] = weight
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_model("tno_cde", **cfg["model"])
+    model = build_run_model(cfg, "tno_cde")
     # relative L2 with the training times' trapezoid weights (SPEC-continuum §4)
     loss = RelativeLoss("l2", weight=auto_quadrature_weights(train_set.grid))
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), args.out,

@@ -20,10 +20,10 @@ import torch
 from galerkin_ext._cli import grid_nodes, positive_int
 from galerkin_ext.data import DarcyDataset, check_darcy_grids
 from galerkin_ext.losses import OperatorLoss
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -77,7 +77,7 @@ def main(argv=None):
     parser.add_argument("--coarse", type=positive_int, default=None,
                         help="attention grid per axis (paper: 43 for 141, 61 for 211)")
     args = parser.parse_args(argv)
-    cfg = resolve_config(PRESETS, args)
+    cfg = resolve_config(PRESETS, args, experiment="darcy")
     cfg["fine"] = args.fine or cfg["fine"]
     cfg["coarse"] = args.coarse or cfg["coarse"]
     try:  # found now, not after the data are generated
@@ -105,7 +105,7 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_model("darcy", fine=cfg["fine"], coarse=cfg["coarse"], **cfg["model"])
+    model = build_run_model(cfg, "darcy", fine=cfg["fine"], coarse=cfg["coarse"])
     norm = train_set.target_normalizer  # the model outputs u itself: u = out * std + mean
     model.denormalizer.set_statistics(norm.mean[..., None], norm.std[..., None], eps=norm.eps)
     loss = OperatorLoss(gamma=GAMMA, h=1.0 / (cfg["fine"] - 1), coefficient_weighted=True)

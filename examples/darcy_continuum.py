@@ -32,10 +32,10 @@ import torch
 from galerkin_ext._cli import grid_nodes, positive_int
 from galerkin_ext.data import ContinuumDarcyDataset, inspect_h5
 from galerkin_ext.losses import RelativeLoss
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -205,7 +205,7 @@ def main(argv=None):
                              "index spacing; 'l2'")
     args = parser.parse_args(argv)
     presets = presets_for(args.model)
-    cfg = resolve_config(presets, args)
+    cfg = resolve_config(presets, args, experiment="darcy_continuum")
     spec = MODELS[args.model]
     cfg["model_choice"] = args.model
     cfg["data"]["coef"] = args.coef
@@ -278,7 +278,7 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_model(spec["name"], **cfg["model"])
+    model = build_run_model(cfg, spec["name"])
     loss = RelativeLoss(cfg["loss"], h=1.0 / (s - 1))  # nodes i / (s - 1): physical spacing
     forward = make_forward(spec["layout"])
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), args.out,

@@ -19,10 +19,10 @@ import torch
 from galerkin_ext._cli import grid_nodes, nonnegative_float, positive_int
 from galerkin_ext.data import DarcyInverseDataset, UnitGaussianNormalizer, check_darcy_grids
 from galerkin_ext.losses import OperatorLoss
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -78,7 +78,7 @@ def main(argv=None):
                         help="std of the static noise on the normalised input (paper: 0, 0.01, "
                              "0.1)")
     args = parser.parse_args(argv)
-    cfg = resolve_config(PRESETS, args)
+    cfg = resolve_config(PRESETS, args, experiment="darcy_inverse")
     cfg["fine"] = args.fine or cfg["fine"]
     cfg["coarse"] = args.coarse or cfg["coarse"]
     try:  # found now, not after the data are generated
@@ -107,7 +107,7 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_model("darcy_inverse", fine=cfg["fine"], coarse=cfg["coarse"], **cfg["model"])
+    model = build_run_model(cfg, "darcy_inverse", fine=cfg["fine"], coarse=cfg["coarse"])
     norm = UnitGaussianNormalizer(train_set.target)  # the model outputs a: out * std + mean
     model.denormalizer.set_statistics(norm.mean[..., None], norm.std[..., None], eps=norm.eps)
     loss = OperatorLoss(gamma=0.0)

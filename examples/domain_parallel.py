@@ -39,10 +39,10 @@ from galerkin_ext.domain import (
     make_domain_parallel,
     sum_over_ranks,
 )
-from galerkin_ext.models import GKTransformer
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -145,7 +145,7 @@ def main(argv=None):
                         help="grid points per axis read from the data; (stored - 1) / "
                              "(resolution - 1) must be an integer (quick: 85, large: 421)")
     args = parser.parse_args(argv)
-    cfg = resolve_config(PRESETS, args)
+    cfg = resolve_config(PRESETS, args, experiment="domain_parallel")
     enforced = (args.data is None and args.eval_data is None
                 and preset_unchanged(cfg, PRESETS[args.preset]))
     cfg["model"].update(space_dim=2, query_dim=3, out_dim=1)  # query points: [x, y, a(x, y)]
@@ -172,7 +172,8 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = make_domain_parallel(GKTransformer(**cfg["model"]))
+    # build_model's GKTransformer (its published values are the class defaults)
+    model = make_domain_parallel(build_run_model(cfg, "gk_elasticity"))
     forward = make_forward(train_full.target_normalizer, split)
     trainer = Trainer(model, domain_loss(ctx.world_size), train_set, eval_set,
                       TrainConfig(**cfg["train"]), args.out, ctx=ctx, forward=forward,

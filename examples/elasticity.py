@@ -34,10 +34,10 @@ import torch
 
 from galerkin_ext.data import GEOFNO_ELASTICITY, RaggedDataset
 from galerkin_ext.losses import MaskedRelativeLoss
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -130,7 +130,7 @@ def main(argv=None):
     if args.inputs is not None and args.data is not None:
         parser.error("--inputs: applies to generated data; a --data file brings its own input "
                      "functions")
-    cfg = resolve_config(PRESETS, args)
+    cfg = resolve_config(PRESETS, args, experiment="elasticity")
     if args.inputs is not None:
         cfg["data"]["with_cavity"] = args.inputs == "mesh+cavity"
     cfg["model"].update(MODELS[args.model].get(args.preset, {}))
@@ -157,18 +157,15 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model_args = dict(cfg["model"])
     if args.model != "gk":  # GNOT and MIONet take every input function and theta of the data
-        cfg["model"]["input_dims"] = model_args["input_dims"] = list(train_set.input_dims)
+        cfg["model"]["input_dims"] = list(train_set.input_dims)
         if train_set.theta_dim:  # converted with --rr (runs without it keep their config)
-            cfg["model"]["theta_dim"] = model_args["theta_dim"] = train_set.theta_dim
+            cfg["model"]["theta_dim"] = train_set.theta_dim
     if args.model == "mionet":  # each branch takes its input's largest size in the data set
-        sizes = [max(int(train_set.input_lengths[name].max()),
-                     int(eval_set.input_lengths[name].max()))
-                 for name in train_set.input_names]
-        model_args["input_points"] = sizes
-        cfg["model"]["input_points"] = sizes
-    model = build_model(MODELS[args.model]["name"], **model_args)
+        cfg["model"]["input_points"] = [max(int(train_set.input_lengths[name].max()),
+                                            int(eval_set.input_lengths[name].max()))
+                                        for name in train_set.input_names]
+    model = build_run_model(cfg, MODELS[args.model]["name"])
     trainer = Trainer(model, MaskedRelativeLoss(), train_set, eval_set,
                       TrainConfig(**cfg["train"]), args.out, ctx=ctx, forward=ragged_forward,
                       metric=ragged_metric(train_set), run_config=cfg)

@@ -32,10 +32,10 @@ import torch
 from galerkin_ext._cli import positive_int
 from galerkin_ext.data import RaggedDataset
 from galerkin_ext.losses import MaskedRelativeLoss
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -108,7 +108,7 @@ def main(argv=None):
     parser.add_argument("--experts", type=positive_int, default=None,
                         help="GNOT's experts K (default: the preset's, 3)")
     args = parser.parse_args(argv)
-    cfg = resolve_config(PRESETS, args)
+    cfg = resolve_config(PRESETS, args, experiment="heat")
     cfg["model"].update(MODELS[args.model].get(args.preset, {}))
     if args.experts is not None:
         if args.model != "gnot":
@@ -137,14 +137,11 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model_args = dict(cfg["model"])
     if args.model == "mionet":  # its branches take the data set's largest inputs
-        sizes = [max(int(train_set.input_lengths[name].max()),
-                     int(eval_set.input_lengths[name].max()))
-                 for name in train_set.input_names]
-        model_args["input_points"] = sizes
-        cfg["model"]["input_points"] = sizes
-    model = build_model(MODELS[args.model]["name"], **model_args)
+        cfg["model"]["input_points"] = [max(int(train_set.input_lengths[name].max()),
+                                            int(eval_set.input_lengths[name].max()))
+                                        for name in train_set.input_names]
+    model = build_run_model(cfg, MODELS[args.model]["name"])
     trainer = Trainer(model, MaskedRelativeLoss(), train_set, eval_set,
                       TrainConfig(**cfg["train"]), args.out, ctx=ctx, forward=ragged_forward,
                       metric=ragged_metric(train_set), run_config=cfg)

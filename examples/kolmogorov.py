@@ -35,10 +35,10 @@ import torch
 from galerkin_ext._cli import nonnegative_int, positive_int
 from galerkin_ext.data import KOLMOGOROV_PRESETS, KolmogorovDataset, inspect_h5
 from galerkin_ext.losses import RelativeLoss, relative_l2
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -221,7 +221,7 @@ def main(argv=None):
                              "itself (paper)")
     args = parser.parse_args(argv)
     presets = presets_for(args.model)
-    cfg = resolve_config(presets, args)
+    cfg = resolve_config(presets, args, experiment="kolmogorov")
     spec = MODELS[args.model]
     cfg["model_choice"] = args.model
     if args.eval_resolution is not None:
@@ -290,7 +290,7 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_model(spec["name"], **cfg["model"])
+    model = build_run_model(cfg, spec["name"])
     # [0, 2 pi)^2 on s points per axis: the physical spacing of the periodic differences
     loss = RelativeLoss(cfg["loss"], h=2 * math.pi / s, periodic=True)
     forward = make_forward(cfg["residual"])

@@ -28,10 +28,10 @@ from galerkin_ext._cli import ode_time_step, positive_int
 from galerkin_ext.data import ODEDataset
 from galerkin_ext.layers import auto_quadrature_weights
 from galerkin_ext.losses import RelativeLoss
-from galerkin_ext.models import build_model
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    build_run_model,
     cached_data,
     check_resume,
     cleanup_distributed,
@@ -110,7 +110,7 @@ def tno_forward(weight):
 def train_one(cfg, args, ctx, out, train_set, valid_set, weight):
     """Build and train one TNO into ``out``; returns (model, Trainer.fit's result)."""
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_model(MODELS[cfg["task"]], **cfg["model"])
+    model = build_run_model(cfg, MODELS[cfg["task"]])
     # relative L2 with the training times' trapezoid weights (SPEC-continuum §4)
     loss = RelativeLoss("l2", weight=auto_quadrature_weights(train_set.grid))
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), out,
@@ -140,7 +140,7 @@ def main(argv=None):
     parser.add_argument("--no-unweighted", action="store_true",
                         help="task (b): do not train the unweighted comparison model")
     args = parser.parse_args(argv)
-    cfg = resolve_config(PRESETS, args)
+    cfg = resolve_config(PRESETS, args, experiment="lorenz63")
     cfg["task"] = args.task
     if args.dt is not None:
         cfg["data"]["dt"] = args.dt

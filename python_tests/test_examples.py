@@ -21,6 +21,7 @@ import scipy.io
 import torch
 from test_faults import default_sigint
 
+from galerkin_ext.complexity import parameter_count
 from galerkin_ext.data import (
     BurgersDataset,
     convert_geofno_elasticity,
@@ -28,7 +29,7 @@ from galerkin_ext.data import (
     generate_darcy,
 )
 from galerkin_ext.models import build_model
-from galerkin_ext.training import evaluate, load_checkpoint
+from galerkin_ext.training import evaluate, load_checkpoint, load_trained_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TIMEOUT = 300
@@ -52,6 +53,15 @@ def _metrics(out: Path) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
+def _check_rebuilt(out: Path, m: dict) -> torch.nn.Module:
+    """best.pt alone rebuilds the run's model, with the best epoch's weights."""
+    model, best = load_trained_model(out / "best.pt")
+    assert parameter_count(model) == m["n_params"] and best["epoch"] == m["best_epoch"]
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, best["model"][key]), key
+    return model
+
+
 def _check_outputs(out: Path, epochs: int) -> dict:
     m = _metrics(out)
     for key in ("test_rel_l2", "epochs", "train_seconds", "config", "best_epoch", "history"):
@@ -64,6 +74,7 @@ def _check_outputs(out: Path, epochs: int) -> dict:
     best = torch.load(out / "best.pt", weights_only=True)  # plain data, no pickled code
     assert best["epoch"] == m["best_epoch"] and best["config"]["train"]["epochs"] == epochs
     assert (out / "metrics.csv").read_text().count("\n") == epochs + 1
+    _check_rebuilt(out, m)
     return m
 
 
@@ -96,8 +107,7 @@ def test_burgers_example(tmp_path):
     assert len(list((tmp_path / "cache").glob("burgers_n24_r2048_*.h5"))) == 1
     assert set(m["zero_shot_rel_l2"]) == {"256"} and math.isfinite(m["zero_shot_rel_l2"]["256"])
     cached = next((tmp_path / "cache").glob("*.h5"))
-    model = build_model("burgers", **m["config"]["model"])
-    model.load_state_dict(load_checkpoint(out / "best.pt", "best")["model"])
+    model, _ = load_trained_model(out / "best.pt")
     # the output is scaled by the training targets' std (the paper preset diverges without)
     train_std = BurgersDataset(cached, "train", 128, n_train=16, n_valid=8).target.std(
         correction=0)
@@ -119,8 +129,7 @@ def test_burgers_example_evaluates_a_separate_file(tmp_path, burgers_file):
               "--n-train", "8", "--n-eval", "2", "--n", "128", "--epochs", "1"))
     m = _check_outputs(out, 1)
     assert m["config"]["data_files"]["eval"] == str(eval_file.resolve())
-    model = build_model("burgers", **m["config"]["model"])
-    model.load_state_dict(load_checkpoint(out / "best.pt", "best")["model"])
+    model, _ = load_trained_model(out / "best.pt")
     norm = BurgersDataset(burgers_file, "train", 128, n_train=8, n_valid=2).target_normalizer
     eval_set = BurgersDataset(eval_file, "valid", 128, n_train=0, n_valid=2,
                               target_normalizer=norm)
@@ -288,6 +297,18 @@ def test_resume_refuses_changed_settings(tmp_path, burgers_file):
                           capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
     assert proc.returncode == 1 and "cannot resume" in proc.stderr, proc.stderr[-2000:]
     assert "'n_train'" in proc.stderr and not cache.exists(), proc.stderr[-2000:]
+    # another script's run in OUT is named as such, not as a list of differing settings, and
+    # a fresh run of another script does not overwrite it
+    for flags, message in ((["--resume"], "it is a run of the 'burgers' experiment, this is "
+                                          "'lorenz63'; use another out_dir"),
+                           ([], "holds a run of the 'burgers' experiment, which this "
+                                "'lorenz63' run would overwrite; choose another --out (or "
+                                "delete that folder)")):
+        proc = subprocess.run(_cmd("lorenz63.py", out, *flags, "--data-dir", str(cache)),
+                              capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+        assert proc.returncode == 1 and not cache.exists(), proc.stderr[-2000:]
+        assert proc.stderr.strip().endswith(message), proc.stderr[-2000:]
+        assert (out / "last.pt").read_bytes() == last
 
 
 def test_torchrun_two_processes_match_single_process(tmp_path, burgers_file):
@@ -364,7 +385,7 @@ def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
         # found before any training: a zero-shot resolution the data cannot give, an --out
         # that cannot be a folder
         (("--data", str(burgers_file), "--n", "128", "--n-train", "8", "--n-eval", "8",
-          "--eval-n", "100"), "resolution must divide"),
+          "--eval-n", "100"), "--eval-n 100: resolution must divide"),
         (("--data", str(burgers_file), "--n", "128", "--n-train", "8", "--n-eval", "8",
           "--out", str(burgers_file)), "out_dir: cannot write to"),
         # one-line argparse errors, not tracebacks
@@ -400,6 +421,7 @@ def _continuum_outputs(out: Path, epochs: int) -> dict:
     assert (out / "metrics.csv").read_text().count("\n") == epochs + 1
     # tiny settings are not the preset: its thresholds are reported, not enforced
     assert m["thresholds"]["enforced"] is False
+    _check_rebuilt(out, m)
     return m
 
 
@@ -429,9 +451,7 @@ def test_lorenz63_example_task_b(tmp_path):
     from galerkin_ext.data import ODEDataset, UnitGaussianNormalizer
     from galerkin_ext.training import error_summary
 
-    best = load_checkpoint(out / "best.pt", "best")
-    model = build_model("tno_l63_y", **best["config"]["model"])
-    model.load_state_dict(best["model"])
+    model, best = load_trained_model(out / "best.pt")
     norm = UnitGaussianNormalizer(torch.zeros(2, 1))
     norm.mean.copy_(torch.tensor(best["config"]["normalizers"]["target"]["mean"]))
     norm.std.copy_(torch.tensor(best["config"]["normalizers"]["target"]["std"]))
@@ -650,6 +670,7 @@ def test_gnot_examples(tmp_path, gnot_cache, script, flags):
     assert sum(channels) / len(channels) == pytest.approx(m["test_rel_l2"], rel=1e-5)
     assert (out / "prediction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not m["thresholds"]["enforced"]
+    _check_rebuilt(out, m)
     if "--experts" in flags:
         assert m["config"]["model"]["n_experts"] == 2
     if "mionet" in flags:
@@ -708,12 +729,23 @@ def test_gnot_example_refuses_experts_for_mionet(tmp_path):
     assert proc.returncode == 2 and "--experts: only GNOT has experts" in proc.stderr
 
 
-def test_readme_use_block_runs_as_written():
-    """The README's first code block under "## Use" runs verbatim and gives its shapes."""
+def _readme_block(after: str, name: str) -> dict:
+    """Run the README's first Python block after the line ``after``; its namespace."""
     text = (EXAMPLES.parent / "README.md").read_text()
-    use = text[text.index("## Use"):]
-    block = use[use.index("```python\n") + len("```python\n"):use.index("```\n", 1)]
+    rest = text[text.index(after):]
+    block = rest[rest.index("```python\n") + len("```python\n"):]
     namespace: dict = {}
-    exec(compile(block, "README.md (Use)", "exec"), namespace)  # noqa: S102
-    B, H, N, D, M = (namespace[k] for k in ("B", "H", "N", "D", "M"))
-    assert namespace["z"].shape == (B, H, N, D + 2) and M != N
+    exec(compile(block[:block.index("```\n")], f"README.md ({name})", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def test_readme_use_block_runs_as_written():
+    """The README's code blocks of ops, and of models and layers, run verbatim and give the
+    shapes and counts their comments state."""
+    ops_block = _readme_block("## Use", "Use")
+    B, H, N, D, M = (ops_block[k] for k in ("B", "H", "N", "D", "M"))
+    assert ops_block["z"].shape == (B, H, N, D + 2) and M != N
+    models = _readme_block("Models and layers:", "models and layers")
+    assert parameter_count(models["model"]) == 530_305
+    assert models["y"].shape == models["x"].shape
+    assert models["a"].shape == (2, 4, 100, 100)

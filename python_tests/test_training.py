@@ -356,10 +356,11 @@ def test_experiment_flags_reach_the_model_config():
     presets = {"p": {"data": {}, "n_train": 4, "n_eval": 2, "model": {"attention_type": "fourier"},
                      "train": {"epochs": 1}}}
     parser = experiment_parser("doc", presets)
-    plain = resolve_config(presets, parser.parse_args(["--out", "o"]))
+    plain = resolve_config(presets, parser.parse_args(["--out", "o"]), experiment="test")
     assert "reference_dropout" not in plain["model"] and plain["model"]["norm"] == "attn"
     cfg = resolve_config(presets, parser.parse_args(
-        ["--out", "o", "--reference-dropout", "--attention", "galerkin", "--norm", "layer"]))
+        ["--out", "o", "--reference-dropout", "--attention", "galerkin", "--norm", "layer"]),
+        experiment="test")
     assert cfg["model"] == {"attention_type": "galerkin", "norm": "layer",
                             "reference_dropout": True}
     assert presets["p"]["model"] == {"attention_type": "fourier"}  # the preset is not changed
@@ -495,13 +496,14 @@ def test_thresholds_and_preset_identity(capsys):
     parser = experiment_parser("doc", presets, attention_flags=False)
     parser.add_argument("--n-valid", type=int, default=None)
     assert not any("--attention" in a.option_strings for a in parser._actions)
-    cfg = resolve_config(presets, parser.parse_args(["--out", "o"]))
+    cfg = resolve_config(presets, parser.parse_args(["--out", "o"]), experiment="test")
     assert cfg["data"]["n_samples"] == 14 and "norm" not in cfg["model"]
     assert preset_unchanged(cfg, presets["quick"])
     assert preset_unchanged(resolve_config(presets, parser.parse_args(
-        ["--out", "o", "--threads", "2", "--no-progress"])), presets["quick"])
+        ["--out", "o", "--threads", "2", "--no-progress"]), experiment="test"), presets["quick"])
     for flags in (["--epochs", "4"], ["--n-valid", "3"]):
-        changed = resolve_config(presets, parser.parse_args(["--out", "o", *flags]))
+        changed = resolve_config(presets, parser.parse_args(["--out", "o", *flags]),
+                                 experiment="test")
         assert not preset_unchanged(changed, presets["quick"]), flags
     cfg["zero_shot"]["dt"] = [0.01]
     assert not preset_unchanged(cfg, presets["quick"])
@@ -543,3 +545,49 @@ def test_describe_grid_tells_uniform_from_nonuniform_time_grids(dtype):
     shifted = torch.tensor(time_grid(0.01), dtype=dtype)
     shifted[100] += 1e-4  # one time off by 1 % of the step
     assert not describe_grid(shifted[:, None], None)["uniform"]
+
+
+def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path):
+    from galerkin_ext.training import build_run_model, load_trained_model
+
+    cfg = {"model": {"width": 8, "modes": 3, "num_layers": 1, "dim_feedforward": 8}}
+    model = build_run_model(cfg, "fno1d", in_channels=2)
+    assert cfg["build"] == {"name": "fno1d", "arguments": {**cfg["model"], "in_channels": 2}}
+    save_checkpoint(tmp_path / "best.pt", "best", epoch=1, model=model.state_dict(),
+                    config=cfg, metric=0.5)
+    rebuilt, state = load_trained_model(tmp_path / "best.pt")
+    assert not rebuilt.training and state["metric"] == 0.5
+    x, grid = torch.randn(2, 11, 2), torch.linspace(0, 1, 11)[:, None]
+    torch.testing.assert_close(rebuilt(x, grid), model.eval()(x, grid), rtol=0, atol=0)
+    # weights of another model, a checkpoint that does not say which model, a bad device
+    other = {**cfg, "build": {"name": "fno1d", "arguments": {**cfg["model"], "width": 6}}}
+    save_checkpoint(tmp_path / "other.pt", "best", epoch=1, model=model.state_dict(),
+                    config=other, metric=0.5)
+    with pytest.raises(CheckpointError, match=r"other.pt'?: its weights do not fit the model "
+                                              r"it records \('fno1d'\): Error"):
+        load_trained_model(tmp_path / "other.pt")
+    save_checkpoint(tmp_path / "old.pt", "best", epoch=1, model=model.state_dict(),
+                    config={"model": cfg["model"]}, metric=0.5)
+    with pytest.raises(CheckpointError, match="does not record which model it holds"):
+        load_trained_model(tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="device"):
+        load_trained_model(tmp_path / "best.pt", device="tpu")
+
+
+def test_resume_of_another_experiment_names_both():
+    from galerkin_ext.training.trainer import check_resumable_config
+
+    stored = {"experiment": "burgers", "model": {"d_model": 96}, "n_train": 8}
+    with pytest.raises(CheckpointError, match="it is a run of the 'burgers' experiment, this is "
+                                              "'darcy'; use another out_dir"):
+        check_resumable_config(stored, {**stored, "experiment": "darcy", "n_train": 9},
+                               "last.pt", partial=True)
+    # checkpoints written before the experiment and the model's build were recorded
+    old = {"model": {"d_model": 96}, "n_train": 8}
+    check_resumable_config(old, {**old, "experiment": "burgers",
+                                 "build": {"name": "burgers", "arguments": {}}}, "last.pt",
+                           partial=True)
+    with pytest.raises(CheckpointError, match=r"\['build.arguments.d_model'\]"):
+        check_resumable_config({**old, "build": {"name": "b", "arguments": {"d_model": 96}}},
+                               {**old, "build": {"name": "b", "arguments": {"d_model": 64}}},
+                               "last.pt", partial=True)

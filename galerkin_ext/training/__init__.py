@@ -11,7 +11,9 @@ and what the example scripts in ``examples/`` share.
 * :func:`experiment_parser`, :func:`resolve_config`, :func:`cached_data`, :func:`plot_1d`,
   :func:`plot_2d`, :func:`write_metrics`, :func:`describe_device`, :func:`command_line`,
   :func:`threshold_report`, :func:`enforce_thresholds`, :func:`preset_unchanged`,
-  :func:`error_summary`, :func:`describe_grid`, :func:`normalizer_config` (:mod:`.experiment`).
+  :func:`error_summary`, :func:`describe_grid`, :func:`normalizer_config`,
+  :func:`build_run_model`, :func:`load_trained_model` (a trained model from its checkpoint
+  alone) (:mod:`.experiment`).
 """
 
 from .checkpoint import (
@@ -32,6 +34,7 @@ from .distributed import (
 from .experiment import (
     ATTENTION_TYPES,
     ThresholdError,
+    build_run_model,
     cached_data,
     check_resume,
     command_line,
@@ -42,6 +45,7 @@ from .experiment import (
     error_summary,
     evaluation_only,
     experiment_parser,
+    load_trained_model,
     normalizer_config,
     plot_1d,
     plot_2d,
@@ -80,6 +84,7 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "atomic_write",
+    "build_run_model",
     "cached_data",
     "check_resume",
     "cleanup_distributed",
@@ -93,6 +98,7 @@ __all__ = [
     "evaluate",
     "evaluation_only",
     "experiment_parser",
+    "load_trained_model",
     "load_checkpoint",
     "normalizer_config",
     "per_sample_errors",

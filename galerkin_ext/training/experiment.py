@@ -31,6 +31,7 @@ from .._checks import check_choice, check_int, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
 from ..data.storage import DataFileError, data_identity
+from ..models import build_model
 from .checkpoint import CheckpointError, atomic_write, load_checkpoint, write_json
 from .distributed import DistributedContext
 from .trainer import (
@@ -50,6 +51,7 @@ from .trainer import (
 __all__ = [
     "ATTENTION_TYPES",
     "ThresholdError",
+    "build_run_model",
     "cached_data",
     "check_resume",
     "default_cache_dir",
@@ -59,6 +61,7 @@ __all__ = [
     "error_summary",
     "evaluation_only",
     "experiment_parser",
+    "load_trained_model",
     "plot_1d",
     "normalizer_config",
     "plot_2d",
@@ -166,8 +169,11 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
     return p
 
 
-def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """A deep copy of ``presets[args.preset]`` with the command-line overrides applied.
+def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
+                   experiment: str) -> dict[str, Any]:
+    """A deep copy of ``presets[args.preset]`` with the command-line overrides applied, and
+    the ``experiment``'s name (the script's, e.g. ``'darcy'``: a run of another experiment is
+    not resumed).
 
     The preset must have the keys ``data`` (generator parameters), ``n_train``, ``n_eval``,
     ``model`` (arguments of :func:`~galerkin_ext.models.build_model`; ``attention_type`` is the
@@ -180,11 +186,13 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace) -> dict
     """
     if not isinstance(args, argparse.Namespace) or args.preset not in presets:
         raise ValueError(f"args.preset: expected one of {list(presets)}")
+    if not isinstance(experiment, str) or not experiment:
+        raise TypeError(f"experiment: expected the experiment's name, got {experiment!r}")
     cfg = copy.deepcopy(dict(presets[args.preset]))
     missing = [k for k in ("data", "n_train", "n_eval", "model", "train") if k not in cfg]
     if missing:
         raise ValueError(f"presets[{args.preset!r}]: missing keys {missing}")
-    cfg["preset"] = args.preset
+    cfg["experiment"], cfg["preset"] = experiment, args.preset
     cfg["threads"] = args.threads or cfg.get("threads")
     for key in ("n_train", "n_valid", "n_eval"):
         if getattr(args, key, None) is not None:
@@ -229,14 +237,27 @@ def _check_out(path: str) -> None:
 
 def check_resume(cfg: Mapping[str, Any], args: argparse.Namespace) -> None:
     """With ``--resume`` and an ``OUT/last.pt``: refuse now, before any data are generated, a
-    setting of ``cfg`` that differs from the checkpoint's (``CheckpointError``).
+    setting of ``cfg`` that differs from the checkpoint's (``CheckpointError``); without
+    ``--resume``, a ``last.pt`` of another experiment, which the run would overwrite
+    (``ConfigError``).
 
     Scripts call it once ``cfg`` holds every setting of the command line.  The
     :class:`~galerkin_ext.training.Trainer` compares the whole configuration again once the
     data are read (normalisers, sample counts, data files).
     """
     last = Path(args.out) / "last.pt"
-    if not args.resume or not last.is_file():
+    if not last.is_file():
+        return
+    if not args.resume:  # a fresh run overwrites it: refused for another experiment's run
+        try:
+            stored = load_checkpoint(last, "last")["config"]
+        except CheckpointError:  # unreadable: nothing to keep
+            return
+        if stored.get("experiment", cfg["experiment"]) != cfg["experiment"]:
+            raise ConfigError(
+                f"--out: {str(Path(args.out))!r} holds a run of the {stored['experiment']!r} "
+                f"experiment, which this {cfg['experiment']!r} run would overwrite; choose "
+                "another --out (or delete that folder)")
         return
     stored = load_checkpoint(last, "last")["config"]
     current = {**cfg, "train": dataclasses.asdict(TrainConfig(**cfg["train"]))}
@@ -285,6 +306,51 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
             raise FileNotFoundError(f"{flag}: no such file {str(path)!r}")
     config["data_files"] = {k: str(v.resolve()) for k, v in files.items()}
     config["data_identity"] = {k: data_identity(v) for k, v in files.items()}
+
+
+def build_run_model(config: dict[str, Any], name: str, **arguments: Any) -> torch.nn.Module:
+    """``build_model(name, **config['model'], **arguments)``, recorded in ``config['build']``
+    (``{'name': name, 'arguments': {...}}``) so that :func:`load_trained_model` rebuilds the
+    model from a checkpoint alone.  ``arguments``: those kept elsewhere in ``config`` (e.g.
+    Darcy's ``fine`` and ``coarse`` grids)."""
+    arguments = {**config["model"], **arguments}
+    model = build_model(name, **arguments)
+    config["build"] = {"name": name, "arguments": arguments}
+    return model
+
+
+def load_trained_model(path: str | os.PathLike[str], device: torch.device | str = "cpu"
+                       ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A trained model of an example script, rebuilt from its checkpoint (``OUT/best.pt`` or
+    ``OUT/last.pt``) alone: ``(model, checkpoint)``.
+
+    ``model`` is :func:`~galerkin_ext.models.build_model`'s model under the name and arguments
+    the run recorded, with the checkpoint's weights, on ``device``, in ``eval()`` mode;
+    ``checkpoint`` is :func:`~galerkin_ext.training.load_checkpoint`'s dict (``config`` holds
+    the run's settings and, where its script records them, the data's normalisers).
+
+    Raises:
+        FileNotFoundError, CheckpointError: see :func:`load_checkpoint`; also a checkpoint that
+            does not record its model (of an older galerkin_ext, or of a Trainer run outside
+            the example scripts), or whose weights do not fit it.
+        ValueError: ``device`` is not a device torch has here.
+    """
+    device = resolve_device(device)
+    state = load_checkpoint(path, map_location=device)
+    build = state["config"].get("build") if isinstance(state["config"], Mapping) else None
+    if not (isinstance(build, Mapping) and isinstance(build.get("name"), str)
+            and isinstance(build.get("arguments"), Mapping)):
+        raise CheckpointError(
+            f"{str(path)!r} does not record which model it holds (a checkpoint of an older "
+            "galerkin_ext, or of a Trainer run outside the example scripts): build the model "
+            "as its run did and load the checkpoint's 'model' state_dict")
+    model = build_model(build["name"], **build["arguments"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:  # torch lists every key; its first line says what is wrong
+        raise CheckpointError(f"{str(path)!r}: its weights do not fit the model it records "
+                              f"({build['name']!r}): {str(err).splitlines()[0]}") from None
+    return model.to(device).eval(), state
 
 
 _SPLIT_SIZES = ("n_train", "n_valid", "n_test")  # the order of the splits in a data file

@@ -84,6 +84,10 @@ _RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progr
 # evaluate a finished run on other grids.  Unlike the settings above they change what is
 # measured, so a preset's thresholds no longer apply (see experiment.preset_unchanged).
 _EVALUATION_BLOCKS = ("zero_shot", "rollout")
+# Top-level records that checkpoints written before them lack: not compared with such a
+# checkpoint (the experiment's name; the model's build, derived from settings compared anyway;
+# the data files' identity, where the files' paths say which data instead).
+_LATER_RECORDS = ("experiment", "build", "data_identity")
 
 
 def check_resumable_config(stored: Mapping[str, Any], current: Mapping[str, Any],
@@ -96,16 +100,22 @@ def check_resumable_config(stored: Mapping[str, Any], current: Mapping[str, Any]
     ``partial``: ``current`` is not complete yet (the example scripts check before their data
     exist, which add the normalisers and sample counts): settings it lacks are not compared.
     """
+    if (stored.get("experiment") is not None and current.get("experiment") is not None
+            and stored["experiment"] != current["experiment"]):  # not one setting among many
+        raise CheckpointError(
+            f"cannot resume from {str(path)!r}: it is a run of the {stored['experiment']!r} "
+            f"experiment, this is {current['experiment']!r}; use another out_dir")
     old, new = _flatten(stored), _flatten(current)
+    for record in _LATER_RECORDS:
+        if record not in stored:
+            new = {k: v for k, v in new.items() if k.split(".")[0] != record}
     # A checkpoint written before a setting existed ran with its default.
     for field in dataclasses.fields(TrainConfig):
         old.setdefault(f"train.{field.name}", field.default)
     old.setdefault("parallel", "data")
     resumable = set(_RESUMABLE_CHANGES)
-    if any(k.startswith("data_identity.") for k in old):  # the data files' paths are a record
+    if "data_identity" in stored:  # the data files' paths are a record
         resumable |= {"data_files.train", "data_files.eval"}
-    else:  # a checkpoint from before the identity was recorded: its paths say which data
-        new = {k: v for k, v in new.items() if not k.startswith("data_identity.")}
     keys = new.keys() if partial else old.keys() | new.keys()
     changed = sorted(k for k in keys if k not in resumable
                      and k.split(".")[0] not in _EVALUATION_BLOCKS and old.get(k) != new.get(k))
