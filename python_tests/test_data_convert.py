@@ -1,18 +1,34 @@
-"""Original data sets converted to ragged files (galerkin_ext.data.convert): Geo-FNO's
-elasticity arrays and GNOT's pickles, on small synthetic data of their layouts."""
+"""Original data sets converted to our files (galerkin_ext.data.convert): Geo-FNO's elasticity
+arrays and GNOT's pickles (ragged files), the continuum-attention paper's Darcy .mat and
+Navier-Stokes .pt files (grids), on small data of their layouts."""
 
+import json
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
+import scipy.io
 import torch
 
 from galerkin_ext.data import (
     GEOFNO_ELASTICITY,
     GNOT_PICKLE,
+    ContinuumDarcyDataset,
+    KolmogorovDataset,
     RaggedDataset,
+    convert_continuum_darcy,
+    convert_continuum_navier_stokes,
     convert_geofno_elasticity,
     convert_gnot_pickle,
+    generate_darcy,
+    generate_kolmogorov,
+    inspect_h5,
+    read_h5,
 )
 from galerkin_ext.data.__main__ import main
 from galerkin_ext.data.ragged import read_header, read_ragged
@@ -214,3 +230,159 @@ def test_a_resumed_conversion_reads_sources_of_the_same_content(tmp_path, monkey
                                       resume=True, progress=False)
             target = read_ragged(out, np.arange(120), fields=("target",)).target[:, 0]
             np.testing.assert_array_equal(target, arrays["sigma"].T.reshape(-1))
+
+
+# -- the continuum-attention paper's grids ----------------------------------------------------
+
+
+def matlab_darcy(tmp_path, coef, n=6, s=9):
+    """A generated Darcy set and the same fields as the authors' .mat files hold them: x and y
+    of MATLAB shape (s, s, N), written as v7.3 (HDF5, which stores MATLAB's axes reversed) and
+    as v5."""
+    source = generate_darcy(tmp_path / f"{coef}.h5", n, s, coef=coef, workers=1, progress=False)
+    fields = read_h5(source, np.arange(n), keys=("a", "u"))
+    x, y = (fields[k].transpose(1, 2, 0) for k in ("a", "u"))  # (s, s, N), x(i, j, n)
+    with h5py.File(tmp_path / f"{coef}_v73.mat", "w") as f:
+        f["x"], f["y"] = x.transpose(2, 1, 0), y.transpose(2, 1, 0)
+    scipy.io.savemat(tmp_path / f"{coef}_v5.mat", {"x": x, "y": y})
+    return source, fields
+
+
+@pytest.mark.parametrize("coef", ["lognormal", "piecewise"])
+def test_continuum_darcy_mat_files_convert_to_the_generated_arrays(tmp_path, coef):
+    source, fields = matlab_darcy(tmp_path, coef)
+    for version in ("v73", "v5"):
+        out = convert_continuum_darcy(tmp_path / f"{coef}_{version}.mat",
+                                      tmp_path / f"{version}.h5", chunk_size=4, progress=False)
+        stored = read_h5(out, np.arange(6), keys=("a", "u"))
+        for key in ("a", "u"):
+            np.testing.assert_array_equal(stored[key], fields[key])
+        info = inspect_h5(out)
+        assert info["generator"] == "darcy" and info["parameters"]["coef"] == coef
+        assert info["parameters"]["source"] == "continuum-attention Darcy .mat"
+        expected = inspect_h5(source)["statistics"]  # what `info` prints, summed by chunks
+        assert info["statistics"].keys() == expected.keys()
+        for name, stats in expected.items():
+            assert info["statistics"][name] == pytest.approx(stats, rel=1e-12), name
+        data = ContinuumDarcyDataset(out, "train", n_train=4, n_valid=1, n_test=1)
+        assert data.coef == coef and data.x.shape == (4, 9, 9, 1)
+
+
+def test_continuum_darcy_refusals(tmp_path, capsys):
+    _, fields = matlab_darcy(tmp_path, "lognormal")
+    x, y = (fields[k].transpose(1, 2, 0) for k in ("a", "u"))
+    bad = tmp_path / "bad.mat"
+    scipy.io.savemat(bad, {"x": x, "y": y[:, :, :4]})
+    with pytest.raises(ValueError, match=r"variable 'y': expected the shape of 'x', \(6, 9, 9\)"):
+        convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
+    scipy.io.savemat(bad, {"x": x})
+    with pytest.raises(KeyError, match=r"lacks \['y'\]"):
+        convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
+    spoiled = y.copy()
+    spoiled[2, 3, 4] = np.inf
+    scipy.io.savemat(bad, {"x": x, "y": spoiled})
+    with pytest.raises(ValueError, match="variable 'y': sample 4 has non-finite values"):
+        convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
+    assert not (tmp_path / "o.h5").exists() and not partial_path(tmp_path / "o.h5").exists()
+    out = tmp_path / "cli.h5"
+    args = ["convert", "continuum-darcy", "--file", str(tmp_path / "lognormal_v73.mat"),
+            "--out", str(out), "--no-progress"]
+    assert main(args) == 0 and f"wrote {out}" in capsys.readouterr().out
+
+
+def test_continuum_darcy_cli_refuses_axes(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["convert", "continuum-darcy", "--file", "f.mat", "--axes", "xy", "--out",
+              str(tmp_path / "o.h5")])
+    assert "--axes does not apply to continuum-darcy" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def kolmogorov_pairs(tmp_path_factory):
+    """A generated Kolmogorov set (32^2, T = 1) and its pairs as the authors' .pt tensor
+    (N, s, s, 2)."""
+    folder = tmp_path_factory.mktemp("ns")
+    source = generate_kolmogorov(folder / "k.h5", 12, 32, time=1.0, dt_out=0.1,
+                                 solve_dtype="float32", progress=False)
+    fields = read_h5(source, np.arange(12), keys=("input", "output"))
+    return source, fields, torch.from_numpy(np.stack([fields["input"], fields["output"]], -1))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_navier_stokes_pt_files_convert_with_x_and_y_found(tmp_path, kolmogorov_pairs,
+                                                           transposed):
+    """The forcing's mode tells y from x: a file with the axes swapped is put back, and the
+    recorded physics re-solves each input to its stored target (the rollout's reference)."""
+    source, fields, pairs = kolmogorov_pairs
+    pt = tmp_path / "ns.pt"
+    torch.save(pairs.transpose(1, 2).contiguous() if transposed else pairs, pt)
+    out = convert_continuum_navier_stokes(pt, tmp_path / "ns.h5", time=1.0, chunk_size=5,
+                                          progress=False)
+    stored = read_h5(out, np.arange(12), keys=("input", "output"))
+    for key in ("input", "output"):
+        np.testing.assert_array_equal(stored[key], fields[key])
+    info = inspect_h5(out)
+    assert info["parameters"]["axes"] == ("yx" if transposed else "xy")
+    # (the generator measures the CFL numbers on its float32 states, here they are float64)
+    cfl = inspect_h5(source)["statistics"]["cfl"]
+    assert info["statistics"]["cfl"]["mean"] == pytest.approx(cfl["mean"], rel=1e-6)
+    data = KolmogorovDataset(out, "test", n_train=8, n_valid=0, n_test=4)
+    target = data.target_normalizer.decode(data.target[..., 0]).double()
+    step1 = data.reference_trajectories(1)[:, 0]
+    assert float((step1 - target).norm() / target.norm()) < 1e-5
+    # axes given: taken as they are
+    kept = convert_continuum_navier_stokes(pt, tmp_path / "kept.h5", axes="xy", time=1.0,
+                                           progress=False)
+    swapped = read_h5(kept, np.arange(12), keys=("input",))["input"]
+    np.testing.assert_array_equal(swapped, fields["input"].transpose(0, 2, 1) if transposed
+                                  else fields["input"])
+
+
+def test_navier_stokes_refusals(tmp_path, kolmogorov_pairs):
+    _, _, pairs = kolmogorov_pairs
+    pt = tmp_path / "bad.pt"
+    out = tmp_path / "o.h5"
+    cases = [
+        (pairs[..., :1], r"expected a tensor \(N, s, s, 2\) of input and target vorticity"),
+        (pairs.to(torch.float16), "expected float32 or float64 vorticity, got torch.float16"),
+        ({"pairs": pairs}, "expected one tensor"),
+        # isotropic noise: neither axis carries the forcing's mode
+        (torch.randn(8, 32, 32, 2, generator=torch.Generator().manual_seed(0)),
+         "axes='auto' cannot tell x from y"),
+    ]
+    for content, message in cases:
+        torch.save(content, pt)
+        with pytest.raises(ValueError, match=message):
+            convert_continuum_navier_stokes(pt, out, progress=False)
+    spoiled = pairs.clone()
+    spoiled[5, 1, 2, 1] = float("nan")
+    torch.save(spoiled, pt)
+    with pytest.raises(ValueError, match=r"\[\.\.\., 1\]: sample 5 has non-finite values"):
+        convert_continuum_navier_stokes(pt, out, progress=False)
+    assert not out.exists() and not partial_path(out).exists()
+    pt.write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="is not a readable .pt tensor file"):
+        convert_continuum_navier_stokes(pt, out, progress=False)
+    with pytest.raises(ValueError, match="axes"):
+        convert_continuum_navier_stokes(pt, out, axes="zz", progress=False)
+
+
+def test_converted_darcy_file_trains_in_the_continuum_example(tmp_path, capsys):
+    """`convert continuum-darcy` on the command line, then examples/darcy_continuum.py --data."""
+    matlab_darcy(tmp_path, "lognormal", n=8)
+    data = tmp_path / "authors.h5"
+    assert main(["convert", "continuum-darcy", "--file", str(tmp_path / "lognormal_v73.mat"),
+                 "--out", str(data), "--no-progress"]) == 0
+    script = Path(__file__).resolve().parents[1] / "examples" / "darcy_continuum.py"
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--out", str(out), "--device", "cpu", "--no-progress",
+         "--data", str(data), "--data-dir", str(tmp_path / "cache"), "--eval-resolution", "9",
+         "--n-zero-shot", "2", "--n-train", "4", "--n-valid", "2", "--n-eval", "2",
+         "--epochs", "1", "--batch-size", "2"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    identity = metrics["config"]["data_identity"]["train"]
+    assert identity["generator"] == "darcy"
+    assert "continuum-attention Darcy .mat" in json.dumps(identity["parameters"])

@@ -24,14 +24,17 @@ Modules (imported lazily, so the solver worker processes stay light):
   size-bucketing batch sampler;
 * :mod:`.mat` -- readers for the original ``.mat`` benchmark files;
 * :mod:`.convert` -- :func:`convert_geofno_elasticity`, :func:`convert_gnot_pickle`: the
-  original GNOT data sets (Geo-FNO's elasticity arrays, GNOT's pickles) as ragged files.
+  original GNOT data sets (Geo-FNO's elasticity arrays, GNOT's pickles) as ragged files;
+  :func:`convert_continuum_darcy`, :func:`convert_continuum_navier_stokes`: the
+  continuum-attention paper's Darcy ``.mat`` and Kolmogorov-flow ``.pt`` files as ours.
 
 Command line: ``python -m galerkin_ext.data generate
 {burgers,darcy,lorenz63,cde,kolmogorov,heat,elasticity} --out FILE.h5 ...``, ``python -m
 galerkin_ext.data convert geofno-elasticity --xy XY.npy --sigma SIGMA.npy [--rr RR.npy] --out
 FILE.h5``,
-``python -m galerkin_ext.data convert gnot-pickle --file DATA.pkl --trust-pickle --out FILE.h5``
-and ``python -m galerkin_ext.data info FILE.h5``.
+``python -m galerkin_ext.data convert gnot-pickle --file DATA.pkl --trust-pickle --out FILE.h5``,
+``python -m galerkin_ext.data convert continuum-darcy|continuum-navier-stokes --file SOURCE
+--out FILE.h5`` and ``python -m galerkin_ext.data info FILE.h5``.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ _EXPORTS = {
     "convert_geofno_elasticity": "convert",
     "GEOFNO_ELASTICITY": "convert",
     "convert_gnot_pickle": "convert",
+    "convert_continuum_darcy": "convert",
+    "convert_continuum_navier_stokes": "convert",
     "GNOT_PICKLE": "convert",
     "write_ragged": "ragged",
     "read_ragged": "ragged",

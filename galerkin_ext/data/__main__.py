@@ -1,4 +1,4 @@
-"""Command line: ``python -m galerkin_ext.data {generate,info} ...`` (see ``--help``).
+"""Command line: ``python -m galerkin_ext.data {generate,convert,info} ...`` (see ``--help``).
 
 ``generate {burgers,darcy,lorenz63,cde,kolmogorov,heat,elasticity}`` writes a resumable HDF5 file
 (heat and elasticity: a ragged file, SPEC-gnot §3, with ``--preset quick|paper``; kolmogorov with
@@ -52,6 +52,8 @@ _APPLIES = {
 _CONVERT_ARGS = {
     "geofno-elasticity": (("xy", "sigma"), ("xy", "sigma", "rr")),
     "gnot-pickle": (("file", "trust_pickle"), ("file", "trust_pickle")),
+    "continuum-darcy": (("file",), ("file",)),
+    "continuum-navier-stokes": (("file",), ("file", "axes")),
 }
 
 
@@ -170,17 +172,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="elasticity: add the input function 'cavity' (its boundary points)")
     gen.add_argument("--with-theta", action="store_true", default=None,
                      help="elasticity: store theta = the cavity radius at 42 angles")
-    conv = sub.add_parser("convert", help="convert an original data set into a ragged FILE.h5")
+    conv = sub.add_parser("convert", help="convert an original data set into FILE.h5")
     conv.add_argument("source", choices=tuple(_CONVERT_ARGS),
                       help="geofno-elasticity: Geo-FNO's elasticity set (Random_UnitCell_*.npy);"
-                           " gnot-pickle: a data set pickled by GNOT's code")
+                           " gnot-pickle: a data set pickled by GNOT's code; continuum-darcy, "
+                           "continuum-navier-stokes: the continuum-attention paper's Darcy "
+                           ".mat and Kolmogorov-flow .pt files")
     conv.add_argument("--xy", help="geofno-elasticity: the points, (N, 2, S) .npy")
     conv.add_argument("--sigma", help="geofno-elasticity: the stress, (N, S) .npy")
     conv.add_argument("--rr", help="geofno-elasticity, optional: the radii, (42, S) .npy, as "
                                    "theta")
-    conv.add_argument("--file", help="gnot-pickle: the pickle, [[X, Y, theta, (f_1, ...)], ...]")
+    conv.add_argument("--file", help="gnot-pickle: the pickle, [[X, Y, theta, (f_1, ...)], "
+                                     "...]; continuum-darcy: the .mat holding x and y, (s, s, "
+                                     "N); continuum-navier-stokes: the .pt tensor (N, s, s, 2)")
     conv.add_argument("--trust-pickle", action="store_true",
                       help="gnot-pickle: required; unpickling runs code from the file")
+    conv.add_argument("--axes", choices=("auto", "xy", "yx"),
+                      help="continuum-navier-stokes: which field axis is x (default auto: "
+                           "found from the forcing's mode in the mean vorticity)")
     conv.add_argument("--out", required=True, help="output file, .h5 or .hdf5")
     conv_mode = conv.add_mutually_exclusive_group()
     conv_mode.add_argument("--resume", action="store_true",
@@ -198,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "convert":
         required, allowed = _CONVERT_ARGS[args.source]
-        for dest in ("xy", "sigma", "rr", "file", "trust_pickle"):
+        for dest in ("xy", "sigma", "rr", "file", "trust_pickle", "axes"):
             flag = "--" + dest.replace("_", "-")
             if dest in required and not getattr(args, dest):
                 parser.error(f"{flag} is required to convert {args.source}")
@@ -299,14 +308,21 @@ def _finite(value: object) -> object:
 
 
 def _convert(args: argparse.Namespace) -> Path:
-    """``convert geofno-elasticity|gnot-pickle``."""
-    from .convert import convert_geofno_elasticity, convert_gnot_pickle
+    """``convert geofno-elasticity|gnot-pickle|continuum-darcy|continuum-navier-stokes``."""
+    from . import convert
 
     common = {"resume": args.resume, "overwrite": args.overwrite,
               "progress": not args.no_progress}
     if args.source == "geofno-elasticity":
-        return convert_geofno_elasticity(args.xy, args.sigma, args.out, rr=args.rr, **common)
-    return convert_gnot_pickle(args.file, args.out, trust_pickle=args.trust_pickle, **common)
+        return convert.convert_geofno_elasticity(args.xy, args.sigma, args.out, rr=args.rr,
+                                                 **common)
+    if args.source == "continuum-darcy":
+        return convert.convert_continuum_darcy(args.file, args.out, **common)
+    if args.source == "continuum-navier-stokes":
+        return convert.convert_continuum_navier_stokes(args.file, args.out,
+                                                       axes=args.axes or "auto", **common)
+    return convert.convert_gnot_pickle(args.file, args.out, trust_pickle=args.trust_pickle,
+                                       **common)
 
 
 def _generate_kolmogorov(args: argparse.Namespace, common: dict) -> Path:

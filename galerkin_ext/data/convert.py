@@ -1,5 +1,7 @@
-"""Original data sets of the GNOT experiments converted to our ragged files (SPEC-gnot §3, §4.2),
-for users who have them: the same examples and models then train on the paper's data.
+"""Original data sets converted to our files, for users who have them: the same examples and
+models then train on the papers' data.  The GNOT experiments' sets become ragged files
+(SPEC-gnot §3, §4.2); the continuum-attention paper's grids (SPEC-continuum §3) become Darcy
+and Kolmogorov files (:func:`convert_continuum_darcy`, :func:`convert_continuum_navier_stokes`).
 
 * Geo-FNO's elasticity set (its ``Random_UnitCell_*.npy`` files): ``XY`` ``(972, 2, S)`` the
   points of each sample, ``sigma`` ``(972, S)`` the stress there, ``rr`` ``(42, S)`` (optional)
@@ -19,6 +21,7 @@ for users who have them: the same examples and models then train on the paper's 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import pickle
 from collections.abc import Callable, Sequence
@@ -27,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_choice, check_float, check_int
 from .ragged import RaggedLayout, validate_sample, write_ragged
 
-__all__ = ["GEOFNO_ELASTICITY", "GNOT_PICKLE", "convert_geofno_elasticity",
-           "convert_gnot_pickle"]
+__all__ = ["GEOFNO_ELASTICITY", "GNOT_PICKLE", "convert_continuum_darcy",
+           "convert_continuum_navier_stokes", "convert_geofno_elasticity", "convert_gnot_pickle"]
 
 #: The generators recorded in converted files.
 GEOFNO_ELASTICITY = "geofno_elasticity"
@@ -236,3 +240,273 @@ def convert_gnot_pickle(
                   parameters={"source": "GNOT pickle", "sha256": _sha256(file)}, seed=0,
                   resume=resume, overwrite=overwrite, progress=progress,
                   desc="convert GNOT pickle")
+
+
+# -- the continuum-attention paper's grids (SPEC-continuum §3): chunked files ------------------
+
+_FieldReader = Callable[[int, int], dict[str, np.ndarray]]
+
+
+def _scan(read: _FieldReader, n_samples: int, chunk_size: int, names: dict[str, str],
+          visit: Callable[[dict[str, np.ndarray]], None]) -> None:
+    """Read every chunk once before anything is written: a non-finite sample is named (by the
+    source's variable, ``names``) while no partial file exists, and ``visit`` sees each chunk
+    (what the file's parameters record is found from the data)."""
+    for start in range(0, n_samples, chunk_size):
+        chunk = read(start, min(start + chunk_size, n_samples))
+        for key, values in chunk.items():
+            bad = np.flatnonzero(~np.isfinite(values).reshape(len(values), -1).all(axis=1))
+            if bad.size:
+                raise ValueError(f"{names[key]}: sample {start + int(bad[0])} has non-finite "
+                                 "values")
+        visit(chunk)
+
+
+def _square_fields(shape: tuple[int, ...], dtype: np.dtype, where: str, least: int) -> int:
+    """The side ``s`` of ``n`` real fields of shape ``shape`` = ``(n, s, s)``."""
+    if len(shape) != 3 or shape[0] < 1 or shape[1] != shape[2] or shape[1] < least:
+        raise ValueError(f"{where}: expected N >= 1 square fields of at least {least} x {least} "
+                         f"points, got shape {shape}")
+    if dtype.kind != "f":
+        raise ValueError(f"{where}: expected real floating-point values, got {dtype}")
+    return shape[1]
+
+
+def convert_continuum_darcy(
+    mat: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    chunk_size: int = 256,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Convert the continuum-attention authors' Darcy ``.mat`` file into a Darcy file of ours,
+    which :class:`~galerkin_ext.data.ContinuumDarcyDataset` and ``examples/darcy_continuum.py
+    --data`` read like a generated one.
+
+    The file (MATLAB v7.3, i.e. HDF5, read in slices; or v5, read whole) holds ``x``, the
+    coefficients, and ``y``, the solutions, each of MATLAB shape ``(s, s, N)`` on the nodes
+    ``i / (s - 1)`` of the unit square.  Sample ``n`` becomes ``a[n, i, j] = x(i, j, n)`` and
+    ``u[n, i, j] = y(i, j, n)`` (the problem is symmetric in the two axes).  The coefficient's
+    kind is read from the values: two distinct values (3 and 12 in the paper) make it
+    ``'piecewise'``, more ``'lognormal'``; the file records it, with the source's SHA-256, and
+    the same summary statistics as a generated file (``info``: the spread of ``log a``, or the
+    fraction of cells at the high value).
+
+    Args:
+        mat: the ``.mat`` file.
+        out: the ``.h5`` file to write (via ``out.partial``, resumable).
+        chunk_size: samples per stored chunk.
+        resume, overwrite, progress: as for :func:`convert_geofno_elasticity`.
+
+    Returns:
+        The path of the finished file.
+
+    Raises:
+        ValueError: naming the variable whose array has the wrong shape, type or non-finite
+            values (found before the output is begun).
+    """
+    import h5py
+
+    from .generate import _darcy_statistics
+    from .mat import _existing_file, is_mat_v73, load_mat
+    from .storage import ArraySpec, ChunkedWriter, run_chunks
+
+    path = _existing_file(mat)
+    chunk_size = check_int(chunk_size, "chunk_size")
+    names = {"a": f"{str(path)!r}: variable 'x'", "u": f"{str(path)!r}: variable 'y'"}
+    h5 = h5py.File(path, "r") if is_mat_v73(path) else None
+    try:
+        if h5 is not None:  # HDF5 stores MATLAB's (s, s, N) as (N, s, s) with i and j swapped
+            missing = [k for k in ("x", "y") if k not in h5 or not isinstance(h5[k], h5py.Dataset)]
+            if missing:
+                raise KeyError(f"{str(path)!r} lacks {missing}; it holds "
+                               f"{sorted(k for k in h5 if not k.startswith('#'))}")
+            sources = {"a": h5["x"], "u": h5["y"]}
+            shapes = {k: tuple(v.shape) for k, v in sources.items()}
+            dtypes = {k: v.dtype for k, v in sources.items()}
+
+            def read(start: int, stop: int) -> dict[str, np.ndarray]:
+                return {k: np.ascontiguousarray(v[start:stop].transpose(0, 2, 1))
+                        for k, v in sources.items()}
+        else:
+            loaded = load_mat(path, ("x", "y"))
+            fields = {"a": loaded["x"], "u": loaded["y"]}
+            for key, value in fields.items():
+                if value.ndim != 3:
+                    raise ValueError(f"{names[key]}: expected shape (s, s, N), got "
+                                     f"{value.shape}")
+            fields = {k: np.moveaxis(v, -1, 0) for k, v in fields.items()}
+            shapes = {k: v.shape for k, v in fields.items()}
+            dtypes = {k: v.dtype for k, v in fields.items()}
+
+            def read(start: int, stop: int) -> dict[str, np.ndarray]:
+                return {k: np.ascontiguousarray(v[start:stop]) for k, v in fields.items()}
+
+        s = _square_fields(shapes["a"], dtypes["a"], names["a"] + " (samples first)", 3)
+        _square_fields(shapes["u"], dtypes["u"], names["u"] + " (samples first)", 3)
+        if shapes["u"] != shapes["a"]:
+            raise ValueError(f"{names['u']}: expected the shape of 'x', {shapes['a']} (samples "
+                             f"first), got {shapes['u']}")
+        n_samples = shapes["a"][0]
+        values: set[float] = set()
+
+        def visit(chunk: dict[str, np.ndarray]) -> None:
+            if len(values) <= 2:  # more than two: lognormal, nothing left to learn
+                values.update(np.unique(chunk["a"]).tolist()[:3])
+
+        _scan(read, n_samples, chunk_size, names, visit)
+        coef = "piecewise" if len(values) == 2 else "lognormal"
+        statistic_names, statistics = _darcy_statistics(coef, max(values))
+        parameters = {"source": "continuum-attention Darcy .mat", "sha256": _sha256(path),
+                      "coef": coef, "resolution": s}
+        writer = ChunkedWriter.open(
+            out, generator="darcy", parameters=parameters, seed=0, n_samples=n_samples,
+            chunk_size=chunk_size, resume=resume, overwrite=overwrite,
+            arrays={k: ArraySpec((s, s), dtypes[k].str) for k in ("a", "u")},
+            statistics=statistic_names)
+        return run_chunks(writer, read, progress=progress, desc="convert continuum Darcy",
+                          statistics=statistics)
+    finally:
+        if h5 is not None:
+            h5.close()
+
+
+def _forcing_axis(mean_field: np.ndarray, wavenumber: int) -> str:
+    """Which axis of the sample-mean vorticity ``(s, s)`` carries the forcing's mode: the
+    forcing ``-n cos(n y)`` leaves a mean profile ``~ cos(n y)`` along ``y``.  ``'xy'`` when it
+    is axis 1 (ours: ``field[i, j]`` at ``(x_i, y_j)``), ``'yx'`` when axis 0, ``'unclear'`` when
+    neither stands out (by a factor 3)."""
+    along = [abs(np.fft.rfft(mean_field.mean(axis=other))[wavenumber])
+             for other in (1, 0)]  # profile along axis 0, along axis 1
+    if along[1] > 3 * along[0]:
+        return "xy"
+    if along[0] > 3 * along[1]:
+        return "yx"
+    return "unclear"
+
+
+def convert_continuum_navier_stokes(
+    pt: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    axes: str = "auto",
+    time: float = 11.0,
+    dt_out: float = 0.1,
+    nu: float = 1.0 / 70.0,
+    wavenumber: int = 4,
+    chunk_size: int = 256,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Convert the continuum-attention authors' Navier-Stokes (Kolmogorov flow) ``.pt`` file
+    into a Kolmogorov file of ours, which :class:`~galerkin_ext.data.KolmogorovDataset` and
+    ``examples/kolmogorov.py --data`` read like a generated one.
+
+    The file holds one tensor ``(N, s, s, 2)``: the vorticity ``w(time)`` (``[..., 0]``, the
+    input) and ``w(time + dt_out)`` (``[..., 1]``, the target) on the periodic grid ``2 pi (i,
+    j) / s``.  Our files put ``x`` on axis 1 and ``y`` on axis 2, and the forcing ``-n cos(n y)``
+    is not symmetric in them: ``axes='auto'`` finds ``y`` as the axis along which the
+    sample-mean vorticity carries the forcing's mode ``n`` and transposes the fields if needed
+    (refused when neither axis stands out); ``'xy'`` keeps, ``'yx'`` swaps the axes.  The
+    physics (``time``, ``dt_out``, ``nu``, ``wavenumber``; the paper's by default) is not in
+    the ``.pt``: the file records it, as what the rollout evaluation solves with.
+
+    Args:
+        pt: the ``.pt`` file (read with ``torch.load(weights_only=True, mmap=True)``).
+        out: the ``.h5`` file to write (via ``out.partial``, resumable).
+        axes: ``'auto'``, ``'xy'`` or ``'yx'`` (see above).
+        time, dt_out, nu, wavenumber: the flow the samples come from.
+        chunk_size: samples per stored chunk.
+        resume, overwrite, progress: as for :func:`convert_geofno_elasticity`.
+
+    Returns:
+        The path of the finished file.
+
+    Raises:
+        ValueError: the tensor has the wrong shape, type or non-finite values, or ``axes='auto'``
+            cannot tell the axes apart (found before the output is begun).
+    """
+    import torch
+
+    from .generate import IC_ALPHA, IC_SIGMA, IC_TAU, _relative_change, kolmogorov_time_step
+    from .kolmogorov import cfl_number
+    from .mat import _existing_file
+    from .storage import ArraySpec, ChunkedWriter, run_chunks
+
+    path = _existing_file(pt)
+    axes = check_choice(axes, "axes", ("auto", "xy", "yx"))
+    time = check_float(time, "time", low_inclusive=True)
+    dt_out = check_float(dt_out, "dt_out")
+    nu = check_float(nu, "nu", low_inclusive=True)
+    wavenumber = check_int(wavenumber, "wavenumber")
+    chunk_size = check_int(chunk_size, "chunk_size")
+    where = f"{str(path)!r}"
+    try:
+        pairs = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # torch raises many types for files it cannot read
+        raise ValueError(f"{where} is not a readable .pt tensor file: "
+                         f"{str(err) or type(err).__name__}") from err
+    if not isinstance(pairs, torch.Tensor):
+        raise ValueError(f"{where}: expected one tensor (N, s, s, 2), got "
+                         f"{type(pairs).__name__}")
+    if pairs.dim() != 4 or pairs.shape[3] != 2:
+        raise ValueError(f"{where}: expected a tensor (N, s, s, 2) of input and target "
+                         f"vorticity, got shape {tuple(pairs.shape)}")
+    if pairs.dtype not in (torch.float32, torch.float64):  # the solver's dtypes, for rollouts
+        raise ValueError(f"{where}: expected float32 or float64 vorticity, got {pairs.dtype}")
+    dtype = np.dtype(str(pairs.dtype).removeprefix("torch."))
+    s = _square_fields(tuple(pairs.shape[:3]), dtype, where, 2 * wavenumber + 1)
+    n_samples = pairs.shape[0]
+    names = {"input": f"{where} [..., 0]", "output": f"{where} [..., 1]"}
+    swap = axes == "yx"
+
+    def read(start: int, stop: int) -> dict[str, np.ndarray]:
+        chunk = pairs[start:stop].numpy()
+        if swap:
+            chunk = chunk.transpose(0, 2, 1, 3)
+        return {"input": np.ascontiguousarray(chunk[..., 0]),
+                "output": np.ascontiguousarray(chunk[..., 1])}
+
+    total = np.zeros((s, s))
+
+    def visit(chunk: dict[str, np.ndarray]) -> None:
+        total[...] += chunk["input"].sum(axis=0, dtype=np.float64)
+        total[...] += chunk["output"].sum(axis=0, dtype=np.float64)
+
+    _scan(read, n_samples, chunk_size, names, visit)
+    found = _forcing_axis(total, wavenumber)
+    if axes == "auto":
+        if found == "unclear":
+            raise ValueError(f"{where}: axes='auto' cannot tell x from y (the mean vorticity "
+                             f"shows the forcing's mode {wavenumber} along neither axis by a "
+                             "factor 3); pass axes='xy' (--axes xy) or 'yx'")
+        swap = found == "yx"
+        axes = found
+    dt = kolmogorov_time_step(s, dt_out)
+    parameters = {
+        "source": "continuum-attention Navier-Stokes .pt", "sha256": _sha256(path),
+        "axes": axes, "time": time, "dt_out": dt_out, "nu": nu, "wavenumber": wavenumber,
+        "forcing_amplitude": 1.0, "ic_sigma": IC_SIGMA, "ic_tau": IC_TAU, "ic_alpha": IC_ALPHA,
+        "resolution": s, "solve_resolution": s, "dt": dt, "solve_dtype": dtype.name,
+        "domain_length": 2 * math.pi,
+        "coords": "unit square: (i / s, j / s) = physical point / (2 pi)",
+    }
+    axis = np.arange(s, dtype=np.float64) / s
+    writer = ChunkedWriter.open(
+        out, generator="kolmogorov", parameters=parameters, seed=0, n_samples=n_samples,
+        chunk_size=chunk_size, resume=resume, overwrite=overwrite,
+        arrays={k: ArraySpec((s, s), dtype.str) for k in ("input", "output")},
+        static={"coords": np.stack(np.meshgrid(axis, axis, indexing="ij"), axis=-1)},
+        statistics=("omega_T", "persistence", "cfl"))
+
+    def statistics(chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        cfl = torch.maximum(*(cfl_number(torch.from_numpy(chunk[k]).double(), dt)
+                              for k in ("input", "output")))
+        return {"omega_T": chunk["input"], "persistence": _relative_change(chunk),
+                "cfl": cfl.numpy()}
+
+    return run_chunks(writer, read, progress=progress, desc="convert continuum Navier-Stokes",
+                      statistics=statistics)
