@@ -6,6 +6,7 @@
   samples split (data parallelism) or each sample's points (domain parallelism).
 """
 
+import copy
 import json
 import math
 import os
@@ -639,6 +640,27 @@ def test_continuum_examples_refuse_bad_arguments(tmp_path, capsys):
         cde.main([*out, "--data", str(wrong), "--n-train", "20", "--n-valid", "2",
                   "--n-eval", "2", "--batch-size", "2"])
     assert not (tmp_path / "bad" / "last.pt").exists()  # no epoch was trained
+
+
+def test_darcy_continuum_paper_preset_at_416_is_table_3():
+    """SPEC-continuum §4's table: at s = 416 the paper preset zero-shots at 208 ... 832 and the
+    AFNO learns lognormal data at 1e-3 (1e-2 at 64^2 and on piecewise data); flags win."""
+    darcy = _load_example("darcy_continuum")
+
+    def setting(model, coef, resolution):
+        cfg = copy.deepcopy(darcy.presets_for(model)["paper"])
+        cfg["preset"], cfg["data"]["resolution"] = "paper", resolution
+        darcy.table3_setting(cfg, model, coef, eval_resolution_given=False, lr_given=False)
+        return cfg["zero_shot"]["resolution"], cfg["train"]["max_lr"]
+
+    assert setting("afno", "lognormal", 416) == ([208, 312, 624, 832], 1e-3)
+    assert setting("afno", "piecewise", 416) == ([208, 312, 624, 832], 1e-2)
+    assert setting("afno", "lognormal", 64) == ([32, 128], 1e-2)
+    assert setting("fno", "lognormal", 416) == ([208, 312, 624, 832], 1e-4)
+    cfg = copy.deepcopy(darcy.presets_for("afno")["paper"])
+    cfg.update(preset="paper", data={"resolution": 416})
+    darcy.table3_setting(cfg, "afno", "lognormal", eval_resolution_given=True, lr_given=True)
+    assert (cfg["zero_shot"]["resolution"], cfg["train"]["max_lr"]) == ([32, 128], 1e-2)
 
 
 # -- GNOT (SPEC-gnot): heat.py, elasticity.py --------------------------------------------------
