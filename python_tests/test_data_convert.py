@@ -365,6 +365,9 @@ def test_navier_stokes_refusals(tmp_path, kolmogorov_pairs):
         convert_continuum_navier_stokes(pt, out, progress=False)
     with pytest.raises(ValueError, match="axes"):
         convert_continuum_navier_stokes(pt, out, axes="zz", progress=False)
+    for convert in (convert_continuum_navier_stokes, convert_continuum_darcy):
+        with pytest.raises(FileNotFoundError, match="^file: no such file"):
+            convert(tmp_path / "missing", out, progress=False)
 
 
 def test_converted_darcy_file_trains_in_the_continuum_example(tmp_path, capsys):

@@ -62,10 +62,16 @@ def _sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def _load(path: str | os.PathLike[str], name: str, shape_doc: str, ndim: int) -> np.ndarray:
-    """A finite real ``.npy`` array of ``ndim`` dimensions, memory-mapped."""
+def _source_file(path: object, name: str) -> Path:
+    """The source file ``path`` (argument ``name``), which must exist."""
     if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
         raise FileNotFoundError(f"{name}: no such file: {path!r}")
+    return Path(path)
+
+
+def _load(path: str | os.PathLike[str], name: str, shape_doc: str, ndim: int) -> np.ndarray:
+    """A finite real ``.npy`` array of ``ndim`` dimensions, memory-mapped."""
+    _source_file(path, name)
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as err:
@@ -190,8 +196,7 @@ def convert_gnot_pickle(
     if trust_pickle is not True:
         raise ValueError("trust_pickle: unpickling runs code from the file; pass True "
                          "(--trust-pickle) only for a file you trust")
-    if not isinstance(file, (str, os.PathLike)) or not Path(file).is_file():
-        raise FileNotFoundError(f"file: no such file: {file!r}")
+    _source_file(file, "file")
     with open(file, "rb") as f:
         try:
             samples = pickle.load(f)  # the caller trusts the file (trust_pickle)
@@ -273,7 +278,7 @@ def _square_fields(shape: tuple[int, ...], dtype: np.dtype, where: str, least: i
 
 
 def convert_continuum_darcy(
-    mat: str | os.PathLike[str],
+    file: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
     chunk_size: int = 256,
@@ -295,7 +300,7 @@ def convert_continuum_darcy(
     fraction of cells at the high value).
 
     Args:
-        mat: the ``.mat`` file.
+        file: the ``.mat`` file.
         out: the ``.h5`` file to write (via ``out.partial``, resumable).
         chunk_size: samples per stored chunk.
         resume, overwrite, progress: as for :func:`convert_geofno_elasticity`.
@@ -310,10 +315,10 @@ def convert_continuum_darcy(
     import h5py
 
     from .generate import _darcy_statistics
-    from .mat import _existing_file, is_mat_v73, load_mat
+    from .mat import is_mat_v73, load_mat
     from .storage import ArraySpec, ChunkedWriter, run_chunks
 
-    path = _existing_file(mat)
+    path = _source_file(file, "file")
     chunk_size = check_int(chunk_size, "chunk_size")
     names = {"a": f"{str(path)!r}: variable 'x'", "u": f"{str(path)!r}: variable 'y'"}
     h5 = h5py.File(path, "r") if is_mat_v73(path) else None
@@ -388,7 +393,7 @@ def _forcing_axis(mean_field: np.ndarray, wavenumber: int) -> str:
 
 
 def convert_continuum_navier_stokes(
-    pt: str | os.PathLike[str],
+    file: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
     axes: str = "auto",
@@ -415,7 +420,7 @@ def convert_continuum_navier_stokes(
     the ``.pt``: the file records it, as what the rollout evaluation solves with.
 
     Args:
-        pt: the ``.pt`` file (read with ``torch.load(weights_only=True, mmap=True)``).
+        file: the ``.pt`` file (read with ``torch.load(weights_only=True, mmap=True)``).
         out: the ``.h5`` file to write (via ``out.partial``, resumable).
         axes: ``'auto'``, ``'xy'`` or ``'yx'`` (see above).
         time, dt_out, nu, wavenumber: the flow the samples come from.
@@ -433,10 +438,9 @@ def convert_continuum_navier_stokes(
 
     from .generate import IC_ALPHA, IC_SIGMA, IC_TAU, _relative_change, kolmogorov_time_step
     from .kolmogorov import cfl_number
-    from .mat import _existing_file
     from .storage import ArraySpec, ChunkedWriter, run_chunks
 
-    path = _existing_file(pt)
+    path = _source_file(file, "file")
     axes = check_choice(axes, "axes", ("auto", "xy", "yx"))
     time = check_float(time, "time", low_inclusive=True)
     dt_out = check_float(dt_out, "dt_out")
