@@ -124,6 +124,22 @@ def check_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None
         raise TypeError(f"{name}: expected dtype {like.dtype} like {like_name}, got {t.dtype}")
 
 
+def check_model_input(x: Tensor, name: str, model: torch.nn.Module) -> None:
+    """``x``, a model's input, on the device and in the dtype of the model's real parameters
+    (any floating dtype under autocast): the first layer would otherwise fail with a message
+    about its own operands."""
+    p = next((p for p in model.parameters() if not p.is_complex()), None)
+    if p is None:
+        return
+    if x.device != p.device:
+        raise ValueError(f"{name}: expected a tensor on {p.device} like the model's parameters, "
+                         f"got one on {x.device}")
+    if x.dtype != p.dtype and not (x.device.type in ("cpu", "cuda")
+                                   and torch.is_autocast_enabled(x.device.type)):
+        raise TypeError(f"{name}: expected {p.dtype} like the model's parameters, got {x.dtype} "
+                        f"(convert the model, e.g. model.to({x.dtype}), or the input)")
+
+
 def check_param_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None:
     """A parameter of ``like``'s rows (quadrature weight, norm parameters): ``like``'s device and
     dtype, or float32 for float16/bfloat16 ``like``, which keeps weights below 2^-14 from going

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -99,3 +100,22 @@ def test_export_and_trace_match_eager(name):
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             traced = torch.jit.trace(model, inputs, check_trace=False)
         torch.testing.assert_close(traced(*inputs), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_an_input_of_another_dtype_is_named(name):
+    """A float64 input into float32 weights fails naming the model's input argument (its first
+    layer's message named its own operands); the converted model takes it."""
+    overrides, make_inputs = CASES[name]
+    model = build_model(name, **overrides).eval()
+    inputs = list(make_inputs())
+    inputs[0] = inputs[0].double()
+    argument = next(iter(inspect.signature(model.forward).parameters))
+    with pytest.raises(TypeError, match=f"^{argument}: expected torch.float32 like the "
+                                        "model's parameters, got torch.float64"):
+        model(*inputs)
+    model.double()
+    with torch.no_grad():  # (the GNOT models take a list of input functions)
+        out = model(*(t.double() if isinstance(t, torch.Tensor) else
+                      None if t is None else [f.double() for f in t] for t in inputs))
+    assert out.dtype == torch.float64 and bool(torch.isfinite(out).all())

@@ -10,7 +10,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_choice, check_int, check_probability, check_tensor, expand_grid
+from .._checks import (
+    check_choice,
+    check_int,
+    check_model_input,
+    check_probability,
+    check_tensor,
+    expand_grid,
+)
 from .activation import make_activation
 from .spectral import SpectralConv1d, SpectralConv2d
 
@@ -33,6 +40,7 @@ class _GridInput(nn.Module):
     def forward(self, x: Tensor, grid: Tensor | None) -> Tensor:
         doc = f"(B, {', '.join(['n'] * self.spatial_dim)}, {self.in_channels})"
         check_tensor(x, "x", self.spatial_dim + 2, doc)
+        check_model_input(x, "x", self)
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected shape {doc}, got {tuple(x.shape)}")
         if self.fc is None:

@@ -28,6 +28,7 @@ from .._checks import (
     check_int,
     check_int_pair,
     check_like,
+    check_model_input,
     check_probability,
     check_tensor,
     expand_grid,
@@ -46,6 +47,7 @@ def _check_points(model: nn.Module, u: object, x: object, in_dim: int,
     given and ``x`` expanded to ``(B, N, d)``."""
     check_tensor(u, "u", 3, "(B, N, in_dim)")
     assert isinstance(u, Tensor)
+    check_model_input(u, "u", model)
     batch, n, channels = u.shape
     if channels != in_dim or n == 0:
         raise ValueError(f"u: expected shape (B, N, in_dim) with N >= 1 and in_dim = {in_dim} "
@@ -61,6 +63,7 @@ def _check_grid(model: nn.Module, u: object, x: object, in_dim: int) -> Tensor:
     ``[u, x]`` of shape ``(B, s₁, s₂, in_dim + 2)``."""
     check_tensor(u, "u", 4, "(B, s1, s2, in_dim)")
     assert isinstance(u, Tensor)
+    check_model_input(u, "u", model)
     batch, s1, s2, channels = u.shape
     if channels != in_dim or 0 in (s1, s2):
         raise ValueError(f"u: expected shape (B, s1, s2, in_dim) with in_dim = {in_dim} "

@@ -23,7 +23,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_choice, check_int, check_like, check_probability, check_tensor
+from .._checks import (
+    check_choice,
+    check_int,
+    check_like,
+    check_model_input,
+    check_probability,
+    check_tensor,
+)
 from ..layers.activation import make_activation
 from ..layers.encoder import EncoderLayer
 from ..layers.gnot import FFN_NORMS, GeometricGate, GNOTBlock, ResidualMLP
@@ -99,6 +106,7 @@ def _check_query(model: nn.Module, x: object, weight: object) -> tuple[Tensor, T
     """``x (B, N, model.query_dim)`` and its ``weight (B, N)`` or None."""
     check_tensor(x, "x", 3, f"(B, N, query_dim = {model.query_dim})")
     assert isinstance(x, Tensor)
+    check_model_input(x, "x", model)
     batch, n, width = x.shape
     if width != model.query_dim:
         raise ValueError(f"x: expected shape (B, N, query_dim = {model.query_dim}), got "

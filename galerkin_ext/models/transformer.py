@@ -11,7 +11,14 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_choice, check_int, check_probability, check_tensor, expand_grid
+from .._checks import (
+    check_choice,
+    check_int,
+    check_model_input,
+    check_probability,
+    check_tensor,
+    expand_grid,
+)
 from ..layers import (
     CiNNDownsampler,
     CiNNUpsampler,
@@ -109,6 +116,7 @@ class SimpleTransformer1d(nn.Module):
         """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` →
         ``(B, n, out_channels)``."""
         check_tensor(x, "x", 3, "(B, n, in_channels)")
+        check_model_input(x, "x", self)
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected shape (B, n, in_channels) with in_channels = "
                              f"{self.in_channels}, got {tuple(x.shape)}")
@@ -238,6 +246,7 @@ class SimpleTransformer2d(nn.Module):
         ``(B, n, n, out_channels)`` (``output_grid='fine'``) or ``(B, m, m, out_channels)``."""
         n, m = self.sizes.fine, self.sizes.coarse
         check_tensor(x, "x", 4, f"(B, {n}, {n}, {self.in_channels})")
+        check_model_input(x, "x", self)
         if tuple(x.shape[1:]) != (n, n, self.in_channels):
             raise ValueError(f"x: expected shape (B, {n}, {n}, {self.in_channels}) "
                              f"(fine = {n}), got {tuple(x.shape)}")
