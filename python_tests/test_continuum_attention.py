@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs, rand
+from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs, needs_cuda, rand
 
 from galerkin_ext import ops
 from galerkin_ext.quadrature import trapezoid_weights
@@ -243,3 +243,22 @@ def test_forward_mode_transforms_and_second_order(weighted, gen):
                                expected, rtol=1e-12, atol=1e-14)
     with sdpa_kernel(SDPBackend.MATH):
         assert torch.autograd.gradgradcheck(call, leaves)
+
+
+@needs_cuda
+@pytest.mark.parametrize("n", [16383, 16384])
+def test_cuda_memory_stays_linear_in_the_keys(n):
+    """SPEC-continuum §1.1: at N = 16383 (unaligned) and 16384, B = 1, H = 8, D = 16, the weighted
+    attention adds < 256 MiB (an N x N bias or score matrix in float32 alone would be 1 GiB), and
+    agrees with the unweighted call for uniform weights."""
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    q, k, v = (torch.randn(1, 8, n, 16, device="cuda", generator=gen) for _ in range(3))
+    w = torch.full((n,), 1.0 / n, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = ops.continuum_attention(q, k, v, weight=w)
+    torch.cuda.synchronize()
+    added = torch.cuda.max_memory_allocated() - before
+    assert added < 256 * 2**20, f"{added / 2**20:.0f} MiB"
+    torch.testing.assert_close(out, ops.continuum_attention(q, k, v), rtol=1e-5, atol=1e-5)
