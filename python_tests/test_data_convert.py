@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import h5py
@@ -276,8 +277,20 @@ def test_continuum_darcy_refusals(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"variable 'y': expected the shape of 'x', \(6, 9, 9\)"):
         convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
     scipy.io.savemat(bad, {"x": x})
-    with pytest.raises(KeyError, match=r"lacks \['y'\]"):
+    with pytest.raises(ValueError, match=r"lacks \['y'\]; it holds \['x'\]"):
         convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
+    # damaged or foreign files: one line each, no traceback, from the command line too
+    v73 = (tmp_path / "lognormal_v73.mat").read_bytes()
+    for content, message in ((v73[:len(v73) // 2], "is not a readable MATLAB v7.3 file"),
+                             (b"garbage", "is not a readable MATLAB file")):
+        bad.write_bytes(content)
+        assert main(["convert", "continuum-darcy", "--file", str(bad), "--out",
+                     str(tmp_path / "o.h5"), "--no-progress"]) == 1
+        assert message in capsys.readouterr().err
+    # one sample: MATLAB stores (s, s, 1) as (s, s)
+    scipy.io.savemat(bad, {"x": x[:, :, 0], "y": y[:, :, 0]})
+    one = convert_continuum_darcy(bad, tmp_path / "one.h5", progress=False)
+    np.testing.assert_array_equal(read_h5(one, np.arange(1), keys=("u",))["u"][0], y[:, :, 0])
     spoiled = y.copy()
     spoiled[2, 3, 4] = np.inf
     scipy.io.savemat(bad, {"x": x, "y": spoiled})
@@ -330,9 +343,10 @@ def test_navier_stokes_pt_files_convert_with_x_and_y_found(tmp_path, kolmogorov_
     target = data.target_normalizer.decode(data.target[..., 0]).double()
     step1 = data.reference_trajectories(1)[:, 0]
     assert float((step1 - target).norm() / target.norm()) < 1e-5
-    # axes given: taken as they are
-    kept = convert_continuum_navier_stokes(pt, tmp_path / "kept.h5", axes="xy", time=1.0,
-                                           progress=False)
+    # axes given: taken as they are (with a warning where the forcing says otherwise)
+    with pytest.warns(UserWarning, match="along x") if transposed else nullcontext():
+        kept = convert_continuum_navier_stokes(pt, tmp_path / "kept.h5", axes="xy", time=1.0,
+                                               progress=False)
     swapped = read_h5(kept, np.arange(12), keys=("input",))["input"]
     np.testing.assert_array_equal(swapped, fields["input"].transpose(0, 2, 1) if transposed
                                   else fields["input"])
@@ -363,6 +377,14 @@ def test_navier_stokes_refusals(tmp_path, kolmogorov_pairs):
     pt.write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="is not a readable .pt tensor file"):
         convert_continuum_navier_stokes(pt, out, progress=False)
+    # the legacy (non-zip) format, which cannot be memory-mapped, is read whole
+    torch.save(pairs, pt, _use_new_zipfile_serialization=False)
+    legacy = convert_continuum_navier_stokes(pt, tmp_path / "legacy.h5", time=1.0,
+                                             progress=False)
+    assert inspect_h5(legacy)["parameters"]["axes"] == "xy"
+    # axes given against what the forcing shows: kept, with a warning
+    with pytest.warns(UserWarning, match="axes='yx' given, but then the mean vorticity carries"):
+        convert_continuum_navier_stokes(pt, tmp_path / "forced.h5", axes="yx", progress=False)
     with pytest.raises(ValueError, match="axes"):
         convert_continuum_navier_stokes(pt, out, axes="zz", progress=False)
     for convert in (convert_continuum_navier_stokes, convert_continuum_darcy):

@@ -564,8 +564,10 @@ def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path):
     save_checkpoint(tmp_path / "other.pt", "best", epoch=1, model=model.state_dict(),
                     config=other, metric=0.5)
     with pytest.raises(CheckpointError, match=r"other.pt'?: its weights do not fit the model "
-                                              r"it records \('fno1d'\): Error"):
+                                              r"it records \('fno1d'\): size mismatch for "):
         load_trained_model(tmp_path / "other.pt")
+    model_on_cpu0, _ = load_trained_model(tmp_path / "best.pt", device="cpu:0")
+    assert next(model_on_cpu0.parameters()).device == torch.device("cpu")
     save_checkpoint(tmp_path / "old.pt", "best", epoch=1, model=model.state_dict(),
                     config={"model": cfg["model"]}, metric=0.5)
     with pytest.raises(CheckpointError, match="does not record which model it holds"):

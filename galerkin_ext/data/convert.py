@@ -24,6 +24,7 @@ import hashlib
 import math
 import os
 import pickle
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -321,28 +322,38 @@ def convert_continuum_darcy(
     path = _source_file(file, "file")
     chunk_size = check_int(chunk_size, "chunk_size")
     names = {"a": f"{str(path)!r}: variable 'x'", "u": f"{str(path)!r}: variable 'y'"}
-    h5 = h5py.File(path, "r") if is_mat_v73(path) else None
+    try:
+        h5 = h5py.File(path, "r") if is_mat_v73(path) else None
+    except OSError as err:  # a truncated or damaged HDF5 file
+        raise ValueError(f"{str(path)!r} is not a readable MATLAB v7.3 file: {err}") from None
     try:
         if h5 is not None:  # HDF5 stores MATLAB's (s, s, N) as (N, s, s) with i and j swapped
             missing = [k for k in ("x", "y") if k not in h5 or not isinstance(h5[k], h5py.Dataset)]
             if missing:
-                raise KeyError(f"{str(path)!r} lacks {missing}; it holds "
-                               f"{sorted(k for k in h5 if not k.startswith('#'))}")
+                raise ValueError(f"{str(path)!r} lacks {missing}; it holds "
+                                 f"{sorted(k for k in h5 if not k.startswith('#'))}")
+            # MATLAB drops a trailing singleton axis: one sample is stored as (s, s)
             sources = {"a": h5["x"], "u": h5["y"]}
-            shapes = {k: tuple(v.shape) for k, v in sources.items()}
+            shapes = {k: (1, *v.shape) if v.ndim == 2 else tuple(v.shape)
+                      for k, v in sources.items()}
             dtypes = {k: v.dtype for k, v in sources.items()}
 
             def read(start: int, stop: int) -> dict[str, np.ndarray]:
-                return {k: np.ascontiguousarray(v[start:stop].transpose(0, 2, 1))
+                return {k: np.ascontiguousarray((v[None] if v.ndim == 2 else v[start:stop])
+                                                .transpose(0, 2, 1))
                         for k, v in sources.items()}
         else:
-            loaded = load_mat(path, ("x", "y"))
+            try:
+                loaded = load_mat(path, ("x", "y"))
+            except KeyError as err:  # a missing variable, named in the message
+                raise ValueError(err.args[0]) from None
             fields = {"a": loaded["x"], "u": loaded["y"]}
             for key, value in fields.items():
-                if value.ndim != 3:
+                if value.ndim not in (2, 3):
                     raise ValueError(f"{names[key]}: expected shape (s, s, N), got "
                                      f"{value.shape}")
-            fields = {k: np.moveaxis(v, -1, 0) for k, v in fields.items()}
+            fields = {k: np.moveaxis(v if v.ndim == 3 else v[..., None], -1, 0)
+                      for k, v in fields.items()}
             shapes = {k: v.shape for k, v in fields.items()}
             dtypes = {k: v.dtype for k, v in fields.items()}
 
@@ -449,7 +460,10 @@ def convert_continuum_navier_stokes(
     chunk_size = check_int(chunk_size, "chunk_size")
     where = f"{str(path)!r}"
     try:
-        pairs = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:  # mapped: read by chunks
+            pairs = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy (non-zip) format cannot be mapped
+            pairs = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for files it cannot read
         raise ValueError(f"{where} is not a readable .pt tensor file: "
                          f"{str(err) or type(err).__name__}") from err
@@ -482,6 +496,10 @@ def convert_continuum_navier_stokes(
 
     _scan(read, n_samples, chunk_size, names, visit)
     found = _forcing_axis(total, wavenumber)
+    if axes != "auto" and found == "yx":  # (found on the fields as read, axes applied)
+        warnings.warn(f"{where}: axes={axes!r} given, but then the mean vorticity carries the "
+                      f"forcing's mode {wavenumber} along x, not y; the rollout's reference "
+                      "solves with the forcing on y", stacklevel=2)
     if axes == "auto":
         if found == "unclear":
             raise ValueError(f"{where}: axes='auto' cannot tell x from y (the mean vorticity "

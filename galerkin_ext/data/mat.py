@@ -51,7 +51,7 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.
             return {k: numeric(p, k, f[k][...]).transpose() for k in keys}
     try:
         data = scipy.io.loadmat(p, variable_names=list(keys))
-    except (ValueError, OSError, NotImplementedError) as err:
+    except Exception as err:  # scipy raises many types for damaged or foreign files
         raise ValueError(f"{str(p)!r} is not a readable MATLAB file: {err}") from err
     missing = [k for k in keys if k not in data]
     if missing:

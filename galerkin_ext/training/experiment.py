@@ -336,7 +336,7 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
         ValueError: ``device`` is not a device torch has here.
     """
     device = resolve_device(device)
-    state = load_checkpoint(path, map_location=device)
+    state = load_checkpoint(path)  # on the CPU: torch.load takes few device spellings
     build = state["config"].get("build") if isinstance(state["config"], Mapping) else None
     if not (isinstance(build, Mapping) and isinstance(build.get("name"), str)
             and isinstance(build.get("arguments"), Mapping)):
@@ -347,9 +347,10 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
     model = build_model(build["name"], **build["arguments"])
     try:
         model.load_state_dict(state["model"])
-    except RuntimeError as err:  # torch lists every key; its first line says what is wrong
+    except RuntimeError as err:  # torch's header, then one line per kind of mismatch
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         raise CheckpointError(f"{str(path)!r}: its weights do not fit the model it records "
-                              f"({build['name']!r}): {str(err).splitlines()[0]}") from None
+                              f"({build['name']!r}): {lines[min(1, len(lines) - 1)]}") from None
     return model.to(device).eval(), state
 
 
