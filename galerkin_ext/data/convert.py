@@ -21,7 +21,6 @@ and Kolmogorov files (:func:`convert_continuum_darcy`, :func:`convert_continuum_
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import pickle
 import warnings
@@ -447,9 +446,9 @@ def convert_continuum_navier_stokes(
     """
     import torch
 
-    from .generate import IC_ALPHA, IC_SIGMA, IC_TAU, _relative_change, kolmogorov_time_step
+    from .generate import _relative_change, kolmogorov_time_step, open_kolmogorov_file
     from .kolmogorov import cfl_number
-    from .storage import ArraySpec, ChunkedWriter, run_chunks
+    from .storage import run_chunks
 
     path = _source_file(file, "file")
     axes = check_choice(axes, "axes", ("auto", "xy", "yx"))
@@ -508,21 +507,11 @@ def convert_continuum_navier_stokes(
         swap = found == "yx"
         axes = found
     dt = kolmogorov_time_step(s, dt_out)
-    parameters = {
-        "source": "continuum-attention Navier-Stokes .pt", "sha256": _sha256(path),
-        "axes": axes, "time": time, "dt_out": dt_out, "nu": nu, "wavenumber": wavenumber,
-        "forcing_amplitude": 1.0, "ic_sigma": IC_SIGMA, "ic_tau": IC_TAU, "ic_alpha": IC_ALPHA,
-        "resolution": s, "solve_resolution": s, "dt": dt, "solve_dtype": dtype.name,
-        "domain_length": 2 * math.pi,
-        "coords": "unit square: (i / s, j / s) = physical point / (2 pi)",
-    }
-    axis = np.arange(s, dtype=np.float64) / s
-    writer = ChunkedWriter.open(
-        out, generator="kolmogorov", parameters=parameters, seed=0, n_samples=n_samples,
-        chunk_size=chunk_size, resume=resume, overwrite=overwrite,
-        arrays={k: ArraySpec((s, s), dtype.str) for k in ("input", "output")},
-        static={"coords": np.stack(np.meshgrid(axis, axis, indexing="ij"), axis=-1)},
-        statistics=("omega_T", "persistence", "cfl"))
+    writer = open_kolmogorov_file(
+        out, {"source": "continuum-attention Navier-Stokes .pt", "sha256": _sha256(path),
+              "axes": axes, "time": time, "dt_out": dt_out, "nu": nu, "wavenumber": wavenumber,
+              "resolution": s, "solve_resolution": s, "dt": dt, "solve_dtype": dtype.name},
+        seed=0, n_samples=n_samples, chunk_size=chunk_size, resume=resume, overwrite=overwrite)
 
     def statistics(chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         cfl = torch.maximum(*(cfl_number(torch.from_numpy(chunk[k]).double(), dt)

@@ -461,6 +461,30 @@ def _relative_change(arrays: Arrays) -> np.ndarray:
     return np.linalg.norm(w_out - w_in, axis=1) / np.linalg.norm(w_out, axis=1)
 
 
+def open_kolmogorov_file(out: str | os.PathLike[str], physics: dict[str, Any], *, seed: int,
+                         n_samples: int, chunk_size: int, resume: bool,
+                         overwrite: bool) -> ChunkedWriter:
+    """The writer of a Kolmogorov file (generated or converted): ``input``/``output`` pairs on
+    the ``resolution``^2 periodic grid in ``solve_dtype``, the grid as ``coords``, the summary
+    fields ``omega_T``, ``persistence``, ``cfl``, and the parameters: ``physics`` (``time``,
+    ``dt_out``, ``nu``, ``wavenumber``, ``resolution``, ``solve_resolution``, ``dt``,
+    ``solve_dtype``, what :meth:`KolmogorovDataset.reference_trajectories` solves with, and
+    any record of the source) with the forcing, initial-condition and domain constants."""
+    s = physics["resolution"]
+    params = {**physics, "forcing_amplitude": 1.0, "ic_sigma": IC_SIGMA, "ic_tau": IC_TAU,
+              "ic_alpha": IC_ALPHA, "domain_length": 2 * math.pi,
+              "coords": "unit square: (i / s, j / s) = physical point / (2 pi)"}
+    axis = np.arange(s, dtype=np.float64) / s
+    dtype = _SOLVE_DTYPES[physics["solve_dtype"]]
+    return ChunkedWriter.open(
+        out, generator="kolmogorov", parameters=params, seed=seed, n_samples=n_samples,
+        chunk_size=chunk_size, resume=resume, overwrite=overwrite,
+        arrays={"input": ArraySpec((s, s), dtype), "output": ArraySpec((s, s), dtype)},
+        static={"coords": np.stack(np.meshgrid(axis, axis, indexing="ij"), axis=-1)},
+        statistics=("omega_T", "persistence", "cfl"),
+    )
+
+
 def generate_kolmogorov(
     out: str | os.PathLike[str],
     n_samples: int = 10000,
@@ -546,24 +570,14 @@ def generate_kolmogorov(
     # checked before the partial file exists: a bad device must not leave one behind
     dev = resolve_device(device) if device is not None else torch.device("cpu")
     torch_dtype = getattr(torch, dtype_name)
-    params = {
-        "time": time, "dt_out": dt_out, "nu": nu, "wavenumber": wavenumber,
-        "forcing_amplitude": 1.0, "ic_sigma": IC_SIGMA, "ic_tau": IC_TAU, "ic_alpha": IC_ALPHA,
-        "resolution": resolution, "solve_resolution": solve_s, "dt": dt,
-        "solve_dtype": dtype_name, "domain_length": 2 * math.pi,
-        "coords": "unit square: (i / s, j / s) = physical point / (2 pi)",
-        "method": "pseudo-spectral vorticity, 2/3 de-aliasing, integrating-factor RK4; "
-                  "spectral resampling to the stored grid",
-    }
-    axis = np.arange(resolution, dtype=np.float64) / resolution
-    coords = np.stack(np.meshgrid(axis, axis, indexing="ij"), axis=-1)
-    writer = ChunkedWriter.open(
-        out, generator="kolmogorov", parameters=params, seed=seed, n_samples=n_samples,
-        chunk_size=chunk_size, resume=resume, overwrite=overwrite,
-        arrays={"input": ArraySpec((resolution,) * 2, _SOLVE_DTYPES[dtype_name]),
-                "output": ArraySpec((resolution,) * 2, _SOLVE_DTYPES[dtype_name])},
-        static={"coords": coords}, statistics=("omega_T", "persistence", "cfl"),
-    )
+    writer = open_kolmogorov_file(
+        out, {"time": time, "dt_out": dt_out, "nu": nu, "wavenumber": wavenumber,
+              "resolution": resolution, "solve_resolution": solve_s, "dt": dt,
+              "solve_dtype": dtype_name,
+              "method": "pseudo-spectral vorticity, 2/3 de-aliasing, integrating-factor RK4; "
+                        "spectral resampling to the stored grid"},
+        seed=seed, n_samples=n_samples, chunk_size=chunk_size, resume=resume,
+        overwrite=overwrite)
     # The CFL numbers need the solve grid, which compute() has and the stored arrays do not;
     # run_chunks hands each chunk's arrays to statistics() right after compute() made them.
     solved: dict[str, np.ndarray] = {}
