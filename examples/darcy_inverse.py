@@ -29,6 +29,7 @@ from galerkin_ext.training import (
     evaluate,
     evaluation_only,
     experiment_parser,
+    normalizer_config,
     plot_2d,
     predict,
     record_data_files,
@@ -104,6 +105,8 @@ def main(argv=None):
                                    **(evaluation_only(grids, "n_valid") if args.eval_data
                                       else grids),
                                    input_normalizer=train_set.input_normalizer)
+    # in checkpoints: per grid point, flattened (fine x fine row-major)
+    cfg["normalizers"] = normalizer_config(input=train_set.input_normalizer)
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process

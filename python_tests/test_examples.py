@@ -25,6 +25,9 @@ from test_faults import default_sigint
 from galerkin_ext.complexity import parameter_count
 from galerkin_ext.data import (
     BurgersDataset,
+    DarcyDataset,
+    DarcyInverseDataset,
+    UnitGaussianNormalizer,
     convert_geofno_elasticity,
     generate_burgers,
     generate_darcy,
@@ -144,6 +147,18 @@ def test_darcy_example(tmp_path, darcy_file):
     m = _check_outputs(out, 2)
     assert m["config"]["model"]["attention_type"] == "fourier"
     assert m["config"]["train"]["max_lr"] == 5e-4  # SPEC §5: fourier in 2-D
+    # best.pt alone (its model, its normalisers) reproduces the metric: no training data read
+    model, best = load_trained_model(out / "best.pt")
+    eval_set = DarcyDataset(darcy_file, "valid", 43, coarse_resolution=15, n_train=16,
+                            n_valid=8, **_recorded_normalizers(best, (43, 43)))
+    assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
+
+
+def _recorded_normalizers(checkpoint: dict, shape: tuple[int, ...]) -> dict:
+    """``{'<name>_normalizer': ...}`` from a checkpoint's config, as the README says."""
+    return {f"{name}_normalizer": UnitGaussianNormalizer.from_statistics(
+        torch.tensor(stats["mean"]).reshape(shape), torch.tensor(stats["std"]).reshape(shape))
+        for name, stats in checkpoint["config"]["normalizers"].items()}
 
 
 def test_darcy_inverse_example(tmp_path, darcy_file):
@@ -153,6 +168,12 @@ def test_darcy_inverse_example(tmp_path, darcy_file):
               "--norm", "layer"))
     m = _check_outputs(out, 2)
     assert m["config"]["noise"] == 0.01 and m["config"]["model"]["norm"] == "layer"
+    model, best = load_trained_model(out / "best.pt")
+    eval_set = DarcyInverseDataset(darcy_file, "valid", 43, coarse_resolution=15, noise=0.01,
+                                   noise_seed=_load_example("darcy_inverse").NOISE_SEED,
+                                   n_train=16, n_valid=2,
+                                   **_recorded_normalizers(best, (43, 43)))
+    assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, burgers_file):
@@ -449,13 +470,11 @@ def test_lorenz63_example_task_b(tmp_path):
     assert set(m["thresholds"]["checks"]) == {"test_rel_l2_median", "zero_shot_nonuniform_median",
                                               "nonuniform_over_unweighted"}
     # the checkpoint alone (with the normalisers in its config) reproduces the test median
-    from galerkin_ext.data import ODEDataset, UnitGaussianNormalizer
+    from galerkin_ext.data import ODEDataset
     from galerkin_ext.training import error_summary
 
     model, best = load_trained_model(out / "best.pt")
-    norm = UnitGaussianNormalizer(torch.zeros(2, 1))
-    norm.mean.copy_(torch.tensor(best["config"]["normalizers"]["target"]["mean"]))
-    norm.std.copy_(torch.tensor(best["config"]["normalizers"]["target"]["std"]))
+    norm = _recorded_normalizers(best, (-1,))["target_normalizer"]
     data = best["config"]["data_files"]["eval"]
     test = ODEDataset(data, "test", task="l63_b", n_train=32, n_valid=8, n_test=8)
     assert error_summary(model, test, normalizer=norm,

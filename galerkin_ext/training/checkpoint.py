@@ -96,11 +96,26 @@ def stray_temporary_files(path: str | os.PathLike[str]) -> list[Path]:
     return sorted(p.parent.glob(f".{p.name}.*.tmp"))
 
 
+def _json_text(value: Any, depth: int = 0) -> str:
+    """Indented JSON in which arrays of numbers and strings stay on one line: a normaliser's
+    thousands of statistics are one line of ``metrics.json``, not thousands."""
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    if isinstance(value, Mapping) and value:
+        items = [f"{inner}{json.dumps(k if isinstance(k, str) else json.dumps(k))}: "
+                 f"{_json_text(v, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list | tuple) and any(isinstance(v, Mapping | list | tuple)
+                                               for v in value):
+        items = [f"{inner}{_json_text(v, depth + 1)}" for v in value]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(value, allow_nan=True)
+
+
 def write_json(path: str | os.PathLike[str], data: Mapping[str, Any] | list[Any]) -> Path:
     """Write ``data`` (a JSON object or array) as indented JSON, atomically."""
     if not isinstance(data, (Mapping, list)):
         raise TypeError(f"data: expected a mapping or a list, got {type(data).__name__}")
-    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=True) + "\n"
+    text = _json_text(data) + "\n"
     return atomic_write(path, lambda f: f.write(text.encode()))
 
 

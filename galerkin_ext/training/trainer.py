@@ -86,8 +86,9 @@ _RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progr
 _EVALUATION_BLOCKS = ("zero_shot", "rollout")
 # Top-level records that checkpoints written before them lack: not compared with such a
 # checkpoint (the experiment's name; the model's build, derived from settings compared anyway;
-# the data files' identity, where the files' paths say which data instead).
-_LATER_RECORDS = ("experiment", "build", "data_identity")
+# the data files' identity, where the files' paths say which data instead; the Darcy scripts'
+# normalisers, fitted on those data).
+_LATER_RECORDS = ("experiment", "build", "data_identity", "normalizers")
 
 
 def check_resumable_config(stored: Mapping[str, Any], current: Mapping[str, Any],
