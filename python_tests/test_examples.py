@@ -323,14 +323,22 @@ def test_resume_refuses_changed_settings(tmp_path, burgers_file):
     # a fresh run of another script does not overwrite it
     for flags, message in ((["--resume"], "it is a run of the 'burgers' experiment, this is "
                                           "'lorenz63'; use another out_dir"),
-                           ([], "holds a run of the 'burgers' experiment, which this "
-                                "'lorenz63' run would overwrite; choose another --out (or "
+                           ([], "holds a run of the 'burgers' experiment (last.pt), which "
+                                "this 'lorenz63' run would overwrite; choose another --out (or "
                                 "delete that folder)")):
         proc = subprocess.run(_cmd("lorenz63.py", out, *flags, "--data-dir", str(cache)),
                               capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
         assert proc.returncode == 1 and not cache.exists(), proc.stderr[-2000:]
         assert proc.stderr.strip().endswith(message), proc.stderr[-2000:]
         assert (out / "last.pt").read_bytes() == last
+    # ... nor a folder that kept only the model (best.pt)
+    (out / "last.pt").unlink()
+    best = (out / "best.pt").read_bytes()
+    proc = subprocess.run(_cmd("lorenz63.py", out, "--data-dir", str(cache)),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 1 and not cache.exists(), proc.stderr[-2000:]
+    assert "'burgers' experiment (best.pt)" in proc.stderr, proc.stderr[-2000:]
+    assert (out / "best.pt").read_bytes() == best
 
 
 def test_torchrun_two_processes_match_single_process(tmp_path, burgers_file):

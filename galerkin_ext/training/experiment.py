@@ -238,26 +238,30 @@ def _check_out(path: str) -> None:
 def check_resume(cfg: Mapping[str, Any], args: argparse.Namespace) -> None:
     """With ``--resume`` and an ``OUT/last.pt``: refuse now, before any data are generated, a
     setting of ``cfg`` that differs from the checkpoint's (``CheckpointError``); without
-    ``--resume``, a ``last.pt`` of another experiment, which the run would overwrite
-    (``ConfigError``).
+    ``--resume``, an ``OUT/last.pt`` or ``OUT/best.pt`` of another experiment, which the run
+    would overwrite (``ConfigError``).
 
     Scripts call it once ``cfg`` holds every setting of the command line.  The
     :class:`~galerkin_ext.training.Trainer` compares the whole configuration again once the
     data are read (normalisers, sample counts, data files).
     """
-    last = Path(args.out) / "last.pt"
-    if not last.is_file():
+    out = Path(args.out)
+    if not args.resume:  # a fresh run overwrites them: refused for another experiment's run
+        for kind in ("last", "best"):
+            if not (out / f"{kind}.pt").is_file():
+                continue
+            try:
+                stored = load_checkpoint(out / f"{kind}.pt", kind)["config"]
+            except CheckpointError:  # unreadable: nothing to keep
+                continue
+            if stored.get("experiment", cfg["experiment"]) != cfg["experiment"]:
+                raise ConfigError(
+                    f"--out: {str(out)!r} holds a run of the {stored['experiment']!r} "
+                    f"experiment ({kind}.pt), which this {cfg['experiment']!r} run would "
+                    "overwrite; choose another --out (or delete that folder)")
         return
-    if not args.resume:  # a fresh run overwrites it: refused for another experiment's run
-        try:
-            stored = load_checkpoint(last, "last")["config"]
-        except CheckpointError:  # unreadable: nothing to keep
-            return
-        if stored.get("experiment", cfg["experiment"]) != cfg["experiment"]:
-            raise ConfigError(
-                f"--out: {str(Path(args.out))!r} holds a run of the {stored['experiment']!r} "
-                f"experiment, which this {cfg['experiment']!r} run would overwrite; choose "
-                "another --out (or delete that folder)")
+    last = out / "last.pt"
+    if not last.is_file():
         return
     stored = load_checkpoint(last, "last")["config"]
     current = {**cfg, "train": dataclasses.asdict(TrainConfig(**cfg["train"]))}
