@@ -267,6 +267,19 @@ def test_continuum_darcy_mat_files_convert_to_the_generated_arrays(tmp_path, coe
             assert info["statistics"][name] == pytest.approx(stats, rel=1e-12), name
         data = ContinuumDarcyDataset(out, "train", n_train=4, n_valid=1, n_test=1)
         assert data.coef == coef and data.x.shape == (4, 9, 9, 1)
+    # MATLAB single precision stays float32 from either version
+    single = {k: v.astype(np.float32) for k, v in fields.items()}
+    x, y = (single[k].transpose(1, 2, 0) for k in ("a", "u"))
+    with h5py.File(tmp_path / "single_v73.mat", "w") as f:
+        f["x"], f["y"] = x.transpose(2, 1, 0), y.transpose(2, 1, 0)
+    scipy.io.savemat(tmp_path / "single_v5.mat", {"x": x, "y": y})
+    for version in ("v73", "v5"):
+        out = convert_continuum_darcy(tmp_path / f"single_{version}.mat",
+                                      tmp_path / f"single_{version}.h5", progress=False)
+        stored = read_h5(out, np.arange(6), keys=("a", "u"))
+        for key in ("a", "u"):
+            assert stored[key].dtype == np.float32, (version, key)
+            np.testing.assert_array_equal(stored[key], single[key])
 
 
 def test_continuum_darcy_refusals(tmp_path, capsys):
@@ -278,6 +291,9 @@ def test_continuum_darcy_refusals(tmp_path, capsys):
         convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
     scipy.io.savemat(bad, {"x": x})
     with pytest.raises(ValueError, match=r"lacks \['y'\]; it holds \['x'\]"):
+        convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
+    scipy.io.savemat(bad, {"x": np.rint(x).astype(np.int32), "y": y})  # as from v7.3 files
+    with pytest.raises(ValueError, match="variable 'x'.*expected real floating-point values"):
         convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
     # damaged or foreign files: one line each, no traceback, from the command line too
     v73 = (tmp_path / "lognormal_v73.mat").read_bytes()

@@ -343,7 +343,7 @@ def convert_continuum_darcy(
                         for k, v in sources.items()}
         else:
             try:
-                loaded = load_mat(path, ("x", "y"))
+                loaded = load_mat(path, ("x", "y"), stored_type=True)  # as the v7.3 branch
             except KeyError as err:  # a missing variable, named in the message
                 raise ValueError(err.args[0]) from None
             fields = {"a": loaded["x"], "u": loaded["y"]}

@@ -34,21 +34,26 @@ def is_mat_v73(path: str | os.PathLike[str]) -> bool:
     return bool(h5py.is_hdf5(_existing_file(path)))
 
 
-def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.ndarray]:
-    """Load the variables ``keys`` from a MATLAB v5 or v7.3 file as float64 arrays.
+def load_mat(path: str | os.PathLike[str], keys: Sequence[str], *,
+             stored_type: bool = False) -> dict[str, np.ndarray]:
+    """Load the variables ``keys`` from a MATLAB v5 or v7.3 file as float64 arrays, or in the
+    type they are stored in (``stored_type=True``; a MATLAB ``single`` stays float32).
 
     Raises ``KeyError`` naming the missing variables and the ones present.
     """
     p = _existing_file(path)
     if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
         raise TypeError(f"keys must be a sequence of variable names, got {keys!r}")
+    if not isinstance(stored_type, bool):
+        raise TypeError(f"stored_type: expected a bool, got {type(stored_type).__name__}")
+    dtype = None if stored_type else np.float64
     if is_mat_v73(p):
         with h5py.File(p, "r") as f:
             missing = [k for k in keys if k not in f]
             present = sorted(k for k in f if not k.startswith("#"))
             if missing:
                 raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
-            return {k: numeric(p, k, f[k][...]).transpose() for k in keys}
+            return {k: numeric(p, k, f[k][...], dtype).transpose() for k in keys}
     try:
         data = scipy.io.loadmat(p, variable_names=list(keys))
     except Exception as err:  # scipy raises many types for damaged or foreign files
@@ -57,16 +62,18 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str]) -> dict[str, np.
     if missing:
         present = sorted(v[0] for v in scipy.io.whosmat(p))
         raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
-    return {k: numeric(p, k, data[k]) for k in keys}
+    return {k: numeric(p, k, data[k], dtype) for k in keys}
 
 
-def numeric(path: str | os.PathLike[str], key: str, value: object) -> np.ndarray:
-    """``value`` as a float64 array, or a ValueError naming the file and the variable."""
+def numeric(path: str | os.PathLike[str], key: str, value: object,
+            dtype: type[np.floating] | None = np.float64) -> np.ndarray:
+    """``value`` as a ``dtype`` array (``None``: its own numeric type), or a ValueError naming
+    the file and the variable."""
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         raise ValueError(f"{str(path)!r}: variable {key!r} holds {array.dtype} data "
                          f"({array.dtype.kind!r} kind), expected a numeric array")
-    return array.astype(np.float64, copy=False)
+    return array if dtype is None else array.astype(dtype, copy=False)
 
 
 def finite_samples(path: str | os.PathLike[str], key: str, array: np.ndarray) -> None:
