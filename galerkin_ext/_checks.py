@@ -279,6 +279,8 @@ def check_cell_weight(cell_weight: object, n: int, like: Tensor,
         ):
             raise ValueError("cell_weight: expected finite, non-negative cell volumes")
         return cell_weight
+    if isinstance(cell_weight, torch.SymFloat):  # 1 / (number of points) of symbolic sizes
+        return cell_weight  # (torch.export with dynamic shapes): no value to check
     if isinstance(cell_weight, bool) or not isinstance(cell_weight, numbers.Real):
         raise TypeError(f"{expected}, got {type(cell_weight).__name__}")
     if not (math.isfinite(cell_weight) and cell_weight > 0):

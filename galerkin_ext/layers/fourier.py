@@ -79,6 +79,13 @@ class _ComplexParametersModule(nn.Module):
         return self
 
 
+def _at_most(modes: int, resolved: int) -> int:
+    """``min(modes, resolved)`` as a comparison: under ``torch.export`` with dynamic sizes it
+    becomes a guard that the sizes' range decides, where a symbolic ``min`` stays in the shapes
+    and leaves guards the exporter cannot prove."""
+    return modes if resolved >= modes else resolved
+
+
 class SpectralConv(_ComplexParametersModule):
     """Fourier integral operator on a periodic 2-D grid: ``irfft2(R(k) · rfft2(x)(k))``.
 
@@ -135,9 +142,9 @@ class SpectralConv(_ComplexParametersModule):
         if batch == 0:  # MKL's FFT refuses an empty batch
             return x.new_zeros(0, p1, p2, self.out_channels)
         # The largest |k| each axis resolves without aliasing or a Nyquist mode.
-        n_pos = min(self.modes, (p1 - 1) // 2 + 1)  # k₁ = 0 .. n_pos - 1
-        n_neg = min(self.modes, (p1 - 1) // 2)  # k₁ = -n_neg .. -1
-        n_last = min(self.last_modes, (p2 - 1) // 2 + 1)
+        n_pos = _at_most(self.modes, (p1 - 1) // 2 + 1)  # k₁ = 0 .. n_pos - 1
+        n_neg = _at_most(self.modes, (p1 - 1) // 2)  # k₁ = -n_neg .. -1
+        n_last = _at_most(self.last_modes, (p2 - 1) // 2 + 1)
         work, result = spectral_dtypes(x)
         x_ft = torch.fft.rfft2(x.to(work), dim=(1, 2))
         weight_pos = self.weight_pos.to(x_ft.dtype)

@@ -200,7 +200,8 @@ class TNO(nn.Module):
         if weight is not None:
             times = times.masked_fill(weight.expand(batch, n) == 0, torch.inf)
         first = times.argmin(dim=1)  # the initial time of each sample
-        at_first = F.one_hot(first, n).to(torch.bool)[..., None]
+        # a comparison, not F.one_hot, whose class count would fix N in an exported program
+        at_first = (torch.arange(n, device=h.device) == first[:, None])[..., None]
         return torch.where(at_first, self.token0_lift(token0)[:, None, :], h)
 
 
