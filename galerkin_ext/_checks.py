@@ -180,16 +180,18 @@ def check_quadrature_weight(
         raise ValueError(f"{name}: expected finite, non-negative quadrature weights")
 
 
-def check_has_keys(weight: Tensor, batch: int, m: int, name: str = "weight") -> None:
-    """Every batch element of the quadrature weights ``(B, M)`` / ``(M,)`` has a positive one:
-    softmax attention over no keys is undefined. Skipped while tracing (data-dependent)."""
+def check_has_keys(weight: Tensor, batch: int, m: int,
+                   undefined: str = "softmax attention over no keys") -> None:
+    """Every batch element of the quadrature weights ``(B, M)`` / ``(M,)`` has a positive one,
+    without which ``undefined`` is undefined (the message says so). Skipped while tracing
+    (data-dependent)."""
     if is_tracing(weight):
         return
     empty = ~(weight.expand(batch, m) > 0).any(dim=1)
     if bool(empty.any()):
-        raise ValueError(f"{name}: batch element {int(empty.nonzero()[0])} has no key of "
-                         "positive weight (softmax attention over no keys is undefined); "
-                         "expected at least one w_j > 0 per element")
+        raise ValueError(f"weight: batch element {int(empty.nonzero()[0])} has no key of "
+                         f"positive weight ({undefined} is undefined); expected at least one "
+                         "w_j > 0 per element")
 
 
 def check_attention_operands(
@@ -379,3 +381,97 @@ def check_path(path: object, name: str = "path") -> Path:
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(path).__name__}")
     return Path(path)
+
+
+ROW_MAPS = ("identity", "layer_norm", "softmax")
+
+
+def _check_core_operand(x: object, name: str) -> Tensor:
+    """An operand of the op core: a floating tensor ``(B, H, points, D)`` with ``D >= 1``."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    if x.dim() != 4 or x.shape[3] == 0:
+        raise ValueError(f"{name}: expected shape (B, H, points, D) with D >= 1, got "
+                         f"{tuple(x.shape)}")
+    return x
+
+
+def _check_row_map(kind: object, name: str, norm: object, norm_name: str, like: Tensor,
+                   like_name: str) -> None:
+    """A row map of :data:`ROW_MAPS` with its norm pair: given exactly for ``'layer_norm'``."""
+    check_choice(kind, name, ROW_MAPS)
+    if kind == "layer_norm":
+        if norm is None:
+            raise ValueError(f"{norm_name}: {name}='layer_norm' needs a (weight, bias) pair, "
+                             "got None")
+        check_norm(norm, norm_name, like, like_name)
+    elif norm is not None:
+        raise ValueError(f"{norm_name}: expected None with {name}={kind!r} (a norm pair "
+                         "belongs to 'layer_norm')")
+
+
+def _check_map_eps(eps: object, *maps: object) -> None:
+    """A layer norm's ``eps`` (:func:`check_norm_eps`) where a map is one; else unused, but a
+    finite float >= 0 all the same."""
+    if "layer_norm" in maps:
+        check_norm_eps(eps)
+    else:
+        check_float(eps, "eps", low_inclusive=True)
+
+
+def check_bool(value: object, name: str) -> None:
+    """``value`` a bool (not 0/1, not a string)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+
+
+def check_kv_reduce(k: object, v: object, kv_pos: object, weight: object, k_map: object,
+                    k_norm: object, v_map: object, v_norm: object, eps: object,
+                    ones_column: object) -> None:
+    """The arguments of the op core's key side (``kv_reduce``, compiled or formula), as its C++
+    twin checks them, and the weights' values and ``eps`` besides; the points ``M`` may be 0."""
+    k = _check_core_operand(k, "k")
+    v = _check_core_operand(v, "v")
+    check_like(v, "v", k, "k")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v: expected shape (B, H, M, D_v) with (B, H, M) = "
+                         f"{tuple(k.shape[:3])} of k, got {tuple(v.shape)}")
+    check_pos(kv_pos, k, "kv_pos", "M")  # type: ignore[arg-type]
+    if weight is not None:
+        check_quadrature_weight(weight, k.shape[0], k.shape[2], k, "k", axis="M")
+    _check_row_map(k_map, "k_map", k_norm, "k_norm", k, "k")
+    _check_row_map(v_map, "v_map", v_norm, "v_norm", v, "v")
+    _check_map_eps(eps, k_map, v_map)
+    check_bool(ones_column, "ones_column")
+
+
+def check_q_apply(q: object, s: object, pos: object, q_map: object, q_norm: object,
+                  eps: object, normalizers: object, skip: object) -> None:
+    """The arguments of the op core's query side (``q_apply``, compiled or formula), as its C++
+    twin checks them, and ``eps`` besides; the points ``N`` may be 0."""
+    q = _check_core_operand(q, "q")
+    check_pos(pos, q, "pos", "N")  # type: ignore[arg-type]
+    _check_row_map(q_map, "q_map", q_norm, "q_norm", q, "q")
+    _check_map_eps(eps, q_map)
+    if not isinstance(s, Tensor):
+        raise TypeError(f"s: expected a tensor, got {type(s).__name__}")
+    opmath = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if s.dtype != opmath or s.device != q.device:
+        raise TypeError(f"s: expected {opmath} on {q.device} (what kv_reduce gives for q's "
+                        f"dtype), got {s.dtype} on {s.device}")
+    width = (pos.shape[-1] if isinstance(pos, Tensor) else 0) + q.shape[3]
+    if s.dim() != 4 or s.shape[:3] != (*q.shape[:2], width):
+        raise ValueError(f"s: expected shape (B, H, P + D, W) = ({q.shape[0]}, {q.shape[1]}, "
+                         f"{width}, W), got {tuple(s.shape)}")
+    blocks = check_int(normalizers, "normalizers", 0)
+    if blocks and (s.shape[3] % blocks or s.shape[3] // blocks < 2):
+        raise ValueError(f"normalizers: {blocks} blocks of (d_v + 1) >= 2 columns do not make "
+                         f"up W = {s.shape[3]}")
+    check_bool(skip, "skip")
+    out = s.shape[3] // blocks - 1 if blocks else s.shape[3]
+    if skip and out != width:
+        raise ValueError(f"skip: needs the output width {out} to equal Q̂'s width P + D = "
+                         f"{width}")
+

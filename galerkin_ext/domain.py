@@ -61,6 +61,7 @@ from . import functional, ops
 from ._checks import (
     check_choice,
     check_dropout,
+    check_float_dtype,
 )
 
 __all__ = ["DomainSplit", "PointShards", "fourier_attention", "galerkin_attention",
@@ -169,7 +170,7 @@ def _shard_kv_reduce(
     keep the norm parameters in the graph."""
     if weight is None:
         weight = torch.ones(k.shape[2], dtype=functional.opmath_dtype(k), device=k.device)
-    reduce = ops.kv_reduce if k.shape[2] else functional.kv_reduce
+    reduce = ops._kv_reduce if k.shape[2] else functional._kv_reduce  # (checked arguments)
     return reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map, k_norm=k_norm, v_map=v_map,
                   v_norm=v_norm, eps=eps, ones_column=ones_column)
 
@@ -177,7 +178,7 @@ def _shard_kv_reduce(
 def _shard_q_apply(q: Tensor, s: Tensor, **kwargs: object) -> Tensor:
     """:func:`galerkin_ext.ops.q_apply` on this shard's queries; the formula for a shard
     without queries (the compiled op wants ``N >= 1``)."""
-    apply = ops.q_apply if q.shape[2] else functional.q_apply
+    apply = ops._q_apply if q.shape[2] else functional._q_apply  # (checked arguments)
     return apply(q, s, **kwargs)
 
 
@@ -460,13 +461,17 @@ class DomainSplit:
         last axis; for ``None``, uniform ``1/n`` over the whole sample, ``(local_n,)`` of
         ``dtype`` on ``device``."""
         if weight is None:
+            check_float_dtype(dtype)
             if self.n == 0:
                 raise ValueError("weight: uniform weights 1/n need n >= 1 points, the split "
                                  "has none")
             return torch.full((self.local_n,), 1.0 / self.n, dtype=dtype, device=device)
-        if not isinstance(weight, Tensor) or weight.dim() not in (1, 2):
-            raise ValueError(f"weight: expected a tensor (B, n) or (n,) with n = {self.n}, got "
-                             f"{getattr(weight, 'shape', type(weight).__name__)}")
+        if not isinstance(weight, Tensor):
+            raise TypeError(f"weight: expected a tensor (B, n) or (n,) with n = {self.n}, got "
+                            f"{type(weight).__name__}")
+        if weight.dim() not in (1, 2) or weight.shape[-1] != self.n:
+            raise ValueError(f"weight: expected shape (B, n) or (n,) with n = {self.n}, got "
+                             f"{tuple(weight.shape)}")
         return self.shard(weight, dim=-1)
 
     def gather(self, x: Tensor, dim: int = 1) -> Tensor:

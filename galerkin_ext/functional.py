@@ -28,7 +28,9 @@ from torch import Tensor
 from ._checks import (
     check_attention_operands,
     check_choice,
+    check_kv_reduce,
     check_pos,
+    check_q_apply,
     check_quadrature_weight,
 )
 
@@ -109,6 +111,15 @@ def kv_reduce(
     ``ones_column`` appends a column of ones to ``V̂``, so ``S``'s last column is the normaliser
     ``s = Σ_j w_j k̂_j``.
     """
+    check_kv_reduce(k, v, kv_pos, weight, k_map, k_norm, v_map, v_norm, eps, ones_column)
+    return _kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map, k_norm=k_norm,
+                      v_map=v_map, v_norm=v_norm, eps=eps, ones_column=ones_column)
+
+
+def _kv_reduce(k: Tensor, v: Tensor, *, kv_pos: Tensor | None, weight: Tensor | None,
+               k_map: str, k_norm: Norm, v_map: str, v_norm: Norm, eps: float,
+               ones_column: bool) -> Tensor:
+    """:func:`kv_reduce` on checked arguments (the attention functions check theirs once)."""
     batch, _, m, _ = k.shape
     k_hat = _opmath(row_map(k, kv_pos, k_map, k_norm, eps))
     v_hat = _opmath(row_map(v, kv_pos, v_map, v_norm, eps))
@@ -135,6 +146,14 @@ def q_apply(
     ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` with ``0/0 := 0``; plus ``Q̂`` itself with ``skip`` (the
     result's width must then be ``Q̂``'s). ``Q̂`` is :func:`row_map` of ``q (B, H, N, D)`` with
     ``pos``; ``s (B, H, P + D, W)``."""
+    check_q_apply(q, s, pos, q_map, q_norm, eps, normalizers, skip)
+    return _q_apply(q, s, pos=pos, q_map=q_map, q_norm=q_norm, eps=eps,
+                    normalizers=normalizers, skip=skip)
+
+
+def _q_apply(q: Tensor, s: Tensor, *, pos: Tensor | None, q_map: str, q_norm: Norm, eps: float,
+             normalizers: int, skip: bool = False) -> Tensor:
+    """:func:`q_apply` on checked arguments (the attention functions check theirs once)."""
     q_hat = _opmath(row_map(q, pos, q_map, q_norm, eps))
     y = q_hat @ s
     if normalizers > 0:
@@ -178,7 +197,7 @@ def kernel_attention(
         return factored_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=weight,
                                   q_norm=q_norm, k_norm=k_norm, v_norm=v_norm, eps=eps,
                                   scale=scale, dropout_mask=dropout_mask,
-                                  kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+                                  kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
     out_dtype = q.dtype
     q, k, v, pos, kv_pos, weight = (None if t is None else _opmath(t)
                                     for t in (q, k, v, pos, kv_pos, weight))
@@ -304,8 +323,8 @@ def normalized_attention(
         ``(B, H, N, P + D_v)``.
     """
     return normalized_core(q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight],
-                           reduce="sum", skip=skip, hetero=False, kv_reduce_fn=kv_reduce,
-                           q_apply_fn=q_apply)
+                           reduce="sum", skip=skip, hetero=False, kv_reduce_fn=_kv_reduce,
+                           q_apply_fn=_q_apply)
 
 
 def hetero_normalized_attention(
@@ -339,7 +358,7 @@ def hetero_normalized_attention(
         ``(B, H, N, P + D_v)``.
     """
     return normalized_core(q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce,
-                           skip=skip, hetero=True, kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+                           skip=skip, hetero=True, kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
 
 
 def normalized_core(
@@ -412,6 +431,11 @@ def _input_lists(
     ) or not isinstance(vs, Sequence) or len(ks) == 0 or len(ks) != len(vs):
         raise TypeError("ks, vs: expected two non-empty sequences of tensors of equal length")
     n_inputs = len(ks)
+    for name, seq in (("kv_pos", kv_pos), ("weights", weights)):
+        # a tensor would be split along its batch axis as if it were one entry per input
+        if seq is not None and (isinstance(seq, Tensor) or not isinstance(seq, Sequence)):
+            raise TypeError(f"{name}: expected None or a sequence of {n_inputs} entries (one "
+                            f"per input, each a tensor or None), got {type(seq).__name__}")
     kv_pos = [None] * n_inputs if kv_pos is None else list(kv_pos)
     weights = [None] * n_inputs if weights is None else list(weights)
     for name, seq in (("kv_pos", kv_pos), ("weights", weights)):

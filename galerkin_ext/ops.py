@@ -39,10 +39,12 @@ from ._checks import (
     check_choice,
     check_dropout,
     check_has_keys,
+    check_kv_reduce,
     check_norm,
     check_norm_eps,
     check_patched_operands,
     check_probability,
+    check_q_apply,
     check_quadrature_weight,
     check_scale,
 )
@@ -234,8 +236,8 @@ def kernel_attention(
             v_norm=v_norm, eps=eps, scale=scale, path="quadratic", dropout_mask=mask)
     return functional.factored_attention(
         q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
-        v_norm=v_norm, eps=eps, scale=scale, dropout_mask=mask, kv_reduce_fn=kv_reduce,
-        q_apply_fn=q_apply)
+        v_norm=v_norm, eps=eps, scale=scale, dropout_mask=mask, kv_reduce_fn=_kv_reduce,
+        q_apply_fn=_q_apply)
 
 
 def normalized_attention(
@@ -263,7 +265,7 @@ def normalized_attention(
                                                      None)
     return functional.normalized_core(
         q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight], reduce="sum", skip=skip,
-        hetero=False, kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+        hetero=False, kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
 
 
 def hetero_normalized_attention(
@@ -287,7 +289,7 @@ def hetero_normalized_attention(
                                                         None, None)
     return functional.normalized_core(
         q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce, skip=skip,
-        hetero=True, kv_reduce_fn=kv_reduce, q_apply_fn=q_apply)
+        hetero=True, kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,14 +309,23 @@ def kv_reduce(
     eps: float,
     ones_column: bool,
 ) -> Tensor:
-    """``S = K̂ᵀ W V̂`` on checked arguments (as :func:`galerkin_ext.functional.kv_reduce`):
-    the compiled op where it runs, else the formula."""
+    """``S = K̂ᵀ W V̂`` (as :func:`galerkin_ext.functional.kv_reduce`): the compiled op where it
+    runs, else the formula."""
+    check_kv_reduce(k, v, kv_pos, weight, k_map, k_norm, v_map, v_norm, eps, ones_column)
+    return _kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map, k_norm=k_norm,
+                      v_map=v_map, v_norm=v_norm, eps=eps, ones_column=ones_column)
+
+
+def _kv_reduce(k: Tensor, v: Tensor, *, kv_pos: Tensor | None, weight: Tensor | None,
+               k_map: str, k_norm: Norm, v_map: str, v_norm: Norm, eps: float,
+               ones_column: bool) -> Tensor:
+    """:func:`kv_reduce` on checked arguments (the attention functions check theirs once)."""
     coordinates = kv_pos.shape[-1] if kv_pos is not None else 0
     widths = (coordinates + k.shape[3], coordinates + v.shape[3] + int(ones_column))
     if not _compiled_core(k, widths, coordinates):
-        return functional.kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map,
-                                    k_norm=k_norm, v_map=v_map, v_norm=v_norm, eps=eps,
-                                    ones_column=ones_column)
+        return functional._kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map,
+                                     k_norm=k_norm, v_map=v_map, v_norm=v_norm, eps=eps,
+                                     ones_column=ones_column)
     return torch.ops.galerkin_ext.kv_reduce(k, v, kv_pos, weight, k_map, *_norm_pair(k_norm),
                                             v_map, *_norm_pair(v_norm), eps, ones_column)
 
@@ -331,12 +342,20 @@ def q_apply(
     skip: bool = False,
 ) -> Tensor:
     """``Q̂ S``, or ``Σ_l (Q̂ S_l) / (Q̂ · s_l)`` over ``normalizers`` blocks, plus ``Q̂`` with
-    ``skip``, on checked arguments (as :func:`galerkin_ext.functional.q_apply`): the compiled
-    op where it runs, else the formula."""
+    ``skip`` (as :func:`galerkin_ext.functional.q_apply`): the compiled op where it runs, else
+    the formula."""
+    check_q_apply(q, s, pos, q_map, q_norm, eps, normalizers, skip)
+    return _q_apply(q, s, pos=pos, q_map=q_map, q_norm=q_norm, eps=eps,
+                    normalizers=normalizers, skip=skip)
+
+
+def _q_apply(q: Tensor, s: Tensor, *, pos: Tensor | None, q_map: str, q_norm: Norm, eps: float,
+             normalizers: int, skip: bool = False) -> Tensor:
+    """:func:`q_apply` on checked arguments (the attention functions check theirs once)."""
     coordinates = pos.shape[-1] if pos is not None else 0
     if not _compiled_core(q, (coordinates + q.shape[3], s.shape[3]), coordinates):
-        return functional.q_apply(q, s, pos=pos, q_map=q_map, q_norm=q_norm, eps=eps,
-                                  normalizers=normalizers, skip=skip)
+        return functional._q_apply(q, s, pos=pos, q_map=q_map, q_norm=q_norm, eps=eps,
+                                   normalizers=normalizers, skip=skip)
     return torch.ops.galerkin_ext.q_apply(q, pos, q_map, *_norm_pair(q_norm), s, eps,
                                           normalizers, skip)
 
@@ -553,7 +572,7 @@ def _formula_grads(formula, inputs, wanted, grad) -> list[Tensor]:
 def _kv_reduce_backward_formula(grad_s, k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb,
                                 eps, ones_column, kv_pos_grad, weight_grad) -> list[Tensor]:
     def formula(k, v, kv_pos, weight, knw, knb, vnw, vnb):
-        return functional.kv_reduce(
+        return functional._kv_reduce(
             k, v, kv_pos=kv_pos, weight=weight, k_map=k_map, k_norm=_pair_or_none(knw, knb),
             v_map=v_map, v_norm=_pair_or_none(vnw, vnb), eps=eps, ones_column=ones_column)
 
@@ -564,8 +583,8 @@ def _kv_reduce_backward_formula(grad_s, k, v, kv_pos, weight, k_map, knw, knb, v
 def _q_apply_backward_formula(grad_out, q, pos, q_map, qnw, qnb, s, eps, normalizers, skip,
                               pos_grad) -> list[Tensor]:
     def formula(q, pos, qnw, qnb, s):
-        return functional.q_apply(q, s, pos=pos, q_map=q_map, q_norm=_pair_or_none(qnw, qnb),
-                                  eps=eps, normalizers=normalizers, skip=skip)
+        return functional._q_apply(q, s, pos=pos, q_map=q_map, q_norm=_pair_or_none(qnw, qnb),
+                                   eps=eps, normalizers=normalizers, skip=skip)
 
     return _formula_grads(formula, (q, pos, qnw, qnb, s), (True, pos_grad, True, True, True),
                           grad_out)

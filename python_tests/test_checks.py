@@ -46,3 +46,63 @@ def test_check_probability_and_choice():
     assert check_choice("relu", "activation", ["relu", "gelu"]) == "relu"
     with pytest.raises(ValueError, match=r"activation: expected one of \['relu'\], got 'tanh'"):
         check_choice("tanh", "activation", ["relu"])
+
+
+def _core_arguments(batch_v: int = 2):
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    k, q = torch.randn(2, 3, 7, 4, generator=g), torch.randn(2, 3, 5, 4, generator=g)
+    v = torch.randn(batch_v, 3, 7, 2, generator=g)
+    norm = (torch.ones(3, 4), torch.zeros(3, 4))
+    kv = {"kv_pos": torch.rand(7, 2, generator=g), "weight": torch.rand(7, generator=g),
+          "k_map": "layer_norm", "k_norm": norm, "v_map": "identity", "v_norm": None,
+          "eps": 1e-5, "ones_column": False}
+    return k, v, q, norm, kv
+
+
+@pytest.mark.parametrize("where", ["ops", "functional"])
+def test_op_core_halves_check_their_arguments(where):
+    """The public kv_reduce and q_apply of both modules: a batch-1 v broadcast against k, a
+    misspelt map taken as 'identity', a layer norm without its parameters skipped, a negative
+    eps or weight used: each was a silent wrong answer of the formula, or a raw IndexError."""
+    import importlib
+
+    import torch
+
+    module = importlib.import_module(f"galerkin_ext.{where}")
+    k, v, q, norm, kv = _core_arguments()
+    s = module.kv_reduce(k, v, **kv)  # (2, 3, 2 + 4, 2 + 2)
+    apply = {"pos": torch.rand(5, 2), "q_map": "identity", "q_norm": None, "eps": 1e-5,
+             "normalizers": 0}
+    assert module.q_apply(q, s, **apply).shape == (2, 3, 5, 4)
+    bad_kv = [
+        ({"v": _core_arguments(batch_v=1)[1]}, ValueError, r"v: expected shape \(B, H, M, D_v\)"),
+        ({"k": k[0]}, ValueError, r"k: expected shape \(B, H, points, D\)"),
+        ({"k": k.numpy()}, TypeError, "k: expected a tensor, got ndarray"),
+        ({"k": k.long()}, TypeError, "k: expected a floating-point tensor"),
+        ({"k_map": "softmx"}, ValueError, "k_map: expected one of"),
+        ({"k_norm": None}, ValueError, "k_norm: k_map='layer_norm' needs a"),
+        ({"v_norm": norm}, ValueError, "v_norm: expected None with v_map='identity'"),
+        ({"weight": -kv["weight"]}, ValueError, "weight: expected finite, non-negative"),
+        ({"kv_pos": torch.rand(6, 2)}, ValueError, r"kv_pos: expected shape \(B, M, P\)"),
+        ({"eps": -1.0}, ValueError, "eps: expected a finite float"),
+        ({"ones_column": "yes"}, TypeError, "ones_column: expected a bool, got str"),
+    ]
+    for change, error, message in bad_kv:
+        arguments = {"k": k, "v": v, **kv, **change}
+        with pytest.raises(error, match=message):
+            module.kv_reduce(arguments.pop("k"), arguments.pop("v"), **arguments)
+    bad_apply = [
+        ({"s": s[:1]}, ValueError, r"s: expected shape \(B, H, P \+ D, W\) = \(2, 3, 6, W\)"),
+        ({"s": s.double()}, TypeError, "s: expected torch.float32"),
+        ({"q_map": "soft"}, ValueError, "q_map: expected one of"),
+        ({"normalizers": -1}, ValueError, "normalizers: expected an int >= 0"),
+        ({"normalizers": 3}, ValueError, "normalizers: 3 blocks"),
+        ({"skip": True}, ValueError, "skip: needs the output width 4 to equal"),
+        ({"skip": 1}, TypeError, "skip: expected a bool, got int"),
+    ]
+    for change, error, message in bad_apply:
+        arguments = {"s": s, **apply, **change}
+        with pytest.raises(error, match=message):
+            module.q_apply(q, arguments.pop("s"), **arguments)

@@ -195,6 +195,15 @@ def test_normalizer_validation():
     norm = UnitGaussianNormalizer(torch.randn(5, 4, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="fitted shape"):
         norm.encode(torch.zeros(4, 3))
+    # an integer input was encoded and truncated back to integers; NaN data gave NaN statistics
+    with pytest.raises(TypeError, match="x: expected a floating-point tensor .* got torch.int64"):
+        norm.encode(torch.ones(2, 4, 4, dtype=torch.int64))
+    with pytest.raises(TypeError, match="x: expected a floating-point tensor .* got ndarray"):
+        norm.decode(np.zeros((4, 4)))
+    data = torch.randn(5, 3)
+    data[2, 1] = float("nan")
+    with pytest.raises(ValueError, match="data: expected finite values, sample 2 has NaN"):
+        UnitGaussianNormalizer(data)
 
 
 def test_datasets_from_generated_files(tmp_path):

@@ -155,6 +155,10 @@ def test_instance_norm_uses_quadrature_weights(attention_type, gen):
     x2[:, -1] += 10.0
     out1, out2 = attn(x, pos, weight), attn(x2, pos, weight)
     torch.testing.assert_close(out1[:, :-1], out2[:, :-1])
+    # a sample without a point of positive weight has no moments: an error, not NaN
+    with pytest.raises(ValueError, match="^weight: batch element 1 has no key of positive "
+                                         "weight \\(an instance norm's moments"):
+        attn(x.expand(2, 6, 8), pos, torch.stack([weight, torch.zeros_like(weight)]))
 
 
 def test_attention_parameters_and_init():

@@ -202,6 +202,12 @@ Q, K, V = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7,
     (lambda m: m.hetero_normalized_attention(Q, [K], [V], weights=[None, None]), ValueError,
      "weights: expected 1 entries"),
     (lambda m: m.hetero_normalized_attention(Q, [K], [V], reduce="max"), ValueError, "reduce"),
+    # a tensor where one entry per input is due: its batch rows were taken as the inputs'
+    (lambda m: m.hetero_normalized_attention(Q, [K, K], [V, V], kv_pos=torch.rand(2, 7, 1),
+                                             pos=torch.rand(5, 1)), TypeError,
+     "kv_pos: expected None or a sequence of 2 entries"),
+    (lambda m: m.hetero_normalized_attention(Q, [K, K], [V, V], weights=torch.rand(2, 7)),
+     TypeError, "weights: expected None or a sequence of 2 entries .* got Tensor"),
 ])
 def test_errors(impl, call, error, match):
     with pytest.raises(error, match=match):

@@ -368,6 +368,12 @@ def test_even_extension_and_periodic_extension(gen):
         conv.weight_neg.fill_(1.0)
     torch.testing.assert_close(periodic_extension(conv, mode), mode, rtol=0, atol=1e-12)
     assert float((conv(mode) - mode).abs().max()) > 0.1
+    # an operator that does not keep the extended grid would be cropped into a wrong shape
+    with pytest.raises(ValueError, match=r"operator: expected an output of shape .* = \(1, 16, "
+                                         r"12, C'\) .* got \(1, 8, 12, 1\)"):
+        periodic_extension(lambda z: z[:, :8], mode)
+    with pytest.raises(TypeError, match="operator: expected a callable, got NoneType"):
+        periodic_extension(None, mode)
 
 
 def test_spectral_smoothing_spectrum():

@@ -119,6 +119,10 @@ class UnitGaussianNormalizer(torch.nn.Module):
             )
         self.eps = check_float(eps, "eps", low_inclusive=True)
         x = x.to(torch.float64)
+        if not bool(torch.isfinite(x).all()):  # the statistics would be NaN for every sample
+            bad = (~torch.isfinite(x)).reshape(x.shape[0], -1).any(dim=1).nonzero()
+            raise ValueError(f"data: expected finite values, sample {int(bad[0])} has NaN or "
+                             "infinity")
         self.register_buffer("mean", x.mean(dim=0))
         self.register_buffer("std", x.std(dim=0, correction=correction))
 
@@ -144,6 +148,10 @@ class UnitGaussianNormalizer(torch.nn.Module):
         return norm
 
     def _check(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"x: expected a floating-point tensor (the result keeps its dtype), "
+                            f"got {got}")
         shape = tuple(self.mean.shape)
         if tuple(x.shape[x.ndim - len(shape) :]) != shape:
             raise ValueError(f"x must end with the fitted shape {shape}, got {tuple(x.shape)}")

@@ -175,6 +175,8 @@ class SimpleAttention(nn.Module):
         if self.norm == "attn":
             norms = {name: self._norm_params(name) for name in self.normed}
         elif self.norm == "instance":
+            if weight is not None:  # its moments would be 0/0
+                check_has_keys(weight, batch, n, "an instance norm's moments over no points")
             tensors = {"q": q, "k": k, "v": v}
             for name in self.normed:
                 tensors[name] = _instance_norm(tensors[name], *self._norm_params(name),

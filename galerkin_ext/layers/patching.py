@@ -111,8 +111,16 @@ def periodic_extension(operator: Callable[[Tensor], Tensor], x: Tensor) -> Tenso
         ``(N, p₁, p₂, C′)``.
     """
     check_tensor(x, "x", 4, "(N, p1, p2, C)")
-    p1, p2 = x.shape[1], x.shape[2]
-    return operator(even_extension(x))[:, :p1, :p2]
+    if not callable(operator):
+        raise TypeError(f"operator: expected a callable, got {type(operator).__name__}")
+    n, p1, p2, _ = x.shape
+    out = operator(even_extension(x))
+    if not isinstance(out, Tensor) or out.dim() != 4 or tuple(out.shape[:3]) != (n, 2 * p1,
+                                                                                  2 * p2):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"operator: expected an output of shape (N, 2p1, 2p2, C') = ({n}, "
+                         f"{2 * p1}, {2 * p2}, C') for the extended patches, got {got}")
+    return out[:, :p1, :p2]
 
 
 class SpectralSmoothing(nn.Module):
