@@ -11,11 +11,26 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+
+@contextmanager
+def arguments_named(**names: str) -> Iterator[None]:
+    """Argument errors raised inside (``'dropout: expected ...'``) renamed to the caller's
+    argument that was passed on (``dropout='encoder_dropout'``): a model builds its sub-layers
+    with its own arguments, and a message must name the one the user gave."""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        head, sep, rest = str(err).partition(": ")
+        if not sep or head not in names or len(err.args) != 1:
+            raise
+        raise type(err)(f"{names[head]}: {rest}") from None
 
 
 def check_int(value: object, name: str, minimum: int = 1) -> int:
@@ -84,9 +99,9 @@ def check_scale(value: object, default: float) -> float:
     """An attention scale: ``value`` as a finite float, or ``default`` for ``None``."""
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
-        value
-    ):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"scale: expected a finite float or None, got {value!r}")
+    if not math.isfinite(value):
         raise ValueError(f"scale: expected a finite float or None, got {value!r}")
     return float(value)
 

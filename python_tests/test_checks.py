@@ -106,3 +106,36 @@ def test_op_core_halves_check_their_arguments(where):
         arguments = {"s": s, **apply, **change}
         with pytest.raises(error, match=message):
             module.q_apply(q, arguments.pop("s"), **arguments)
+
+
+def test_errors_name_the_argument_the_user_gave():
+    """A model passes its arguments on to its sub-layers under their names there; the message
+    names the model's argument (they named the sub-layer's: 'dropout:' for ffn_dropout)."""
+    import torch
+
+    from galerkin_ext.layers import EncoderLayer
+    from galerkin_ext.losses import relative_h1_error
+    from galerkin_ext.models import build_model
+    from galerkin_ext.models.gnot import GNOT
+
+    cases = [
+        (lambda: EncoderLayer(8, 2, ffn_dropout=-1), "ffn_dropout: expected a float"),
+        (lambda: build_model("burgers", encoder_dropout=1.0), "encoder_dropout: expected"),
+        (lambda: build_model("burgers", decoder_activation="x"), "decoder_activation: expected"),
+        (lambda: build_model("darcy", fine=29, coarse=11, downsampler_dropout=1.0),
+         "downsampler_dropout: expected"),
+        (lambda: build_model("darcy", fine=29, coarse=11, upsampler_activation="x"),
+         "upsampler_activation: expected"),
+        (lambda: build_model("darcy", fine=29, coarse=11, decoder="pointwise",
+                             decoder_hidden=0), "decoder_hidden: expected an int >= 1"),
+        (lambda: build_model("fno1d", width=-1), "width: expected an int >= 1, got -1"),
+        (lambda: build_model("fno2d", width=2.5), "width: expected an int >= 1, got 2.5"),
+        (lambda: GNOT(2, 2, [3], 1, act="x"), "act: expected one of"),
+        (lambda: GNOT(2, 2, [3], 1, n_hidden=8, n_head=3),
+         "n_head: expected a divisor of n_hidden = 8, got 3"),
+        (lambda: relative_h1_error(torch.rand(2, 2, 2, 1), torch.rand(2, 2, 2, 2), 0.1),
+         r"pred: expected shape \(B, n, n, 1\) with n >= 3"),
+    ]
+    for make, message in cases:
+        with pytest.raises((TypeError, ValueError), match=f"^{message}"):
+            make()

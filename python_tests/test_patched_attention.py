@@ -175,7 +175,7 @@ def test_op_errors():
         (lambda: call(q, k, v, torch.tensor(0.0)), ValueError, "cell_weight: .*got 0.0"),
         (lambda: call(q, k, v, torch.tensor(1)), TypeError, "cell_weight: .*int64 tensor"),
         (lambda: call(q, k, v, 1.0, scale=math.nan), ValueError, "scale: expected a finite"),
-        (lambda: call(q, k, v, 1.0, scale="1"), ValueError, "scale: expected a finite"),
+        (lambda: call(q, k, v, 1.0, scale="1"), TypeError, "scale: expected a finite"),
     ]
     for fn, error, match in cases:
         with pytest.raises(error, match=match):

@@ -174,7 +174,8 @@ class UnitGaussianNormalizer(torch.nn.Module):
 def central_gradient_1d(u: torch.Tensor, h: float) -> torch.Tensor:
     """Periodic central difference ``(u[j+1] - u[j-1]) / (2h)`` along the last axis; same shape."""
     if not isinstance(u, torch.Tensor) or u.ndim < 1:
-        raise TypeError("u must be a torch.Tensor with at least one axis")
+        raise TypeError(f"u: expected a tensor with at least one axis, got "
+                        f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
     h = check_float(h, "h")
     return (torch.roll(u, -1, dims=-1) - torch.roll(u, 1, dims=-1)) / (2 * h)
 
@@ -187,9 +188,14 @@ def central_gradient_2d(u: torch.Tensor, h: float, *, periodic: bool = False) ->
     ``periodic=True``: at every point of a periodic grid (no repeated endpoint), wrapping
     around.
     """
-    if not isinstance(u, torch.Tensor) or u.ndim < 2 or min(u.shape[-2:]) < 3:
-        raise ValueError("u must be a torch.Tensor of shape (..., n, n) with n >= 3")
+    if not isinstance(u, torch.Tensor):
+        raise TypeError(f"u: expected a tensor of shape (..., n, n), got {type(u).__name__}")
+    if u.ndim < 2 or min(u.shape[-2:]) < 3:
+        raise ValueError(f"u: expected shape (..., n1, n2) with n1, n2 >= 3, got "
+                         f"{tuple(u.shape)}")
     h = check_float(h, "h")
+    if not isinstance(periodic, bool):
+        raise TypeError(f"periodic: expected a bool, got {type(periodic).__name__}")
     if periodic:
         return torch.stack([(u.roll(-1, dim) - u.roll(1, dim)) / (2 * h) for dim in (-2, -1)],
                            dim=-1)

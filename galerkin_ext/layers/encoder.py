@@ -67,6 +67,8 @@ class EncoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         check_probability(dropout, "dropout")
+        if ffn_dropout is not None:  # named here: FeedForward would call it its own dropout
+            check_probability(ffn_dropout, "ffn_dropout")
         self.attn = SimpleAttention(
             d_model, n_head, attention_type=attention_type, pos_dim=pos_dim, norm=norm,
             attn_dropout=dropout if attn_dropout is None else attn_dropout, eps=eps,

@@ -237,8 +237,9 @@ def relative_h1_error(
         weight = None
     elif pred.ndim == 4:
         b, n1, n2, c = pred.shape
-        if c != 1 or n1 != n2:
-            raise ValueError(f"pred: expected shape (B, n, n, 1) in 2-D, got {tuple(pred.shape)}")
+        if c != 1 or n1 != n2 or n1 < 3:  # (central differences need 3 nodes)
+            raise ValueError(f"pred: expected shape (B, n, n, 1) with n >= 3 in 2-D, got "
+                             f"{tuple(pred.shape)}")
         if target_grad.shape != (b, n1, n2, 2):
             raise ValueError(f"target_grad: expected shape {(b, n1, n2, 2)}, "
                              f"got {tuple(target_grad.shape)}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .._checks import check_choice
+from .._checks import arguments_named, check_choice
 from ..layers import Denormalizer, SpectralRegressor
 from .transformer import zero_boundary
 
@@ -32,11 +32,12 @@ class FNO1d(nn.Module):
                  modes: int = 16, num_layers: int = 4, dim_feedforward: int = 128,
                  activation: str = "relu") -> None:
         super().__init__()
-        self.net = SpectralRegressor(
-            in_channels, width, out_channels, modes, num_layers=num_layers, spatial_dim=1,
-            spatial_fc=True, dim_feedforward=dim_feedforward, activation=activation,
-            last_activation=False,
-        )
+        with arguments_named(freq_dim="width"):  # the regressor's name for the width
+            self.net = SpectralRegressor(
+                in_channels, width, out_channels, modes, num_layers=num_layers, spatial_dim=1,
+                spatial_fc=True, dim_feedforward=dim_feedforward, activation=activation,
+                last_activation=False,
+            )
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
         """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` →
@@ -63,11 +64,12 @@ class FNO2d(nn.Module):
                  activation: str = "relu", boundary: str = "free") -> None:
         super().__init__()
         self.boundary = check_choice(boundary, "boundary", ("dirichlet", "free"))
-        self.net = SpectralRegressor(
-            in_channels, width, out_channels, modes, num_layers=num_layers, spatial_dim=2,
-            spatial_fc=True, dim_feedforward=dim_feedforward, activation=activation,
-            last_activation=False,
-        )
+        with arguments_named(freq_dim="width"):  # the regressor's name for the width
+            self.net = SpectralRegressor(
+                in_channels, width, out_channels, modes, num_layers=num_layers, spatial_dim=2,
+                spatial_fc=True, dim_feedforward=dim_feedforward, activation=activation,
+                last_activation=False,
+            )
         self.denormalizer = Denormalizer()
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:

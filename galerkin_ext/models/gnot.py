@@ -170,6 +170,9 @@ class GNOT(nn.Module):
         self.n_experts = check_int(n_experts, "n_experts")
         c, m = check_int(n_hidden, "n_hidden"), check_int(mlp_layers, "mlp_layers", 0)
         check_probability(dropout, "dropout")
+        make_activation(act, "act")  # named here: the layers call it their activation
+        if check_int(n_head, "n_head") and c % n_head:
+            raise ValueError(f"n_head: expected a divisor of n_hidden = {c}, got {n_head}")
         theta_in_query = self.theta_dim if self.theta_mode == "query" else 0
         self.trunk = ResidualMLP(query_dim + theta_in_query, c, c, m, act)
         self.branches = nn.ModuleList(ResidualMLP(b, c, c, m, act) for b in self.input_dims)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import (
+    arguments_named,
     check_choice,
     check_int,
     check_model_input,
@@ -28,6 +29,11 @@ from ..layers import (
     SpectralRegressor,
     cinn_sizes,
 )
+
+# the decoders' arguments by the names the models give them
+_DECODER_ARGUMENTS = {"activation": "decoder_activation", "dropout": "decoder_dropout",
+                      "dim_feedforward": "decoder_dim_feedforward",
+                      "num_layers": "num_decoder_layers", "hidden": "decoder_hidden"}
 
 
 def _encoder(num_layers: int, **layer_kwargs: object) -> nn.ModuleList:
@@ -98,18 +104,21 @@ class SimpleTransformer1d(nn.Module):
         super().__init__()
         self.in_channels = check_int(in_channels, "in_channels")
         self.lift = nn.Linear(in_channels, check_int(d_model, "d_model"))
-        self.encoder = _encoder(
-            num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
-            pos_dim=1, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
-            ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps, xavier_init=xavier_init,
-            diagonal_weight=diagonal_weight, reference_dropout=reference_dropout,
-        )
+        with arguments_named(dropout="encoder_dropout"):
+            self.encoder = _encoder(
+                num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
+                pos_dim=1, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
+                ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps,
+                xavier_init=xavier_init, diagonal_weight=diagonal_weight,
+                reference_dropout=reference_dropout,
+            )
         self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
-        self.decoder = SpectralRegressor(
-            d_model, freq_dim, out_channels, modes, num_layers=num_decoder_layers, spatial_dim=1,
-            dim_feedforward=decoder_dim_feedforward, activation=decoder_activation,
-            dropout=decoder_dropout,
-        )
+        with arguments_named(**_DECODER_ARGUMENTS):
+            self.decoder = SpectralRegressor(
+                d_model, freq_dim, out_channels, modes, num_layers=num_decoder_layers,
+                spatial_dim=1, dim_feedforward=decoder_dim_feedforward,
+                activation=decoder_activation, dropout=decoder_dropout,
+            )
         self.denormalizer = Denormalizer()
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
@@ -208,37 +217,43 @@ class SimpleTransformer2d(nn.Module):
         self.sizes = cinn_sizes(fine, coarse)
         self.in_channels, self.boundary = check_int(in_channels, "in_channels"), boundary
         self.output_grid = output_grid
-        self.downsampler = CiNNDownsampler(
-            in_channels, d_model, (self.sizes.down_middle, coarse),
-            activation=downsampler_activation, dropout=downsampler_dropout,
-        )
+        with arguments_named(activation="downsampler_activation", dropout="downsampler_dropout"):
+            self.downsampler = CiNNDownsampler(
+                in_channels, d_model, (self.sizes.down_middle, coarse),
+                activation=downsampler_activation, dropout=downsampler_dropout,
+            )
         self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
-        self.encoder = _encoder(
-            num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
-            pos_dim=2, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
-            ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps, xavier_init=xavier_init,
-            diagonal_weight=diagonal_weight, reference_dropout=reference_dropout,
-        )
+        with arguments_named(dropout="encoder_dropout"):
+            self.encoder = _encoder(
+                num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
+                pos_dim=2, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
+                ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps,
+                xavier_init=xavier_init, diagonal_weight=diagonal_weight,
+                reference_dropout=reference_dropout,
+            )
         # The inverse problem's up path interpolates coarse → coarse, i.e. it is one conv block.
         up_sizes = (self.sizes.up_middle, fine) if output_grid == "fine" else (coarse, coarse)
-        self.upsampler = CiNNUpsampler(d_model, d_model, up_sizes,
-                                       activation=upsampler_activation, dropout=upsampler_dropout)
+        with arguments_named(activation="upsampler_activation", dropout="upsampler_dropout"):
+            self.upsampler = CiNNUpsampler(d_model, d_model, up_sizes,
+                                           activation=upsampler_activation,
+                                           dropout=upsampler_dropout)
         out_size = fine if output_grid == "fine" else coarse
         if decoder == "spectral" and isinstance(modes, int) and out_size < 2 * modes:
             raise ValueError(f"modes: expected at most {out_size // 2} for the {out_size}×"
                              f"{out_size} output grid of the spectral decoder, got {modes}")
-        if decoder == "spectral":
-            self.decoder: nn.Module = SpectralRegressor(
-                d_model, freq_dim, out_channels, modes, num_layers=num_decoder_layers,
-                spatial_dim=2, spatial_fc=True, dim_feedforward=decoder_dim_feedforward,
-                activation=decoder_activation, dropout=decoder_dropout,
-            )
-        else:
-            self.decoder = PointwiseRegressor(
-                d_model, d_model if decoder_hidden is None else decoder_hidden, out_channels,
-                num_layers=num_decoder_layers, spatial_dim=2, spatial_fc=True,
-                activation=decoder_activation, dropout=decoder_dropout,
-            )
+        with arguments_named(**_DECODER_ARGUMENTS):
+            if decoder == "spectral":
+                self.decoder: nn.Module = SpectralRegressor(
+                    d_model, freq_dim, out_channels, modes, num_layers=num_decoder_layers,
+                    spatial_dim=2, spatial_fc=True, dim_feedforward=decoder_dim_feedforward,
+                    activation=decoder_activation, dropout=decoder_dropout,
+                )
+            else:
+                self.decoder = PointwiseRegressor(
+                    d_model, d_model if decoder_hidden is None else decoder_hidden,
+                    out_channels, num_layers=num_decoder_layers, spatial_dim=2, spatial_fc=True,
+                    activation=decoder_activation, dropout=decoder_dropout,
+                )
         self.denormalizer = Denormalizer()
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
