@@ -8,8 +8,11 @@ Subpackages (imported on use, so that ``import galerkin_ext`` stays light):
 * ``quadrature`` -- quadrature weights of key points (1-D trapezoid, grids, simplicial meshes);
 * ``reference`` -- the same math in plain PyTorch, the way the original code computes it;
 * ``layers``, ``models`` -- the paper's networks (``models.build_model``);
-* ``data`` -- data generation (Burgers, Darcy), HDF5 storage, datasets, ``.mat`` readers;
-* ``losses``, ``training`` -- relative L2/H¹ losses and the trainer of the examples.
+* ``data`` -- data generation (Burgers, Darcy, Lorenz-63, controlled ODE, Kolmogorov flow,
+  heat, elasticity), HDF5 storage, datasets, converters of the papers' files;
+* ``losses``, ``training`` -- relative L2/H¹ losses and the trainer of the examples;
+* ``domain`` -- domain-parallel attention (one sample's points on several processes);
+* ``complexity`` -- parameter and FLOP counts.
 """
 
 __version__ = "0.1.0"

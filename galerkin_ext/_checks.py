@@ -68,22 +68,22 @@ def check_norm_eps(eps: object) -> float:
     return check_float(eps, "eps", low=torch.finfo(torch.float32).tiny, low_inclusive=True)
 
 
-def check_float_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
-    """``dtype`` if it is a floating ``torch.dtype``."""
+def check_float_dtype(dtype: object) -> torch.dtype:
+    """``dtype`` (the argument of that name) if it is a floating ``torch.dtype``."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"{name}: expected a floating torch.dtype, got {dtype!r}")
+        raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
     return dtype
 
 
-def check_int_pair(value: object, name: str, minimum: int = 1) -> tuple[int, int]:
-    """``value``, an int or a pair of ints ``>= minimum`` (e.g. patches per axis), as a pair; an
-    int ``p`` means ``(p, p)``."""
+def check_int_pair(value: object, name: str) -> tuple[int, int]:
+    """``value``, an int or a pair of positive ints (e.g. patches per axis), as a pair; an int
+    ``p`` means ``(p, p)``."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        one = check_int(value, name, minimum)
+        one = check_int(value, name)
         return one, one
     if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise TypeError(f"{name}: expected an int or a pair of ints >= {minimum}, got {value!r}")
-    return check_int(value[0], f"{name}[0]", minimum), check_int(value[1], f"{name}[1]", minimum)
+        raise TypeError(f"{name}: expected an int or a pair of ints >= 1, got {value!r}")
+    return check_int(value[0], f"{name}[0]"), check_int(value[1], f"{name}[1]")
 
 
 def check_probability(value: object, name: str) -> float:
@@ -271,8 +271,7 @@ def check_patched_operands(
     return batch, heads, p, o, n, dim, v.shape[4]
 
 
-def check_cell_weight(cell_weight: object, n: int, like: Tensor,
-                      like_name: str = "q") -> float | Tensor:
+def check_cell_weight(cell_weight: object, n: int, like: Tensor) -> float | Tensor:
     """The in-patch quadrature of patched attention: a positive finite float or 0-d tensor (the
     same cell volume at every point), or a tensor of shape ``(n,)``, finite and non-negative, on
     ``like``'s device (dtype: :func:`check_param_like`). The value check of a tensor is skipped
@@ -288,7 +287,7 @@ def check_cell_weight(cell_weight: object, n: int, like: Tensor,
             raise ValueError(f"{expected}, got {cell_weight.item()!r}")
         return cell_weight
     if isinstance(cell_weight, Tensor):
-        check_param_like(cell_weight, "cell_weight", like, like_name)
+        check_param_like(cell_weight, "cell_weight", like)
         if cell_weight.shape != (n,):
             raise ValueError(f"{expected}, got shape {tuple(cell_weight.shape)}")
         if not is_tracing(cell_weight) and not bool(
@@ -439,7 +438,7 @@ def _check_map_eps(eps: object, *maps: object) -> None:
 def check_bool(value: object, name: str) -> None:
     """``value`` a bool (not 0/1, not a string)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
 
 
 def check_kv_reduce(k: object, v: object, kv_pos: object, weight: object, k_map: object,

@@ -32,7 +32,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from . import ops  # noqa: F401  (registers the compiled ops with their fake kernels: meta runs)
-from ._checks import check_int
+from ._checks import check_bool, check_int
 
 __all__ = ["flop_counter_mode", "flop_formulas", "forward_flops", "parameter_count"]
 
@@ -148,8 +148,7 @@ def flop_counter_mode(display: bool = False, depth: int = 2) -> FlopCounterMode:
             model(u, x).sum().backward()
         counter.get_total_flops(), counter.get_flop_counts()
     """
-    if not isinstance(display, bool):
-        raise TypeError(f"display: expected a bool, got {display!r}")
+    check_bool(display, "display")
     check_int(depth, "depth", 0)
     return FlopCounterMode(display=display, depth=depth, custom_mapping=flop_formulas())
 

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ._checks import (
     check_attention_operands,
+    check_bool,
     check_choice,
     check_kv_reduce,
     check_pos,
@@ -388,8 +389,7 @@ def normalized_core(
     shard cannot scale them by the sample's total."""
     ks, vs, kv_pos, weights = _input_lists(ks, vs, kv_pos, weights)
     check_choice(reduce, "reduce", ("sum", "mean"))
-    if not isinstance(skip, bool):
-        raise TypeError(f"skip: expected a bool, got {skip!r}")
+    check_bool(skip, "skip")
     resolved = []  # every argument is checked before any work
     for i, (k, v, k_pos, w) in enumerate(zip(ks, vs, kv_pos, weights, strict=True)):
         k_name, v_name, pos_name, w_name = ((f"ks[{i}]", f"vs[{i}]", f"kv_pos[{i}]",

@@ -362,8 +362,9 @@ def _q_apply(q: Tensor, s: Tensor, *, pos: Tensor | None, q_map: str, q_norm: No
 
 def _compiled_core(x: Tensor, widths: tuple[int, int], coordinates: int) -> bool:
     """Whether the compiled kv_reduce/q_apply run, under plain reverse-mode autograd: on CPU
-    float32/float64 tensors; on CUDA, where the kernels were built, for rows and ``S`` sides of
-    ``widths`` up to ``_C.cuda_max_width``."""
+    float32/float64 tensors; on CUDA, where the kernels were built, within their limits: rows
+    and ``S`` sides of ``widths`` up to ``_C.cuda_max_width``, ``coordinates`` up to
+    ``_C.cuda_max_coordinates``, ``B·H`` up to ``_C.cuda_max_batch_heads``."""
     if _autodiff_beyond_the_op():
         return False
     if x.device.type in ("cpu", "meta"):

@@ -203,7 +203,7 @@ def test_weights_make_a_nonuniform_grid_converge_to_the_integral():
     ({"weight": torch.rand(2, 5)}, ValueError, r"weight: expected shape \(B, M\) = \(2, 7\)"),
     ({"weight": -torch.rand(7)}, ValueError, "non-negative"),
     ({"weight": [0.1] * 7}, TypeError, "weight: expected a tensor"),
-    ({"scale": True}, ValueError, "scale: expected a finite float"),
+    ({"scale": True}, TypeError, "scale: expected a finite float"),
     ({"scale": float("nan")}, ValueError, "scale"),
     ({"dropout_p": 1.0}, ValueError, "dropout_p"),
     ({"training": 1}, TypeError, "training: expected a bool"),

@@ -493,7 +493,7 @@ def test_cinn_down_and_up(gen):
     torch.testing.assert_close(y, h.permute(0, 2, 3, 1))
     with pytest.raises(ValueError, match="out_channels"):
         CiNNDownsampler(1, 2, (4, 3))
-    with pytest.raises(ValueError, match="sizes"):
+    with pytest.raises(TypeError, match="sizes: expected a pair"):  # as check_int_pair
         CiNNUpsampler(4, 4, (4,))
     with pytest.raises(ValueError, match="in_channels = 2"):
         down(torch.randn(1, 9, 9, 3, dtype=torch.float64))

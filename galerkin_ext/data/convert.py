@@ -153,16 +153,14 @@ def _vector(value: object, where: str) -> np.ndarray:
     return array
 
 
-def _matrix(value: object, where: str, columns: int | None = None) -> np.ndarray:
-    """A finite real 2-D array (``columns`` columns where given) as float64."""
+def _matrix(value: object, where: str) -> np.ndarray:
+    """A finite real 2-D array with at least one row, as float64."""
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{where}: expected a real array, got {type(value).__name__}") from err
-    if array.ndim != 2 or array.shape[0] < 1 or (columns is not None
-                                                 and array.shape[1] != columns):
-        expected = f"(rows >= 1, {columns})" if columns is not None else "(rows >= 1, columns)"
-        raise ValueError(f"{where}: expected shape {expected}, got {array.shape}")
+    if array.ndim != 2 or array.shape[0] < 1:
+        raise ValueError(f"{where}: expected shape (rows >= 1, columns), got {array.shape}")
     if not np.isfinite(array).all():
         raise ValueError(f"{where}: has non-finite values")
     return array

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._checks import check_choice, check_float, check_float_dtype, check_int
+from .._checks import check_bool, check_choice, check_float, check_float_dtype, check_int
 from . import mat as _mat
 from .random_fields import sample_rng
 from .storage import DataFileError, DataMismatchError, inspect_h5, read_h5
@@ -91,7 +91,6 @@ _STREAM_NOISE = 3  # random stream of the inverse problem's static noise
 
 #: Tasks of :class:`ODEDataset`: the generator each reads and the output components it learns.
 ODE_TASKS = {"cde": "cde", "l63_a": "lorenz63", "l63_b": "lorenz63"}
-_NORMALIZE = ("component", "scalar")
 
 Source = str | os.PathLike[str] | tuple[np.ndarray, np.ndarray]
 
@@ -194,8 +193,7 @@ def central_gradient_2d(u: torch.Tensor, h: float, *, periodic: bool = False) ->
         raise ValueError(f"u: expected shape (..., n1, n2) with n1, n2 >= 3, got "
                          f"{tuple(u.shape)}")
     h = check_float(h, "h")
-    if not isinstance(periodic, bool):
-        raise TypeError(f"periodic: expected a bool, got {type(periodic).__name__}")
+    check_bool(periodic, "periodic")
     if periodic:
         return torch.stack([(u.roll(-1, dim) - u.roll(1, dim)) / (2 * h) for dim in (-2, -1)],
                            dim=-1)
@@ -670,8 +668,8 @@ def _fit_scalar(*arrays: np.ndarray) -> UnitGaussianNormalizer:
 
 
 class _NormalizedFields(Dataset):
-    """Shared part of the continuum datasets: reading a split of ``input_key``/``target_key``
-    and normalising both (see module doc)."""
+    """Shared part of the continuum datasets: reading a split of the input and target arrays
+    (``keys``) and normalising both (see module doc)."""
 
     def _setup(self, source: Source, split: str, keys: tuple[str, str], n_train: int,
                n_valid: int, n_test: int, input_normalizer: UnitGaussianNormalizer | None,
@@ -683,7 +681,9 @@ class _NormalizedFields(Dataset):
         """Read the split; ``view`` selects the learned components of the targets, ``transform``
         maps both arrays (e.g. to another grid), each before the normalisers are fitted;
         ``shared``: when neither normaliser is given, fit one (``how = 'scalar'``) on inputs
-        and targets together and use it for both.  Returns ``{input_key, target_key}`` arrays.
+        and targets together and use it for both; ``how``: the fitted normalisers' statistics,
+        ``'component'`` (one per component) or ``'scalar'``.  Returns ``{key: array}`` of
+        ``keys``.
         """
         info = _open_generated(source, generators)
         given = [norm is not None for norm in (input_normalizer, target_normalizer)]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import check_float, check_int
+from .._checks import check_bool, check_float, check_int
 from .fem import (
     TriMesh,
     assemble_elasticity,
@@ -134,14 +134,14 @@ def cavity_polygon(coefficients: np.ndarray, spacing: float) -> np.ndarray:
                             CAVITY_CENTER[1] + radius * np.sin(phi)])
 
 
-def _square_loop(h: float, size: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Boundary points of ``[0, size]²`` every ``≈ h``, counter-clockwise from the origin, and
+def _square_loop(h: float) -> tuple[np.ndarray, np.ndarray]:
+    """Boundary points of the unit square every ``≈ h``, counter-clockwise from the origin, and
     the marker of the segment leaving each."""
-    n = max(1, math.ceil(size / h - 1e-9))
-    t = size * np.arange(n) / n
-    zero, full = np.zeros(n), np.full(n, size)
-    loop = np.concatenate([np.column_stack([t, zero]), np.column_stack([full, t]),
-                           np.column_stack([size - t, full]), np.column_stack([zero, size - t])])
+    n = max(1, math.ceil(1.0 / h - 1e-9))
+    t = np.arange(n) / n
+    zero, one = np.zeros(n), np.ones(n)
+    loop = np.concatenate([np.column_stack([t, zero]), np.column_stack([one, t]),
+                           np.column_stack([1.0 - t, one]), np.column_stack([zero, 1.0 - t])])
     return loop, np.repeat([_BOTTOM, _RIGHT, _TOP, _LEFT], n)
 
 
@@ -164,8 +164,7 @@ def elasticity_mesh(coefficients: np.ndarray | None, h: float, *, refine: bool =
     """
     h = check_float(h, "h", low=ELASTICITY_H_RANGE[0], low_inclusive=True,
                     high=ELASTICITY_H_RANGE[1])
-    if not isinstance(refine, bool):
-        raise TypeError(f"refine: expected a bool, got {refine!r}")
+    check_bool(refine, "refine")
     loop, markers = _square_loop(h)
     vertices, segments = [loop], [_loop_segments(0, len(loop))]
     holes = None
@@ -313,12 +312,6 @@ def _check_targets(targets: object) -> tuple[str, ...]:
     return tuple(targets)
 
 
-def _check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {value!r}")
-    return value
-
-
 def elasticity_sample(
     index: int,
     *,
@@ -353,9 +346,9 @@ def elasticity_sample(
     h = check_float(h, "h", low=ELASTICITY_H_RANGE[0], low_inclusive=True,
                     high=ELASTICITY_H_RANGE[1])
     targets = _check_targets(targets)
-    refine = _check_flag(refine, "refine")
-    with_cavity = _check_flag(with_cavity, "with_cavity")
-    with_theta = _check_flag(with_theta, "with_theta")
+    for name, flag in (("refine", refine), ("with_cavity", with_cavity),
+                       ("with_theta", with_theta)):
+        check_bool(flag, name)
     coefficients = sample_cavity(np.random.default_rng([seed, index, STREAM_ELASTICITY]))
     mesh = elasticity_mesh(coefficients, h, refine=refine)
     solution = solve_elasticity(

@@ -32,7 +32,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
 
-from .._checks import check_float, check_int
+from .._checks import check_bool, check_float, check_int
 from ..quadrature import curve_weights, mesh_weights
 
 __all__ = [
@@ -189,8 +189,7 @@ def triangulate(
     ) or (segment_markers.size and segment_markers.min() < 2):
         raise ValueError(f"segment_markers: expected {len(segments)} ints >= 2 (one per "
                          f"segment), got {segment_markers.dtype} {segment_markers.shape}")
-    if not isinstance(boundary_steiner, bool):
-        raise TypeError(f"boundary_steiner: expected a bool, got {boundary_steiner!r}")
+    check_bool(boundary_steiner, "boundary_steiner")
     graph: dict[str, np.ndarray] = {
         "vertices": vertices,
         "segments": segments,
@@ -278,8 +277,7 @@ def refine_near(
     distance = check_float(distance, "distance")
     if isinstance(curves, np.ndarray) or not isinstance(curves, Sequence) or not curves:
         raise TypeError("curves: expected a non-empty sequence of (K, 2) polylines")
-    if not isinstance(boundary_steiner, bool):
-        raise TypeError(f"boundary_steiner: expected a bool, got {boundary_steiner!r}")
+    check_bool(boundary_steiner, "boundary_steiner")
     min_angle = check_float(min_angle, "min_angle", high=34.0)
     centroids = mesh.points[mesh.triangles].mean(axis=1)
     near = np.zeros(len(mesh.triangles), dtype=bool)

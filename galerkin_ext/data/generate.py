@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_choice, check_float, check_int, resolve_device
+from .._checks import check_bool, check_choice, check_float, check_int, resolve_device
 from . import darcy as _darcy
 from .burgers import solve_burgers
 from .darcy import sample_and_solve as _darcy_task
@@ -375,8 +375,7 @@ def generate_cde(
     n_samples = check_int(n_samples, "n_samples")
     seed = check_int(seed, "seed", 0)
     times, grid_params = _ode_times(dt, t_end, grid)
-    if not isinstance(decay, bool):
-        raise TypeError(f"decay: expected a bool, got {decay!r}")
+    check_bool(decay, "decay")
     params = {
         "n_terms": check_int(n_terms, "n_terms"),
         "freq_max": check_float(freq_max, "freq_max"),
@@ -654,8 +653,7 @@ def _gnot_common(problem: str, n_samples: int | None, h: float | None, seed: int
     check_int(chunk_size, "chunk_size")
     if workers is not None:
         check_int(workers, "workers")
-    if not isinstance(refine, bool):
-        raise TypeError(f"refine: expected a bool, got {refine!r}")
+    check_bool(refine, "refine")
     _require_triangle(problem)
     return n_samples, h, seed
 
@@ -727,8 +725,7 @@ def generate_elasticity(
         raise TypeError(f"targets: expected a sequence of names such as ('u', 'v', 'vm'), got "
                         f"{targets!r}")
     for name, flag in (("with_cavity", with_cavity), ("with_theta", with_theta)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name}: expected a bool, got {flag!r}")
+        check_bool(flag, name)
     from .elasticity import elasticity_sample
 
     targets = tuple(targets)  # the names themselves are checked by the first sample

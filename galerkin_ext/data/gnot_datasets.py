@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
-from .._checks import check_choice, check_float, check_float_dtype, check_int
+from .._checks import check_bool, check_choice, check_float, check_float_dtype, check_int
 from .datasets import UnitGaussianNormalizer, evaluation_indices
 from .ragged import RaggedArrays, RaggedLayout, read_header, read_ragged
 from .storage import DataFileError, DataMismatchError
@@ -259,8 +259,7 @@ class RaggedDataset(Dataset):
         if not Path(path).is_file():
             raise FileNotFoundError(f"path: no such file {str(path)!r}")
         check_choice(weights, "weights", WEIGHTINGS)
-        if not isinstance(normalize_inputs, bool):
-            raise TypeError(f"normalize_inputs: expected a bool, got {normalize_inputs!r}")
+        check_bool(normalize_inputs, "normalize_inputs")
         check_float_dtype(dtype)
         info = read_header(path)
         if generator is not None:
@@ -583,8 +582,7 @@ class SizeBucketSampler(Sampler[list[int]]):
         bucket = 50 * self.batch_size if bucket is None else check_int(bucket, "bucket")
         self.bucket = -(-bucket // self.batch_size) * self.batch_size
         self.seed = check_int(seed, "seed", 0)
-        if not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last: expected a bool, got {drop_last!r}")
+        check_bool(drop_last, "drop_last")
         self.drop_last = drop_last
         self.epoch = 0
         self.last_padding_fraction: float | None = None

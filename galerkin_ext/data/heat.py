@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.interpolate import CubicSpline
 
-from .._checks import check_float, check_int
+from .._checks import check_bool, check_float, check_int
 from .fem import (
     TriMesh,
     assemble_diffusion,
@@ -214,8 +214,7 @@ def heat_mesh(theta: np.ndarray, h: float, *, refine: bool = False) -> TriMesh:
     """
     theta = check_heat_theta(theta)
     h = check_float(h, "h", low=HEAT_H_RANGE[0], low_inclusive=True, high=HEAT_H_RANGE[1])
-    if not isinstance(refine, bool):
-        raise TypeError(f"refine: expected a bool, got {refine!r}")
+    check_bool(refine, "refine")
     splines = interface_splines(theta, check=False)
     curves = [_interface_points(s, h) for s in splines]
     ends = [c[0, 1] for c in curves]
@@ -364,8 +363,7 @@ def heat_sample(index: int, *, seed: int, h: float, refine: bool = False) -> dic
     """
     index, seed = check_int(index, "index", 0), check_int(seed, "seed", 0)
     h = check_float(h, "h", low=HEAT_H_RANGE[0], low_inclusive=True, high=HEAT_H_RANGE[1])
-    if not isinstance(refine, bool):
-        raise TypeError(f"refine: expected a bool, got {refine!r}")
+    check_bool(refine, "refine")
     theta, coefficients = sample_heat_parameters(np.random.default_rng([seed, index,
                                                                          STREAM_HEAT]))
     mesh = heat_mesh(theta, h, refine=refine)

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import scipy.io
 
-from .._checks import check_path
+from .._checks import check_bool, check_path
 
 __all__ = ["load_mat", "read_burgers_mat", "read_darcy_mat", "is_mat_v73"]
 
@@ -44,8 +44,7 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str], *,
     p = _existing_file(path)
     if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
         raise TypeError(f"keys must be a sequence of variable names, got {keys!r}")
-    if not isinstance(stored_type, bool):
-        raise TypeError(f"stored_type: expected a bool, got {type(stored_type).__name__}")
+    check_bool(stored_type, "stored_type")
     dtype = None if stored_type else np.float64
     if is_mat_v73(p):
         with h5py.File(p, "r") as f:

@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .._checks import check_choice, check_float, check_int
+from .._checks import check_bool, check_choice, check_float, check_int
 from .random_fields import STREAM_CDE, STREAM_LORENZ63, sample_rng
 from .storage import SolverError
 
@@ -289,8 +289,7 @@ def cde_control(
     """
     xi_a, freq_a = _check_control(xi, freq)
     t = _check_times(times)
-    if not isinstance(decay, bool):
-        raise TypeError(f"decay: expected a bool, got {decay!r}")
+    check_bool(decay, "decay")
     u = np.zeros((xi_a.shape[0], t.size))
     for j in range(xi_a.shape[1]):  # a fixed order of summation: the same bits in any batch
         c = xi_a[:, j : j + 1] / (j + 1) if decay else xi_a[:, j : j + 1]

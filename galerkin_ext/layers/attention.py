@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .. import domain, ops
 from .._checks import (
+    check_bool,
     check_choice,
     check_float,
     check_has_keys,
@@ -100,8 +101,7 @@ class SimpleAttention(nn.Module):
         check_choice(attention_type, "attention_type", ATTENTION_TYPES)
         check_int(pos_dim, "pos_dim", minimum=0)
         check_choice(norm, "norm", NORM_SCHEMES)
-        if not isinstance(reference_dropout, bool):
-            raise TypeError(f"reference_dropout: expected a bool, got {reference_dropout!r}")
+        check_bool(reference_dropout, "reference_dropout")
         self.d_model, self.n_head, self.pos_dim = d_model, n_head, pos_dim
         self.d_head = d_model // n_head
         self.attention_type, self.norm = attention_type, norm

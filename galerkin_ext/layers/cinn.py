@@ -71,10 +71,10 @@ def _interpolate(x: Tensor, size: int) -> Tensor:
     return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=True)
 
 
-def _check_sizes(sizes: object, name: str) -> tuple[int, int]:
+def _check_sizes(sizes: object) -> tuple[int, int]:
     if not isinstance(sizes, (tuple, list)) or len(sizes) != 2:
-        raise ValueError(f"{name}: expected a pair of grid sizes (middle, target), got {sizes!r}")
-    return check_int(sizes[0], f"{name}[0]"), check_int(sizes[1], f"{name}[1]")
+        raise TypeError(f"sizes: expected a pair of grid sizes (middle, target), got {sizes!r}")
+    return check_int(sizes[0], "sizes[0]"), check_int(sizes[1], "sizes[1]")
 
 
 class CiNNDownsampler(nn.Module):
@@ -100,7 +100,7 @@ class CiNNDownsampler(nn.Module):
         check_int(in_channels, "in_channels")
         check_int(out_channels, "out_channels", minimum=3)
         check_probability(dropout, "dropout")
-        self.in_channels, self.sizes = in_channels, _check_sizes(sizes, "sizes")
+        self.in_channels, self.sizes = in_channels, _check_sizes(sizes)
         third = out_channels // 3
         self.lift = _conv_block(in_channels, out_channels, activation, dropout)
         self.activation = make_activation(activation)
@@ -150,7 +150,7 @@ class CiNNUpsampler(nn.Module):
         check_int(in_channels, "in_channels")
         check_int(out_channels, "out_channels")
         check_probability(dropout, "dropout")
-        self.in_channels, self.sizes = in_channels, _check_sizes(sizes, "sizes")
+        self.in_channels, self.sizes = in_channels, _check_sizes(sizes)
         self.conv = nn.Sequential(_conv_block(in_channels, out_channels, activation, dropout),
                                   nn.Dropout(dropout), make_activation(activation))
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .. import ops
 from .._checks import (
+    check_bool,
     check_choice,
     check_float,
     check_int,
@@ -116,18 +117,18 @@ def _equispaced(axis: Tensor) -> bool:
 
 
 def resolve_quadrature_weight(weight: Tensor | str | None, coords: Tensor | None,
-                              name: str = "weight", coords_name: str = "coords") -> Tensor | None:
+                              coords_name: str = "coords") -> Tensor | None:
     """The key weights an attention layer passes to the op: ``'auto'`` →
     :func:`auto_quadrature_weights` of ``coords`` (required then); a tensor or ``None`` as it is
     (the op validates tensors against the keys)."""
     if isinstance(weight, str):
-        check_choice(weight, name, ["auto"])
+        check_choice(weight, "weight", ["auto"])
         if coords is None:
-            raise ValueError(f"{name}: 'auto' derives the weights from the key points' "
+            raise ValueError("weight: 'auto' derives the weights from the key points' "
                              f"coordinates; pass {coords_name} (N, d) or (B, N, d)")
         return auto_quadrature_weights(coords, coords_name)
     if weight is not None and not isinstance(weight, Tensor):
-        raise TypeError(f"{name}: expected 'auto', None or a tensor of shape (N,) or (B, N), "
+        raise TypeError("weight: expected 'auto', None or a tensor of shape (N,) or (B, N), "
                         f"got {type(weight).__name__}")
     return weight
 
@@ -204,14 +205,13 @@ class ContinuumAttention(nn.Module):
             expanded = expand_grid(coords, "coords", batch, (m,), _last_dim(coords))
             # One point set shared by the batch keeps (M, d): its weights are derived once.
             coords = coords if coords.dim() == 2 else expanded
-        if isinstance(weight, str):
-            weight = resolve_quadrature_weight(weight, coords)
+        derived = isinstance(weight, str)
+        weight = resolve_quadrature_weight(weight, coords)
+        if derived:
             assert weight is not None
             # Half-precision tokens take float32 weights (tiny weights stay normal numbers).
             half = x.dtype in (torch.float16, torch.bfloat16)
             weight = weight.to(torch.float32 if half else x.dtype)
-        else:
-            weight = resolve_quadrature_weight(weight, coords)
 
         def heads(t: Tensor, proj: nn.Linear) -> Tensor:
             return proj(t).view(batch, t.shape[1], self.n_head, self.d_head).transpose(1, 2)
@@ -258,8 +258,7 @@ class ContinuumEncoderLayer(nn.Module):
                  scale: float | None = None, attn_dropout: float = 0.0,
                  eps: float = 1e-5) -> None:
         super().__init__()
-        if not isinstance(layer_norm, bool):
-            raise TypeError(f"layer_norm: expected a bool, got {layer_norm!r}")
+        check_bool(layer_norm, "layer_norm")
         eps = check_float(eps, "eps")
         self.attn = ContinuumAttention(d_model, n_head, scale=scale, attn_dropout=attn_dropout)
         self.linear1 = nn.Linear(d_model, check_int(dim_feedforward, "dim_feedforward"))

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import domain, ops
-from .._checks import check_choice, check_int, check_probability, check_tensor
+from .._checks import check_bool, check_choice, check_int, check_probability, check_tensor
 from .activation import make_activation
 
 __all__ = ["GNOTBlock", "GeometricGate", "HeteroNormalizedAttention", "MixtureFFN",
@@ -79,8 +79,7 @@ class HeteroNormalizedAttention(nn.Module):
         check_int(n_head, "n_head")
         if d_model % n_head:
             raise ValueError(f"n_head: expected a divisor of d_model = {d_model}, got {n_head}")
-        if not isinstance(skip, bool):
-            raise TypeError(f"skip: expected a bool, got {skip!r}")
+        check_bool(skip, "skip")
         self.n_head = n_head
         self.reduce = check_choice(reduce, "reduce", ("sum", "mean"))
         self.skip = skip

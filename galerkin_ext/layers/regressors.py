@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import (
+    check_bool,
     check_choice,
     check_int,
     check_model_input,
@@ -32,8 +33,7 @@ class _GridInput(nn.Module):
         super().__init__()
         check_int(in_channels, "in_channels")
         check_choice(spatial_dim, "spatial_dim", (1, 2))
-        if not isinstance(spatial_fc, bool):
-            raise TypeError(f"spatial_fc: expected a bool, got {spatial_fc!r}")
+        check_bool(spatial_fc, "spatial_fc")
         self.in_channels, self.spatial_dim = in_channels, spatial_dim
         self.fc = nn.Linear(in_channels + spatial_dim, out_channels) if spatial_fc else None
 

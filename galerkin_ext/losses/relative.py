@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_float, is_tracing
+from .._checks import check_bool, check_float, is_tracing
 from ..data.datasets import central_gradient_1d, central_gradient_2d
 
 __all__ = ["MaskedRelativeLoss", "OperatorLoss", "RelativeLoss", "masked_relative_l2",
@@ -184,8 +184,7 @@ class MaskedRelativeLoss(nn.Module):
 
     def __init__(self, weighted: bool = False) -> None:
         super().__init__()
-        if not isinstance(weighted, bool):
-            raise TypeError(f"weighted: expected a bool, got {weighted!r}")
+        check_bool(weighted, "weighted")
         self.weighted = weighted
 
     def extra_repr(self) -> str:
@@ -341,8 +340,7 @@ class RelativeLoss(nn.Module):
     def __init__(self, norm: str = "l2", *, h: float | None = None,
                  weight: Tensor | None = None, periodic: bool = False) -> None:
         super().__init__()
-        if not isinstance(periodic, bool):
-            raise TypeError(f"periodic: expected a bool, got {periodic!r}")
+        check_bool(periodic, "periodic")
         if norm not in _LOSS_NORMS:
             raise ValueError(f"norm: expected one of {_LOSS_NORMS}, got {norm!r}")
         if norm == "h1":
@@ -410,8 +408,7 @@ class OperatorLoss(nn.Module):
             raise ValueError("h: expected the grid spacing (a float > 0) when gamma > 0, got None")
         if h is not None:
             h = check_float(h, "h")
-        if not isinstance(coefficient_weighted, bool):
-            raise TypeError(f"coefficient_weighted: expected a bool, got {coefficient_weighted!r}")
+        check_bool(coefficient_weighted, "coefficient_weighted")
         self.gamma, self.h = gamma, h
         self.coefficient_weighted = coefficient_weighted
 

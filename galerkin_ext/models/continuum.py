@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import (
+    check_bool,
     check_float,
     check_int,
     check_int_pair,
@@ -120,8 +121,7 @@ class TNO(nn.Module):
         self.out_dim = check_int(out_dim, "out_dim")
         self.domain_dim = check_int(domain_dim, "domain_dim")
         check_int(d_model, "d_model")
-        if not isinstance(layer_norm, bool):
-            raise TypeError(f"layer_norm: expected a bool, got {layer_norm!r}")
+        check_bool(layer_norm, "layer_norm")
         self.layer_norm = layer_norm
         self.token0_dim = None if token0_dim is None else check_int(token0_dim, "token0_dim")
         if token0_dim is not None and domain_dim != 1:

@@ -38,7 +38,8 @@ _DECODER_ARGUMENTS = {"activation": "decoder_activation", "dropout": "decoder_dr
 
 def _encoder(num_layers: int, **layer_kwargs: object) -> nn.ModuleList:
     check_int(num_layers, "num_layers")
-    return nn.ModuleList(EncoderLayer(**layer_kwargs) for _ in range(num_layers))
+    with arguments_named(dropout="encoder_dropout"):  # the models' name for the layers' dropout
+        return nn.ModuleList(EncoderLayer(**layer_kwargs) for _ in range(num_layers))
 
 
 def zero_boundary(x: Tensor) -> Tensor:
@@ -104,14 +105,12 @@ class SimpleTransformer1d(nn.Module):
         super().__init__()
         self.in_channels = check_int(in_channels, "in_channels")
         self.lift = nn.Linear(in_channels, check_int(d_model, "d_model"))
-        with arguments_named(dropout="encoder_dropout"):
-            self.encoder = _encoder(
-                num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
-                pos_dim=1, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
-                ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps,
-                xavier_init=xavier_init, diagonal_weight=diagonal_weight,
-                reference_dropout=reference_dropout,
-            )
+        self.encoder = _encoder(
+            num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
+            pos_dim=1, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
+            ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps, xavier_init=xavier_init,
+            diagonal_weight=diagonal_weight, reference_dropout=reference_dropout,
+        )
         self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
         with arguments_named(**_DECODER_ARGUMENTS):
             self.decoder = SpectralRegressor(
@@ -223,14 +222,12 @@ class SimpleTransformer2d(nn.Module):
                 activation=downsampler_activation, dropout=downsampler_dropout,
             )
         self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
-        with arguments_named(dropout="encoder_dropout"):
-            self.encoder = _encoder(
-                num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
-                pos_dim=2, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
-                ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps,
-                xavier_init=xavier_init, diagonal_weight=diagonal_weight,
-                reference_dropout=reference_dropout,
-            )
+        self.encoder = _encoder(
+            num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
+            pos_dim=2, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
+            ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps, xavier_init=xavier_init,
+            diagonal_weight=diagonal_weight, reference_dropout=reference_dropout,
+        )
         # The inverse problem's up path interpolates coarse → coarse, i.e. it is one conv block.
         up_sizes = (self.sizes.up_middle, fine) if output_grid == "fine" else (coarse, coarse)
         with arguments_named(activation="upsampler_activation", dropout="upsampler_dropout"):

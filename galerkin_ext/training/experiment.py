@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
-from .._checks import check_choice, check_int, resolve_device
+from .._checks import check_bool, check_choice, check_int, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
 from ..data.storage import DataFileError, data_identity
+from ..layers import ATTENTION_TYPES
 from ..models import build_model
 from .checkpoint import CheckpointError, atomic_write, load_checkpoint, write_json
 from .distributed import DistributedContext
@@ -78,7 +79,6 @@ __all__ = [
     "write_metrics",
 ]
 
-ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
 NORMS = ("attn", "layer")
 # cached_data's problems -> their generator in galerkin_ext.data.generate
 _PROBLEMS = {"burgers": "generate_burgers", "darcy": "generate_darcy",
@@ -110,8 +110,7 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
         raise ValueError("presets: expected a non-empty dict of preset name -> config")
     for name, flag in (("attention_flags", attention_flags), ("compile_flag", compile_flag),
                        ("mat_files", mat_files)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name}: expected a bool, got {flag!r}")
+        check_bool(flag, name)
     if eval_data_help is not None and not isinstance(eval_data_help, str):
         raise TypeError(f"eval_data_help: expected a str or None, got {eval_data_help!r}")
     p = argparse.ArgumentParser(description=description,
@@ -439,8 +438,7 @@ def threshold_report(values: Mapping[str, float], thresholds: Mapping[str, float
     missing = sorted(set(thresholds) - set(values))
     if missing:
         raise ValueError(f"values: no value for the thresholds {missing}")
-    if not isinstance(enforced, bool):
-        raise TypeError(f"enforced: expected a bool, got {enforced!r}")
+    check_bool(enforced, "enforced")
     checks = {}
     for name, limit in thresholds.items():
         value = float(values[name])
@@ -506,7 +504,7 @@ def describe_grid(coords: torch.Tensor, weight: str | None = "auto") -> dict[str
     or any other string: how a model without quadrature weights treats the points (recorded as
     it is, e.g. ``'none: a spectral model'``).
     """
-    from ..layers.continuum import auto_quadrature_weights  # the TNO's own rule
+    from ..layers.continuum import _equispaced, auto_quadrature_weights  # the TNO's own rules
 
     if not isinstance(coords, torch.Tensor) or coords.ndim < 2:
         raise TypeError("coords: expected a tensor of shape (*grid, d)")
@@ -518,10 +516,7 @@ def describe_grid(coords: torch.Tensor, weight: str | None = "auto") -> dict[str
         values = torch.unique(flat[:, axis].double())
         gaps = values.diff()
         spacing.append([float(gaps.min()), float(gaps.max())] if gaps.numel() else [0.0, 0.0])
-        # A stored coordinate is off by up to eps |x|, so a gap by twice the largest |x| (a
-        # float32 grid 0.005 n on [0, 2] has gaps 0.005 +- 3e-7).
-        tolerance = 64 * torch.finfo(flat.dtype).eps * float(values.abs().max())
-        uniform = uniform and spacing[-1][1] - spacing[-1][0] <= tolerance
+        uniform = uniform and _equispaced(values)  # as the weights below decide it
     record: dict[str, Any] = {"n_points": int(flat.shape[0]),
                               "shape": list(coords.shape[:-1]), "spacing": spacing,
                               "uniform": uniform}
@@ -644,10 +639,11 @@ def _save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
         plt.close(fig)
 
 
-def _check_fields(fields: Sequence[torch.Tensor], ndim: int, what: str) -> None:
+def _check_fields(fields: Sequence[torch.Tensor], what: str) -> None:
+    """The plots' fields, ``(S, n, C)`` or ``(S, n, n)``: three axes and one shape."""
     shapes = {tuple(f.shape) for f in fields}
-    if len(shapes) != 1 or any(f.ndim != ndim for f in fields):
-        raise ValueError(f"{what}: expected tensors of one shape with {ndim} axes, "
+    if len(shapes) != 1 or any(f.ndim != 3 for f in fields):
+        raise ValueError(f"{what}: expected tensors of one shape with 3 axes, "
                          f"got {[tuple(f.shape) for f in fields]}")
 
 
@@ -666,7 +662,7 @@ def plot_1d(
     ``S`` samples of ``C`` components (one colour each; ``components`` names them);
     ``xlabel`` names the grid's variable (e.g. ``'t'``).
     """
-    _check_fields([pred, target], 3, "pred, target")
+    _check_fields([pred, target], "pred, target")
     grid = grid.reshape(-1).cpu()
     if grid.numel() != pred.shape[1]:
         raise ValueError(f"grid: expected {pred.shape[1]} points, got {grid.numel()}")
@@ -829,8 +825,8 @@ def plot_2d(
 
     ``inputs (S, n, n)``, ``pred`` and ``target`` ``(S, m, m)`` (``m`` may differ from ``n``).
     """
-    _check_fields([pred, target], 3, "pred, target")
-    _check_fields([inputs], 3, "inputs")
+    _check_fields([pred, target], "pred, target")
+    _check_fields([inputs], "inputs")
     if inputs.shape[0] != pred.shape[0]:
         raise ValueError(f"inputs: expected {pred.shape[0]} samples, got {inputs.shape[0]}")
     plt = _pyplot()

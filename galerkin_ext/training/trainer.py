@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
-from .._checks import check_choice, check_float, check_int, check_path, resolve_device
+from .._checks import check_bool, check_choice, check_float, check_int, check_path, resolve_device
 from ..data.gnot_datasets import batch_to
 from ..domain import sum_gradients
 from ..losses import relative_l2
@@ -237,8 +237,7 @@ class TrainConfig:
         if self.precision not in _PRECISIONS:
             raise ValueError(f"precision: expected one of {_PRECISIONS}, got {self.precision!r}")
         for name in ("progress", "tensorboard", "compile"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+            check_bool(getattr(self, name), name)
 
 
 def _writable_dir(path: object) -> Path:
@@ -295,10 +294,6 @@ def _check_dataset(dataset: object, name: str) -> Dataset:
     return dataset
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def _loader(dataset: Dataset, batch_size: int, device: torch.device, **kwargs: Any) -> DataLoader:
     return DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda",
                       collate_fn=_collate(dataset), **kwargs)
@@ -329,8 +324,7 @@ def relative_l2_metric(
     if normalizer is not None and not callable(getattr(normalizer, "decode", None)):
         raise TypeError(f"normalizer: expected None or an object with decode(), got "
                         f"{type(normalizer).__name__}")
-    if not isinstance(weighted, bool):
-        raise TypeError(f"weighted: expected a bool, got {weighted!r}")
+    check_bool(weighted, "weighted")
     from ..layers.continuum import auto_quadrature_weights  # the TNO's own rule
 
     # A private copy that can follow the predictions to their device (Module.to is in place).
@@ -717,8 +711,7 @@ class Trainer:
             CheckpointError: ``last.pt`` is corrupt, or was written with settings that
                 change the model, the data or the schedule, or by another number of processes.
         """
-        if not isinstance(resume, bool):
-            raise TypeError(f"resume: expected a bool, got {resume!r}")
+        check_bool(resume, "resume")
         cfg, ctx = self.config, self.ctx
         if ctx.is_main:  # left by a run killed while writing (they would pile up otherwise)
             for name in ("last.pt", "best.pt", "metrics.csv"):
