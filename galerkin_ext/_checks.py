@@ -321,14 +321,31 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 
-def check_tensor(x: object, name: str, ndim: int, shape_doc: str) -> Tensor:
-    """``x`` if it is a floating-point tensor of rank ``ndim``; ``shape_doc`` names the dims."""
+def check_tensor(x: object, name: str, ndim: int, shape_doc: str,
+                 module: torch.nn.Module | None = None) -> Tensor:
+    """``x`` if it is a floating-point tensor of rank ``ndim``; ``shape_doc`` names the dims.
+    ``module``: the layer ``x`` goes into, whose parameters' device and dtype it must have
+    (:func:`check_model_input`)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected a tensor of shape {shape_doc}, got {type(x).__name__}")
     if x.dim() != ndim:
         raise ValueError(f"{name}: expected shape {shape_doc}, got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    if module is not None:
+        check_model_input(x, name, module)
+    return x
+
+
+def check_features(x: object, name: str, width: int, module: torch.nn.Module) -> Tensor:
+    """``x (..., width)``, a floating-point tensor for the pointwise layer ``module`` (its
+    parameters' device and dtype, :func:`check_model_input`)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor of shape (..., {width}), got "
+                        f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
+    if x.dim() < 1 or x.shape[-1] != width:
+        raise ValueError(f"{name}: expected shape (..., {width}), got {tuple(x.shape)}")
+    check_model_input(x, name, module)
     return x
 
 
@@ -452,7 +469,7 @@ def check_kv_reduce(k: object, v: object, kv_pos: object, weight: object, k_map:
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v: expected shape (B, H, M, D_v) with (B, H, M) = "
                          f"{tuple(k.shape[:3])} of k, got {tuple(v.shape)}")
-    check_pos(kv_pos, k, "kv_pos", "M")  # type: ignore[arg-type]
+    check_pos(kv_pos, k, "kv_pos", "M")
     if weight is not None:
         check_quadrature_weight(weight, k.shape[0], k.shape[2], k, "k", axis="M")
     _check_row_map(k_map, "k_map", k_norm, "k_norm", k, "k")
@@ -466,7 +483,7 @@ def check_q_apply(q: object, s: object, pos: object, q_map: object, q_norm: obje
     """The arguments of the op core's query side (``q_apply``, compiled or formula), as its C++
     twin checks them, and ``eps`` besides; the points ``N`` may be 0."""
     q = _check_core_operand(q, "q")
-    check_pos(pos, q, "pos", "N")  # type: ignore[arg-type]
+    check_pos(pos, q, "pos", "N")
     _check_row_map(q_map, "q_map", q_norm, "q_norm", q, "q")
     _check_map_eps(eps, q_map)
     if not isinstance(s, Tensor):

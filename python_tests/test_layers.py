@@ -521,3 +521,57 @@ def test_denormalizer(gen):
         denorm.set_statistics(mean, -std)
     with pytest.raises(TypeError, match="mean"):
         denorm.set_statistics([0.0], std)
+
+
+def _layer_cases():
+    from galerkin_ext.layers import (
+        AFNOBlock,
+        CiNNDownsampler,
+        CodomainAttention,
+        ContinuumAttention,
+        ContinuumEncoderLayer,
+        FeedForward,
+        GeometricGate,
+        HeteroNormalizedAttention,
+        MixtureFFN,
+        PatchedAttention,
+        ResidualMLP,
+        SpectralConv1d,
+        SpectralConv2d,
+    )
+
+    r = torch.rand
+    # layer, inputs (the first float32 and checked); SpectralConv, whose only
+    # parameters are complex, computes in the input's precision instead
+    return {
+        "SimpleAttention": (SimpleAttention(8, 2), (r(2, 5, 8),)),
+        "ContinuumAttention": (ContinuumAttention(8, 2), (r(2, 5, 8),)),
+        "ContinuumEncoderLayer": (ContinuumEncoderLayer(8, 2, 16), (r(2, 5, 8),)),
+        "PatchedAttention": (PatchedAttention(8, 2), (r(2, 4, 3, 3, 8),)),
+        "SpectralConv1d": (SpectralConv1d(8, 8, 3), (r(2, 8, 8),)),
+        "SpectralConv2d": (SpectralConv2d(8, 8, 2), (r(2, 8, 8, 8),)),
+        "HeteroNormalizedAttention": (HeteroNormalizedAttention(8, 2, 1), (r(2, 5, 8),
+                                                                         [r(2, 4, 8)])),
+        "GeometricGate": (GeometricGate(2, 8, 3), (r(2, 5, 2),)),
+        "ResidualMLP": (ResidualMLP(8, 8, 4, 1), (r(2, 5, 8),)),
+        "MixtureFFN": (MixtureFFN(8, 16, 1), (r(2, 5, 8), None)),
+        "FeedForward": (FeedForward(8, 16), (r(2, 5, 8),)),
+        "CiNNDownsampler": (CiNNDownsampler(8, 6, (5, 3)), (r(2, 9, 9, 8),)),
+        "AFNOBlock": (AFNOBlock(8, 2), (r(2, 6, 6, 8),)),
+        "CodomainAttention": (CodomainAttention(8, 2, 2), (r(2, 6, 6, 8),)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_layer_cases()))
+def test_layers_name_an_input_of_another_dtype_or_width(name):
+    """A float64 input into float32 weights is named, as by the models (it was torch's 'mat1
+    and mat2 must have the same dtype' or 'mixed dtype (CPU)'); so is a wrong feature width in
+    the pointwise layers (it was 'mat1 and mat2 shapes cannot be multiplied')."""
+    layer, inputs = _layer_cases()[name]
+    argument = "coords" if name == "GeometricGate" else "x"
+    layer(*inputs)  # as given: fine
+    with pytest.raises(TypeError, match=f"^{argument}: expected torch.float32 like the model's"):
+        layer(inputs[0].double(), *inputs[1:])
+    if name in ("ResidualMLP", "MixtureFFN", "FeedForward", "ContinuumEncoderLayer"):
+        with pytest.raises(ValueError, match=r"^x: expected shape \(\.\.\., 8\), got"):
+            layer(inputs[0][..., :5], *inputs[1:])

@@ -155,7 +155,7 @@ class SimpleAttention(nn.Module):
         Returns:
             ``(B, N, d_model)``, or ``(output, attention)`` with ``return_attention``.
         """
-        check_tensor(x, "x", 3, "(B, N, d_model)")
+        check_tensor(x, "x", 3, "(B, N, d_model)", self)
         batch, n, width = x.shape
         # No points is refused for every type alike; only a domain-parallel shard may be empty.
         if width != self.d_model or (n == 0 and not self.domain_parallel):

@@ -112,7 +112,7 @@ class CiNNDownsampler(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, n, n, in_channels)`` → ``(B, coarse, coarse, out_channels)``."""
-        check_tensor(x, "x", 4, "(B, n, n, in_channels)")
+        check_tensor(x, "x", 4, "(B, n, n, in_channels)", self)
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected shape (B, n, n, in_channels) with in_channels = "
                              f"{self.in_channels}, got {tuple(x.shape)}")
@@ -156,7 +156,7 @@ class CiNNUpsampler(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, m, m, in_channels)`` → ``(B, fine, fine, out_channels)``."""
-        check_tensor(x, "x", 4, "(B, m, m, in_channels)")
+        check_tensor(x, "x", 4, "(B, m, m, in_channels)", self)
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected shape (B, m, m, in_channels) with in_channels = "
                              f"{self.in_channels}, got {tuple(x.shape)}")

@@ -60,7 +60,7 @@ class CodomainAttention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, s₁, s₂, C)`` → ``(B, s₁, s₂, C)``, attention across the ``C`` channels."""
-        check_tensor(x, "x", 4, "(B, s1, s2, C)")
+        check_tensor(x, "x", 4, "(B, s1, s2, C)", self)
         batch, s1, s2, channels = x.shape
         if 0 in (s1, s2, channels):
             raise ValueError(f"x: expected shape (B, s1, s2, C) with s1, s2, C >= 1, got "

@@ -22,6 +22,7 @@ from .. import ops
 from .._checks import (
     check_bool,
     check_choice,
+    check_features,
     check_float,
     check_int,
     check_like,
@@ -222,7 +223,7 @@ class ContinuumAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.d_model))
 
     def _check_tokens(self, t: object, name: str) -> None:
-        check_tensor(t, name, 3, "(B, N, d_model)")
+        check_tensor(t, name, 3, "(B, N, d_model)", self)
         assert isinstance(t, Tensor)
         if t.shape[-1] != self.d_model or t.shape[1] == 0:
             raise ValueError(f"{name}: expected shape (B, N, d_model) with N >= 1 and d_model = "
@@ -276,5 +277,6 @@ class ContinuumEncoderLayer(nn.Module):
                 coords: Tensor | None = None) -> Tensor:
         """``x (B, N, d_model)`` with the points' quadrature ``weight`` (``(N,)``, ``(B, N)``,
         ``None`` or ``'auto'`` with ``coords (N, d)`` / ``(B, N, d)``) → ``(B, N, d_model)``."""
+        check_features(x, "x", self.linear1.in_features, self)  # (before the norm's own check)
         x = self.norm1(x + self.dropout1(self.attn(x, weight=weight, coords=coords)))
         return self.norm2(x + self.dropout2(self.linear2(self.activation(self.linear1(x)))))

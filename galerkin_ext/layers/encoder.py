@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .._checks import check_int, check_probability
+from .._checks import check_features, check_int, check_probability
 from .activation import make_activation
 from .attention import SimpleAttention
 
@@ -27,6 +27,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., d_model)`` → ``(..., d_model)``."""
+        check_features(x, "x", self.linear1.in_features, self)
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 

@@ -134,7 +134,7 @@ class SpectralConv(_ComplexParametersModule):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, p₁, p₂, in_channels)`` → ``(B, p₁, p₂, out_channels)``."""
-        check_tensor(x, "x", 4, "(B, p1, p2, in_channels)")
+        check_tensor(x, "x", 4, "(B, p1, p2, in_channels)", self)
         batch, p1, p2, channels = x.shape
         if channels != self.in_channels or 0 in (p1, p2):
             raise ValueError(f"x: expected shape (B, p1, p2, in_channels) with p1, p2 >= 1 and "
@@ -209,7 +209,7 @@ class AFNOFilter(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, s₁, s₂, d_model)`` → ``(B, s₁, s₂, d_model)``."""
-        check_tensor(x, "x", 4, "(B, s1, s2, d_model)")
+        check_tensor(x, "x", 4, "(B, s1, s2, d_model)", self)
         batch, s1, s2, channels = x.shape
         if channels != self.d_model:
             raise ValueError(f"x: expected shape (B, s1, s2, d_model) with d_model = "
@@ -262,5 +262,6 @@ class AFNOBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, s₁, s₂, d_model)`` → ``(B, s₁, s₂, d_model)``."""
+        check_tensor(x, "x", 4, "(B, s1, s2, d_model)", self)  # (before the norm's own check)
         x = x + self.filter(self.norm1(x))
         return x + self.mlp(self.norm2(x))

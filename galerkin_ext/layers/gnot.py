@@ -23,7 +23,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import domain, ops
-from .._checks import check_bool, check_choice, check_int, check_probability, check_tensor
+from .._checks import (
+    check_bool,
+    check_choice,
+    check_features,
+    check_int,
+    check_model_input,
+    check_probability,
+    check_tensor,
+)
 from .activation import make_activation
 
 __all__ = ["GNOTBlock", "GeometricGate", "HeteroNormalizedAttention", "MixtureFFN",
@@ -47,6 +55,7 @@ class ResidualMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., in_dim)`` → ``(..., out_dim)``."""
+        check_features(x, "x", self.lift.in_features, self)
         x = self.activation(self.lift(x))
         for layer in self.hidden:
             x = self.activation(layer(x)) + x
@@ -100,7 +109,7 @@ class HeteroNormalizedAttention(nn.Module):
         weights ``(B, M_l)`` / ``(M_l,)`` / ``None`` (uniform), or ``None`` for all uniform
         → ``(B, N, C)``."""
         channels = self.query.in_features
-        check_tensor(x, "x", 3, f"(B, N, d_model = {channels})")
+        check_tensor(x, "x", 3, f"(B, N, d_model = {channels})", self)
         if x.shape[2] != channels:
             raise ValueError(f"x: expected shape (B, N, d_model = {channels}), got "
                              f"{tuple(x.shape)}")
@@ -150,6 +159,7 @@ class GeometricGate(nn.Module):
         if coords.shape[2] != space_dim:
             raise ValueError(f"coords: expected shape (B, N, space_dim = {space_dim}), got "
                              f"{tuple(coords.shape)}")
+        check_model_input(coords, "coords", self)
         return torch.softmax(self.net(coords), dim=-1)
 
 
@@ -170,6 +180,7 @@ class MixtureFFN(nn.Module):
 
     def forward(self, x: Tensor, probs: Tensor | None) -> Tensor:
         """``x (B, N, C)``, ``probs (B, N, K)`` (``None`` for one expert) → ``(B, N, C)``."""
+        check_features(x, "x", self.experts[0][0].in_features, self)
         if len(self.experts) == 1:
             return self.experts[0](x)
         if probs is None or probs.shape != (*x.shape[:-1], len(self.experts)):

@@ -243,7 +243,7 @@ class PatchedAttention(nn.Module):
         Returns:
             ``(B, P, p₁, p₂, d_model)``.
         """
-        check_tensor(x, "x", 5, "(B, P, p1, p2, d_model)")
+        check_tensor(x, "x", 5, "(B, P, p1, p2, d_model)", self)
         batch, p, p1, p2, channels = x.shape
         if channels != self.d_model or 0 in (p, p1, p2):
             raise ValueError(f"x: expected shape (B, P, p1, p2, d_model) with P, p1, p2 >= 1 and "

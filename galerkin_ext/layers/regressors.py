@@ -39,7 +39,7 @@ class _GridInput(nn.Module):
 
     def forward(self, x: Tensor, grid: Tensor | None) -> Tensor:
         doc = f"(B, {', '.join(['n'] * self.spatial_dim)}, {self.in_channels})"
-        check_tensor(x, "x", self.spatial_dim + 2, doc)
+        check_tensor(x, "x", self.spatial_dim + 2, doc, self)
         check_model_input(x, "x", self)
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected shape {doc}, got {tuple(x.shape)}")

@@ -47,7 +47,7 @@ class SpectralConv1d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, n, in_channels)`` → ``(B, n, out_channels)``."""
-        check_tensor(x, "x", 3, "(B, n, in_channels)")
+        check_tensor(x, "x", 3, "(B, n, in_channels)", self)
         n = x.shape[1]
         if x.shape[-1] != self.linear.in_features:
             raise ValueError(f"x: expected shape (B, n, in_channels) with in_channels = "
@@ -95,7 +95,7 @@ class SpectralConv2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, n1, n2, in_channels)`` → ``(B, n1, n2, out_channels)``."""
-        check_tensor(x, "x", 4, "(B, n1, n2, in_channels)")
+        check_tensor(x, "x", 4, "(B, n1, n2, in_channels)", self)
         batch, n1, n2, channels = x.shape
         m = self.modes
         if channels != self.linear.in_features:
