@@ -168,6 +168,29 @@ def check_param_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -
     check_like(t, name, like, like_name)
 
 
+def check_nonnegative(t: Tensor, name: str, what: str = "quadrature weights") -> None:
+    """``t``'s values finite and ``>= 0`` (``what`` names them in the message). Data-dependent
+    (a host sync), so skipped while tracing or capturing (:func:`is_tracing`)."""
+    if not is_tracing(t) and not bool(torch.all(torch.isfinite(t) & (t >= 0))):
+        raise ValueError(f"{name}: expected finite, non-negative {what}")
+
+
+def check_statistics(mean: object, std: object) -> None:
+    """A unit-Gaussian normaliser's ``mean`` and ``std``: floating tensors of one shape, finite,
+    ``std >= 0``."""
+    for name, value in (("mean", mean), ("std", std)):
+        if not isinstance(value, Tensor) or not value.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got "
+                            f"{value.dtype if isinstance(value, Tensor) else type(value).__name__}")
+    assert isinstance(mean, Tensor) and isinstance(std, Tensor)
+    if mean.shape != std.shape:
+        raise ValueError(f"std: expected the shape of mean {tuple(mean.shape)}, got "
+                         f"{tuple(std.shape)}")
+    if not is_tracing(mean) and not bool(torch.isfinite(mean).all()):
+        raise ValueError("mean: expected finite values")
+    check_nonnegative(std, "std", "values")
+
+
 def check_quadrature_weight(
     weight: object, batch: int, n: int, like: Tensor, like_name: str = "q", axis: str = "N",
     name: str = "weight", *, values: bool = True,
@@ -190,9 +213,8 @@ def check_quadrature_weight(
             f"{name}: expected shape (B, {axis}) = ({batch}, {n}) or ({axis},) = ({n},), "
             f"got {tuple(weight.shape)}"
         )
-    if values and not is_tracing(weight) and not bool(
-            torch.all(torch.isfinite(weight) & (weight >= 0))):
-        raise ValueError(f"{name}: expected finite, non-negative quadrature weights")
+    if values:
+        check_nonnegative(weight, name)
 
 
 def check_has_keys(weight: Tensor, batch: int, m: int,
@@ -290,10 +312,7 @@ def check_cell_weight(cell_weight: object, n: int, like: Tensor) -> float | Tens
         check_param_like(cell_weight, "cell_weight", like)
         if cell_weight.shape != (n,):
             raise ValueError(f"{expected}, got shape {tuple(cell_weight.shape)}")
-        if not is_tracing(cell_weight) and not bool(
-            torch.all(torch.isfinite(cell_weight) & (cell_weight >= 0))
-        ):
-            raise ValueError("cell_weight: expected finite, non-negative cell volumes")
+        check_nonnegative(cell_weight, "cell_weight", "cell volumes")
         return cell_weight
     if isinstance(cell_weight, torch.SymFloat):  # 1 / (number of points) of symbolic sizes
         return cell_weight  # (torch.export with dynamic shapes): no value to check

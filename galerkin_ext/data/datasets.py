@@ -57,7 +57,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._checks import check_bool, check_choice, check_float, check_float_dtype, check_int
+from .._checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_float_dtype,
+    check_int,
+    check_statistics,
+)
 from . import mat as _mat
 from .random_fields import sample_rng
 from .storage import DataFileError, DataMismatchError, inspect_h5, read_h5
@@ -130,17 +137,7 @@ class UnitGaussianNormalizer(torch.nn.Module):
                         eps: float = 1e-5) -> UnitGaussianNormalizer:
         """A normaliser with the given ``mean`` and ``std`` (same shape; e.g. from a
         checkpoint), in their dtype."""
-        for name, t in (("mean", mean), ("std", std)):
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                raise TypeError(f"{name}: expected a floating-point tensor, got "
-                                f"{getattr(t, 'dtype', type(t).__name__)}")
-        if mean.shape != std.shape:
-            raise ValueError(f"std: expected the shape of mean {tuple(mean.shape)}, got "
-                             f"{tuple(std.shape)}")
-        if not bool(torch.isfinite(mean).all()) or not bool(
-            (torch.isfinite(std) & (std >= 0)).all()
-        ):
-            raise ValueError("mean, std: expected finite values and std >= 0")
+        check_statistics(mean, std)
         norm = cls(torch.zeros((1, *mean.shape), dtype=mean.dtype), eps)
         norm.mean = mean.detach().clone()
         norm.std = std.detach().clone().to(mean.dtype)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_float
+from .._checks import check_float, check_statistics
 
 
 class Denormalizer(nn.Module):
@@ -36,17 +36,7 @@ class Denormalizer(nn.Module):
     @torch.no_grad()
     def set_statistics(self, mean: Tensor, std: Tensor, eps: float = 1e-5) -> None:
         """Use ``mean`` and ``std`` (same shape, ``std >= 0``) of the normalised targets."""
-        for name, value in (("mean", mean), ("std", std)):
-            if not isinstance(value, Tensor) or not value.is_floating_point():
-                raise TypeError(f"{name}: expected a floating-point tensor, got "
-                                f"{getattr(value, 'dtype', type(value).__name__)}")
-        if mean.shape != std.shape:
-            raise ValueError(f"std: expected the shape of mean {tuple(mean.shape)}, "
-                             f"got {tuple(std.shape)}")
-        if not bool(torch.all(torch.isfinite(mean))) or not bool(
-            torch.all(torch.isfinite(std) & (std >= 0))
-        ):
-            raise ValueError("mean, std: expected finite statistics with std >= 0")
+        check_statistics(mean, std)
         eps = check_float(eps, "eps", low_inclusive=True)
         like = {"dtype": self.scale.dtype, "device": self.scale.device}
         self.shift = mean.detach().to(**like).clone()

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_float, is_tracing
+from .._checks import check_bool, check_float, check_nonnegative, is_tracing
 from ..data.datasets import central_gradient_1d, central_gradient_2d
 
 __all__ = ["MaskedRelativeLoss", "OperatorLoss", "RelativeLoss", "masked_relative_l2",
@@ -76,8 +76,7 @@ def _check_point_weight(weight: object, pred: Tensor) -> Tensor:
         raise ValueError(f"weight: expected shape {doc}, got {tuple(weight.shape)}")
     if tuple(weight.shape) == grid:
         weight = weight.unsqueeze(0)
-    if not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
-        raise ValueError("weight: expected finite, non-negative quadrature weights")
+    check_nonnegative(weight, "weight")
     return weight.to(device=pred.device)
 
 
@@ -160,8 +159,7 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
                              f"got {getattr(weight, 'dtype', type(weight).__name__)} "
                              f"{tuple(getattr(weight, 'shape', ()))}")
         w = torch.where(mask, weight.to(device=pred.device, dtype=pred.dtype), zero)
-        if not is_tracing(w) and not bool(torch.all(torch.isfinite(w) & (w >= 0))):
-            raise ValueError("weight: expected finite, non-negative weights at valid points")
+        check_nonnegative(w, "weight", "weights at valid points")
         err, ref = err * w.unsqueeze(-1), ref * w.unsqueeze(-1)
     per = (err.sum(1) / ref.sum(1)).sqrt()  # (B, C)
     if reduction == "mean":
@@ -352,8 +350,8 @@ class RelativeLoss(nn.Module):
                                    or not weight.is_floating_point()):
             raise TypeError(f"weight: expected a floating-point tensor or None, got "
                             f"{type(weight).__name__}")
-        if weight is not None and not bool(torch.all(torch.isfinite(weight) & (weight >= 0))):
-            raise ValueError("weight: expected finite, non-negative quadrature weights")
+        if weight is not None:
+            check_nonnegative(weight, "weight")
         self.norm = norm
         self.h = None if h is None else float(h)
         # A buffer, so that .to(device)/.double() move it with the model; not in the state_dict
