@@ -113,11 +113,12 @@ def grid_weights(
     sizes = [check_int(n, f"shape[{a}]", minimum) for a, n in enumerate(shape)]
     if lengths is None:
         lengths = [1.0] * len(sizes)
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence) or len(
-        lengths
-    ) != len(sizes):
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
+        raise TypeError(f"lengths: expected a sequence of {len(sizes)} lengths (one per axis "
+                        f"of shape), got {type(lengths).__name__}")
+    if len(lengths) != len(sizes):
         raise ValueError(f"lengths: expected {len(sizes)} lengths (one per axis of shape), "
-                         f"got {lengths!r}")
+                         f"got {len(lengths)}: {list(lengths)!r}")
     lengths = [check_float(length, f"lengths[{a}]") for a, length in enumerate(lengths)]
     check_float_dtype(dtype)
     weights = torch.ones((), dtype=torch.float64)

@@ -139,3 +139,30 @@ def test_errors_name_the_argument_the_user_gave():
     for make, message in cases:
         with pytest.raises((TypeError, ValueError), match=f"^{message}"):
             make()
+
+
+def test_small_functions_refuse_what_they_computed_wrongly():
+    """Audit 15's remaining cases: a padding share of negative sizes or indices past the end,
+    a step count for a negative time, a multiplier of an empty grid (a ZeroDivisionError),
+    grid weights given a tensor of lengths (a type error, reported as a count)."""
+    import torch
+
+    from galerkin_ext.data.burgers import default_n_steps
+    from galerkin_ext.data.gnot_datasets import padding_fraction
+    from galerkin_ext.layers.patching import SpectralSmoothing
+    from galerkin_ext.quadrature import grid_weights
+
+    assert padding_fraction([3, 4], [[0, 1]]) == 0.125 and padding_fraction([], []) == 0.0
+    cases = [
+        (lambda: padding_fraction([-3, 4], [[0, 1]]), ValueError, "lengths: expected"),
+        (lambda: padding_fraction([3, 4], [[0, 5]]), ValueError, r"batches\[0\]: expected"),
+        (lambda: default_n_steps(-1.0, 0.1), ValueError, "t_end: expected a finite float > 0"),
+        (lambda: default_n_steps(1.0, 0.0), ValueError, "nu: expected a finite float > 0"),
+        (lambda: SpectralSmoothing(0.1, 1).multiplier(0, 4), ValueError, "s1: expected an int"),
+        (lambda: grid_weights((3,), torch.tensor([2.0])), TypeError,
+         "lengths: expected a sequence of 1 lengths .* got Tensor"),
+        (lambda: grid_weights((3,), [1.0, 2.0]), ValueError, "lengths: expected 1 lengths"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=f"^{message}"):
+            call()

@@ -33,6 +33,8 @@ def default_n_steps(t_end: float, nu: float, u_max: float = 2.0) -> int:
     ``dt = 1e-3`` gives errors ~1e-12 for the SPEC's data (``nu = 0.1``, ``|u0| <~ 2``); the
     advective time scale shrinks like ``1/u_max``, so the step does too.
     """
+    t_end, nu = check_float(t_end, "t_end"), check_float(nu, "nu")
+    u_max = check_float(u_max, "u_max")
     dt = 1e-3 * min(1.0, 2.0 / max(u_max, 1e-12)) * min(1.0, (nu / 0.1) ** 0.5)
     return max(1, math.ceil(t_end / dt))
 

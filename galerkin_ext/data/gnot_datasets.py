@@ -554,6 +554,12 @@ def padding_fraction(lengths: Sequence[int] | np.ndarray,
     """Share of padded slots when each batch is padded to its longest sample:
     ``1 - Σ N / Σ_batches |batch| · max N``."""
     n = np.asarray(lengths)
+    if n.ndim != 1 or (n.size and (n.dtype.kind not in "iu" or (n < 0).any())):
+        raise ValueError(f"lengths: expected a sequence of sample sizes N >= 0, got {lengths!r}")
+    for i, batch in enumerate(batches):
+        if any(not 0 <= j < len(n) for j in batch):
+            raise ValueError(f"batches[{i}]: expected indices in [0, {len(n)}), got "
+                             f"{list(batch)!r}")
     total = sum(len(b) * int(n[list(b)].max()) for b in batches if len(b))
     return 0.0 if total == 0 else 1.0 - sum(int(n[list(b)].sum()) for b in batches) / total
 

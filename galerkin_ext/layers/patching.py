@@ -150,6 +150,7 @@ class SpectralSmoothing(nn.Module):
     def multiplier(self, s1: int, s2: int, device: torch.device | None = None) -> Tensor:
         """``(s₁, s₂//2 + 1)`` float64 multipliers of the ``rfft2`` modes of an ``s₁ × s₂``
         grid."""
+        s1, s2 = check_int(s1, "s1"), check_int(s2, "s2")
         k1 = torch.fft.fftfreq(s1, 1.0 / s1, dtype=torch.float64, device=device)
         k2 = torch.fft.rfftfreq(s2, 1.0 / s2, dtype=torch.float64, device=device)
         return (1.0 + self.eps * (k1[:, None] ** 2 + k2[None, :] ** 2)) ** (-self.alpha)
