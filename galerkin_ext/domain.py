@@ -532,6 +532,9 @@ class PointShards(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         item = self.dataset[i]
+        if not isinstance(item, Mapping):
+            raise TypeError(f"dataset[{i}]: expected a sample dict of named tensors (as "
+                            f"point_dims names them), got {type(item).__name__}")
         out = {}
         for key, grid_dims in self.point_dims.items():
             if key not in item:

@@ -575,3 +575,25 @@ def test_layers_name_an_input_of_another_dtype_or_width(name):
     if name in ("ResidualMLP", "MixtureFFN", "FeedForward", "ContinuumEncoderLayer"):
         with pytest.raises(ValueError, match=r"^x: expected shape \(\.\.\., 8\), got"):
             layer(inputs[0][..., :5], *inputs[1:])
+
+
+def test_gnot_block_and_point_shards_name_a_wrong_input():
+    """GNOTBlock's x and input tokens of another width (it was LayerNorm's 'Given
+    normalized_shape=[8]'), a point shard of samples that are not dicts (a KeyError listing
+    tensors as keys)."""
+    from torch.utils.data import TensorDataset
+
+    from galerkin_ext.domain import DomainSplit, PointShards
+    from galerkin_ext.layers import GNOTBlock
+
+    block = GNOTBlock(8, 2, 1, 16)
+    x, y = torch.rand(2, 5, 8), torch.rand(2, 4, 8)
+    assert block(x, [y], [None], None, None).shape == (2, 5, 8)
+    for args, message in (((x[..., :6], [y]), r"^x: expected shape \(B, points, d_model = 8\)"),
+                          ((x, [y[..., :6]]), r"^inputs\[0\]: expected shape"),
+                          ((x, [y.double()]), r"^inputs\[0\]: expected torch.float32")):
+        with pytest.raises((TypeError, ValueError), match=message):
+            block(*args, [None], None, None)
+    shards = PointShards(TensorDataset(torch.rand(3, 5, 2)), DomainSplit([5]), {"x": 1})
+    with pytest.raises(TypeError, match=r"^dataset\[0\]: expected a sample dict"):
+        shards[0]

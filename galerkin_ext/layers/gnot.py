@@ -240,6 +240,12 @@ class GNOTBlock(nn.Module):
         if not isinstance(inputs, Sequence) or len(inputs) != len(self.norm_inputs):
             raise ValueError(f"inputs: expected a sequence of {len(self.norm_inputs)} input "
                              f"functions' tokens, got {_count(inputs)}")
+        d_model = self.norm_query.normalized_shape[0]  # (the norms would name only theirs)
+        for name, t in (("x", x), *((f"inputs[{i}]", y) for i, y in enumerate(inputs))):
+            check_tensor(t, name, 3, f"(B, points, d_model = {d_model})", self)
+            if t.shape[-1] != d_model:
+                raise ValueError(f"{name}: expected shape (B, points, d_model = {d_model}), got "
+                                 f"{tuple(t.shape)}")
         ys = [norm(y) for norm, y in zip(self.norm_inputs, inputs, strict=True)]
         x = x + self.dropout(self.cross(self.norm_query(x), ys, input_weights))
         x = self._mixture(self.ffn1, self.norm_ffn1, x, probs)
