@@ -507,7 +507,9 @@ def check_q_apply(q: object, s: object, pos: object, q_map: object, q_norm: obje
     _check_map_eps(eps, q_map)
     if not isinstance(s, Tensor):
         raise TypeError(f"s: expected a tensor, got {type(s).__name__}")
-    opmath = torch.float64 if q.dtype == torch.float64 else torch.float32
+    from .functional import opmath_dtype  # (functional imports this module)
+
+    opmath = opmath_dtype(q)
     if s.dtype != opmath or s.device != q.device:
         raise TypeError(f"s: expected {opmath} on {q.device} (what kv_reduce gives for q's "
                         f"dtype), got {s.dtype} on {s.device}")
