@@ -179,6 +179,9 @@ def rk4(
             for j in range(m):
                 s = t[k] + j * h
                 k1 = rhs(s, y)
+                if np.shape(k1) != y.shape:  # numpy would broadcast it into a wrong state
+                    raise ValueError(f"rhs: expected dy/dt of the state's shape {y.shape}, got "
+                                     f"{np.shape(k1)}")
                 k2 = rhs(s + h / 2, y + (h / 2) * k1)
                 k3 = rhs(s + h / 2, y + (h / 2) * k2)
                 k4 = rhs(s + h, y + h * k3)
