@@ -16,7 +16,14 @@ from galerkin_ext.data.burgers import solve_burgers
 from galerkin_ext.data.darcy import solve_darcy
 from galerkin_ext.data.datasets import BurgersDataset
 from galerkin_ext.data.random_fields import sample_periodic_grf_1d
-from galerkin_ext.data.storage import DataFileError, inspect_h5, partial_path, read_h5
+from galerkin_ext.data.storage import (
+    ArraySpec,
+    ChunkedWriter,
+    DataFileError,
+    inspect_h5,
+    partial_path,
+    read_h5,
+)
 
 SMALL = {"resolution": 128, "solve_resolution": 64, "n_steps": 50, "progress": False}
 
@@ -181,6 +188,93 @@ def test_truncated_and_foreign_files_are_rejected(tmp_path):
         read_h5(other)
     with pytest.raises(DataFileError, match="does not exist"):
         read_h5(tmp_path / "nope.h5")
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        # each used to be read as if nothing were wrong
+        (lambda f: f.attrs.__setitem__("n_samples", 10), "do not match its completed-chunk"),
+        (lambda f: f.attrs.__setitem__("chunk_size", 0), "do not match its completed-chunk"),
+        (lambda f: (f.__delitem__("completed"), f.create_dataset("completed", data=[1])),
+         "do not match its completed-chunk"),
+        (lambda f: (f.__delitem__("u"), f.create_dataset("u", data=np.zeros((2, 128)))),
+         r"array 'u' has shape \(2, 128\), not 4 samples"),
+        (lambda f: f["u"].attrs.__setitem__("grid_ndim", 9), "records grid_ndim = 9"),
+        (lambda f: f["u"].attrs.__setitem__("grid_ndim", "x"), "records grid_ndim = 'x'"),
+    ],
+)
+def test_inconsistent_records_are_damaged_files(tmp_path, edit, match):
+    out = burgers(tmp_path / "b.h5", n=4, chunk=2)
+    with h5py.File(out, "r+") as f:
+        edit(f)
+    with pytest.raises(DataFileError, match=match):
+        read_h5(out)
+
+
+def test_read_h5_arguments(tmp_path):
+    out = burgers(tmp_path / "b.h5", n=4, chunk=2)
+    for kwargs, err, match in (
+        ({"block": -1}, ValueError, "block: expected an int >= 1"),  # read nothing, silently
+        ({"block": True}, TypeError, "block"),
+        ({"keys": "au"}, TypeError, "keys: expected a sequence of names"),
+        ({"indices": slice(None, None, -1)}, ValueError, "indices: expected a slice with a "
+         "positive step"),
+        ({"stride": 0}, ValueError, "stride"),
+    ):
+        with pytest.raises(err, match=match):
+            read_h5(out, **kwargs)
+    with pytest.raises(TypeError, match="path: expected a path"):
+        read_h5(123)
+    assert read_h5(out, slice(1, None, 2), keys=["u"])["u"].shape == (2, 128)
+
+
+def _writer(path, **kw):
+    return ChunkedWriter.open(path, **{"generator": "toy", "parameters": {}, "seed": 0,
+                                       "n_samples": 4, "chunk_size": 2,
+                                       "arrays": {"a": ArraySpec((3,), "f8"),
+                                                  "b": ArraySpec((), "f8")}, **kw})
+
+
+def test_chunked_writer_refuses_what_it_would_store_wrongly(tmp_path):
+    w = _writer(tmp_path / "w.h5")
+    try:
+        for chunk, arrays, match in (
+            # a chunk marked completed without its data was published as zeros
+            (0, {}, r"arrays: expected the per-sample arrays \['a', 'b'\]"),
+            (0, {"a": np.ones((2, 3))}, "arrays: expected"),
+            (0, {"a": np.ones((2, 3)), "b": np.ones(2), "c": np.ones(2)}, "arrays: expected"),
+            (True, {"a": np.ones((2, 3)), "b": np.ones(2)}, r"chunk: expected an int in \[0, 2\)"),
+            (2, {"a": np.ones((2, 3)), "b": np.ones(2)}, "chunk: expected"),
+            (-1, {"a": np.ones((2, 3)), "b": np.ones(2)}, "chunk: expected"),
+            (1, {"a": np.ones((2, 4)), "b": np.ones(2)},
+             r"chunk 1's 'a' must have shape \(2, 3\) \(samples 2 to 3\), got \(2, 4\)"),
+        ):
+            with pytest.raises(ValueError, match=match):
+                w.write_chunk(chunk, arrays)
+        assert [c for c, _, _ in w.pending_chunks()] == [0, 1]
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        ({"n_samples": -3}, ValueError, "n_samples: expected an int >= 1"),
+        ({"chunk_size": 0}, ValueError, "chunk_size: expected an int >= 1"),
+        ({"seed": 1.5}, TypeError, "seed"),
+        ({"arrays": {}}, ValueError, "arrays: expected at least one"),
+        # h5py refuses the dtype only once the partial file exists: it used to stay, blocking
+        # the next run with "an interrupted generation exists"
+        ({"arrays": {"a": ArraySpec((3,), "no-such-dtype")}}, TypeError, "no-such-dtype"),
+    ],
+)
+def test_chunked_writer_open_checks_and_leaves_no_partial_file(tmp_path, kwargs, err, match):
+    out = tmp_path / "w.h5"
+    with pytest.raises(err, match=match):
+        _writer(out, **kwargs)
+    assert not partial_path(out).exists()
+    _writer(out).close()  # the next run is not blocked
 
 
 def test_darcy_generation_with_workers(tmp_path):

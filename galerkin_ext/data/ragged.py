@@ -502,8 +502,9 @@ class RaggedWriter:
             f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
                              fillvalue=0)
             f.flush()
-        except BaseException:
+        except BaseException:  # nothing is in it yet: a file left would block the next run
             f.close()
+            part.unlink(missing_ok=True)
             raise
         return cls(final, f, chunk_size, n_samples, layout)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import os
 import signal
 import sys
@@ -48,7 +49,7 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._checks import check_path
+from .._checks import check_int, check_path
 
 __all__ = [
     "SCHEMA",
@@ -342,6 +343,8 @@ class ChunkedWriter:
         self.statistics: list[str] = (
             json.loads(_attr(file["statistics"], "names")) if "statistics" in file else []
         )
+        self.arrays = [name for name, ds in file.items()
+                       if name not in _RESERVED and not ds.attrs.get("static", False)]
 
     @classmethod
     def open(
@@ -372,6 +375,11 @@ class ChunkedWriter:
         """
         from .. import __version__
 
+        seed = check_int(seed, "seed", 0)
+        n_samples = check_int(n_samples, "n_samples")
+        chunk_size = check_int(chunk_size, "chunk_size")
+        if not arrays:
+            raise ValueError("arrays: expected at least one per-sample array")
         static = {k: np.asarray(v) for k, v in (static or {}).items()}
         for name in (*arrays, *static):
             if name in _RESERVED:
@@ -423,8 +431,9 @@ class ChunkedWriter:
                                       dtype="f8", fillvalue=0.0)
                 ds.attrs["names"] = json.dumps(statistics)
             f.flush()
-        except BaseException:
+        except BaseException:  # nothing is in it yet: a file left would block the next run
             f.close()
+            part.unlink(missing_ok=True)
             raise
         return cls(final, f, chunk_size, n_samples)
 
@@ -467,14 +476,26 @@ class ChunkedWriter:
         """Store one chunk's arrays (and the moments of its summary fields ``statistics``, one
         entry per name given to :meth:`open`), flush, then mark it completed (and flush again).
         """
+        n_chunks = self.file["completed"].shape[0]
+        if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or not (
+            0 <= chunk < n_chunks
+        ):
+            raise ValueError(f"chunk: expected an int in [0, {n_chunks}), got {chunk!r}")
         start = chunk * self.chunk_size
         stop = min(self.n_samples, start + self.chunk_size)
+        # a chunk marked completed without one of its arrays would be published as zeros
+        if not isinstance(arrays, dict) or sorted(arrays) != sorted(self.arrays):
+            raise ValueError(f"arrays: expected the per-sample arrays {sorted(self.arrays)}, got "
+                             f"{sorted(arrays) if isinstance(arrays, dict) else arrays!r}")
         given = sorted(statistics or {})
         if given != sorted(self.statistics):
             raise ValueError(f"statistics: expected the fields {self.statistics}, got {given}")
         for name, value in arrays.items():
-            if value.shape[0] != stop - start:
-                raise ValueError(f"chunk {chunk} of {name!r} must have {stop - start} samples")
+            expected = (stop - start, *self.file[name].shape[1:])
+            if np.shape(value) != expected:
+                raise ValueError(f"arrays: chunk {chunk}'s {name!r} must have shape {expected} "
+                                 f"(samples {start} to {stop - 1}), got {np.shape(value)}")
+        for name, value in arrays.items():
             self.file[name][start:stop] = value
         if self.statistics:
             assert statistics is not None
@@ -520,6 +541,18 @@ def _attr(f: h5py.File | h5py.Dataset, key: str) -> Any:
     return value
 
 
+def _check_grid_ndim(ds: h5py.Dataset, most: int, *, required: bool) -> None:
+    """``ds``'s ``grid_ndim`` attribute (see the schema): an int in ``[0, most]``."""
+    if "grid_ndim" not in ds.attrs:
+        if required:
+            raise KeyError(f"array {ds.name[1:]!r} has no grid_ndim attribute")
+        return
+    value = _attr(ds, "grid_ndim")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise ValueError(f"array {ds.name[1:]!r} records grid_ndim = {value!r}, expected an int "
+                         f"in [0, {most}]")
+
+
 def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Metadata and completeness of a generated file (or its partial file), without the data.
 
@@ -531,7 +564,7 @@ def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
     :class:`DataFileError` for a file that is missing, unreadable, or not written by this
     package.
     """
-    p = Path(path)
+    p = check_path(path)
     if not p.is_file():
         raise DataFileError(f"{str(p)!r} does not exist or is not a file")
     with _open(p, "r") as f:
@@ -545,11 +578,20 @@ def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
             done = f["completed"][...]
             chunk = int(_attr(f, "chunk_size"))
             n = int(_attr(f, "n_samples"))
+            if n < 1 or chunk < 1 or done.shape != (-(-n // chunk),):
+                raise ValueError(f"{n} samples in chunks of {chunk} do not match its "
+                                 f"completed-chunk record of shape {done.shape}")
             n_done = _n_written(done, chunk, n)
             static = [k for k in f if k not in _RESERVED and f[k].attrs.get("static", False)]
             per_sample = [k for k in f if k not in _RESERVED and k not in static]
             if not per_sample:
                 raise KeyError("no per-sample arrays")
+            for k in per_sample:
+                if f[k].ndim < 1 or f[k].shape[0] != n:
+                    raise ValueError(f"array {k!r} has shape {f[k].shape}, not {n} samples")
+                _check_grid_ndim(f[k], f[k].ndim - 1, required=False)
+            for k in static:
+                _check_grid_ndim(f[k], f[k].ndim, required=True)
             stats = {}
             if "statistics" in f:
                 rows = f["statistics"][...][done.astype(bool)]
@@ -612,11 +654,13 @@ def read_h5(
             f"{str(path)!r} is incomplete ({info['n_done']} of {info['n_samples']} samples "
             "written); finish it with resume"
         )
-    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-        raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
+    stride = check_int(stride, "stride")
+    block = check_int(block, "block")
     names = (*info["shapes"], *info["static"])
     if keys is None:
         keys = tuple(info["shapes"])
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        raise TypeError(f"keys: expected a sequence of names among {names}, got {keys!r}")
     for key in keys:
         if key not in names:
             raise ValueError(f"keys must be among {names}, got {key!r}")
@@ -625,6 +669,8 @@ def read_h5(
         idx = np.arange(n)
     elif isinstance(indices, slice):
         idx = np.arange(n)[indices]
+        if idx.size > 1 and idx[1] < idx[0]:
+            raise ValueError(f"indices: expected a slice with a positive step, got {indices}")
     else:
         idx = np.asarray(indices)
         if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
