@@ -247,6 +247,16 @@ def test_valid_split_of_a_separate_file_needs_the_training_normaliser():
         with pytest.raises(ValueError, match=r"n_valid: .* 6 \+ 3, so the splits would overlap"):
             DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
                          **given)
+    # normalisers of another resolution were found after loading, as "x must end with ..."
+    coarse = DarcyDataset((a, u), "train", 7, coarse_resolution=4, n_train=6, n_valid=3)
+    for name in norms:
+        with pytest.raises(ValueError, match=rf"{name}: fitted on samples of shape \(7, 7\), "
+                           r"expected \(13, 13\)"):
+            DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=0, n_valid=3,
+                         **{**norms, name: getattr(coarse, name)})
+    with pytest.raises(ValueError, match=r"input_normalizer: fitted on samples of shape \(7, 7\)"):
+        DarcyInverseDataset((a, u), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+                            input_normalizer=coarse.input_normalizer)
     valid = DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=0, n_valid=3,
                          **norms, dtype=torch.float64)
     assert valid.input_normalizer.mean.dtype == torch.float64
@@ -319,6 +329,13 @@ def test_ode_dataset_bad_arguments(ode_files):
         ODEDataset(ode_files["cde"].with_name("missing.h5"), task="cde", **split)
     with pytest.raises(TypeError, match="input_normalizer"):
         ODEDataset(ode_files["cde"], "test", task="cde", **split, input_normalizer="norm")
+    # the other one was fitted alone here, on the targets only
+    train = ODEDataset(ode_files["cde"], "train", task="cde", **split)
+    for name in ("input_normalizer", "target_normalizer"):
+        other = "target" if name == "input_normalizer" else "input"
+        with pytest.raises(ValueError, match=f"{other}_normalizer: expected both normalisers"):
+            ODEDataset(ode_files["cde"], "test", task="cde", **split,
+                       **{name: getattr(train, name)})
 
 
 def test_continuum_darcy_dataset_scalar_normalisers(tmp_path):

@@ -432,11 +432,17 @@ class BurgersDataset(Dataset):
         return {"x": self.x[i], "grid": self.grid, "target": target, "target_grad": grad}
 
 
-def _needs_fit(n_train: int, given: Any, name: str) -> bool:
-    """Whether a normaliser must be fitted here (on the first ``n_train`` samples)."""
+def _needs_fit(n_train: int, given: Any, name: str,
+               shape: tuple[int, ...] | None = None) -> bool:
+    """Whether a normaliser must be fitted here (on the first ``n_train`` samples); a given
+    one must be scalar or, if ``shape`` is given, of that per-sample shape."""
     if given is not None:
         if not isinstance(given, UnitGaussianNormalizer):
             raise TypeError(f"{name} must be a UnitGaussianNormalizer, got {type(given).__name__}")
+        fitted = tuple(given.mean.shape)
+        if shape is not None and fitted not in ((), shape):
+            raise ValueError(f"{name}: fitted on samples of shape {fitted}, expected {shape} "
+                             "(the resolution of this dataset) or a scalar one")
         return False
     if n_train == 0:  # e.g. an original evaluation .mat file
         raise ValueError(f"{name} must be given (from the training dataset) for a source of "
@@ -504,10 +510,12 @@ class DarcyDataset(Dataset):
         idx, _, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, DARCY_COARSE, n_train, n_valid)
         keys = ("coeff", "sol")
+        fit_in = _needs_fit(n_train, input_normalizer, "input_normalizer",
+                            (resolution, resolution))
+        fit_t = _needs_fit(n_train, target_normalizer, "target_normalizer",
+                           (resolution, resolution))
         sub = {"a": lambda x: x[:, ::s, ::s], "u": lambda x: x[:, ::s, ::s]}
         data = _load(source, keys, idx, sub)
-        fit_in = _needs_fit(n_train, input_normalizer, "input_normalizer")
-        fit_t = _needs_fit(n_train, target_normalizer, "target_normalizer")
         if fit_in or fit_t:
             train = data if split == "train" else _load(source, keys, np.arange(n_train), sub)
             if input_normalizer is None:
@@ -567,9 +575,11 @@ class DarcyInverseDataset(Dataset):
             raise DataMismatchError(
                 f"coarse_resolution - 1 must divide the stored {k} - 1 intervals, got {nc}"
             )
+        fit = _needs_fit(n_train, input_normalizer, "input_normalizer",
+                         (resolution, resolution))
         sub_u = {"u": lambda x: x[:, ::s, ::s]}
         data = _load(source, keys, idx, {**sub_u, "a": lambda x: block_average(x, nc)})
-        if _needs_fit(n_train, input_normalizer, "input_normalizer"):
+        if fit:
             if split == "train":
                 train_u = data["u"]
             else:
@@ -689,6 +699,9 @@ class _NormalizedFields(Dataset):
             if norm is not None and not isinstance(norm, UnitGaussianNormalizer):
                 raise TypeError(f"{name}: expected a UnitGaussianNormalizer, got "
                                 f"{type(norm).__name__}")
+        if any(given) and not all(given):  # fitting the other alone breaks a shared one
+            raise ValueError(f"{'target' if given[0] else 'input'}_normalizer: expected both "
+                             "normalisers (from the training set) or neither (fitted here)")
         check_float_dtype(dtype)
         idx = _three_way_split(info["n_samples"], split, n_train, n_valid, n_test, all(given))
 
@@ -698,14 +711,13 @@ class _NormalizedFields(Dataset):
             return {k: transform(v) for k, v in arrays.items()}
 
         data = load(idx)
-        if not all(given):
+        if not any(given):
             train = data if split == "train" else load(np.arange(n_train))
-            if shared and not any(given):
+            if shared:
                 input_normalizer = target_normalizer = _fit_scalar(train[keys[0]],
                                                                    train[keys[1]])
-            if input_normalizer is None:
+            else:
                 input_normalizer = _fit_normalizer(train[keys[0]], how)
-            if target_normalizer is None:
                 target_normalizer = _fit_normalizer(train[keys[1]], how)
         assert input_normalizer is not None and target_normalizer is not None
         # Copies: Module.to() works in place and must not change the caller's normalisers.
