@@ -222,6 +222,9 @@ def test_datasets_from_generated_files(tmp_path):
     with pytest.raises(DataFileError, match="holds burgers data, expected darcy data"):
         DarcyInverseDataset(b, "train", 13, coarse_resolution=5, n_train=4, n_valid=2)
     # arrays of the other experiment's shape, too
+    # bool masks were read as 0/1 fields
+    with pytest.raises(ValueError, match="variable 'a' holds bool data"):
+        BurgersDataset((np.ones((6, 9)) > 0, np.zeros((6, 9))), n_train=4, n_valid=2)
     with pytest.raises(ValueError, match=r"expected burgers data of shape \(B, N\)"):
         BurgersDataset((np.zeros((6, 9, 9)), np.zeros((6, 9, 9))), n_train=4, n_valid=2)
     with pytest.raises(ValueError, match=r"expected darcy data of shape \(B, K, K\)"):

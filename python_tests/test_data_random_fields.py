@@ -66,6 +66,8 @@ def test_darcy_coefficient_statistics():
         (rf.sample_neumann_grf_2d, (2.5,), {}, "n_samples"),
         (rf.sample_neumann_grf_2d, (1, 5), {"start": -2}, "start"),
         (rf.threshold_coefficient, (np.zeros(3, dtype=int),), {}, "floating"),
+        # NaN >= 0 is false: a NaN became the low value
+        (rf.threshold_coefficient, (np.array([np.nan, 1.0]),), {}, "field: expected finite"),
     ],
 )
 def test_bad_arguments(fn, args, kwargs, match):

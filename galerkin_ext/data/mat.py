@@ -69,7 +69,7 @@ def numeric(path: str | os.PathLike[str], key: str, value: object,
     """``value`` as a ``dtype`` array (``None``: its own numeric type), or a ValueError naming
     the file and the variable."""
     array = np.asarray(value)
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "iuf":  # bools are masks, not fields
         raise ValueError(f"{str(path)!r}: variable {key!r} holds {array.dtype} data "
                          f"({array.dtype.kind!r} kind), expected a numeric array")
     return array if dtype is None else array.astype(dtype, copy=False)

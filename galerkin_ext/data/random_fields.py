@@ -156,6 +156,8 @@ def threshold_coefficient(field: np.ndarray, high: float = 12.0, low: float = 3.
     field = np.asarray(field)
     if not np.issubdtype(field.dtype, np.floating):
         raise TypeError(f"field must be a floating-point array, got dtype {field.dtype}")
+    if not np.isfinite(field).all():  # NaN >= 0 is false: it became low
+        raise ValueError("field: expected finite values")
     high = check_float(high, "high")
     low = check_float(low, "low")
     return np.where(field >= 0, high, low)
