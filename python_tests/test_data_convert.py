@@ -307,6 +307,17 @@ def test_continuum_darcy_refusals(tmp_path, capsys):
     scipy.io.savemat(bad, {"x": x[:, :, 0], "y": y[:, :, 0]})
     one = convert_continuum_darcy(bad, tmp_path / "one.h5", progress=False)
     np.testing.assert_array_equal(read_h5(one, np.arange(1), keys=("u",))["u"][0], y[:, :, 0])
+    # Darcy's equation needs a > 0: a piecewise +-1 coefficient was converted, and a lognormal
+    # one with a -1 got NaN log a statistics; a constant one was recorded as 'lognormal'
+    signs = np.where(x > np.median(x), 1.0, -1.0)
+    spoiled = x.copy()
+    spoiled[0, 0, 3] = -1.0
+    for coefficient, message in ((signs, "variable 'x': sample 0 has a coefficient <= 0"),
+                                 (spoiled, "variable 'x': sample 3 has a coefficient <= 0"),
+                                 (np.full_like(x, 2.0), "variable 'x': every coefficient is 2")):
+        scipy.io.savemat(bad, {"x": coefficient, "y": y})
+        with pytest.raises(ValueError, match=message):
+            convert_continuum_darcy(bad, tmp_path / "o.h5", progress=False)
     spoiled = y.copy()
     spoiled[2, 3, 4] = np.inf
     scipy.io.savemat(bad, {"x": x, "y": spoiled})
@@ -393,6 +404,10 @@ def test_navier_stokes_refusals(tmp_path, kolmogorov_pairs):
     pt.write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="is not a readable .pt tensor file"):
         convert_continuum_navier_stokes(pt, out, progress=False)
+    # torch's message for a .mat suggested loading it with weights_only=False
+    scipy.io.savemat(tmp_path / "ns.mat", {"u": np.zeros((2, 3))})
+    with pytest.raises(ValueError, match="ns.mat' is a MATLAB or HDF5 file, expected a .pt"):
+        convert_continuum_navier_stokes(tmp_path / "ns.mat", out, progress=False)
     # the legacy (non-zip) format, which cannot be memory-mapped, is read whole
     torch.save(pairs, pt, _use_new_zipfile_serialization=False)
     legacy = convert_continuum_navier_stokes(pt, tmp_path / "legacy.h5", time=1.0,
@@ -406,6 +421,33 @@ def test_navier_stokes_refusals(tmp_path, kolmogorov_pairs):
     for convert in (convert_continuum_navier_stokes, convert_continuum_darcy):
         with pytest.raises(FileNotFoundError, match="^file: no such file"):
             convert(tmp_path / "missing", out, progress=False)
+        with pytest.raises(TypeError, match="^file: expected a path"):
+            convert(123, out, progress=False)
+
+
+def test_converters_check_their_output_before_reading_the_source(tmp_path, kolmogorov_pairs):
+    """A wrong ``out`` or flag used to be found only after the whole source was read and
+    checked (or, for a bad sample, not at all: that sample was reported instead)."""
+    pt = tmp_path / "pairs.pt"
+    torch.save(kolmogorov_pairs[2], pt)
+    pickled = tmp_path / "bad.pkl"
+    pickled.write_bytes(pickle.dumps([[np.zeros((2, 2)), np.full((2, 1), np.nan), None,
+                                       [np.zeros((2, 3))]]] * 4))
+    (tmp_path / "done.h5").write_bytes(b"")
+    for convert, source, kwargs in (
+        (convert_continuum_navier_stokes, pt, {}),
+        (convert_gnot_pickle, pickled, {"trust_pickle": True}),
+    ):
+        for out, flags, err, message in (
+            (tmp_path / "o.txt", {}, ValueError, "out must name an HDF5 file"),
+            (tmp_path / "o.h5", {"resume": True, "overwrite": True}, ValueError,
+             "mutually exclusive"),
+            (tmp_path / "done.h5", {}, FileExistsError, "already exists"),
+            (tmp_path / "o.h5", {"overwrite": 1}, TypeError, "overwrite"),
+            (tmp_path / "o.h5", {"progress": "no"}, TypeError, "progress"),
+        ):
+            with pytest.raises(err, match=message):
+                convert(source, out, **kwargs, **flags)
 
 
 def test_converted_darcy_file_trains_in_the_continuum_example(tmp_path, capsys):

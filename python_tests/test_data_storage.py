@@ -149,6 +149,26 @@ def test_existing_file_and_bad_paths(tmp_path):
         burgers(tmp_path / "c.h5", resume=True, overwrite=True)
 
 
+@pytest.mark.parametrize(
+    ("make", "kwargs", "err", "match"),
+    [
+        # overwrite=1 replaced an existing file, resume="no" was taken as true
+        (burgers, {"overwrite": 1}, TypeError, "overwrite: expected a bool"),
+        (burgers, {"resume": "no"}, TypeError, "resume: expected a bool"),
+        (burgers, {"progress": None}, TypeError, "progress: expected a bool"),
+        # f=True and f="2" were taken as numbers by float(f)
+        (gen.generate_darcy, {"f": True}, TypeError, "f: expected a finite float"),
+        (gen.generate_darcy, {"f": "2"}, TypeError, "f: expected a finite float"),
+        (gen.generate_darcy, {"f": 0.0}, ValueError, "f: expected a non-zero forcing"),
+    ],
+)
+def test_bad_generator_flags_are_refused_before_any_work(tmp_path, make, kwargs, err, match):
+    out = tmp_path / "x.h5"
+    with pytest.raises(err, match=match):
+        make(out, 2, **kwargs)
+    assert not out.exists() and not partial_path(out).exists()
+
+
 def test_dir_named_like_output(tmp_path):
     (tmp_path / "dir.h5").mkdir()
     with pytest.raises(ValueError, match="directory"):

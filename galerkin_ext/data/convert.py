@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_choice, check_float, check_int
+from .._checks import check_choice, check_float, check_int, check_path
 from .ragged import RaggedLayout, validate_sample, write_ragged
+from .storage import check_output
 
 __all__ = ["GEOFNO_ELASTICITY", "GNOT_PICKLE", "convert_continuum_darcy",
            "convert_continuum_navier_stokes", "convert_geofno_elasticity", "convert_gnot_pickle"]
@@ -64,7 +65,7 @@ def _sha256(path: str | os.PathLike[str]) -> str:
 
 def _source_file(path: object, name: str) -> Path:
     """The source file ``path`` (argument ``name``), which must exist."""
-    if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
+    if not check_path(path, name).is_file():
         raise FileNotFoundError(f"{name}: no such file: {path!r}")
     return Path(path)
 
@@ -110,6 +111,7 @@ def convert_geofno_elasticity(
     Raises:
         ValueError: naming the argument whose array has the wrong shape or non-finite values.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     points = _load(xy, "xy", "(N, 2, S)", 3)
     stress = _load(sigma, "sigma", "(N, S)", 2)
     radius = None if rr is None else _load(rr, "rr", "(42, S)", 2)
@@ -191,6 +193,7 @@ def convert_gnot_pickle(
         ValueError: without ``trust_pickle``, or naming the sample and field that does not fit
             the first sample's layout.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     if trust_pickle is not True:
         raise ValueError("trust_pickle: unpickling runs code from the file; pass True "
                          "(--trust-pickle) only for a file you trust")
@@ -310,6 +313,7 @@ def convert_continuum_darcy(
         ValueError: naming the variable whose array has the wrong shape, type or non-finite
             values (found before the output is begun).
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     import h5py
 
     from .generate import _darcy_statistics
@@ -364,12 +368,21 @@ def convert_continuum_darcy(
                              f"first), got {shapes['u']}")
         n_samples = shapes["a"][0]
         values: set[float] = set()
+        scanned = [0]
 
         def visit(chunk: dict[str, np.ndarray]) -> None:
+            positive = (chunk["a"] > 0).reshape(len(chunk["a"]), -1).all(axis=1)
+            if not positive.all():  # the equation needs a > 0; a log a statistic would be NaN
+                raise ValueError(f"{names['a']}: sample {scanned[0] + int(np.argmin(positive))} "
+                                 "has a coefficient <= 0, expected a > 0")
+            scanned[0] += len(chunk["a"])
             if len(values) <= 2:  # more than two: lognormal, nothing left to learn
                 values.update(np.unique(chunk["a"]).tolist()[:3])
 
         _scan(read, n_samples, chunk_size, names, visit)
+        if len(values) < 2:
+            raise ValueError(f"{names['a']}: every coefficient is {values.pop():g}, expected a "
+                             "piecewise-constant (two values) or lognormal coefficient")
         coef = "piecewise" if len(values) == 2 else "lognormal"
         statistic_names, statistics = _darcy_statistics(coef, max(values))
         parameters = {"source": "continuum-attention Darcy .mat", "sha256": _sha256(path),
@@ -442,6 +455,7 @@ def convert_continuum_navier_stokes(
         ValueError: the tensor has the wrong shape, type or non-finite values, or ``axes='auto'``
             cannot tell the axes apart (found before the output is begun).
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     import torch
 
     from .generate import _relative_change, kolmogorov_time_step, open_kolmogorov_file
@@ -456,6 +470,10 @@ def convert_continuum_navier_stokes(
     wavenumber = check_int(wavenumber, "wavenumber")
     chunk_size = check_int(chunk_size, "chunk_size")
     where = f"{str(path)!r}"
+    with open(path, "rb") as fh:  # torch's message for these suggests unsafe loading instead
+        if fh.read(8).startswith((b"MATLAB", b"\x89HDF")):
+            raise ValueError(f"{where} is a MATLAB or HDF5 file, expected a .pt file holding a "
+                             "tensor (N, s, s, 2), as torch.save writes it")
     try:
         try:  # mapped: read by chunks
             pairs = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -60,7 +60,7 @@ from .ode import (
     time_grid,
 )
 from .random_fields import DARCY_COEFFICIENTS, sample_periodic_grf_1d
-from .storage import ArraySpec, ChunkedWriter, run_chunks
+from .storage import ArraySpec, ChunkedWriter, check_output, run_chunks
 
 __all__ = ["generate_burgers", "generate_darcy", "generate_lorenz63", "generate_cde",
            "generate_kolmogorov", "kolmogorov_time_step", "KOLMOGOROV_PRESETS",
@@ -106,6 +106,7 @@ def generate_burgers(
     zero-pads the result; ``n_steps`` ETDRK4 steps (default ``ceil(t_end / 1e-3)``) on
     ``device`` (default CPU; e.g. ``"cuda"``).  Returns the path of the finished file.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     n_samples = check_int(n_samples, "n_samples")
     resolution = check_int(resolution, "resolution", 4)
     seed = check_int(seed, "seed", 0)
@@ -200,6 +201,7 @@ def generate_darcy(
     given ``executor``.  Scripts that call this must guard their top level with
     ``if __name__ == "__main__":`` (spawned workers).  Returns the path of the finished file.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     if coef is not None:
         check_choice(coef, "coef", DARCY_COEFFICIENTS)
     if sigma is not None and coef != "lognormal":
@@ -219,10 +221,10 @@ def generate_darcy(
                            low_inclusive=True),
         "high": check_float(high, "high"),
         "low": check_float(low, "low"),
-        "f": float(f),
+        "f": check_float(f, "f", low=-math.inf),
     }
-    if not np.isfinite(params["f"]):
-        raise ValueError(f"f must be a finite number, got {f!r}")
+    if params["f"] == 0:  # every solution would be 0, with no relative error to learn
+        raise ValueError("f: expected a non-zero forcing, got 0")
     if not legacy:
         params["coef"] = coef
         params["sigma"] = check_float(12.0 if sigma is None else sigma, "sigma")
@@ -312,6 +314,7 @@ def generate_lorenz63(
     that land on every sample time.  Summary statistics ``x``, ``y``, ``z``.  Returns the path
     of the finished file.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     n_samples = check_int(n_samples, "n_samples")
     seed = check_int(seed, "seed", 0)
     times, grid_params = _ode_times(dt, t_end, grid)
@@ -372,6 +375,7 @@ def generate_cde(
     :func:`generate_lorenz63`.  Summary statistics ``u``, ``z``.  Returns the path of the
     finished file.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     n_samples = check_int(n_samples, "n_samples")
     seed = check_int(seed, "seed", 0)
     times, grid_params = _ode_times(dt, t_end, grid)
@@ -546,6 +550,7 @@ def generate_kolmogorov(
     Returns:
         The path of the finished file.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     import torch
 
     n_samples = check_int(n_samples, "n_samples")
@@ -683,6 +688,7 @@ def generate_heat(
     Needs the optional package ``triangle`` (``pip install "galerkin_ext[fem]"``).  Returns
     the path of the finished file.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     n_samples, h, seed = _gnot_common("heat", n_samples, h, seed, chunk_size, workers, refine)
     from .heat import heat_sample
 
@@ -719,6 +725,7 @@ def generate_elasticity(
     at h = 0.07); ``refine``, ``workers``, the optional ``triangle`` package: as
     :func:`generate_heat`.  Returns the path of the finished file.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     n_samples, h, seed = _gnot_common("elasticity", n_samples, h, seed, chunk_size, workers,
                                       refine)
     if isinstance(targets, str) or not isinstance(targets, Sequence):

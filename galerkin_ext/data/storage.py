@@ -49,7 +49,7 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._checks import check_int, check_path
+from .._checks import check_bool, check_int, check_path
 
 __all__ = [
     "SCHEMA",
@@ -57,6 +57,7 @@ __all__ = [
     "ChunkedWriter",
     "partial_path",
     "check_output_path",
+    "check_output",
     "prepare_output",
     "check_resumable_attributes",
     "pending_chunks",
@@ -118,13 +119,16 @@ def _open(path: Path, mode: str) -> h5py.File:
         ) from err
 
 
-def prepare_output(out: object, *, resume: bool, overwrite: bool) -> tuple[Path, Path]:
-    """The rules every generation follows before it writes: ``(FILE, FILE.partial)``.
+def check_output(out: object, *, resume: bool, overwrite: bool,
+                 progress: bool = True) -> tuple[Path, Path]:
+    """The rules every generation and conversion follows before it writes, checked without
+    touching any file (so before any work starts): ``(FILE, FILE.partial)``.
 
     Raises ``FileExistsError`` if ``out`` or its partial file exists and neither ``resume``
-    nor ``overwrite`` is set (or ``out`` is finished and ``resume`` is set); with
-    ``overwrite``, removes a stale partial file (``FILE`` itself is replaced on publishing).
+    nor ``overwrite`` is set (or ``out`` is finished and ``resume`` is set).
     """
+    for name, flag in (("resume", resume), ("overwrite", overwrite), ("progress", progress)):
+        check_bool(flag, name)
     if resume and overwrite:
         raise ValueError("resume and overwrite are mutually exclusive")
     final = check_output_path(out)
@@ -141,6 +145,13 @@ def prepare_output(out: object, *, resume: bool, overwrite: bool) -> tuple[Path,
             f"an interrupted generation exists at {str(part)!r}; use resume to continue it "
             "or overwrite to start again"
         )
+    return final, part
+
+
+def prepare_output(out: object, *, resume: bool, overwrite: bool) -> tuple[Path, Path]:
+    """:func:`check_output`, then, with ``overwrite``, remove a stale partial file (``FILE``
+    itself is replaced on publishing): what a writer does before it writes."""
+    final, part = check_output(out, resume=resume, overwrite=overwrite)
     if overwrite:
         part.unlink(missing_ok=True)
     return final, part
