@@ -21,6 +21,7 @@ from galerkin_ext.data.fem import (
     error_norms,
     triangle_areas,
     triangulate,
+    vertex_min_label,
 )
 from galerkin_ext.data.heat import (
     HEAT_CONDUCTIVITY,
@@ -92,6 +93,32 @@ def test_curve_weights_polyline_is_exact():
     space = torch.tensor([[0.0, 0, 0], [0, 0, 2]], dtype=torch.float64)
     assert curve_weights(space, torch.tensor([[0, 1]])).tolist() == [1.0, 1.0]
     assert curve_weights(space, torch.zeros(0, 2, dtype=torch.long)).tolist() == [0.0, 0.0]
+
+
+def test_triangle_helpers_refuse_indices_and_labels_out_of_range():
+    points = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    triangles = np.array([[0, 1, 2], [1, 3, 2]])
+    assert triangle_areas(points, triangles).tolist() == [0.5, 0.5]
+    assert vertex_min_label(triangles, np.array([1, 0]), 4).tolist() == [1, 0, 0, 0]
+    for call, match in (
+        # -1 wrapped round to the last vertex: an area of 0.5 for a triangle that is none
+        (lambda: triangle_areas(points, [[0, 1, -1]]), r"triangles: expected vertex indices "
+         r"in \[0, 4\), got -1 to 1"),
+        (lambda: triangle_areas(points, [[0, 1, 5]]), "triangles: expected vertex indices"),
+        (lambda: triangle_areas(points, triangles.astype(float)), "triangles: expected an "
+         "integer array"),
+        (lambda: triangle_areas(points[:, :1], triangles), r"points: expected a floating-point "
+         r"array \(V, 2\)"),
+        # 200 wrapped round to -56 in int8
+        (lambda: vertex_min_label(triangles, np.array([200, 0]), 4), "labels: expected 2 "
+         "integers in"),
+        (lambda: vertex_min_label(triangles, np.array([0]), 4), "labels: expected 2"),
+        # vertex 4 had the label 127
+        (lambda: vertex_min_label(triangles, np.array([1, 0]), 5), "triangles: vertex 4 is in "
+         "no triangle"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            call()
 
 
 def test_curve_weights_bad_input():

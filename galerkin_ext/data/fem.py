@@ -305,8 +305,26 @@ def refine_near(
     return _from_triangle(out, mesh.labels is not None)
 
 
+def _check_triangles(triangles: object, n_vertices: int) -> np.ndarray:
+    """``triangles`` as an integer array ``(T, 3)`` of indices in ``[0, n_vertices)`` (numpy
+    would wrap a negative one round to another vertex)."""
+    t = np.asarray(triangles)
+    if t.ndim != 2 or t.shape[1] != 3 or t.dtype.kind not in "iu":
+        raise ValueError(f"triangles: expected an integer array (T, 3), got {t.dtype} "
+                         f"{t.shape}")
+    if t.size and (t.min() < 0 or t.max() >= n_vertices):
+        raise ValueError(f"triangles: expected vertex indices in [0, {n_vertices}), got "
+                         f"{t.min()} to {t.max()}")
+    return t
+
+
 def triangle_areas(points: np.ndarray, triangles: np.ndarray) -> np.ndarray:
     """Unsigned areas ``(T,)`` of the triangles ``(T, 3)`` of ``points (V, 2)``."""
+    points = np.asarray(points)
+    if points.ndim != 2 or points.shape[1] != 2 or points.dtype.kind != "f":
+        raise ValueError(f"points: expected a floating-point array (V, 2), got {points.dtype} "
+                         f"{points.shape}")
+    triangles = _check_triangles(triangles, len(points))
     a, b, c = (points[triangles[:, k]] for k in range(3))
     return 0.5 * np.abs((b[:, 0] - a[:, 0]) * (c[:, 1] - a[:, 1])
                         - (b[:, 1] - a[:, 1]) * (c[:, 0] - a[:, 0]))
@@ -381,8 +399,21 @@ def vertex_average(
 
 def vertex_min_label(triangles: np.ndarray, labels: np.ndarray, n_vertices: int) -> np.ndarray:
     """The smallest label among each vertex's triangles, ``(V,)`` int8 (a vertex on an
-    interface belongs to the lower subdomain)."""
-    out = np.full(n_vertices, np.iinfo(np.int8).max, dtype=np.int8)
+    interface belongs to the lower subdomain); ``labels`` ``(T,)`` integers in int8's range,
+    and every vertex in some triangle."""
+    n_vertices = check_int(n_vertices, "n_vertices")
+    triangles = _check_triangles(triangles, n_vertices)
+    labels = np.asarray(labels)
+    int8 = np.iinfo(np.int8)
+    if labels.shape != triangles.shape[:1] or labels.dtype.kind not in "iu" or (
+        labels.size and (labels.min() < int8.min or labels.max() > int8.max)
+    ):
+        raise ValueError(f"labels: expected {len(triangles)} integers in [{int8.min}, "
+                         f"{int8.max}] (one per triangle), got {labels.dtype} {labels.shape}")
+    if np.unique(triangles).size != n_vertices:  # it would get no label but int8's largest
+        orphan = np.setdiff1d(np.arange(n_vertices), triangles)[0]
+        raise ValueError(f"triangles: vertex {orphan} is in no triangle")
+    out = np.full(n_vertices, int8.max, dtype=np.int8)
     np.minimum.at(out, triangles.reshape(-1), np.repeat(labels.astype(np.int8), 3))
     return out
 
