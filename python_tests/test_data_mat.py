@@ -83,6 +83,19 @@ def test_missing_keys_and_bad_files(tmp_path):
     write_v73(tmp_path / "t.mat", coeff=np.array([b"ab", b"cd"]), sol=np.zeros((2, 3, 3)))
     with pytest.raises(ValueError, match=r"t\.mat': variable 'coeff' holds"):
         read_darcy_mat(tmp_path / "t.mat")
+    # each of these was a raw h5py or Python error naming no file or variable
+    with h5py.File(tmp_path / "g.mat", "w", userblock_size=512) as f:
+        f.create_group("coeff")
+        f["sol"] = np.zeros((2, 3, 3))
+    with pytest.raises(ValueError, match=r"g\.mat': variable 'coeff' is a MATLAB struct"):
+        read_darcy_mat(tmp_path / "g.mat")
+    v73 = (tmp_path / "d.mat")
+    write_v73(v73, coeff=np.zeros((64, 9, 9)), sol=np.zeros((64, 9, 9)))
+    v73.write_bytes(v73.read_bytes()[:3000])
+    with pytest.raises(ValueError, match=r"d\.mat' is not a readable MATLAB v7\.3 file"):
+        read_darcy_mat(v73)
+    with pytest.raises(TypeError, match="keys must be a sequence of variable names, got 5"):
+        load_mat(tmp_path / "x.mat", 5)
 
 
 def test_datasets_read_mat_files(tmp_path, darcy_arrays):

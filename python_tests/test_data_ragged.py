@@ -446,6 +446,10 @@ def test_collation_rejects_bad_items(ragged_file):
                             "input_weights": b["input_weights"][:1]}])
     with pytest.raises(ValueError, match=r"items\[1\]: expected x \(N, d\), weight \(N,\)"):
         collate_ragged([a, {**b, "weight": b["weight"][:-1]}])
+    # the message itself raised KeyError: 'y'
+    with pytest.raises(ValueError, match=r"items\[1\]: x/target have 3/2 columns, items\[0\] "
+                       r"2/2"):
+        collate_ragged([a, {**b, "x": torch.zeros(b["x"].shape[0], 3, dtype=b["x"].dtype)}])
     with pytest.raises(KeyError, match=r"items\[0\]: missing 'target'"):
         collate_ragged([{k: v for k, v in a.items() if k != "target"}])
 

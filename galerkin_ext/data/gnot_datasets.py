@@ -463,8 +463,8 @@ def _check_item(item: object, j: int, first: Mapping[str, Any] | None) -> None:
     if first is None:
         return
     if x.shape[1] != first["x"].shape[1] or y.shape[1] != first["target"].shape[1]:
-        raise ValueError(f"{where}: x/y have {x.shape[1]}/{y.shape[1]} columns, items[0] "
-                         f"{first['x'].shape[1]}/{first['y'].shape[1]}")
+        raise ValueError(f"{where}: x/target have {x.shape[1]}/{y.shape[1]} columns, items[0] "
+                         f"{first['x'].shape[1]}/{first['target'].shape[1]}")
     if len(inputs) != len(first["inputs"]) or any(
         f.shape[1] != g.shape[1] for f, g in zip(inputs, first["inputs"], strict=True)
     ):

@@ -42,17 +42,26 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str], *,
     Raises ``KeyError`` naming the missing variables and the ones present.
     """
     p = _existing_file(path)
-    if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
+    if isinstance(keys, str) or not isinstance(keys, Sequence) or not all(
+        isinstance(k, str) for k in keys
+    ):
         raise TypeError(f"keys must be a sequence of variable names, got {keys!r}")
     check_bool(stored_type, "stored_type")
     dtype = None if stored_type else np.float64
     if is_mat_v73(p):
-        with h5py.File(p, "r") as f:
-            missing = [k for k in keys if k not in f]
-            present = sorted(k for k in f if not k.startswith("#"))
-            if missing:
-                raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
-            return {k: numeric(p, k, f[k][...], dtype).transpose() for k in keys}
+        try:
+            with h5py.File(p, "r") as f:
+                missing = [k for k in keys if k not in f]
+                present = sorted(k for k in f if not k.startswith("#"))
+                if missing:
+                    raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
+                for k in keys:
+                    if not isinstance(f[k], h5py.Dataset):  # a struct or cell array
+                        raise ValueError(f"{str(p)!r}: variable {k!r} is a MATLAB struct or "
+                                         "cell array, expected a numeric array")
+                return {k: numeric(p, k, f[k][...], dtype).transpose() for k in keys}
+        except OSError as err:  # truncated or damaged
+            raise ValueError(f"{str(p)!r} is not a readable MATLAB v7.3 file: {err}") from err
     try:
         data = scipy.io.loadmat(p, variable_names=list(keys))
     except Exception as err:  # scipy raises many types for damaged or foreign files
