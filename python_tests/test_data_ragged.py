@@ -176,6 +176,10 @@ def test_resume_after_interruption_is_identical(tmp_path, monkeypatch):
                      n_samples=13, chunk_size=4, resume=True, progress=False)
     with pytest.raises(ValueError, match="does not match the file's layout"):
         write(out, fn=lambda i: synthetic(i, cavity=False), resume=True)
+    # a numpy scalar: json's message named neither the argument nor the file
+    with pytest.raises(TypeError, match="parameters: expected JSON values .* float32"):
+        write_ragged(out, synthetic, generator="synthetic", parameters={"a": np.float32(1)},
+                     seed=0, n_samples=13, chunk_size=4, resume=True, progress=False)
     write(out, resume=True)
     assert not part.exists()
     a, attrs_a = _datasets(reference)
@@ -332,6 +336,15 @@ def test_normalisers_are_fitted_on_the_training_split_only(ragged_file):
     assert all(torch.equal(from_config[k], state[k]) for k in state)
     with pytest.raises(ValueError, match=r"config\['query'\]: expected"):
         RaggedNormalizers.from_config({**config, "query": {"mean": [0.0]}})
+    # these were torch's "new(): invalid data type 'str'" and "only one element tensors ..."
+    with pytest.raises(ValueError, match=r"config\['query'\]\['mean'\]: expected a list of "
+                       "numbers, got 'ab'"):
+        RaggedNormalizers.from_config({**config, "query": {"mean": "ab", "std": [1.0]}})
+    with pytest.raises(ValueError, match=r"state\['eps'\]: expected one number, got shape "
+                       r"\(2,\)"):
+        RaggedNormalizers.from_state_dict({**state, "eps": torch.ones(2)})
+    with pytest.raises(TypeError, match="generator: expected a generator's name"):
+        RaggedDataset(ragged_file, "test", n_test=5, normalizers=state, generator=5)
     for a, b in zip(again, test, strict=True):
         assert torch.equal(a["x"], b["x"]) and torch.equal(a["target"], b["target"])
         assert torch.equal(a["theta"], b["theta"])
@@ -477,6 +490,8 @@ def test_size_bucket_sampler_covers_every_index_and_cuts_padding():
     assert sampler.last_padding_fraction < 0.05
     assert padding_fraction(lengths, randomly) > 0.3
     assert padding_fraction([2, 4], [[0, 1]]) == 0.25
+    with pytest.raises(ValueError, match=r"batches\[0\]: expected indices in \[0, 2\)"):
+        padding_fraction([3, 4], [[0.5]])  # an IndexError from numpy
     dropped = SizeBucketSampler(lengths, 4, bucket=10, seed=1, drop_last=True)
     assert dropped.bucket == 12 and len(dropped) == 250
     assert all(len(b) == 4 for b in dropped)

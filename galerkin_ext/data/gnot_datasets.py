@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import numbers
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -126,7 +127,13 @@ class RaggedNormalizers(nn.Module):
             if key not in state:
                 raise KeyError(f"state: missing {key!r}; not a RaggedNormalizers state dict "
                                f"(keys: {sorted(state)})")
-        eps = float(state["eps"])
+        eps = state["eps"]
+        if isinstance(eps, Tensor):
+            if eps.numel() != 1:
+                raise ValueError(f"state['eps']: expected one number, got shape "
+                                 f"{tuple(eps.shape)}")
+            eps = eps.item()
+        eps = check_float(eps, "state['eps']", low_inclusive=True)
 
         def norm(prefix: str) -> UnitGaussianNormalizer:
             if f"{prefix}.std" not in state:
@@ -155,7 +162,11 @@ class RaggedNormalizers(nn.Module):
                 raise ValueError(f"config[{name!r}]: expected {{'mean': [...], 'std': [...]}}, "
                                  f"got {stats!r}")
             for key in ("mean", "std"):
-                state[f"{name}.{key}"] = torch.tensor(stats[key], dtype=torch.float64)
+                try:
+                    state[f"{name}.{key}"] = torch.tensor(stats[key], dtype=torch.float64)
+                except (TypeError, ValueError) as err:
+                    raise ValueError(f"config[{name!r}][{key!r}]: expected a list of numbers, "
+                                     f"got {stats[key]!r}") from err
         return cls.from_state_dict(state)
 
     def named(self) -> dict[str, UnitGaussianNormalizer]:
@@ -263,7 +274,11 @@ class RaggedDataset(Dataset):
         check_float_dtype(dtype)
         info = read_header(path)
         if generator is not None:
-            wanted = (generator,) if isinstance(generator, str) else tuple(generator)
+            wanted = (generator,) if isinstance(generator, str) else (
+                tuple(generator) if isinstance(generator, Sequence) else ())
+            if not wanted or not all(isinstance(g, str) for g in wanted):
+                raise TypeError(f"generator: expected a generator's name or a sequence of "
+                                f"names, got {generator!r}")
             if info["generator"] not in wanted:
                 raise DataFileError(f"path {str(path)!r} holds {info['generator']} data, "
                                     f"expected {' or '.join(wanted)} data")
@@ -557,7 +572,10 @@ def padding_fraction(lengths: Sequence[int] | np.ndarray,
     if n.ndim != 1 or (n.size and (n.dtype.kind not in "iu" or (n < 0).any())):
         raise ValueError(f"lengths: expected a sequence of sample sizes N >= 0, got {lengths!r}")
     for i, batch in enumerate(batches):
-        if any(not 0 <= j < len(n) for j in batch):
+        if isinstance(batch, str) or not isinstance(batch, Sequence | np.ndarray) or any(
+            isinstance(j, bool) or not isinstance(j, numbers.Integral) or not 0 <= j < len(n)
+            for j in batch
+        ):
             raise ValueError(f"batches[{i}]: expected indices in [0, {len(n)}), got "
                              f"{list(batch)!r}")
     total = sum(len(b) * int(n[list(b)].max()) for b in batches if len(b))

@@ -61,7 +61,9 @@ from .storage import (
     _combine,
     _n_written,
     _open,
+    check_output,
     check_resumable_attributes,
+    parameters_json,
     pending_chunks,
     prepare_output,
     publish,
@@ -455,9 +457,6 @@ class RaggedWriter:
 
         if not isinstance(generator, str) or not generator:
             raise TypeError(f"generator: expected a non-empty str, got {generator!r}")
-        if not isinstance(parameters, dict):
-            raise TypeError(f"parameters: expected a JSON-serialisable dict, got "
-                            f"{type(parameters).__name__}")
         seed = check_int(seed, "seed", 0)
         n_samples = check_int(n_samples, "n_samples")
         chunk_size = check_int(chunk_size, "chunk_size")
@@ -467,7 +466,7 @@ class RaggedWriter:
         attrs = {
             "schema": RAGGED_SCHEMA,
             "generator": generator,
-            "parameters": json.dumps(parameters, sort_keys=True),
+            "parameters": parameters_json(parameters),
             "seed": seed,
             "n_samples": n_samples,
             "package_version": __version__,
@@ -629,6 +628,7 @@ def write_ragged(
     function) the samples of each chunk are computed in parallel; the file is the same.
     Returns the path of the finished file.
     """
+    check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     if executor is not None and not isinstance(executor, Executor):
         raise TypeError(f"executor: expected a concurrent.futures.Executor, got "
                         f"{type(executor).__name__}")

@@ -58,6 +58,7 @@ __all__ = [
     "partial_path",
     "check_output_path",
     "check_output",
+    "parameters_json",
     "prepare_output",
     "check_resumable_attributes",
     "pending_chunks",
@@ -155,6 +156,19 @@ def prepare_output(out: object, *, resume: bool, overwrite: bool) -> tuple[Path,
     if overwrite:
         part.unlink(missing_ok=True)
     return final, part
+
+
+def parameters_json(parameters: object) -> str:
+    """A generation's ``parameters`` (a dict of JSON values) as the JSON text its file records,
+    keys sorted."""
+    if not isinstance(parameters, dict):
+        raise TypeError(f"parameters: expected a dict of JSON values, got "
+                        f"{type(parameters).__name__}")
+    try:
+        return json.dumps(parameters, sort_keys=True)
+    except (TypeError, ValueError) as err:  # e.g. a numpy scalar
+        raise TypeError(f"parameters: expected JSON values (str, int, float, bool, None, lists "
+                        f"and dicts of them): {err}") from err
 
 
 def _json_object(text: object) -> dict[str, Any] | None:
@@ -404,7 +418,7 @@ class ChunkedWriter:
         attrs = {
             "schema": SCHEMA,
             "generator": generator,
-            "parameters": json.dumps(parameters, sort_keys=True),
+            "parameters": parameters_json(parameters),
             "seed": seed,
             "n_samples": n_samples,
             "package_version": __version__,
