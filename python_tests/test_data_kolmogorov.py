@@ -567,6 +567,8 @@ def test_cli_generate_presets_and_errors(tmp_path, capsys, monkeypatch):
         ({"solve_resolution": 12}, ValueError, "solve_resolution: expected >= resolution = 16"),
         ({"resolution": 6, "solve_resolution": 8}, ValueError,
          r"solve_resolution: the forcing cos\(4 y\) needs more than 8"),
+        # the user gave no solve_resolution, which the message blamed
+        ({"resolution": 8}, ValueError, r"^resolution: the forcing cos\(4 y\) needs more"),
         ({"solve_dtype": "float16"}, ValueError, "solve_dtype: expected 'float32' or 'float64'"),
         ({"solve_dtype": torch.float16}, ValueError, "solve_dtype"),
         ({"time": -1.0}, ValueError, "time: expected a finite float >= 0"),

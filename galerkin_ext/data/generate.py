@@ -563,7 +563,8 @@ def generate_kolmogorov(
         raise ValueError(f"solve_resolution: expected >= resolution = {resolution} (the "
                          f"stored fields are truncations of the solved ones), got {solve_s}")
     if solve_s <= 2 * wavenumber:
-        raise ValueError(f"solve_resolution: the forcing cos({wavenumber} y) needs more than "
+        name = "resolution" if solve_resolution is None else "solve_resolution"
+        raise ValueError(f"{name}: the forcing cos({wavenumber} y) needs more than "
                          f"{2 * wavenumber} points per axis, got {solve_s}")
     time = check_float(time, "time", low_inclusive=True)
     dt_out = check_float(dt_out, "dt_out")
