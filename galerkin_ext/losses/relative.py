@@ -77,7 +77,16 @@ def _check_point_weight(weight: object, pred: Tensor) -> Tensor:
     if tuple(weight.shape) == grid:
         weight = weight.unsqueeze(0)
     check_nonnegative(weight, "weight")
+    _check_some_weight(weight.flatten(1).sum(1))
     return weight.to(device=pred.device)
+
+
+def _check_some_weight(total: Tensor) -> None:
+    """Each sample's total weight ``total (B,)`` positive: with none, both norms are 0 and the
+    error NaN (a data-dependent check, skipped while tracing)."""
+    if not is_tracing(total) and not bool((total > 0).all()):
+        b = int((total <= 0).nonzero()[0])
+        raise ValueError(f"weight: sample {b} has no positive weight")
 
 
 def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean",
@@ -160,6 +169,7 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
                              f"{tuple(getattr(weight, 'shape', ()))}")
         w = torch.where(mask, weight.to(device=pred.device, dtype=pred.dtype), zero)
         check_nonnegative(w, "weight", "weights at valid points")
+        _check_some_weight(w.sum(1))
         err, ref = err * w.unsqueeze(-1), ref * w.unsqueeze(-1)
     per = (err.sum(1) / ref.sum(1)).sqrt()  # (B, C)
     if reduction == "mean":
@@ -227,6 +237,9 @@ def relative_h1_error(
     if pred.ndim == 3:
         if coeff is not None:
             raise ValueError("coeff: the coefficient weighting is defined for 2-D fields only")
+        if pred.shape[1] < 3:  # the periodic difference of 1 or 2 points is 0: an error of 1
+            raise ValueError(f"pred: expected shape (B, n, C) with n >= 3 in 1-D, got "
+                             f"{tuple(pred.shape)}")
         if target_grad.shape != pred.shape:
             raise ValueError(f"target_grad: expected the shape of pred {tuple(pred.shape)} "
                              f"(1-D), got {tuple(target_grad.shape)}")
@@ -341,7 +354,7 @@ class RelativeLoss(nn.Module):
         check_bool(periodic, "periodic")
         if norm not in _LOSS_NORMS:
             raise ValueError(f"norm: expected one of {_LOSS_NORMS}, got {norm!r}")
-        if norm == "h1":
+        if norm == "h1" or h is not None:
             h = check_float(h, "h")
         if weight is not None and norm != "l2":
             raise ValueError("weight: quadrature weights apply to norm='l2' only (the H^1 "
