@@ -14,6 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._checks import (
+    check_attention_operands,
+    check_norm,
+    check_norm_eps,
+    check_quadrature_weight,
+    check_scale,
+)
+from .functional import resolve_kv_pos
+
 Norm = tuple[Tensor, Tensor] | None
 
 
@@ -35,6 +44,26 @@ def concat_pos(x: Tensor, pos: Tensor | None) -> Tensor:
     batch, heads, n, _ = x.shape
     pos = pos.expand(batch, n, pos.shape[-1]).unsqueeze(1).expand(batch, heads, n, -1)
     return torch.cat([pos, x], dim=-1)
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, kv_pos: Tensor | None,
+           weight: Tensor | None, norms: dict[str, Norm], eps: float) -> Tensor | None:
+    """The ops' argument rules (so the oracle refuses what they refuse, rather than broadcast
+    it); returns the keys' coordinates."""
+    batch, _, _, m, _ = check_attention_operands(q, k, v)
+    kv_pos = resolve_kv_pos(pos, kv_pos, q, k)
+    if weight is not None:
+        check_quadrature_weight(weight, batch, m, k, "k", axis="M")
+    for name, norm in norms.items():
+        check_norm(norm, name, v if name == "v_norm" else q, "v" if name == "v_norm" else "q")
+    check_norm_eps(eps)
+    return kv_pos
+
+
+def _check_mask(mask: Tensor | None, shape: torch.Size) -> None:
+    if mask is not None and (not isinstance(mask, Tensor) or mask.shape != shape):
+        raise ValueError(f"dropout_mask: expected a tensor of shape {tuple(shape)}, got "
+                         f"{tuple(mask.shape) if isinstance(mask, Tensor) else mask!r}")
 
 
 def _weight_rows(x: Tensor, weight: Tensor | None) -> Tensor:
@@ -59,11 +88,12 @@ def galerkin_attention(
 ) -> Tensor:
     """``Q̂ (K̂ᵀ W V̂)``; ``dropout_mask (B, H, d, d)`` multiplies ``K̂ᵀ W V̂`` if given.
     ``kv_pos``: the keys' coordinates (default ``pos``)."""
-    kv_pos = pos if kv_pos is None else kv_pos
+    kv_pos = _check(q, k, v, pos, kv_pos, weight, {"k_norm": k_norm, "v_norm": v_norm}, eps)
     q_hat = concat_pos(q, pos)
     k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), kv_pos)
     v_hat = concat_pos(per_head_layer_norm(v, v_norm, eps), kv_pos)
     scores = k_hat.transpose(-2, -1) @ _weight_rows(v_hat, weight)
+    _check_mask(dropout_mask, scores.shape)
     if dropout_mask is not None:
         scores = scores * dropout_mask
     return q_hat @ scores
@@ -85,13 +115,13 @@ def fourier_attention(
 ) -> Tensor:
     """``(Q̂ K̂ᵀ W) V̂ · scale`` via the N×M matrix; ``dropout_mask (B, H, N, M)`` multiplies it.
     ``kv_pos``: the keys' coordinates (default ``pos``)."""
-    kv_pos = pos if kv_pos is None else kv_pos
+    kv_pos = _check(q, k, v, pos, kv_pos, weight, {"q_norm": q_norm, "k_norm": k_norm}, eps)
     q_hat = concat_pos(per_head_layer_norm(q, q_norm, eps), pos)
     k_hat = concat_pos(per_head_layer_norm(k, k_norm, eps), kv_pos)
     v_hat = concat_pos(v, kv_pos)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q_hat.shape[-1])
+    scale = check_scale(scale, 1.0 / math.sqrt(q_hat.shape[-1]))
     scores = q_hat @ _weight_rows(k_hat, weight).transpose(-2, -1) * scale
+    _check_mask(dropout_mask, scores.shape)
     if dropout_mask is not None:
         scores = scores * dropout_mask
     return scores @ v_hat
@@ -101,6 +131,7 @@ def normalized_attention(q: Tensor, k: Tensor, v: Tensor, *, skip: bool = False)
     """GNOT's normalised linear attention as its code computes it, uniform weights and no
     coordinates: feature softmax of q and k, ``Σ_j k̃_j``, the normaliser's inverse and the
     context ``k̃ᵀ v`` by einsum, then ``q̃`` times both (plus ``q̃`` if ``skip``)."""
+    check_attention_operands(q, k, v)
     q, k = q.softmax(dim=-1), k.softmax(dim=-1)
     inv = 1.0 / torch.einsum("bhnd,bhd->bhn", q, k.sum(dim=-2))
     context = torch.einsum("bhmd,bhme->bhde", k, v)

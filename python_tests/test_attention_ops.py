@@ -383,6 +383,30 @@ def test_bad_input_names_argument(name, gen):
         ops.galerkin_attention(q, k, v, **kwargs)
 
 
+@pytest.mark.parametrize("name", [n for n in BAD if not n.startswith("dropout_p")])
+def test_the_reference_refuses_what_the_ops_refuse(name, gen):
+    """The oracle used to broadcast a batch-1 weight, a (1, P) pos or a (D, D) dropout mask, and
+    to take negative weights and eps."""
+    mutate, argument, error = BAD[name]
+    kwargs = _good(gen)
+    mutate(kwargs)
+    q, k, v = kwargs.pop("q"), kwargs.pop("k"), kwargs.pop("v")
+    with pytest.raises(error, match=f"^{re.escape(argument)}"):
+        reference.galerkin_attention(q, k, v, **kwargs)
+    kwargs = _good(gen)
+    fourier = {k: v for k, v in kwargs.items() if k != "v_norm"}
+    for call, match in (
+        (lambda: reference.galerkin_attention(**kwargs, dropout_mask=torch.ones(4, 4)),
+         r"dropout_mask: expected a tensor of shape \(2, 2, 4, 4\)"),
+        (lambda: reference.fourier_attention(**{**fourier, "weight": torch.ones(1, 1)}),
+         "weight"),
+        (lambda: reference.fourier_attention(**fourier, scale=True), "scale"),
+        (lambda: reference.normalized_attention(kwargs["q"], kwargs["k"][:1], kwargs["v"]), "k"),
+    ):
+        with pytest.raises((ValueError, TypeError), match=match):
+            call()
+
+
 def test_fourier_specific_errors(gen):
     x = _good(gen)
     q, k, v = x["q"], x["k"], x["v"]
