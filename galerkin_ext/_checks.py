@@ -340,6 +340,12 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 
+def check_device(device: object) -> torch.device | None:
+    """An optional ``device`` argument: ``None`` (torch's default device) or one that
+    :func:`resolve_device` accepts."""
+    return None if device is None else resolve_device(device)
+
+
 def check_tensor(x: object, name: str, ndim: int, shape_doc: str,
                  module: torch.nn.Module | None = None) -> Tensor:
     """``x`` if it is a floating-point tensor of rank ``ndim``; ``shape_doc`` names the dims.

@@ -60,6 +60,7 @@ from torch.utils.data import Dataset
 from . import functional, ops
 from ._checks import (
     check_choice,
+    check_device,
     check_dropout,
     check_float_dtype,
 )
@@ -465,7 +466,8 @@ class DomainSplit:
             if self.n == 0:
                 raise ValueError("weight: uniform weights 1/n need n >= 1 points, the split "
                                  "has none")
-            return torch.full((self.local_n,), 1.0 / self.n, dtype=dtype, device=device)
+            return torch.full((self.local_n,), 1.0 / self.n, dtype=dtype,
+                              device=check_device(device))
         if not isinstance(weight, Tensor):
             raise TypeError(f"weight: expected a tensor (B, n) or (n,) with n = {self.n}, got "
                             f"{type(weight).__name__}")

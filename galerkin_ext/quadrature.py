@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import check_choice, check_float, check_float_dtype, check_int
+from ._checks import check_choice, check_device, check_float, check_float_dtype, check_int
 
 __all__ = [
     "curve_weights",
@@ -129,7 +129,7 @@ def grid_weights(
             axis = torch.full((n,), length / (n - 1), dtype=torch.float64)
             axis[[0, -1]] /= 2
         weights = torch.outer(weights.reshape(-1), axis)
-    return weights.reshape(-1).to(dtype=dtype, device=device)
+    return weights.reshape(-1).to(dtype=dtype, device=check_device(device))
 
 
 def monte_carlo_weights(
@@ -144,7 +144,7 @@ def monte_carlo_weights(
     n = check_int(n, "n")
     volume = check_float(volume, "volume")
     check_float_dtype(dtype)
-    return torch.full((n,), volume / n, dtype=dtype, device=device)
+    return torch.full((n,), volume / n, dtype=dtype, device=check_device(device))
 
 
 def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:

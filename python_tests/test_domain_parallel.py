@@ -579,6 +579,8 @@ def test_argument_errors(gen: torch.Generator) -> None:
          r"weight: expected shape \(B, n\) or \(n,\) with n = 5, got \(6,\)"),
         (lambda: DomainSplit([5]).local_weight([0.2] * 5), TypeError,
          "weight: expected a tensor .* got list"),
+        (lambda: DomainSplit([5]).local_weight(device="gpu"), ValueError,
+         "device: expected e.g. 'cpu'"),
         (lambda: DomainSplit([5]).local_weight(dtype=torch.int64), TypeError,
          "dtype: expected a floating torch.dtype"),  # (were zeros: 1/5 truncated)
         (lambda: DomainSplit([5]).gather(torch.zeros(2, 4)), ValueError,

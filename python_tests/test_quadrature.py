@@ -136,6 +136,8 @@ def test_monte_carlo_weights_converge_at_half_order():
         monte_carlo_weights(3, 0.0)
     with pytest.raises(ValueError, match="n: expected an int >= 1"):
         monte_carlo_weights(0)
+    with pytest.raises(ValueError, match="device: expected e.g. 'cpu'"):
+        monte_carlo_weights(3, device="gpu")
     for dtype in (torch.int64, torch.bool):  # a rule of 0s (or Trues) would integrate nothing
         with pytest.raises(TypeError, match="dtype: expected a floating torch.dtype"):
             monte_carlo_weights(3, dtype=dtype)
@@ -151,6 +153,10 @@ def test_monte_carlo_weights_converge_at_half_order():
     (((4, 3), (1.0, -2.0)), {}, ValueError, r"lengths\[1\]: expected a finite float > 0"),
     (((4,),), {"rule": "simpson"}, ValueError, "rule: expected one of"),
     (((3,),), {"dtype": torch.int64}, TypeError, "dtype: expected a floating torch.dtype"),
+    # torch's own messages named no argument
+    (((3,),), {"device": "gpu"}, ValueError, "device: expected e.g. 'cpu'"),
+    (((3,),), {"device": "cuda:0" if not torch.cuda.is_available() else "tpu"}, ValueError,
+     "device: "),
 ])
 def test_grid_weights_errors(args, kwargs, error, match):
     with pytest.raises(error, match=match):
