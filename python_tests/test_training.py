@@ -8,17 +8,20 @@ import math
 import os
 import stat
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
-from galerkin_ext.losses import OperatorLoss
+from galerkin_ext.losses import MaskedRelativeLoss, OperatorLoss
 from galerkin_ext.training import (
     CHECKPOINT_FORMAT,
     CheckpointError,
     ConfigError,
+    DistributedContext,
     NonFiniteLossError,
     TrainConfig,
     Trainer,
@@ -320,6 +323,10 @@ def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):
         ({"plateau_factor": 1.5}, "plateau_factor"),
         ({"early_stopping": 0}, "early_stopping"),
         ({"clip_value": -1.0}, "clip_value"),
+        ({"pct_start": 1.0}, "pct_start"),  # OneCycleLR divided by 0 at the last step
+        ({"plateau_factor": 1.0}, "plateau_factor"),  # ReduceLROnPlateau needs < 1
+        ({"seed": 2**64}, r"seed: expected an int >= 0 and < 2\*\*63"),  # overflowed in fit
+        ({"seed": 2**63}, "seed"),
     ],
 )
 def test_train_config_validation(kwargs, match):
@@ -598,3 +605,261 @@ def test_resume_of_another_experiment_names_both():
         check_resumable_config({**old, "build": {"name": "b", "arguments": {"d_model": 96}}},
                                {**old, "build": {"name": "b", "arguments": {"d_model": 64}}},
                                "last.pt", partial=True)
+
+
+def test_write_csv_reads_an_iterator_of_rows_once(tmp_path):
+    """The rows' check read a generator to its end, and an empty file was written."""
+    path = write_csv(tmp_path / "g.csv", (r for r in [{"a": 1}, {"a": 2}]))
+    assert path.read_text() == "a\n1\n2\n"
+    with pytest.raises(TypeError, match="rows: expected a sequence of mappings, got int"):
+        write_csv(tmp_path / "n.csv", 3)
+    assert not (tmp_path / "n.csv").exists()
+
+
+def test_rewriting_a_file_keeps_its_mode(tmp_path):
+    """A file its owner made private stays private when it is rewritten (new files follow the
+    umask, see test_written_files_respect_the_umask)."""
+    for path, write in ((tmp_path / "m.json", lambda p: write_json(p, {"a": 1})),
+                        (tmp_path / "c.csv", lambda p: write_csv(p, [{"a": 1}])),
+                        (tmp_path / "b.pt", lambda p: save_checkpoint(
+                            p, "best", epoch=1, model={}, config={}, metric=1.0))):
+        write(path)
+        path.chmod(0o600)
+        write(path)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+@pytest.mark.parametrize("config", [
+    {"p": Path("x")},
+    {"a": {"b": [1.0, np.float64(1)]}},
+    {"t": torch.ones(2)},  # loads, but a resumption cannot compare it
+    {"tol": math.nan},  # a resumption never found it equal to itself
+    {Path("k"): 1},
+])
+def test_a_run_config_that_cannot_be_stored_or_compared_is_refused_at_once(tmp_path, config):
+    """Such a setting made best.pt unreadable (weights_only) or last.pt never resumable,
+    found only after training."""
+    ok = {"config": TrainConfig(epochs=1, progress=False), "out_dir": tmp_path}
+    with pytest.raises((TypeError, ValueError), match=r"run_config(\[| key)"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), **ok, run_config=config)
+
+
+def test_save_checkpoint_refuses_what_would_not_load_before_writing(tmp_path):
+    path = tmp_path / "b.pt"
+    for config, match in (({"p": Path("x")}, r"config\['p'\]: expected .*PosixPath|WindowsPath"),
+                          ({"a": [np.float64(1)]}, r"config\['a'\]\[0\]: .*numpy.float64")):
+        with pytest.raises(TypeError, match=match):
+            save_checkpoint(path, "best", epoch=1, model={}, config=config, metric=1.0)
+        assert not path.exists() and not list(tmp_path.iterdir())
+    with pytest.raises(TypeError, match=r"metric: .*numpy.float32"):
+        save_checkpoint(path, "best", epoch=1, model={}, config={}, metric=np.float32(1))
+    for call in (lambda: save_checkpoint(path, ["last"], epoch=1),
+                 lambda: load_checkpoint(path, ["last"])):
+        with pytest.raises(ValueError, match=r"kind: expected one of \['best', 'last'"):
+            call()
+
+
+@pytest.mark.parametrize("changes", [
+    {"max_lr": np.float64(1e-2)}, {"max_lr": np.float32(1e-2)}, {"batch_size": np.int64(4)},
+    {"epochs": np.int64(1)}, {"early_stopping": np.int64(3)}, {"seed": np.int64(1)},
+    {"grad_clip": np.float64(1.0)}, {"precision": np.str_("fp32")},
+])
+def test_numpy_settings_become_python_numbers_and_the_run_resumes(tmp_path, changes):
+    """Kept as numpy scalars they made best.pt unreadable (weights_only) after the whole run,
+    or failed inside torch (batch_size, epochs)."""
+    config = TrainConfig(**{"epochs": 1, "batch_size": 4, "progress": False, **changes})
+    for name, value in changes.items():
+        stored = getattr(config, name)
+        assert type(stored) is type(value.item()) and stored == value, name
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), config, tmp_path)
+    first = trainer.fit()
+    again = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), config, tmp_path)
+    assert again.fit(resume=True)["history"] == first["history"]
+
+
+def test_a_one_step_warm_up_is_refused(tmp_path):
+    """pct_start * steps == 1: OneCycleLR's first phase would have no length (ZeroDivisionError
+    while the Trainer was built)."""
+    with pytest.raises(ConfigError, match="pct_start: 0.5 of the 2 steps makes a warm-up of "
+                                          "exactly one step"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                TrainConfig(epochs=1, pct_start=0.5, progress=False), tmp_path)
+
+
+def test_an_empty_out_dir_is_refused(tmp_path, monkeypatch):
+    """Path('') is the current folder: the checkpoints landed there silently."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="out_dir: expected a folder, got an empty path"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                TrainConfig(epochs=1, progress=False), "")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_resumption_without_best_pt_or_of_another_model_fails_before_training(tmp_path):
+    """Without best.pt every remaining epoch was trained before loading it failed (last.pt then
+    at the final epoch: never finished); another model's weights gave torch's raw error."""
+    _trainer(tmp_path, epochs=1).fit()
+    last = (tmp_path / "last.pt").read_bytes()
+    (tmp_path / "best.pt").rename(tmp_path / "kept.pt")
+    with pytest.raises(CheckpointError, match=r"records epoch 1 as the best, but .*best\.pt' "
+                                              "is missing"):
+        _trainer(tmp_path, epochs=1).fit(resume=True)
+    assert (tmp_path / "last.pt").read_bytes() == last
+    (tmp_path / "kept.pt").rename(tmp_path / "best.pt")
+    other = _trainer(tmp_path, epochs=1)
+    other.model.conv = nn.Conv1d(1, 4, 3, padding=1, padding_mode="circular")  # narrower
+    other.model.out = nn.Conv1d(4, 1, 1)
+    with pytest.raises(CheckpointError, match=r"last\.pt'?: its weights do not fit this "
+                                              r"Trainer's model .*size mismatch for conv"):
+        other.fit(resume=True)
+    assert (tmp_path / "last.pt").read_bytes() == last
+
+
+class _TwoChannels(_Linear1d):
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        return {**item, "target": item["target"].repeat(1, 2)}
+
+
+def _listed(pred, batch):
+    return [0.0] * pred.shape[0]
+
+
+@pytest.mark.parametrize(("eval_set", "metric", "error", "match"), [
+    (TensorDataset(torch.randn(4, 16, 1)), None, TypeError, "batch: expected a dict"),
+    (_TwoChannels(4), None, ValueError, "target"),
+    (_Linear1d(4), _listed, TypeError, "metric: expected a tensor of per-sample errors, got list"),
+    (_Linear1d(4), lambda pred, batch: pred.flatten(1).norm(dim=1)[:2], ValueError,
+     r"metric: expected one error per sample, shape \(4,\), got \(2,\)"),
+])
+def test_eval_set_and_metric_fail_before_the_first_training_step(tmp_path, eval_set, metric,
+                                                                   error, match):
+    calls = {"n": 0}
+
+    def counting(*args):
+        calls["n"] += 1
+        return OperatorLoss()(*args)
+
+    trainer = Trainer(_PointMLP(), counting, _Linear1d(8), eval_set,
+                      TrainConfig(epochs=2, progress=False), tmp_path,
+                      **({"metric": metric} if metric else {}))
+    with pytest.raises(error, match=match):
+        trainer.fit()
+    assert calls["n"] == 0 and trainer.model.training
+    assert not (tmp_path / "last.pt").exists()
+
+
+def test_the_check_of_the_evaluation_changes_nothing_of_the_run(tmp_path, monkeypatch):
+    """It runs a DataLoader (which draws its seed from the global RNG) and the model, before
+    the RNG states are seeded: a run computes what it did without the check."""
+    checked = _trainer(tmp_path / "checked", epochs=2).fit()["history"]
+    monkeypatch.setattr(Trainer, "_try_evaluation", lambda self: None)
+    plain = _trainer(tmp_path / "plain", epochs=2).fit()["history"]
+    for a, b in zip(checked, plain, strict=True):
+        assert {**a, "seconds": 0} == {**b, "seconds": 0}
+
+
+class _Masked(_Linear1d):
+    """Padded ragged batches' keys: a mask and quadrature weights (or none)."""
+
+    def __init__(self, count, weights=True, seed=0):
+        super().__init__(count, seed=seed)
+        self.weights = weights
+
+    def __getitem__(self, i):
+        item = {**super().__getitem__(i), "mask": torch.ones(16, dtype=torch.bool)}
+        return {**item, "weight": torch.full((16,), 1 / 16)} if self.weights else item
+
+
+def test_a_weighted_masked_loss_gets_the_batch_weights(tmp_path):
+    """MaskedRelativeLoss(weighted=True) was called without them: unusable in the Trainer."""
+    seen = []
+
+    class Spy(MaskedRelativeLoss):
+        def forward(self, pred, target, mask, weight=None):
+            seen.append(weight)
+            return super().forward(pred, target, mask, weight)
+
+    def metric(pred, batch):
+        return torch.ones(pred.shape[0])
+
+    Trainer(_PointMLP(), Spy(weighted=True), _Masked(8), _Masked(4), TrainConfig(
+        epochs=1, progress=False), tmp_path / "w", metric=metric).fit()
+    assert len(seen) == 2 and all(torch.equal(w, torch.full((4, 16), 1 / 16)) for w in seen)
+    trainer = Trainer(_PointMLP(), MaskedRelativeLoss(weighted=True), _Masked(8, weights=False),
+                      _Masked(4, weights=False), TrainConfig(epochs=1, progress=False),
+                      tmp_path / "none", metric=metric)
+    with pytest.raises(ValueError, match="loss_fn: a weighted loss needs the batch's quadrature "
+                                         "weights 'weight'"):
+        trainer.fit()
+    assert not (tmp_path / "none" / "last.pt").exists()
+
+
+def test_fit_runs_once(tmp_path):
+    """A second fit kept the spent optimiser and schedule: torch's "Tried to step" after a
+    step."""
+    trainer = _trainer(tmp_path, epochs=1)
+    trainer.fit()
+    with pytest.raises(RuntimeError, match=r"fit: this Trainer has run fit\(\) already"):
+        trainer.fit(resume=True)
+
+
+def _only_loss(pred, target, *rest):
+    return (pred - target).square().mean()
+
+
+def _per_sample(pred, target, *rest):
+    loss = (pred - target).square().flatten(1).mean(1)
+    return loss, {"rel_l2": loss.detach()}
+
+
+def _float_part(pred, target, *rest):
+    loss = (pred - target).square().mean()
+    return loss, {"rel_l2": 0.5}
+
+
+@pytest.mark.parametrize(("loss_fn", "match"), [
+    (_only_loss, r"loss_fn: expected \(loss, parts\).*; got Tensor"),
+    (_per_sample, r"loss_fn: expected .*; got loss of shape \(4,\)"),
+    (_float_part, r"loss_fn: expected .*; got parts\['rel_l2'\] = 0.5"),
+])
+def test_the_loss_contract_is_checked_at_the_first_step(tmp_path, loss_fn, match):
+    with pytest.raises(TypeError, match=match):
+        _trainer(tmp_path, epochs=1, loss=loss_fn).fit()
+    assert not (tmp_path / "last.pt").exists()
+
+
+def test_default_forward_names_a_missing_grid(tmp_path):
+    class NoGrid(_Linear1d):
+        def __getitem__(self, i):
+            return {"x": self.x[i], "target": self.target[i]}
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), NoGrid(8), NoGrid(4),
+                      TrainConfig(epochs=1, progress=False), tmp_path)
+    with pytest.raises(TypeError, match=r"batch: default_forward needs a 'grid'.*\['target', "
+                                        r"'x'\]; pass forward="):
+        trainer.fit()
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"rank": -1}, ValueError, "rank: expected an int >= 0"),
+    ({"world_size": 0}, ValueError, "world_size: expected an int >= 1"),
+    ({"rank": 2, "world_size": 2}, ValueError, "rank: expected an int < world_size = 2"),
+    ({"local_rank": 1.0}, TypeError, "local_rank"),
+    ({"device": 3}, TypeError, "device: expected a torch.device"),
+    ({"device": "tpu"}, ValueError, "device: expected e.g. 'cpu'"),
+])
+def test_distributed_context_is_checked(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        DistributedContext(**kwargs)
+
+
+def test_a_distributed_context_takes_a_device_name(tmp_path):
+    """device='cpu' failed inside the Trainer ('str' has no attribute 'type')."""
+    ctx = DistributedContext(device="cpu")
+    assert ctx.device == torch.device("cpu")
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                      TrainConfig(epochs=1, progress=False), tmp_path, ctx=ctx)
+    assert trainer.fit()["epochs"] == 1
+    with pytest.raises(TypeError, match="ctx: expected a DistributedContext or None, got str"):
+        evaluate(_PointMLP(), _Linear1d(4), ctx="x")

@@ -23,16 +23,19 @@ import csv
 import hashlib
 import io
 import json
+import math
 import os
+import stat
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
-from .._checks import check_path
+from .._checks import check_choice, check_path
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -68,10 +71,13 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     if not callable(write):
         raise TypeError(f"write: expected a callable taking a binary file, got {write!r}")
     p.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a file rewritten keeps its mode (e.g. 0600 its owner chose), as open() keeps it
+        mode = stat.S_IMODE(os.stat(p).st_mode)
+    except FileNotFoundError:  # a new one gets what open() would give it (umask)
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        # mkstemp creates mode 0600; the file gets the mode open() would give it (umask).
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, mode)  # mkstemp creates mode 0600
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -119,10 +125,14 @@ def write_json(path: str | os.PathLike[str], data: Mapping[str, Any] | list[Any]
     return atomic_write(path, lambda f: f.write(text.encode()))
 
 
-def write_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> Path:
+def write_csv(path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any]]) -> Path:
     """Write ``rows`` (dicts; the header is the union of their keys in order) as CSV, atomically."""
-    if isinstance(rows, str | bytes) or not all(isinstance(r, Mapping) for r in rows):
-        raise TypeError("rows: expected a sequence of mappings")
+    expected = "rows: expected a sequence of mappings"
+    if isinstance(rows, str | bytes) or not isinstance(rows, Iterable):
+        raise TypeError(f"{expected}, got {type(rows).__name__}")
+    rows = list(rows)  # read once: a generator checked here would be empty when written
+    if not all(isinstance(r, Mapping) for r in rows):
+        raise TypeError(expected)
     fields: dict[str, None] = {}
     for row in rows:
         fields.update(dict.fromkeys(row))
@@ -133,16 +143,72 @@ def write_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -
     return atomic_write(path, lambda f: f.write(buf.getvalue().encode()))
 
 
+# What torch.load(weights_only=True) reads back besides tensors and containers, by exact type:
+# numpy's float64 is a float, but is pickled as a numpy scalar, which it refuses.
+_LOADABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+             torch.Size)
+_JSON_LIKE = (type(None), bool, int, float, str)
+
+
+def _check_loadable(value: Any, name: str, *, json_like: bool = False) -> None:
+    """``value`` made of what ``torch.load(weights_only=True)`` reads back: tensors, numbers,
+    strings, None, torch dtypes, devices and sizes, in dicts, lists, tuples and sets.
+
+    ``json_like``: only None, bools, ints, finite floats and strings, in lists, tuples and
+    dicts: a run's configuration, which a resumption compares setting by
+    setting (a tensor has no single answer to ``==``, NaN never equals itself).
+    Raises naming the offending entry, e.g. ``config['data']['path']``.
+    """
+    kind = type(value)
+    if kind in (_JSON_LIKE if json_like else _LOADABLE):
+        if json_like and kind is float and not math.isfinite(value):
+            raise ValueError(f"{name}: expected a finite float, got {value!r} (a resumption "
+                             "compares the settings, and NaN never equals itself)")
+        return
+    if not json_like and kind in (torch.Tensor, torch.nn.Parameter):
+        return
+    if kind in (dict, OrderedDict):
+        for key, item in value.items():
+            _check_loadable(key, f"{name} key {key!r}", json_like=json_like)
+            _check_loadable(item, f"{name}[{key!r}]", json_like=json_like)
+        return
+    if kind in ((list, tuple) if json_like else (list, tuple, set)):
+        for i, item in enumerate(value):
+            _check_loadable(item, f"{name}[{i}]", json_like=json_like)
+        return
+    what = ("None, a bool, int, finite float or str, or a list or dict of them (JSON-like)"
+            if json_like else "a tensor, number, str, None, or a dict, list, tuple of them "
+            "(what torch.load(weights_only=True) reads back)")
+    raise TypeError(f"{name}: expected {what}, got {kind.__module__}.{kind.__qualname__} "
+                    f"{value!r} (convert it, e.g. with float(), int() or str())")
+
+
 def save_checkpoint(path: str | os.PathLike[str], kind: str, **content: Any) -> Path:
-    """Save a checkpoint of ``kind`` ``'last'`` or ``'best'`` atomically (schema: module doc)."""
-    if kind not in _REQUIRED:
-        raise ValueError(f"kind: expected one of {sorted(_REQUIRED)}, got {kind!r}")
+    """Save a checkpoint of ``kind`` ``'last'`` or ``'best'`` atomically (schema: module doc).
+
+    Content that ``torch.load(weights_only=True)`` would not read back (e.g. a numpy scalar or
+    a ``Path``) is refused, naming it, before anything is written."""
+    check_choice(kind, "kind", sorted(_REQUIRED))
     missing = [k for k in _REQUIRED[kind] if k not in content]
     if missing:
         raise ValueError(f"content: a {kind!r} checkpoint needs {missing}")
     state = {"format": CHECKPOINT_FORMAT, "kind": kind, **content}
+    for key, value in state.items():
+        _check_loadable(value, key)
     state["sha256"] = content_digest(state)
     return atomic_write(path, lambda f: torch.save(state, f))
+
+
+def _load_weights(model: torch.nn.Module, weights: Mapping[str, Any], path: str | os.PathLike[str],
+                  what: str) -> None:
+    """``model.load_state_dict(weights)``, the weights of the checkpoint ``path``, or a
+    ``CheckpointError`` naming ``path``, ``what`` the model is, and torch's first mismatch."""
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:  # torch's header, then one line per kind of mismatch
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        raise CheckpointError(f"{str(path)!r}: its weights do not fit {what}: "
+                              f"{lines[min(1, len(lines) - 1)]}") from None
 
 
 def content_digest(state: Mapping[str, Any]) -> str:
@@ -191,8 +257,7 @@ def load_checkpoint(
             kind, or lacks a field of its kind.
     """
     p = check_path(path)
-    if kind is not None and kind not in _REQUIRED:
-        raise ValueError(f"kind: expected one of {sorted(_REQUIRED)} or None, got {kind!r}")
+    check_choice(kind, "kind", [*sorted(_REQUIRED), None])
     if not p.is_file():
         raise FileNotFoundError(f"path: no checkpoint file {str(p)!r}")
     # a device this machine lacks, not a damaged file (torch.load's error reads alike)

@@ -14,19 +14,32 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .._checks import resolve_device
+from .._checks import check_int, resolve_device
 
 __all__ = ["DistributedContext", "resolve_device", "setup_distributed", "cleanup_distributed"]
 
 
 @dataclass(frozen=True)
 class DistributedContext:
-    """Where this process sits: ``rank`` of ``world_size`` processes, on ``device``."""
+    """Where this process sits: ``rank`` of ``world_size`` processes, on ``device`` (a
+    ``torch.device`` or its name, e.g. ``'cpu'``, as :func:`resolve_device` takes it)."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+
+    def __post_init__(self) -> None:
+        # frozen: the checked values replace the given ones through object.__setattr__
+        for name, minimum in (("rank", 0), ("world_size", 1), ("local_rank", 0)):
+            object.__setattr__(self, name, check_int(getattr(self, name), name, minimum))
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank: expected an int < world_size = {self.world_size}, "
+                             f"got {self.rank}")
+        if not isinstance(self.device, str | torch.device):
+            raise TypeError(f"device: expected a torch.device or a str such as 'cpu', got "
+                            f"{type(self.device).__name__}")
+        object.__setattr__(self, "device", resolve_device(self.device))
 
     @property
     def enabled(self) -> bool:

@@ -33,7 +33,13 @@ from ..complexity import parameter_count
 from ..data.storage import DataFileError, data_identity
 from ..layers import ATTENTION_TYPES
 from ..models import build_model
-from .checkpoint import CheckpointError, atomic_write, load_checkpoint, write_json
+from .checkpoint import (
+    CheckpointError,
+    _load_weights,
+    atomic_write,
+    load_checkpoint,
+    write_json,
+)
 from .distributed import DistributedContext
 from .trainer import (
     _RESUMABLE_CHANGES,
@@ -348,12 +354,7 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
             "galerkin_ext, or of a Trainer run outside the example scripts): build the model "
             "as its run did and load the checkpoint's 'model' state_dict")
     model = build_model(build["name"], **build["arguments"])
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:  # torch's header, then one line per kind of mismatch
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        raise CheckpointError(f"{str(path)!r}: its weights do not fit the model it records "
-                              f"({build['name']!r}): {lines[min(1, len(lines) - 1)]}") from None
+    _load_weights(model, state["model"], path, f"the model it records ({build['name']!r})")
     return model.to(device).eval(), state
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,8 @@ from ..domain import sum_gradients
 from ..losses import relative_l2
 from .checkpoint import (
     CheckpointError,
+    _check_loadable,
+    _load_weights,
     load_checkpoint,
     save_checkpoint,
     stray_temporary_files,
@@ -74,6 +77,9 @@ Forward = Callable[[nn.Module, Batch], Tensor]
 Metric = Callable[[Tensor, Batch], Tensor]
 _PRECISIONS = ("fp32", "bf16")
 _SCHEDULERS = ("onecycle", "plateau")
+# torch seeds 64-bit generators with seed + epoch (the shuffling) and seed + rank (dropout):
+# this bound leaves room for both.
+_SEED_LIMIT = 2**63
 # Settings that may change between a run and its resumption: they change neither the model, the
 # data nor the schedule (compile changes the rounding only); keys of the flattened run
 # configuration (see Trainer._check_resumable).
@@ -180,7 +186,8 @@ class TrainConfig:
         eval_batch_size: batch size of the evaluation (per process).
         precision: ``'fp32'`` or ``'bf16'`` (autocast of the forward pass, CUDA only; the loss,
             the evaluation and the weights stay float32).
-        seed: seeds the shuffling (with the epoch) and the RNG of each process (with its rank).
+        seed: seeds the shuffling (with the epoch) and the RNG of each process (with its rank);
+            below 2**63.
         num_workers: DataLoader worker processes.
         progress: show a tqdm bar (rank 0 only).
         tensorboard: also log to ``out_dir/tensorboard`` (needs the ``tensorboard`` package).
@@ -215,35 +222,54 @@ class TrainConfig:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        check_int(self.epochs, "epochs")
-        check_int(self.batch_size, "batch_size")
-        check_int(self.eval_batch_size, "eval_batch_size")
-        check_float(self.max_lr, "max_lr")
-        check_float(self.div_factor, "div_factor")
-        check_float(self.final_div_factor, "final_div_factor")
-        check_float(self.pct_start, "pct_start", high=1.0)
-        if self.scheduler not in _SCHEDULERS:
-            raise ValueError(f"scheduler: expected one of {_SCHEDULERS}, got {self.scheduler!r}")
-        check_float(self.plateau_factor, "plateau_factor", high=1.0)
-        check_int(self.plateau_patience, "plateau_patience", 0)
+        # The checked values replace the given ones: a numpy scalar kept here would reach the
+        # checkpoints, which torch.load(weights_only=True) does not read back.
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            setattr(self, name, check_int(getattr(self, name), name))
+        for name in ("max_lr", "div_factor", "final_div_factor"):
+            setattr(self, name, check_float(getattr(self, name), name))
+        self.pct_start = _open_fraction(self.pct_start, "pct_start")
+        self.scheduler = str(check_choice(self.scheduler, "scheduler", _SCHEDULERS))
+        self.plateau_factor = _open_fraction(self.plateau_factor, "plateau_factor")
+        self.plateau_patience = check_int(self.plateau_patience, "plateau_patience", 0)
         if self.early_stopping is not None:
-            check_int(self.early_stopping, "early_stopping")
-        check_float(self.weight_decay, "weight_decay", low_inclusive=True)
+            self.early_stopping = check_int(self.early_stopping, "early_stopping")
+        self.weight_decay = check_float(self.weight_decay, "weight_decay", low_inclusive=True)
         for name in ("grad_clip", "clip_value"):
             if getattr(self, name) is not None:
-                check_float(getattr(self, name), name)
-        check_int(self.seed, "seed", 0)
-        check_int(self.num_workers, "num_workers", 0)
-        if self.precision not in _PRECISIONS:
-            raise ValueError(f"precision: expected one of {_PRECISIONS}, got {self.precision!r}")
+                setattr(self, name, check_float(getattr(self, name), name))
+        self.seed = check_int(self.seed, "seed", 0)
+        if self.seed >= _SEED_LIMIT:
+            raise ValueError(f"seed: expected an int >= 0 and < 2**63, got {self.seed}")
+        self.num_workers = check_int(self.num_workers, "num_workers", 0)
+        self.precision = str(check_choice(self.precision, "precision", _PRECISIONS))
         for name in ("progress", "tensorboard", "compile"):
             check_bool(getattr(self, name), name)
+
+
+def _open_fraction(value: object, name: str) -> float:
+    """``value`` as a float in (0, 1): OneCycleLR's warm-up share divides by the steps after
+    it, ReduceLROnPlateau's factor must shrink the rate."""
+    number = check_float(value, name)
+    if number >= 1.0:
+        raise ValueError(f"{name}: expected a finite float > 0 and < 1, got {value!r}")
+    return number
+
+
+def _check_out_dir(path: object) -> Path:
+    """``path`` as the output folder's :class:`~pathlib.Path`; an empty one is refused, which
+    ``Path`` would turn into the current folder."""
+    folder = check_path(path, "out_dir")
+    if not os.fspath(path):  # type: ignore[call-overload]
+        raise ValueError("out_dir: expected a folder, got an empty path (pass '.' for the "
+                         "current folder)")
+    return folder
 
 
 def _writable_dir(path: object) -> Path:
     """``path`` as a folder this process can write to (created if missing), checked now rather
     than after the first epoch."""
-    folder = check_path(path, "out_dir")
+    folder = _check_out_dir(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -269,6 +295,9 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def default_forward(model: nn.Module, batch: Batch) -> Tensor:
     """``model(batch['x'], batch['grid'][0])``: the datasets give every sample the same grid,
     so one copy of it is passed (the models broadcast it, which is cheaper than a batch)."""
+    if "grid" not in batch:
+        raise TypeError(f"batch: default_forward needs a 'grid' (the points' coordinates), got "
+                        f"the keys {sorted(batch)}; pass forward= for other batches")
     return model(batch["x"], batch["grid"][0])
 
 
@@ -351,6 +380,21 @@ def relative_l2_metric(
     return metric
 
 
+def _batch_errors(model: nn.Module, batch: Any, device: torch.device, forward: Forward,
+                  metric: Metric) -> Tensor:
+    """``metric(forward(model, batch), batch)`` for one batch of a DataLoader, checked: one
+    error per sample."""
+    batch = _to(batch, device)
+    err = metric(forward(model, batch), batch)
+    if not isinstance(err, Tensor):
+        raise TypeError(f"metric: expected a tensor of per-sample errors, got "
+                        f"{type(err).__name__}")
+    if err.shape != (batch["target"].shape[0],):
+        raise ValueError(f"metric: expected one error per sample, shape "
+                         f"({batch['target'].shape[0]},), got {tuple(err.shape)}")
+    return err
+
+
 @torch.no_grad()
 def per_sample_errors(
     model: nn.Module,
@@ -376,6 +420,8 @@ def per_sample_errors(
     check_int(batch_size, "batch_size")
     if not callable(forward) or not callable(metric):
         raise TypeError("forward and metric must be callables")
+    if ctx is not None and not isinstance(ctx, DistributedContext):
+        raise TypeError(f"ctx: expected a DistributedContext or None, got {type(ctx).__name__}")
     dev = resolve_device(device)
     ctx = ctx or DistributedContext(device=dev)
     dev = ctx.device if ctx.enabled else dev
@@ -386,11 +432,7 @@ def per_sample_errors(
     errors = torch.zeros(len(dataset), dtype=torch.float64, device=dev)
     done = 0
     for batch in _loader(shard, batch_size, dev, shuffle=False):
-        batch = _to(batch, dev)
-        err = metric(forward(model, batch), batch)
-        if err.shape != (batch["target"].shape[0],):
-            raise ValueError(f"metric: expected one error per sample, shape "
-                             f"({batch['target'].shape[0]},), got {tuple(err.shape)}")
+        err = _batch_errors(model, batch, dev, forward, metric)
         rows = torch.as_tensor(indices[done : done + err.numel()], device=dev)
         errors[rows] = err.double()
         done += err.numel()
@@ -472,6 +514,27 @@ def _data_cause(batch: Batch) -> str:
     return ""
 
 
+def _loss_result(result: object) -> tuple[Tensor, Mapping[str, Tensor]]:
+    """``loss_fn``'s ``(loss, parts)``, checked: ``loss`` a 0-d tensor, ``parts`` a dict of 0-d
+    tensors holding ``'rel_l2'`` (and optionally ``'rel_h1'``), as OperatorLoss returns."""
+    expected = ("loss_fn: expected (loss, parts), loss a 0-d tensor and parts a dict of 0-d "
+                "tensors holding at least 'rel_l2' (and optionally 'rel_h1'), the logged "
+                "relative errors, as OperatorLoss returns")
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        raise TypeError(f"{expected}; got {type(result).__name__}")
+    loss, parts = result
+    if not isinstance(loss, Tensor) or loss.dim() != 0:
+        raise TypeError(f"{expected}; got loss "
+                        + (f"of shape {tuple(loss.shape)} (reduce it to the batch's mean)"
+                           if isinstance(loss, Tensor) else type(loss).__name__))
+    if not isinstance(parts, Mapping) or "rel_l2" not in parts:
+        raise TypeError(f"{expected}; got parts {parts!r}")
+    for key in ("rel_l2", "rel_h1"):
+        if key in parts and not (isinstance(parts[key], Tensor) and parts[key].dim() == 0):
+            raise TypeError(f"{expected}; got parts[{key!r}] = {parts[key]!r}")
+    return loss, parts
+
+
 def _rng_state(device: torch.device) -> dict[str, Tensor]:
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
@@ -495,7 +558,8 @@ class Trainer:
             when the batch has no such key; ``parts`` holds the detached ``'rel_l2'`` and
             optionally ``'rel_h1'`` that are logged); for padded ragged batches (a ``mask`` key)
             ``loss_fn(pred, target, mask=mask)``, e.g.
-            :class:`~galerkin_ext.losses.MaskedRelativeLoss`.
+            :class:`~galerkin_ext.losses.MaskedRelativeLoss`, with ``weight=batch['weight']``
+            too for a loss whose ``weighted`` is True.
         train_set, eval_set: datasets of dicts (see module doc).
         config: :class:`TrainConfig`.
         out_dir: folder of the checkpoints and logs (created).
@@ -504,7 +568,8 @@ class Trainer:
         metric: ``metric(pred, batch) -> (B,)`` per-sample evaluation errors, whose mean picks
             the best epoch (and drives ``'plateau'``); default: relative L2 against
             ``batch['target']``.
-        run_config: JSON-like dict stored in the checkpoints next to ``config`` (e.g. the
+        run_config: JSON-like dict (None, bools, ints, finite floats, strings, in lists and
+            dicts) stored in the checkpoints next to ``config`` (e.g. the
             example's model and data settings), so a checkpoint documents its run.
         parallel: what the processes of a ``torchrun`` group split. ``'data'``: the samples;
             each process trains on its share of every batch (DDP averages the gradients) and
@@ -568,8 +633,11 @@ class Trainer:
         self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
         if config.tensorboard and self.ctx.is_main:
             tensorboard_writer_class()  # missing package: found before the folder is made
-        self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else Path(out_dir)
+        self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else _check_out_dir(out_dir)
         self.run_config = dict(run_config or {})
+        # checked now: a setting that cannot be stored and compared on resume is found before
+        # training, not in a checkpoint that cannot be read back
+        _check_loadable(self.run_config, "run_config", json_like=True)
         self.model = model.to(self.ctx.device)
         self.sampler = DistributedSampler(
             train_set, num_replicas=sample_ranks, rank=sample_rank, shuffle=True,
@@ -594,12 +662,18 @@ class Trainer:
                 self.optimizer, mode="min", factor=config.plateau_factor,
                 patience=config.plateau_patience)
         else:
+            total = config.epochs * self.steps_per_epoch
+            if config.pct_start * total == 1.0:  # OneCycleLR would divide by 0 (its end - start)
+                raise ConfigError(f"pct_start: {config.pct_start} of the {total} steps makes a "
+                                  "warm-up of exactly one step, which OneCycleLR cannot "
+                                  "schedule; choose another pct_start")
             self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
                 self.optimizer, max_lr=config.max_lr, epochs=config.epochs,
                 steps_per_epoch=self.steps_per_epoch, div_factor=config.div_factor,
                 final_div_factor=config.final_div_factor, pct_start=config.pct_start,
             )
         self.tb_writer = self._tensorboard() if config.tensorboard and self.ctx.is_main else None
+        self._fitted = False  # fit() runs once: it spends the optimiser and the schedule
 
     # -- files ----------------------------------------------------------------------------
 
@@ -647,15 +721,17 @@ class Trainer:
                     if self.config.precision == "bf16" else nullcontext())
         with autocast:
             pred = self.forward(model, batch)
-        if "mask" in batch:  # a padded ragged batch: loss_fn(pred, target, mask=)
-            loss, parts = self.loss_fn(pred, batch["target"], mask=batch["mask"])
+        if "mask" in batch:  # a padded ragged batch: loss_fn(pred, target, mask=[, weight=])
+            masked = {"mask": batch["mask"]}
+            if getattr(self.loss_fn, "weighted", False) is True:  # MaskedRelativeLoss(True)
+                if "weight" not in batch:
+                    raise ValueError(f"loss_fn: a weighted loss needs the batch's quadrature "
+                                     f"weights 'weight', got the keys {sorted(batch)}")
+                masked["weight"] = batch["weight"]
+            loss, parts = _loss_result(self.loss_fn(pred, batch["target"], **masked))
         else:
-            loss, parts = self.loss_fn(pred, batch["target"], batch.get("target_grad"),
-                                       batch.get("coeff"))
-        if not isinstance(parts, Mapping) or "rel_l2" not in parts:
-            raise TypeError("loss_fn: expected (loss, parts) with parts a dict holding at least "
-                            "'rel_l2' (and optionally 'rel_h1'), the logged relative errors, as "
-                            f"OperatorLoss returns; got parts {parts!r}")
+            loss, parts = _loss_result(self.loss_fn(pred, batch["target"],
+                                                    batch.get("target_grad"), batch.get("coeff")))
         # NaN marks a loss without an H¹ part: the epoch's record then has no train_rel_h1
         rel_h1 = parts.get("rel_h1", torch.full((), math.nan, device=loss.device))
         stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(), rel_h1.float()])
@@ -706,12 +782,22 @@ class Trainer:
         reports an H¹ part), ``eval_rel_l2``
         -- the mean of the ``metric`` --, ``lr`` at the end of the epoch, ``seconds``).
 
+        Before the first step, one batch of ``eval_set`` is evaluated (``forward`` and
+        ``metric``), so that they fail now if they cannot work, not after an epoch.  A Trainer
+        fits once; a second call is refused (build a new one, with ``resume=True`` to go on).
+
         Raises:
             NonFiniteLossError: the loss or gradient became NaN/inf (nothing is overwritten).
             CheckpointError: ``last.pt`` is corrupt, or was written with settings that
-                change the model, the data or the schedule, or by another number of processes.
+                change the model, the data or the schedule, or by another number of processes,
+                or for a model its weights do not fit; or its ``best.pt`` is missing or corrupt.
+            RuntimeError: ``fit`` was called before on this Trainer.
         """
         check_bool(resume, "resume")
+        if self._fitted:
+            raise RuntimeError("fit: this Trainer has run fit() already, and its model, "
+                               "optimiser and schedule hold that run's state; build a new "
+                               "Trainer (with resume=True to continue from last.pt)")
         cfg, ctx = self.config, self.ctx
         if ctx.is_main:  # left by a run killed while writing (they would pile up otherwise)
             for name in ("last.pt", "best.pt", "metrics.csv"):
@@ -719,10 +805,16 @@ class Trainer:
                     stray.unlink(missing_ok=True)
         history: list[dict[str, Any]] = []
         start, best_metric, best_epoch, train_seconds = 0, math.inf, 0, 0.0
+        state = None
         if resume and self.last_path.is_file():
             state = load_checkpoint(self.last_path, "last", map_location=ctx.device)
             self._check_resumable(state["config"], state["world_size"])
-            self.model.load_state_dict(state["model"])
+            self._check_best(state["best_epoch"])
+            _load_weights(self.model, state["model"], self.last_path,
+                          "this Trainer's model (a resumption needs the model of its run)")
+        self._try_evaluation()  # before the RNG states are set: it draws from them
+        self._fitted = True  # from here on the optimiser and the schedule change
+        if state is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             _set_rng_state(state["rng"][ctx.rank], ctx.device)
@@ -787,13 +879,44 @@ class Trainer:
                 self.tb_writer.close()
         ctx.barrier()  # best.pt is complete before any process reads it
         best = load_checkpoint(self.best_path, "best", map_location=ctx.device)
-        self.model.load_state_dict(best["model"])
+        _load_weights(self.model, best["model"], self.best_path, "this Trainer's model")
         stopped = len(history) < cfg.epochs
         if stopped and ctx.is_main:
             print(f"early stopping after epoch {len(history)}: no better evaluation error "
                   f"in {cfg.early_stopping} epochs (best: epoch {best_epoch})", flush=True)
         return {"best_metric": best_metric, "best_epoch": best_epoch, "epochs": len(history),
                 "stopped_early": stopped, "train_seconds": train_seconds, "history": history}
+
+    def _check_best(self, best_epoch: int) -> None:
+        """``CheckpointError`` unless ``best.pt``, which a resumption loads at its end, is
+        there and readable: found before training, not after every remaining epoch."""
+        if best_epoch < 1:
+            return
+        if not self.best_path.is_file():
+            raise CheckpointError(
+                f"cannot resume from {str(self.last_path)!r}: it records epoch {best_epoch} as "
+                f"the best, but {str(self.best_path)!r} is missing; restore it, or start "
+                "afresh (without resume) or in another out_dir")
+        load_checkpoint(self.best_path, "best")
+
+    def _try_evaluation(self) -> None:
+        """Evaluate one batch of ``eval_set`` as after an epoch, so that an ``eval_set``,
+        ``forward`` or ``metric`` that cannot work together fails before any training step.
+
+        Without gradients, in eval mode (the model's mode is restored); called before the RNG
+        states are seeded or restored, since the DataLoader draws its base seed from them.
+        """
+        first = Subset(self.eval_set, range(min(self.config.eval_batch_size,
+                                                len(self.eval_set))))
+        device = self.ctx.device
+        mode = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                batch = next(iter(_loader(first, len(first), device)))
+                _batch_errors(self.model, batch, device, self.forward, self.metric)
+        finally:
+            self.model.train(mode)
 
     def _epoch(self, model: nn.Module, epoch: int, bar: Any) -> dict[str, Any]:
         """Train one epoch, evaluate, return the history row."""
