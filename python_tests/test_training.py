@@ -26,6 +26,7 @@ from galerkin_ext.training import (
     TrainConfig,
     Trainer,
     atomic_write,
+    cached_data,
     describe_grid,
     evaluate,
     experiment_parser,
@@ -863,3 +864,13 @@ def test_a_distributed_context_takes_a_device_name(tmp_path):
     assert trainer.fit()["epochs"] == 1
     with pytest.raises(TypeError, match="ctx: expected a DistributedContext or None, got str"):
         evaluate(_PointMLP(), _Linear1d(4), ctx="x")
+
+
+def test_cached_data_names_a_cache_dir_it_cannot_use(tmp_path):
+    """--data-dir below a file ended in pathlib's NotADirectoryError traceback."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"cache_dir: cannot create the folder .*a_file/x"):
+        cached_data("burgers", blocker / "x", n_samples=2, resolution=16)
+    with pytest.raises(TypeError, match="cache_dir: expected a path"):
+        cached_data("burgers", 5)

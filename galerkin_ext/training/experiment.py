@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_bool, check_choice, check_int, resolve_device
+from .._checks import check_bool, check_choice, check_int, check_path, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
 from ..data.storage import DataFileError, data_identity
@@ -600,7 +600,7 @@ def cached_data(
     fn = getattr(generate, _PROBLEMS[problem])
     key = json.dumps(params, sort_keys=True, default=str)
     digest = hashlib.sha256(f"{problem}:{key}".encode()).hexdigest()[:12]
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = check_path(cache_dir, "cache_dir") if cache_dir is not None else default_cache_dir()
     if problem in ("lorenz63", "cde"):  # time grids: the spacing or the grid's name
         grid = ("nonuniform" if params.get("grid") == "nonuniform"
                 else f"dt{params.get('dt', 'default')}")
@@ -613,7 +613,13 @@ def cached_data(
                      f"{digest}.h5")
     ctx = ctx or DistributedContext()
     if ctx.is_main and not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # e.g. a file on the way: a traceback from pathlib otherwise
+            raise ConfigError(f"cache_dir: cannot create the folder {str(folder)!r} "
+                              f"({err.strerror})") from None
+        if not os.access(folder, os.W_OK):
+            raise ConfigError(f"cache_dir: the folder {str(folder)!r} is not writable")
         print(f"generating {problem} data into {path} (once; later runs reuse it)", flush=True)
         partial = path.with_name(path.name + ".partial")
         fn(path, resume=partial.is_file(), **params)
