@@ -542,6 +542,9 @@ class PointShards(Dataset):
             if key not in item:
                 raise KeyError(f"point_dims: the samples have no {key!r} (keys {sorted(item)})")
             value = item[key]
+            if not isinstance(value, Tensor):
+                raise TypeError(f"dataset[{i}][{key!r}]: expected a tensor, got "
+                                f"{type(value).__name__}")
             if value.dim() <= grid_dims:
                 raise ValueError(f"dataset[{i}][{key!r}]: expected {grid_dims} grid axes and "
                                  f"channels, got shape {tuple(value.shape)}")

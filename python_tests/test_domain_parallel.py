@@ -524,6 +524,9 @@ def test_point_shards_flatten_the_grid_and_keep_the_named_entries() -> None:
         domain.PointShards(data, DomainSplit.even(6), {"x": 2})[0]
     with pytest.raises(ValueError, match=r"\['target'\]: expected 2 grid axes"):
         domain.PointShards(data, DomainSplit.even(12), {"target": 2})[0]
+    numpy_data = _Samples([{"x": grid[0].numpy()}])  # an AttributeError ('dim')
+    with pytest.raises(TypeError, match=r"dataset\[0\]\['x'\]: expected a tensor, got ndarray"):
+        domain.PointShards(numpy_data, DomainSplit.even(12), {"x": 2})[0]
     with pytest.raises(TypeError, match="x: expected a tensor"):
         domain.sum_over_ranks([1.0])
 
