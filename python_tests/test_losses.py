@@ -236,6 +236,7 @@ def test_half_precision_prediction_is_promoted(gen):
                                     weight=torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 5.0]])),
          "weight: sample 1 has no positive weight"),
         (lambda: RelativeLoss("l2", h="abc"), "h: expected a finite float"),
+        (lambda: RelativeLoss("l2", weight=torch.zeros(5)), "weight: expected some positive"),
         (lambda: RelativeLoss("h1-code", h=True), "h: expected a finite float"),
         (lambda: OperatorLoss(gamma=-1.0), "gamma"),
         (lambda: OperatorLoss(gamma=0.1), "h: expected the grid spacing"),

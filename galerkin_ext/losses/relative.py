@@ -61,9 +61,11 @@ def _reduce(per_sample: Tensor, reduction: str) -> Tensor:
     return per_sample
 
 
-def _check_point_weight(weight: object, pred: Tensor) -> Tensor:
+def _check_point_weight(weight: object, pred: Tensor, values: bool = True) -> Tensor:
     """Quadrature weights over the grid axes of ``pred (B, *grid, C)``: shape ``grid`` (shared
-    by the batch) or ``(B, *grid)``, finite and non-negative; returned as ``(B | 1, *grid)``."""
+    by the batch) or ``(B, *grid)``, finite and non-negative, some positive in each sample
+    (``values=False``: checked already, e.g. by :class:`RelativeLoss`); returned as
+    ``(B | 1, *grid)``."""
     grid = tuple(pred.shape[1:-1])
     doc = f"{grid} or {(pred.shape[0], *grid)}"
     if not isinstance(weight, Tensor) or not weight.is_floating_point():
@@ -76,8 +78,9 @@ def _check_point_weight(weight: object, pred: Tensor) -> Tensor:
         raise ValueError(f"weight: expected shape {doc}, got {tuple(weight.shape)}")
     if tuple(weight.shape) == grid:
         weight = weight.unsqueeze(0)
-    check_nonnegative(weight, "weight")
-    _check_some_weight(weight.flatten(1).sum(1))
+    if values:
+        check_nonnegative(weight, "weight")
+        _check_some_weight(weight.flatten(1).sum(1))
     return weight.to(device=pred.device)
 
 
@@ -103,6 +106,12 @@ def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean",
             and ``weight`` has shape ``grid`` or ``(B, *grid)``; both norms become
             ``(sum_i w_i |f_i|^2)^(1/2)``.  Only ratios of weights matter.
     """
+    return _relative_l2(pred, target, reduction, weight)
+
+
+def _relative_l2(pred: Tensor, target: Tensor, reduction: str, weight: Tensor | None,
+                 check_weight_values: bool = True) -> Tensor:
+    """:func:`relative_l2`; ``check_weight_values=False`` for weights checked before."""
     _check_tensor(pred, "pred")
     _check_tensor(target, "target")
     if pred.shape != target.shape:
@@ -114,7 +123,7 @@ def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean",
         err = (pred - target).flatten(1).square().sum(1)
         ref = target.flatten(1).square().sum(1)
     else:
-        w = _check_point_weight(weight, pred).to(pred.dtype)
+        w = _check_point_weight(weight, pred, check_weight_values).to(pred.dtype)
         err = ((pred - target).square().sum(-1) * w).flatten(1).sum(1)
         ref = (target.square().sum(-1) * w).flatten(1).sum(1)
     return _reduce((err / ref).sqrt(), reduction)
@@ -363,8 +372,10 @@ class RelativeLoss(nn.Module):
                                    or not weight.is_floating_point()):
             raise TypeError(f"weight: expected a floating-point tensor or None, got "
                             f"{type(weight).__name__}")
-        if weight is not None:
+        if weight is not None:  # checked once here, not by every forward (a host sync each)
             check_nonnegative(weight, "weight")
+            if not bool(weight.sum() > 0):  # both norms would be 0: NaN errors
+                raise ValueError("weight: expected some positive weight, all are 0")
         self.norm = norm
         self.h = None if h is None else float(h)
         # A buffer, so that .to(device)/.double() move it with the model; not in the state_dict
@@ -387,7 +398,7 @@ class RelativeLoss(nn.Module):
         """``(loss, parts)``; ``pred``, ``target`` ``(B, *grid, C)``."""
         del target_grad, coeff  # the gradients are taken here; no coefficient weighting
         if self.norm == "l2":
-            loss = relative_l2(pred, target, weight=self.weight)
+            loss = _relative_l2(pred, target, "mean", self.weight, check_weight_values=False)
             return loss, {"rel_l2": loss.detach()}
         if self.norm == "h1":
             loss = relative_h1(pred, target, self.h,  # type: ignore[arg-type]
