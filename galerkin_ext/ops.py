@@ -558,12 +558,20 @@ def _pair_or_none(weight: Tensor | None, bias: Tensor | None) -> Norm:
 def _formula_grads(formula, inputs, wanted, grad) -> list[Tensor]:
     """Gradients of ``formula(*inputs)`` against ``grad`` for each input that is given, wanted
     and requires grad, as differentiable tensors (``create_graph=True``); an empty placeholder
-    for the rest, which the autograd kernel discards."""
+    for the rest, which the autograd kernel discards.
+
+    The partial derivatives, each argument's own: the formula runs on a view of every input, and
+    the gradients are taken against the views. Against the inputs themselves, autograd would also
+    follow the other paths to them -- ``q_apply``'s ``s`` depends on ``pos`` through ``kv_pos``
+    in self-attention, and one tensor may be both ``q`` and ``k`` -- which the engine adds again
+    through the other op's own backward: those parts counted twice.
+    """
     result = [inputs[0].new_empty((0,))] * len(inputs)
     targets = [i for i, t in enumerate(inputs) if t is not None and wanted[i] and t.requires_grad]
     if not targets:
         return result
-    found = torch.autograd.grad(formula(*inputs), [inputs[i] for i in targets], grad,
+    views = [t if t is None or not t.requires_grad else t.view_as(t) for t in inputs]
+    found = torch.autograd.grad(formula(*views), [views[i] for i in targets], grad,
                                 create_graph=True, allow_unused=True)
     for i, g in zip(targets, found, strict=True):
         result[i] = torch.zeros_like(inputs[i]) if g is None else g

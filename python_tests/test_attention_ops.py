@@ -373,6 +373,38 @@ BAD = {
 }
 
 
+@pytest.mark.parametrize("op", ["galerkin", "fourier", "normalized"])
+@pytest.mark.parametrize("shared", ["pos", "q=k", "q=k=v"])
+def test_higher_order_gradients_of_a_tensor_used_on_both_sides(op, shared, gen):
+    """With create_graph=True, a tensor on both the query and the key side -- pos, which
+    self-attention also takes as kv_pos, or one tensor as q and k -- had the key side's part
+    of its gradient counted twice: d/d(grid) of a model doubled (a physics-informed loss, a
+    Hessian) while create_graph=False was right. First and second order against the plain
+    PyTorch reference."""
+    if op == "normalized" and shared == "pos":
+        pytest.skip("the reference's normalised attention takes no coordinates")
+    t, v, p = (torch.randn(2, 2, 5, 3, generator=gen, dtype=torch.float64) for _ in range(3))
+    pos = torch.randn(2, 5, 2, generator=gen, dtype=torch.float64)
+
+    def call(module, x):
+        q, k = (t, t) if shared == "pos" else (x, x)
+        value = x if shared == "q=k=v" else v
+        if op == "normalized":
+            return module.normalized_attention(q, k, value)
+        kwargs = {"pos": x if shared == "pos" else pos}
+        if op == "galerkin":
+            return module.galerkin_attention(q, k, value, **kwargs)
+        return module.fourier_attention(q if shared != "pos" else p, k, value, **kwargs)
+
+    def first_and_second(module):
+        x = (pos if shared == "pos" else t).clone().requires_grad_()
+        first = torch.autograd.grad(call(module, x).square().sum(), x, create_graph=True)[0]
+        return first, torch.autograd.grad(first.sin().sum(), x)[0]
+
+    for ours, expected in zip(first_and_second(ops), first_and_second(reference), strict=True):
+        torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
+
+
 def _refused(galerkin_attention, name, gen):
     """``galerkin_attention`` given the arguments of ``BAD[name]`` raises its error."""
     mutate, argument, error = BAD[name]
