@@ -204,8 +204,9 @@ def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
     parser.add_argument("--model", choices=list(MODELS), default="tno",
                         help="the TNO or a baseline of the paper's Table 1 (default: %(default)s)")
-    parser.add_argument("--coef", choices=("lognormal", "piecewise"), default="lognormal",
-                        help="coefficient a = exp(g), or 12/3 where g >= 0 / < 0")
+    parser.add_argument("--coef", choices=("lognormal", "piecewise"), default=None,
+                        help="coefficient a = exp(g), or 12/3 where g >= 0 / < 0 (default: the "
+                             "kind the --data file records, else lognormal)")
     parser.add_argument("--resolution", type=grid_nodes, default=None,
                         help="training grid s per axis (quick 32, paper 64; vitno and fano: "
                              "quick 64, paper 416)")
@@ -227,7 +228,6 @@ def main(argv=None):
     cfg = resolve_config(presets, args, experiment="darcy_continuum")
     spec = MODELS[args.model]
     cfg["model_choice"] = args.model
-    cfg["data"]["coef"] = args.coef
     if args.resolution is not None:
         cfg["data"]["resolution"] = args.resolution
     if args.eval_resolution is not None:
@@ -246,6 +246,12 @@ def main(argv=None):
             parser.error(f"--resolution: --data holds {stored}x{stored} grids, got "
                          f"{args.resolution}")
         cfg["data"]["resolution"] = stored
+        kind = info["parameters"].get("coef")  # (none in SPEC.md's own Darcy files)
+        if None not in (kind, args.coef) and kind != args.coef:
+            parser.error(f"--coef: --data holds {kind} coefficients, got {args.coef}")
+        args.coef = args.coef or kind
+    args.coef = args.coef or "lognormal"
+    cfg["data"]["coef"] = args.coef
     s = cfg["data"]["resolution"]
     if s < 3:  # the flag's type checks --resolution
         parser.error(f"--data: its grids have {s} nodes per axis, expected at least 3")
@@ -273,9 +279,6 @@ def main(argv=None):
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     split = {"n_train": cfg["n_train"], "n_valid": cfg["n_valid"], "n_test": cfg["n_eval"]}
     train_set = ContinuumDarcyDataset(data, "train", **split)
-    if train_set.coef is not None and train_set.coef != args.coef:
-        parser.error(f"--data: {data} holds {train_set.coef} coefficients, but --coef is "
-                     f"{args.coef}")
     norms = {"input_normalizer": train_set.input_normalizer,
              "target_normalizer": train_set.target_normalizer}
     valid_set = ContinuumDarcyDataset(data, "valid", **split, **norms)
