@@ -50,6 +50,7 @@ from galerkin_ext.training import (
     evaluate,
     evaluation_only,
     experiment_parser,
+    normalizer_config,
     plot_2d,
     predict,
     preset_unchanged,
@@ -166,6 +167,10 @@ def main(argv=None):
                              **(evaluation_only(grids, "n_valid") if args.eval_data else grids),
                              input_normalizer=train_full.input_normalizer,
                              target_normalizer=train_full.target_normalizer)
+    # in checkpoints: per grid point, flattened (resolution x resolution row-major); the model
+    # reads a normalised and predicts u normalised (make_forward de-normalises it)
+    cfg["normalizers"] = normalizer_config(input=train_full.input_normalizer,
+                                           target=train_full.target_normalizer)
     split = DomainSplit.even(cfg["resolution"] ** 2)  # contiguous runs of grid rows
     cfg["points"] = {"n": split.n, "per_process": list(split.counts)}
     train_set, eval_set = point_features(train_full, split), point_features(eval_full, split)

@@ -32,6 +32,7 @@ from galerkin_ext.data import (
     generate_burgers,
     generate_darcy,
 )
+from galerkin_ext.domain import DomainSplit
 from galerkin_ext.models import build_model
 from galerkin_ext.training import evaluate, load_checkpoint, load_trained_model
 
@@ -379,6 +380,17 @@ def test_domain_parallel_example_matches_single_process(tmp_path, darcy_file):
         for key in ("train_loss", "train_rel_l2", "eval_rel_l2"):
             assert d[key] == pytest.approx(s[key], rel=1e-5), key
     assert split["test_rel_l2"] == pytest.approx(single["test_rel_l2"], rel=1e-5)
+    # best.pt alone (its model, its normalisers) reproduces the metric, in one process
+    example = _load_example("domain_parallel")
+    model, best = load_trained_model(tmp_path / "domain" / "best.pt")
+    norms = _recorded_normalizers(best, (43, 43))
+    eval_full = DarcyDataset(darcy_file, "valid", 43, coarse_resolution=43, n_train=8, n_valid=2,
+                             **norms)
+    whole = DomainSplit.even(43 * 43)
+    assert evaluate(model, example.point_features(eval_full, whole),
+                    forward=example.make_forward(norms["target_normalizer"], whole),
+                    metric=lambda pred, batch: example.whole_sample_errors(pred, batch["target"])
+                    ) == pytest.approx(split["test_rel_l2"], rel=1e-5)
 
 
 def test_domain_parallel_example_refuses_bad_arguments(tmp_path, darcy_file):
