@@ -379,16 +379,19 @@ def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], di
 
     Returns the grid expanded (a view, no copy) to ``(B, *points, dim)``.
     """
-    doc = f"({', '.join(map(str, points))}, {dim}) or (B, {', '.join(map(str, points))}, {dim})"
+    def doc() -> str:  # built on failure only: with symbolic sizes (torch.compile) it fails
+        sizes = ", ".join(map(str, points))
+        return f"({sizes}, {dim}) or (B, {sizes}, {dim})"
+
     if not isinstance(grid, Tensor):
-        raise TypeError(f"{name}: expected a tensor of shape {doc}, got {type(grid).__name__}")
+        raise TypeError(f"{name}: expected a tensor of shape {doc()}, got {type(grid).__name__}")
     given = tuple(grid.shape)  # the message reports what the caller passed
     if grid.dim() == len(points) + 1:
         grid = grid.unsqueeze(0)
     if grid.dim() != len(points) + 2 or tuple(grid.shape[1:]) != (*points, dim) or (
         grid.shape[0] not in (1, batch)
     ):
-        raise ValueError(f"{name}: expected shape {doc} with B = {batch}, got {given}")
+        raise ValueError(f"{name}: expected shape {doc()} with B = {batch}, got {given}")
     return grid.expand(batch, *points, dim)
 
 

@@ -242,6 +242,21 @@ def test_torch_compile_matches_eager(name):
     torch._dynamo.reset()
 
 
+@pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex")
+def test_torch_compile_with_dynamic_sizes_runs_at_two_resolutions():
+    """dynamic=True traces the sizes symbolically: the grid check's message, built before the
+    check, failed on them (a TypeError at the first call)."""
+    torch._dynamo.reset()
+    model = build_model("burgers", d_model=16, num_layers=2, dim_feedforward=16, freq_dim=8,
+                        modes=4, decoder_dim_feedforward=8).eval()
+    compiled = torch.compile(model, dynamic=True)
+    with torch.no_grad():
+        for n in (32, 48):
+            u, x = torch.randn(2, n, 1), torch.linspace(0, 1, n)[:, None]
+            torch.testing.assert_close(compiled(u, x), model(u, x), rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("attention", ["galerkin", "fourier", "softmax", "linear"])
 @pytest.mark.parametrize("name", ["burgers", "darcy", "darcy_inverse"])
 def test_bfloat16_autocast_runs_close_to_float32(name, attention):
