@@ -15,7 +15,8 @@ same weights run zero-shot at the other steps ``--eval-dt`` and on the half-refi
 non-uniform grid (41) (``--eval-grid nonuniform``).  Writes OUT/metrics.json
 (``test_rel_l2_median`` -- the paper's statistic, in physical units --, ``test_rel_l2`` (mean),
 ``test_rel_l2_median_normalized``, ``zero_shot``, the config and the normalisers), OUT/best.pt,
-OUT/last.pt (resume with --resume), OUT/metrics.csv and OUT/prediction.png.
+OUT/last.pt (resume with --resume), OUT/metrics.csv (its ``eval_rel_l2``, which picks the best
+epoch, in normalised units) and OUT/prediction.png.
 """
 
 import sys
@@ -27,6 +28,7 @@ from galerkin_ext.data import ODEDataset
 from galerkin_ext.layers import auto_quadrature_weights
 from galerkin_ext.losses import RelativeLoss
 from galerkin_ext.training import (
+    VALIDATION_NORMALISED,
     TrainConfig,
     Trainer,
     build_run_model,
@@ -124,8 +126,7 @@ def main(argv=None):
     if args.n_zero_shot is not None:
         cfg["zero_shot"]["n_samples"] = args.n_zero_shot
     # the preset's targets hold for the preset as written, on its own data
-    enforced = (args.data is None and args.eval_data is None and args.weight == "auto"
-                and preset_unchanged(cfg, PRESETS[args.preset]))
+    enforced = args.weight == "auto" and preset_unchanged(cfg, PRESETS[args.preset], args)
     thresholds = cfg.pop("thresholds", {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
@@ -196,6 +197,7 @@ def main(argv=None):
                 title=f"Controlled ODE, TNO, dt = {cfg['data']['dt']:g}: test median rel. L2 "
                       f"{test['rel_l2_median']:.3e}")
         write_metrics(args.out, result, model, ctx, cfg, test["rel_l2"],
+                      selection=VALIDATION_NORMALISED,
                       test_rel_l2_median=test["rel_l2_median"],
                       test_rel_l2_median_normalized=test["rel_l2_median_normalized"],
                       test_rel_l2_max=test["rel_l2_max"], test=test,

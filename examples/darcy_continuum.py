@@ -23,7 +23,8 @@ relative H^1 at the physical spacing (``--loss``).  Writes OUT/metrics.json
 (``test_rel_l2_median`` -- the paper's statistic, in physical units --, ``test_rel_l2`` (mean),
 ``test_rel_l2_median_normalized`` -- the units of the paper's table --, ``zero_shot``, the
 config and the normalisers), OUT/best.pt, OUT/last.pt (resume with --resume),
-OUT/metrics.csv and OUT/prediction.png.
+OUT/metrics.csv (its ``eval_rel_l2``, which picks the best epoch, in normalised units) and
+OUT/prediction.png.
 """
 
 import copy
@@ -35,6 +36,7 @@ from galerkin_ext._cli import grid_nodes, positive_int
 from galerkin_ext.data import ContinuumDarcyDataset, inspect_h5
 from galerkin_ext.losses import RelativeLoss
 from galerkin_ext.training import (
+    VALIDATION_NORMALISED,
     TrainConfig,
     Trainer,
     build_run_model,
@@ -266,8 +268,7 @@ def main(argv=None):
     if spec.get("grid_bound"):
         cfg["model"]["grid"] = [s, s]  # its positional embedding has one row per node
     # The preset's targets hold for the preset as written, on its own (lognormal) data.
-    enforced = (args.data is None and args.eval_data is None and args.coef == "lognormal"
-                and preset_unchanged(cfg, presets[args.preset]))
+    enforced = args.coef == "lognormal" and preset_unchanged(cfg, presets[args.preset], args)
     thresholds = cfg.pop("thresholds")  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
@@ -333,6 +334,7 @@ def main(argv=None):
                 title=f"Darcy {s}x{s}, {args.coef}, {args.model}: test median rel. L2 "
                       f"{test['rel_l2_median']:.3e}")
         write_metrics(args.out, result, model, ctx, cfg, test["rel_l2"],
+                      selection=VALIDATION_NORMALISED,
                       test_rel_l2_median=test["rel_l2_median"],
                       test_rel_l2_median_normalized=test["rel_l2_median_normalized"],
                       test_rel_l2_max=test["rel_l2_max"], test=test,

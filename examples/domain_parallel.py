@@ -147,10 +147,9 @@ def main(argv=None):
                              "(resolution - 1) must be an integer (quick: 85, large: 421)")
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="domain_parallel")
-    enforced = (args.data is None and args.eval_data is None
-                and preset_unchanged(cfg, PRESETS[args.preset]))
     cfg["model"].update(space_dim=2, query_dim=3, out_dim=1)  # query points: [x, y, a(x, y)]
     cfg["resolution"] = args.resolution or cfg["resolution"]
+    enforced = preset_unchanged(cfg, PRESETS[args.preset], args)
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     check_resume(cfg, args)  # before any data are generated

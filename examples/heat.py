@@ -115,8 +115,7 @@ def main(argv=None):
             parser.error("--experts: only GNOT has experts")
         cfg["model"]["n_experts"] = args.experts
     cfg["model_choice"], cfg["weights"] = args.model, args.weights
-    enforced = (args.data is None and args.weights == "mesh"
-                and preset_unchanged(cfg, PRESETS[args.preset]))
+    enforced = args.weights == "mesh" and preset_unchanged(cfg, PRESETS[args.preset], args)
     thresholds = cfg.pop("thresholds", {}).get(args.model, {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])

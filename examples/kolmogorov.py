@@ -19,7 +19,8 @@ L2 (quick) or relative H^1 with periodic differences at the physical spacing (pa
 OUT/metrics.json (``test_rel_l2_median`` -- the paper's statistic, physical units --,
 ``persistence_rel_l2_median`` -- the error of predicting no change --, ``test_rel_l2`` (mean),
 ``test_rel_l2_median_normalized``, ``zero_shot``, ``rollout``, the config and the normaliser),
-OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv and OUT/prediction.png.
+OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv (its ``eval_rel_l2``, which
+picks the best epoch, in normalised units) and OUT/prediction.png.
 ``--rollout K`` (quick 5, paper 10) applies the trained model K times to its own output from
 w(T) on the first test samples and compares each step with the solver's trajectory from the
 same w(T) (``rollout``: median relative L2 per step, the model's and persistence's).
@@ -36,6 +37,7 @@ from galerkin_ext._cli import nonnegative_int, positive_int
 from galerkin_ext.data import KOLMOGOROV_PRESETS, KolmogorovDataset, inspect_h5
 from galerkin_ext.losses import RelativeLoss, relative_l2
 from galerkin_ext.training import (
+    VALIDATION_NORMALISED,
     TrainConfig,
     Trainer,
     build_run_model,
@@ -259,8 +261,7 @@ def main(argv=None):
                              f"{patches[1]} patches must divide every grid, got s = {res}")
     if spec.get("grid_bound"):
         cfg["model"]["grid"] = [s, s]  # its positional embedding has one row per node
-    enforced = (args.data is None and args.eval_data is None
-                and preset_unchanged(cfg, presets[args.preset]))
+    enforced = preset_unchanged(cfg, presets[args.preset], args)
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     check_resume(cfg, args)  # before any data are generated
@@ -334,6 +335,7 @@ def main(argv=None):
                       f"L2 {test['rel_l2_median']:.3e} (persistence "
                       f"{baseline['persistence_rel_l2_median']:.3e})")
         write_metrics(args.out, result, model, ctx, cfg, test["rel_l2"],
+                      selection=VALIDATION_NORMALISED,
                       test_rel_l2_median=test["rel_l2_median"],
                       test_rel_l2_median_normalized=test["rel_l2_median_normalized"],
                       test_rel_l2_max=test["rel_l2_max"], test=test, **baseline,

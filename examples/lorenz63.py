@@ -17,7 +17,8 @@ nonuniform``).  Task (b) also trains the same network without weights (plain sof
 buy on grid (41).  Writes OUT/metrics.json (``test_rel_l2_median`` -- the paper's statistic, in
 physical units --, ``test_rel_l2`` (mean), ``test_rel_l2_median_normalized``, ``zero_shot``,
 the config and the normalisers), OUT/best.pt, OUT/last.pt (resume with --resume),
-OUT/metrics.csv and OUT/prediction.png.
+OUT/metrics.csv (its ``eval_rel_l2``, which picks the best epoch, in normalised units) and
+OUT/prediction.png.
 """
 
 import sys
@@ -29,6 +30,7 @@ from galerkin_ext.data import ODEDataset
 from galerkin_ext.layers import auto_quadrature_weights
 from galerkin_ext.losses import RelativeLoss
 from galerkin_ext.training import (
+    VALIDATION_NORMALISED,
     TrainConfig,
     Trainer,
     build_run_model,
@@ -154,8 +156,7 @@ def main(argv=None):
         cfg["unweighted_baseline"] = False
     baseline = cfg["unweighted_baseline"] and args.task == "b" and args.weight == "auto"
     # the preset's targets hold for the preset as written, on its own data
-    enforced = (args.data is None and args.eval_data is None and args.weight == "auto"
-                and preset_unchanged(cfg, PRESETS[args.preset]))
+    enforced = args.weight == "auto" and preset_unchanged(cfg, PRESETS[args.preset], args)
     thresholds = cfg.pop("thresholds", {}).get(args.task, {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
@@ -232,6 +233,7 @@ def main(argv=None):
                 title=f"Lorenz-63 ({args.task}), TNO, dt = {cfg['data']['dt']:g}: test median "
                       f"rel. L2 {test['rel_l2_median']:.3e}")
         write_metrics(args.out, result, model, ctx, cfg, test["rel_l2"],
+                      selection=VALIDATION_NORMALISED,
                       test_rel_l2_median=test["rel_l2_median"],
                       test_rel_l2_median_normalized=test["rel_l2_median_normalized"],
                       test_rel_l2_max=test["rel_l2_max"], test=test,

@@ -504,17 +504,24 @@ def test_thresholds_and_preset_identity(capsys):
     parser = experiment_parser("doc", presets, attention_flags=False)
     parser.add_argument("--n-valid", type=int, default=None)
     assert not any("--attention" in a.option_strings for a in parser._actions)
-    cfg = resolve_config(presets, parser.parse_args(["--out", "o"]), experiment="test")
+    args = parser.parse_args(["--out", "o"])
+    cfg = resolve_config(presets, args, experiment="test")
     assert cfg["data"]["n_samples"] == 14 and "norm" not in cfg["model"]
-    assert preset_unchanged(cfg, presets["quick"])
-    assert preset_unchanged(resolve_config(presets, parser.parse_args(
-        ["--out", "o", "--threads", "2", "--no-progress"]), experiment="test"), presets["quick"])
+    assert preset_unchanged(cfg, presets["quick"], args)
+    other = parser.parse_args(["--out", "o", "--threads", "2", "--no-progress"])
+    assert preset_unchanged(resolve_config(presets, other, experiment="test"), presets["quick"],
+                            other)
     for flags in (["--epochs", "4"], ["--n-valid", "3"]):
-        changed = resolve_config(presets, parser.parse_args(["--out", "o", *flags]),
-                                 experiment="test")
-        assert not preset_unchanged(changed, presets["quick"]), flags
+        other = parser.parse_args(["--out", "o", *flags])
+        changed = resolve_config(presets, other, experiment="test")
+        assert not preset_unchanged(changed, presets["quick"], other), flags
+    # the preset's numbers hold for its own data (heat and elasticity ignored --eval-data)
+    for flags in (["--data", "d.h5"], ["--eval-data", "e.h5"]):
+        other = parser.parse_args(["--out", "o", *flags])
+        assert not preset_unchanged(resolve_config(presets, other, experiment="test"),
+                                    presets["quick"], other), flags
     cfg["zero_shot"]["dt"] = [0.01]
-    assert not preset_unchanged(cfg, presets["quick"])
+    assert not preset_unchanged(cfg, presets["quick"], args)
     report = threshold_report({"a": 0.1, "b": 0.3}, {"a": 0.2, "b": 0.2}, enforced=True)
     assert report["checks"]["a"]["met"] and not report["checks"]["b"]["met"]
     assert "MISSED" in capsys.readouterr().out

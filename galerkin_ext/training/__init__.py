@@ -33,6 +33,7 @@ from .distributed import (
 )
 from .experiment import (
     ATTENTION_TYPES,
+    VALIDATION_NORMALISED,
     ThresholdError,
     build_run_model,
     cached_data,
@@ -81,6 +82,7 @@ __all__ = [
     "DistributedContext",
     "NonFiniteLossError",
     "ThresholdError",
+    "VALIDATION_NORMALISED",
     "TrainConfig",
     "Trainer",
     "atomic_write",

@@ -58,6 +58,7 @@ from .trainer import (
 __all__ = [
     "ATTENTION_TYPES",
     "ThresholdError",
+    "VALIDATION_NORMALISED",
     "build_run_model",
     "cached_data",
     "check_resume",
@@ -371,6 +372,12 @@ def evaluation_only(split: Mapping[str, Any], key: str) -> dict[str, Any]:
     return {**split, **{name: 0 for name in before if name in split}}
 
 
+#: What the continuum scripts pick their best epoch on (``write_metrics``' ``selection``): the
+#: validation split's relative L2 of the normalised fields, as the authors' code selects on its
+#: validation loss; their test figures are in physical units.
+VALIDATION_NORMALISED = "the validation split, in normalised units"
+
+
 def write_metrics(
     out_dir: str | os.PathLike[str],
     result: Mapping[str, Any],
@@ -378,9 +385,14 @@ def write_metrics(
     ctx: DistributedContext,
     config: Mapping[str, Any],
     test_rel_l2: float,
+    *,
+    selection: str = "the set that picked it",
     **extra: Any,
 ) -> dict[str, Any]:
     """Write ``out_dir/metrics.json`` (atomically) and print the result line; returns the dict.
+
+    ``selection``: what the best epoch's figure in that line (the Trainer's metric, as in
+    ``metrics.csv``) was measured on, e.g. normalised fields of a validation split.
 
     Keys: ``test_rel_l2``, ``best_epoch``, ``epochs``, ``train_seconds`` (summed over resumed
     sessions), ``n_params``, ``device``, ``device_name`` (:func:`describe_device`),
@@ -399,10 +411,10 @@ def write_metrics(
     }
     write_json(Path(out_dir) / "metrics.json", metrics)
     # the best epoch's figure is on the set that picked it (a validation split where the
-    # script has one), which need not be the set of test_rel_l2
+    # script has one), which need not be the set, nor the units, of test_rel_l2
     print(f"test_rel_l2 {test_rel_l2:.4e} ({result['epochs']} epochs, "
           f"{result['train_seconds']:.0f} s of training; best epoch {result['best_epoch']}: "
-          f"{result['best_metric']:.4e} on the set that picked it)", flush=True)
+          f"{result['best_metric']:.4e} on {selection})", flush=True)
     return metrics
 
 
@@ -416,12 +428,17 @@ def _leaves(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def preset_unchanged(config: Mapping[str, Any], preset: Mapping[str, Any]) -> bool:
-    """Whether ``config`` (from :func:`resolve_config`) runs ``preset`` as written: every
-    setting the preset names has its value (settings that change neither the model, the data
-    nor the schedule, such as ``threads``, may differ).  A preset's thresholds apply only then."""
+def preset_unchanged(config: Mapping[str, Any], preset: Mapping[str, Any],
+                     args: argparse.Namespace) -> bool:
+    """Whether ``config`` (from :func:`resolve_config`) runs ``preset`` as written, on the
+    preset's own generated data (no ``--data`` or ``--eval-data`` in ``args``): every setting
+    the preset names has its value (settings that change neither the model, the data nor the
+    schedule, such as ``threads``, may differ).  A preset's thresholds apply only then, so call
+    it once ``config`` holds every setting of the command line."""
     if not isinstance(config, Mapping) or not isinstance(preset, Mapping):
         raise TypeError("config, preset: expected dicts")
+    if getattr(args, "data", None) is not None or getattr(args, "eval_data", None) is not None:
+        return False
     have = _leaves(config)
     # the settings a resumption may change are those that leave the model, data and schedule
     return all(key in _RESUMABLE_CHANGES or key in have and have[key] == value
