@@ -44,7 +44,7 @@ from galerkin_ext.training import command_line, describe_device, write_json
 
 SHAPES = {  # name: (B, H, N, M, D, P)
     "burgers": (4, 1, 8192, 8192, 96, 1),
-    "burgers_quick": (8, 1, 512, 512, 96, 1),  # the quick preset's
+    "burgers_quick": (8, 1, 512, 512, 96, 1),  # the quick preset's n and batch, paper width
     "host": (1, 1, 16, 16, 8, 1),  # next to no work: the per-call cost on the host
     "darcy_coarse": (4, 4, 43 * 43, 43 * 43, 32, 2),
     "large": (4, 4, 65536, 65536, 32, 2),

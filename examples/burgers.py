@@ -41,8 +41,8 @@ from galerkin_ext.training import (
 # Config.  "paper" is SPEC §5: 1024 train / 100 eval samples, the 530,305-parameter model,
 # Adam + OneCycle(max_lr 1e-3, div 1e4, final div 1e4, pct_start 0.2), 100 epochs, batch 8,
 # gradient clip 0.999.  "quick" is a small model on few samples at n = 512 for a laptop CPU:
-# measured 7.7e-3 evaluation rel. L2 in 85 s wall on 2 idle (slow-day) CPU cores, data generation
-# included (threshold we hold it to: 2e-2).
+# measured 7.22e-3 evaluation rel. L2 in 84 s wall on 2 idle CPU cores, data generation
+# included (the target we hold it to: 2e-2).
 PRESETS = {
     "quick": {
         "threads": 1,  # small ops; two torch threads stall whenever another process takes a core
