@@ -157,8 +157,10 @@ class SpectralConv(_ComplexParametersModule):
         neg = torch.einsum("bxyi,ioxy->bxyo", x_ft[:, p1 - n_neg:, :n_last],
                            weight_neg[:, :, self.modes - n_neg:, :n_last])
         middle = pos.new_zeros(batch, p1 - n_pos - n_neg, n_last, self.out_channels)
-        out_ft = torch.nn.functional.pad(torch.cat([pos, middle, neg], dim=1),
-                                         (0, 0, 0, p2 // 2 + 1 - n_last))
+        # zeros concatenated, not F.pad: inductor's backward of a padded complex spectrum failed
+        # a stride assertion at dynamic sizes (torch 2.13)
+        high = pos.new_zeros(batch, p1, p2 // 2 + 1 - n_last, self.out_channels)
+        out_ft = torch.cat([torch.cat([pos, middle, neg], dim=1), high], dim=2)
         return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2)).to(result)
 
 
@@ -219,21 +221,25 @@ class AFNOFilter(nn.Module):
         work, result = spectral_dtypes(x)
         x_ft = torch.fft.rfft2(x.to(work), dim=(1, 2), norm="ortho")
         x_ft = x_ft.reshape(*x_ft.shape[:3], self.num_blocks, self.block)
-        hidden = self._complex_linear(x_ft, self.w1, self.b1)
-        hidden = torch.complex(F.relu(hidden.real), F.relu(hidden.imag))
-        out = self._complex_linear(hidden, self.w2, self.b2)
-        out = torch.complex(F.softshrink(out.real, self.sparsity_threshold),
-                            F.softshrink(out.imag, self.sparsity_threshold))
+        hidden = self._complex_linear(x_ft.real, x_ft.imag, self.w1, self.b1)
+        out = self._complex_linear(*(F.relu(part) for part in hidden), self.w2, self.b2)
+        out = torch.complex(*(F.softshrink(part, self.sparsity_threshold) for part in out))
         out = out.reshape(*out.shape[:3], channels)
         return torch.fft.irfft2(out, s=(s1, s2), dim=(1, 2), norm="ortho").to(result) + x
 
     @staticmethod
-    def _complex_linear(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        """Per block: ``z (..., nb, block) @ (W_re + i W_im) + (b_re + i b_im)``."""
-        weight, bias = weight.to(z.real.dtype), bias.to(z.real.dtype)
-        w = torch.complex(weight[0], weight[1])
-        b = torch.complex(bias[0], bias[1])
-        return torch.einsum("...ni,nio->...no", z, w) + b
+    def _complex_linear(re: Tensor, im: Tensor, weight: Tensor,
+                        bias: Tensor) -> tuple[Tensor, Tensor]:
+        """Per block: ``(re + i im) (..., nb, block) @ (W_re + i W_im) + (b_re + i b_im)``,
+        as its real and imaginary parts.  In real arithmetic: torch.compile's inductor got the
+        second layer's weight gradient wrong through complex einsums (torch 2.13)."""
+        weight, bias = weight.to(re.dtype), bias.to(re.dtype)
+
+        def product(z: Tensor, w: Tensor) -> Tensor:
+            return torch.einsum("...ni,nio->...no", z, w)
+
+        return (product(re, weight[0]) - product(im, weight[1]) + bias[0],
+                product(re, weight[1]) + product(im, weight[0]) + bias[1])
 
 
 class AFNOBlock(nn.Module):
