@@ -262,7 +262,7 @@ def test_compiled_spectral_layers_give_eager_gradients():
     """Inductor (torch 2.13) got the AFNO filter's second weight wrong through complex einsums
     (w2's gradient off by up to 6 for a largest of 4.7, silently), and failed a stride assertion
     in the backward of SpectralConv's padded spectrum at dynamic sizes: both layers now avoid
-    those complex paths."""
+    those paths when compiled."""
     from galerkin_ext.layers.fourier import AFNOFilter, SpectralConv
 
     gen = torch.Generator().manual_seed(0)

