@@ -217,18 +217,24 @@ def check_quadrature_weight(
         check_nonnegative(weight, name)
 
 
+def first_without_weight(weight: Tensor, batch: int, m: int) -> int | None:
+    """The first batch element of the quadrature weights ``(B, M)`` / ``(M,)`` without a
+    positive one, or ``None``; also ``None`` while tracing (data-dependent)."""
+    if is_tracing(weight):
+        return None
+    empty = ~(weight.expand(batch, m) > 0).any(dim=1)
+    return int(empty.nonzero()[0]) if bool(empty.any()) else None
+
+
 def check_has_keys(weight: Tensor, batch: int, m: int,
                    undefined: str = "softmax attention over no keys") -> None:
     """Every batch element of the quadrature weights ``(B, M)`` / ``(M,)`` has a positive one,
-    without which ``undefined`` is undefined (the message says so). Skipped while tracing
-    (data-dependent)."""
-    if is_tracing(weight):
-        return
-    empty = ~(weight.expand(batch, m) > 0).any(dim=1)
-    if bool(empty.any()):
-        raise ValueError(f"weight: batch element {int(empty.nonzero()[0])} has no key of "
-                         f"positive weight ({undefined} is undefined); expected at least one "
-                         "w_j > 0 per element")
+    without which ``undefined`` is undefined (the message says so). Skipped while tracing."""
+    b = first_without_weight(weight, batch, m)
+    if b is not None:
+        raise ValueError(f"weight: batch element {b} has no key of positive weight "
+                         f"({undefined} is undefined); expected at least one w_j > 0 per "
+                         "element")
 
 
 def check_attention_operands(

@@ -254,10 +254,11 @@ _FieldReader = Callable[[int, int], dict[str, np.ndarray]]
 
 
 def _scan(read: _FieldReader, n_samples: int, chunk_size: int, names: dict[str, str],
-          visit: Callable[[dict[str, np.ndarray]], None]) -> None:
+          visit: Callable[[int, dict[str, np.ndarray]], None]) -> None:
     """Read every chunk once before anything is written: a non-finite sample is named (by the
-    source's variable, ``names``) while no partial file exists, and ``visit`` sees each chunk
-    (what the file's parameters record is found from the data)."""
+    source's variable, ``names``) while no partial file exists, and ``visit(start, chunk)`` sees
+    each chunk and its first sample's index (what the file's parameters record is found from
+    the data)."""
     for start in range(0, n_samples, chunk_size):
         chunk = read(start, min(start + chunk_size, n_samples))
         for key, values in chunk.items():
@@ -265,7 +266,7 @@ def _scan(read: _FieldReader, n_samples: int, chunk_size: int, names: dict[str, 
             if bad.size:
                 raise ValueError(f"{names[key]}: sample {start + int(bad[0])} has non-finite "
                                  "values")
-        visit(chunk)
+        visit(start, chunk)
 
 
 def _square_fields(shape: tuple[int, ...], dtype: np.dtype, where: str, least: int) -> int:
@@ -368,14 +369,12 @@ def convert_continuum_darcy(
                              f"first), got {shapes['u']}")
         n_samples = shapes["a"][0]
         values: set[float] = set()
-        scanned = [0]
 
-        def visit(chunk: dict[str, np.ndarray]) -> None:
+        def visit(start: int, chunk: dict[str, np.ndarray]) -> None:
             positive = (chunk["a"] > 0).reshape(len(chunk["a"]), -1).all(axis=1)
             if not positive.all():  # the equation needs a > 0; a log a statistic would be NaN
-                raise ValueError(f"{names['a']}: sample {scanned[0] + int(np.argmin(positive))} "
+                raise ValueError(f"{names['a']}: sample {start + int(np.argmin(positive))} "
                                  "has a coefficient <= 0, expected a > 0")
-            scanned[0] += len(chunk["a"])
             if len(values) <= 2:  # more than two: lognormal, nothing left to learn
                 values.update(np.unique(chunk["a"]).tolist()[:3])
 
@@ -505,7 +504,7 @@ def convert_continuum_navier_stokes(
 
     total = np.zeros((s, s))
 
-    def visit(chunk: dict[str, np.ndarray]) -> None:
+    def visit(_start: int, chunk: dict[str, np.ndarray]) -> None:
         total[...] += chunk["input"].sum(axis=0, dtype=np.float64)
         total[...] += chunk["output"].sum(axis=0, dtype=np.float64)
 

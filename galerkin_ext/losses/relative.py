@@ -18,7 +18,13 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_float, check_nonnegative, is_tracing
+from .._checks import (
+    check_bool,
+    check_float,
+    check_nonnegative,
+    first_without_weight,
+    is_tracing,
+)
 from ..data.datasets import central_gradient_1d, central_gradient_2d
 
 __all__ = ["MaskedRelativeLoss", "OperatorLoss", "RelativeLoss", "masked_relative_l2",
@@ -80,15 +86,15 @@ def _check_point_weight(weight: object, pred: Tensor, values: bool = True) -> Te
         weight = weight.unsqueeze(0)
     if values:
         check_nonnegative(weight, "weight")
-        _check_some_weight(weight.flatten(1).sum(1))
+        _check_some_weight(weight.flatten(1))
     return weight.to(device=pred.device)
 
 
-def _check_some_weight(total: Tensor) -> None:
-    """Each sample's total weight ``total (B,)`` positive: with none, both norms are 0 and the
-    error NaN (a data-dependent check, skipped while tracing)."""
-    if not is_tracing(total) and not bool((total > 0).all()):
-        b = int((total <= 0).nonzero()[0])
+def _check_some_weight(weight: Tensor) -> None:
+    """Each sample of the non-negative weights ``weight (B | 1, n)`` has a positive one: with
+    none, both norms are 0 and the error NaN (skipped while tracing)."""
+    b = first_without_weight(weight, weight.shape[0], weight.shape[1])
+    if b is not None:
         raise ValueError(f"weight: sample {b} has no positive weight")
 
 
@@ -178,7 +184,7 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
                              f"{tuple(getattr(weight, 'shape', ()))}")
         w = torch.where(mask, weight.to(device=pred.device, dtype=pred.dtype), zero)
         check_nonnegative(w, "weight", "weights at valid points")
-        _check_some_weight(w.sum(1))
+        _check_some_weight(w)
         err, ref = err * w.unsqueeze(-1), ref * w.unsqueeze(-1)
     per = (err.sum(1) / ref.sum(1)).sqrt()  # (B, C)
     if reduction == "mean":
@@ -374,7 +380,7 @@ class RelativeLoss(nn.Module):
                             f"{type(weight).__name__}")
         if weight is not None:  # checked once here, not by every forward (a host sync each)
             check_nonnegative(weight, "weight")
-            if not bool(weight.sum() > 0):  # both norms would be 0: NaN errors
+            if first_without_weight(weight.reshape(1, -1), 1, weight.numel()) is not None:
                 raise ValueError("weight: expected some positive weight, all are 0")
         self.norm = norm
         self.h = None if h is None else float(h)
