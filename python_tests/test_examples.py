@@ -111,6 +111,8 @@ def test_burgers_example(tmp_path):
     m = _check_outputs(out, 2)
     assert len(list((tmp_path / "cache").glob("burgers_n24_r2048_*.h5"))) == 1
     assert set(m["zero_shot_rel_l2"]) == {"256"} and math.isfinite(m["zero_shot_rel_l2"]["256"])
+    # tiny settings are not the preset: its threshold is reported, not enforced
+    assert not m["thresholds"]["enforced"] and set(m["thresholds"]["checks"]) == {"test_rel_l2"}
     cached = next((tmp_path / "cache").glob("*.h5"))
     model, _ = load_trained_model(out / "best.pt")
     # the output is scaled by the training targets' std (the paper preset diverges without)
@@ -148,6 +150,7 @@ def test_darcy_example(tmp_path, darcy_file):
     m = _check_outputs(out, 2)
     assert m["config"]["model"]["attention_type"] == "fourier"
     assert m["config"]["train"]["max_lr"] == 5e-4  # SPEC §5: fourier in 2-D
+    assert not m["thresholds"]["enforced"] and set(m["thresholds"]["checks"]) == {"test_rel_l2"}
     # best.pt alone (its model, its normalisers) reproduces the metric: no training data read
     model, best = load_trained_model(out / "best.pt")
     eval_set = DarcyDataset(darcy_file, "valid", 43, coarse_resolution=15, n_train=16,
@@ -683,6 +686,41 @@ def test_continuum_examples_refuse_bad_arguments(tmp_path, capsys):
         cde.main([*out, "--data", str(wrong), "--n-train", "20", "--n-valid", "2",
                   "--n-eval", "2", "--batch-size", "2"])
     assert not (tmp_path / "bad" / "last.pt").exists()  # no epoch was trained
+
+
+def test_galerkin_examples_enforce_the_thresholds_of_an_unchanged_preset(tmp_path):
+    """In process, with a tiny preset whose threshold no model meets: run as written, the
+    script writes its outputs and raises ThresholdError; a changed attention norm, the
+    original's attention dropout or input noise is another experiment, reported only."""
+    from galerkin_ext.training import ThresholdError
+
+    train = {"epochs": 1, "batch_size": 4, "max_lr": 1e-3, "seed": 0}
+    model = {"attention_type": "galerkin", "norm": "attn", "d_model": 16, "n_head": 2,
+             "num_layers": 1, "dim_feedforward": 16}
+    tiny = {
+        "burgers": {"data": {"resolution": 256, "solve_resolution": 64, "seed": 0},
+                    "n_train": 8, "n_eval": 4, "n": 64, "model": {**model, "freq_dim": 8,
+                    "modes": 4, "decoder_dim_feedforward": 8}},
+        "darcy_inverse": {"data": {"n_samples": 12, "resolution": 43, "seed": 0},
+                          "n_train": 8, "n_eval": 4, "fine": 43, "coarse": 15, "noise": 0.0,
+                          "model": model},
+    }
+    for name, changes in (("burgers", (["--norm", "layer"], ["--reference-dropout"])),
+                          ("darcy_inverse", (["--noise", "0.01"],))):
+        example = _load_example(name)
+        example.PRESETS["quick"] = {**tiny[name], "train": train,
+                                    "thresholds": {"test_rel_l2": 1e-9}}
+        common = ["--device", "cpu", "--no-progress", "--data-dir", str(tmp_path / "cache"),
+                  "--threads", str(torch.get_num_threads())]  # in process: keep pytest's
+        out = tmp_path / name
+        with pytest.raises(ThresholdError, match=r"test_rel_l2 = .* > 1\.0000e-09"):
+            example.main([*common, "--out", str(out)])
+        m = _metrics(out)  # written before the error
+        assert m["thresholds"]["enforced"] and not m["thresholds"]["checks"]["test_rel_l2"]["met"]
+        assert "thresholds" not in m["config"]  # not part of the run's identity
+        for i, flags in enumerate(changes):
+            example.main([*common, "--out", str(tmp_path / f"{name}{i}"), *flags])
+            assert not _metrics(tmp_path / f"{name}{i}")["thresholds"]["enforced"], flags
 
 
 def test_darcy_continuum_paper_preset_at_416_is_table_3():

@@ -127,9 +127,10 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
     if attention_flags:
         p.add_argument("--attention", choices=ATTENTION_TYPES, default=None,
                        help="attention type (default: the preset's)")
-        p.add_argument("--norm", choices=NORMS, default="attn",
+        p.add_argument("--norm", choices=NORMS, default=None,
                        help="'attn': layer norm inside the attention (the paper's 'Ln on Q,K / "
-                            "K,V' rows); 'layer': regular layer norm on the residual stream")
+                            "K,V' rows); 'layer': regular layer norm on the residual stream "
+                            "(default: the preset's)")
         p.add_argument("--reference-dropout", action="store_true",
                        help="the original code's always-on p = 0.5 dropout of the attention "
                             "matrix (in training and evaluation), to compare with its "
@@ -182,8 +183,8 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
     not resumed).
 
     The preset must have the keys ``data`` (generator parameters), ``n_train``, ``n_eval``,
-    ``model`` (arguments of :func:`~galerkin_ext.models.build_model`; ``attention_type`` is the
-    default for ``--attention``) and ``train`` (arguments of
+    ``model`` (arguments of :func:`~galerkin_ext.models.build_model`; ``attention_type`` and
+    ``norm`` are the defaults of ``--attention`` and ``--norm``) and ``train`` (arguments of
     :class:`~galerkin_ext.training.TrainConfig`), optionally ``threads`` (CPU threads; ``None``:
     torch's default) and ``n_valid`` (a validation split between the training and evaluation
     samples; overridden by ``args.n_valid`` where the script has that flag).  Data generated
@@ -431,13 +432,15 @@ def _leaves(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def preset_unchanged(config: Mapping[str, Any], preset: Mapping[str, Any],
                      args: argparse.Namespace) -> bool:
     """Whether ``config`` (from :func:`resolve_config`) runs ``preset`` as written, on the
-    preset's own generated data (no ``--data`` or ``--eval-data`` in ``args``): every setting
-    the preset names has its value (settings that change neither the model, the data nor the
-    schedule, such as ``threads``, may differ).  A preset's thresholds apply only then, so call
-    it once ``config`` holds every setting of the command line."""
+    preset's own generated data (no ``--data`` or ``--eval-data`` in ``args``) and without the
+    original code's attention dropout (``--reference-dropout``): every setting the preset names
+    has its value (settings that change neither the model, the data nor the schedule, such as
+    ``threads``, may differ).  A preset's thresholds apply only then, so call it once
+    ``config`` holds every setting of the command line."""
     if not isinstance(config, Mapping) or not isinstance(preset, Mapping):
         raise TypeError("config, preset: expected dicts")
-    if getattr(args, "data", None) is not None or getattr(args, "eval_data", None) is not None:
+    if any(getattr(args, flag, None) not in (None, False)
+           for flag in ("data", "eval_data", "reference_dropout")):
         return False
     have = _leaves(config)
     # the settings a resumption may change are those that leave the model, data and schedule
