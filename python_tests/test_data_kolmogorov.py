@@ -92,7 +92,7 @@ def test_forced_shell_relaxes_to_laminar_state(n, nu, forcing):
     rows = [(1.3, -0.7, 2.1), (0.0, 0.0, -amp / (n * nu)), (0.0, 0.0, 0.0), (-4.0, 3.0, 10.0)]
     w0 = torch.stack([a * torch.cos(n * x) + b * torch.sin(n * y) + c * torch.cos(n * y)
                       for a, b, c in rows])
-    out = solve_kolmogorov(w0, 1.0, dt=0.01, nu=nu, n=n, forcing=forcing)
+    out = solve_kolmogorov(w0, 1.0, dt=0.01, nu=nu, wavenumber=n, forcing=forcing)
     exact = w_s + (w0 - w_s) * math.exp(-(n**2) * nu * 1.0)
     err = (out - exact).abs().max().item()
     assert err <= 1e-10, err  # measured 3.6e-14 (SPEC case)
@@ -319,9 +319,10 @@ W0 = torch.zeros(1, 16, 16, dtype=torch.float64)
         ({"dt": -0.1}, ValueError, "dt"),
         ({"dt": "0.1"}, TypeError, "dt"),
         ({"nu": -0.01}, ValueError, "nu"),
-        ({"n": 0}, ValueError, "n: expected an int >= 1"),
-        ({"n": 4.0}, TypeError, "n: expected an int"),
-        ({"n": 8}, ValueError, "s > 16"),
+        ({"wavenumber": 0}, ValueError, "wavenumber: expected an int >= 1"),
+        ({"wavenumber": 4.0}, TypeError, "wavenumber: expected an int"),
+        ({"wavenumber": 8}, ValueError,
+         r"wavenumber: the forcing cos\(8 y\) needs a grid of s > 16"),
         ({"forcing": "yes"}, TypeError, "forcing"),
         ({"forcing": math.nan}, TypeError, "forcing"),
         ({"snapshots": [0.5, 0.2]}, ValueError, "snapshots: expected strictly increasing"),

@@ -37,7 +37,9 @@ the first ``n_train`` samples, ``"valid"`` = the next ``n_valid``, ``"test"`` = 
   ``target`` ``(s, s, 1)`` vorticity ``w(T + dt_out)``; one scalar normaliser for both.
 
 Splits: ``"train"`` = the first ``n_train`` samples, ``"valid"`` = the last ``n_valid``, never
-overlapping (a source of validation samples only is read with ``n_train=0``).  The
+overlapping (a source of validation samples only is read with ``n_train=0``).  ``"valid"``, as
+in the original code, is both the set the paper's protocol picks the best epoch on and the one
+it reports (the example scripts' ``--n-eval``); the continuum sets keep the two apart.  The
 normalisers are fitted on the training samples of the same source unless given.  A source is a
 file written by :mod:`.generate` (``.h5``), an original ``.mat`` file, or a pair ``(a, u)`` of
 arrays.
@@ -935,7 +937,7 @@ class KolmogorovDataset(_NormalizedFields):
         dtype = getattr(torch, par["solve_dtype"])
         times = [k * par["dt_out"] for k in range(1, steps + 1)]
         out = solve_kolmogorov(w0.to(dtype), times[-1], dt=dt, nu=par["nu"],
-                               n=par["wavenumber"], forcing=par["forcing_amplitude"],
+                               wavenumber=par["wavenumber"], forcing=par["forcing_amplitude"],
                                snapshots=times, dtype=dtype).double()
         return out if solve_s == self.resolution else resample_periodic(out, self.resolution)
 

@@ -591,7 +591,7 @@ def generate_kolmogorov(
         w0 = sample_initial_vorticity(stop - start, solve_s, seed=seed, start=start)
         pair = solve_kolmogorov(
             torch.from_numpy(w0).to(device=dev, dtype=torch_dtype), time + dt_out, dt=dt,
-            nu=nu, n=wavenumber, snapshots=[time, time + dt_out], dtype=torch_dtype,
+            nu=nu, wavenumber=wavenumber, snapshots=[time, time + dt_out], dtype=torch_dtype,
         )
         cfl = torch.maximum(cfl_number(pair[:, 0], dt), cfl_number(pair[:, 1], dt)).cpu()
         if bool((cfl > 1).any()):

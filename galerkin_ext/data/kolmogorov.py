@@ -239,13 +239,14 @@ def _check_forcing(forcing: object) -> float:
     return float(forcing)
 
 
-def _check_physics(nu: object, n: object, forcing: object, s: int) -> tuple[float, int, float]:
+def _check_physics(nu: object, wavenumber: object, forcing: object, s: int
+                   ) -> tuple[float, int, float]:
     nu = check_float(nu, "nu", low_inclusive=True)
-    n = check_int(n, "n")
+    n = check_int(wavenumber, "wavenumber")
     amplitude = _check_forcing(forcing)
     if amplitude != 0.0 and s <= 2 * n:
-        raise ValueError(f"n: the forcing cos({n} y) needs a grid of s > {2 * n} points, "
-                         f"got s = {s}")
+        raise ValueError(f"wavenumber: the forcing cos({n} y) needs a grid of s > {2 * n} "
+                         f"points, got s = {s}")
     return nu, n, amplitude
 
 
@@ -266,17 +267,18 @@ def kolmogorov_tendency(
     omega: Tensor,
     *,
     nu: float = KOLMOGOROV_NU,
-    n: int = KOLMOGOROV_WAVENUMBER,
+    wavenumber: int = KOLMOGOROV_WAVENUMBER,
     forcing: bool | float = True,
 ) -> Tensor:
-    """The right-hand side ``d_t w = -u . grad w + nu Lap w - A n cos(n y)`` the solver integrates
-    (advection 2/3 de-aliased as in :func:`solve_kolmogorov`), on the grid.
+    """The right-hand side ``d_t w = -u . grad w + nu Lap w - A n cos(n y)`` (``n`` =
+    ``wavenumber``) the solver integrates (advection 2/3 de-aliased as in
+    :func:`solve_kolmogorov`), on the grid.
 
     ``omega``: ``(B, s, s)``; returns ``(B, s, s)`` with its dtype and device.
     """
     omega = _check_vorticity(omega, "omega")
     s = omega.shape[-1]
-    nu, n, amplitude = _check_physics(nu, n, forcing, s)
+    nu, n, amplitude = _check_physics(nu, wavenumber, forcing, s)
     ops = _Spectral(s, omega.dtype, omega.device)
     w_hat = ops.rfft2(omega)
     rhs = ops.advection(w_hat) - nu * ops.k2 * w_hat
@@ -327,7 +329,7 @@ def solve_kolmogorov(
     *,
     dt: float,
     nu: float = KOLMOGOROV_NU,
-    n: int = KOLMOGOROV_WAVENUMBER,
+    wavenumber: int = KOLMOGOROV_WAVENUMBER,
     forcing: bool | float = True,
     snapshots: Sequence[float] | None = None,
     dtype: torch.dtype = torch.float64,
@@ -344,7 +346,7 @@ def solve_kolmogorov(
             steps ``L / m`` (a relative slack of 1e-9 absorbs rounding), so every output time is
             hit exactly and the step is ``dt`` itself when the times are multiples of it.
         nu: viscosity ``>= 0`` (``0``: inviscid, the truncated Euler equations).
-        n: forcing wavenumber ``>= 1``; with forcing, ``s > 2 n`` is required.
+        wavenumber: ``n >= 1`` of the forcing; with forcing, ``s > 2 n`` is required.
         forcing: ``True`` (amplitude 1, SPEC), ``False`` (unforced) or the amplitude ``A`` of the
             body force ``A sin(n y) x``.
         snapshots: output times, strictly increasing, in ``[0, t_end]``; the integration stops at
@@ -362,7 +364,7 @@ def solve_kolmogorov(
     t_end = check_float(t_end, "t_end")
     dt = check_float(dt, "dt")
     s = omega0.shape[-1]
-    nu, n, amplitude = _check_physics(nu, n, forcing, s)
+    nu, n, amplitude = _check_physics(nu, wavenumber, forcing, s)
     dtype = _check_dtype(dtype)
     times = [t_end] if snapshots is None else _check_snapshots(snapshots, t_end)
 

@@ -1,4 +1,6 @@
-"""FNO-style spectral convolutions with a pointwise residual: ``act(K x + Linear(x))``.
+"""FNO-style spectral convolutions with a pointwise residual: ``act(K x + Linear(x))``: whole
+FNO layers, named like the Galerkin Transformer reference code's (the bare Fourier operator ``K``
+of the continuum models is :class:`~galerkin_ext.layers.SpectralConv`).
 
 ``K`` keeps the lowest ``modes`` Fourier modes of ``rfft(x, norm='ortho')`` and multiplies them
 by learned complex weights, stored as real tensors with a trailing ``(re, im)`` axis as in the
