@@ -64,8 +64,9 @@ from galerkin_ext.training import (
 # ----------------------------------------------------------------------------------------------
 # Config.  "paper" is SPEC-continuum §4: s = 64, 3600 train / 200 validation / 200 test,
 # zero-shot s = 32 and 128 (500 independent draws each), the paper's models (build_model's
-# values), Adam with ReduceLROnPlateau (x0.5, patience 2) at each model's learning rate and
-# batch (MODELS), 100 epochs for the TNO and 80 for the others, relative H^1 loss.
+# values), Adam with ReduceLROnPlateau (x0.5, patience 2, on the validation relative L2: see
+# VALIDATION_NORMALISED) at each model's learning rate and batch (MODELS), 100 epochs for the
+# TNO and 80 for the others, relative H^1 loss.
 # "quick" is SPEC-continuum §7: s = 32, 400/50/100, zero-shot s = 64 (100 draws), every model
 # 32 wide with 2 layers (d_ff 64), Adam + OneCycle, batch 8, 10 epochs; the TNO with 2 heads
 # (not 4: torch's CPU flash-attention kernel takes ~3x longer per step at head width 8 than at

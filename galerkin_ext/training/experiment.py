@@ -373,9 +373,12 @@ def evaluation_only(split: Mapping[str, Any], key: str) -> dict[str, Any]:
     return {**split, **{name: 0 for name in before if name in split}}
 
 
-#: What the continuum scripts pick their best epoch on (``write_metrics``' ``selection``): the
-#: validation split's relative L2 of the normalised fields, as the authors' code selects on its
-#: validation loss; their test figures are in physical units.
+#: What the continuum scripts pick their best epoch on and step ReduceLROnPlateau with
+#: (``write_metrics``' ``selection``): the validation split's relative L2 of the normalised
+#: fields.  SPEC-continuum §4 says "the validation loss"; the authors' code monitors the
+#: validation MSE of the normalised fields (``loss/val/mse``), not its H^1 training loss of the
+#: 2-D runs, and the relative L2 is that error scaled per sample as the reported metric is.
+#: Their test figures are in physical units.
 VALIDATION_NORMALISED = "the validation split, in normalised units"
 
 
