@@ -14,7 +14,10 @@ Darcy baselines.
   linear lift and projection.
 
 Point-set models take ``u (B, N, d_u)`` with coordinates ``x (N, d)`` or ``(B, N, d)``; grid
-models take ``u (B, s₁, s₂, d_u)`` with ``x (s₁, s₂, 2)`` or ``(B, s₁, s₂, 2)``.
+models take ``u (B, s₁, s₂, d_u)`` with ``x (s₁, s₂, 2)`` or ``(B, s₁, s₂, 2)``.  The names are
+the paper's (the input function ``u`` at the points ``x``); a dataset item holds them as
+``"x"`` (the values) and ``"grid"`` (the coordinates), so a model is called
+``model(batch["x"], batch["grid"])``.
 """
 
 from __future__ import annotations
