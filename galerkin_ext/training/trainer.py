@@ -196,7 +196,8 @@ class TrainConfig:
             For batches of one shape (grids); refused for datasets that pad samples into
             batches of varying shapes (each new shape would compile again). The evaluation and
             the checkpoints use the plain module; the numbers agree with an uncompiled run to
-            round-off, not bit for bit. On the CPU it did not pay: the Burgers quick model ran
+            round-off, not bit for bit (dropout included: its masks come from torch's
+            generator, as in the plain run). On the CPU it did not pay: the Burgers quick model ran
             13.5 steps/s compiled against 16.7 plain (one thread).
     """
 
@@ -831,7 +832,10 @@ class Trainer:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             model = DistributedDataParallel(self.model, device_ids=ids)
         if cfg.compile:  # the same parameters: the optimiser and checkpoints see no difference
-            model = torch.compile(model)
+            # fallback_random: dropout draws its masks from torch's generator, as eager does
+            # (inductor's own stream made a compiled run, or a resumption that switches
+            # compile, another random experiment rather than a re-rounding of the plain one)
+            model = torch.compile(model, options={"fallback_random": True})
         bar = tqdm(total=cfg.epochs * self.steps_per_epoch, initial=start * self.steps_per_epoch,
                    unit="step", disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
         try:
