@@ -364,7 +364,8 @@ def test_experiment_flags_reach_the_model_config():
                      "train": {"epochs": 1}}}
     parser = experiment_parser("doc", presets)
     plain = resolve_config(presets, parser.parse_args(["--out", "o"]), experiment="test")
-    assert "reference_dropout" not in plain["model"] and plain["model"]["norm"] == "attn"
+    # without the flags, the preset's settings (here: build_model's default norm)
+    assert plain["model"] == {"attention_type": "fourier"}
     cfg = resolve_config(presets, parser.parse_args(
         ["--out", "o", "--reference-dropout", "--attention", "galerkin", "--norm", "layer"]),
         experiment="test")
