@@ -241,7 +241,11 @@ def relative_h1_error(
         target_grad: the target's gradient, ``(B, n, C)`` in 1-D, ``(B, n, n, 2)`` in 2-D.
         h: the grid spacing used for ``target_grad``.
         coeff: optional non-negative weight ``a`` ``(B, n, n, 1)`` (2-D only): the error is then
-            measured in the energy seminorm ``(sum a |grad e|^2 / sum a |grad u|^2)^(1/2)``.
+            measured in the energy seminorm ``(sum a |grad e|^2 / sum a |grad u|^2)^(1/2)``
+            (SPEC §5's "weighted by the coefficient a").  The paper's regulariser is the
+            absolute ``||a grad e||^2`` (``a^2`` on the squares) and the original code divides
+            ``sum a^2 |grad e|^2`` by ``2 sum a |grad u|^2``; with ``a`` on both sides the ratio
+            is a relative error whatever the scale of ``a`` (1 for a zero prediction).
         reduction: ``'mean'``, ``'median'`` (scalars) or ``'none'`` (``(B,)``).
     """
     _check_tensor(pred, "pred")
