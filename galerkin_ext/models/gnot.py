@@ -115,7 +115,9 @@ def _check_query(model: nn.Module, x: object, weight: object) -> tuple[Tensor, T
 
 
 class GNOT(nn.Module):
-    """General Neural Operator Transformer (SPEC-gnot §2; defaults: the reference code's).
+    """General Neural Operator Transformer (SPEC-gnot §2; defaults and the names ``n_hidden``,
+    ``n_layers``, ``n_inner``, ``act``: the reference code's, so that its configurations carry
+    over; elsewhere the package says ``d_model``, ``num_layers``, ``activation``).
 
     * Trunk ``ResidualMLP(t, C, C, m)`` on each query point, ``t = query_dim`` (+ ``theta_dim``
       with ``theta_mode="query"``: θ concatenated to every query point, as the reference code);
