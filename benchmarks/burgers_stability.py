@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader
 from galerkin_ext._cli import writable_file
 from galerkin_ext.data import BurgersDataset
 from galerkin_ext.data.storage import DataFileError
+from galerkin_ext.layers import ATTENTION_TYPES
 from galerkin_ext.losses import OperatorLoss, relative_l2
 from galerkin_ext.models import build_model
 from galerkin_ext.training import cached_data, command_line, write_json
@@ -59,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=16,
                    help="epochs to run of the 100-epoch schedule (default 16: the raw arm "
                         "diverged in epoch 15 at n = 512)")
-    p.add_argument("--attention", default="galerkin", help="attention type (default galerkin)")
+    p.add_argument("--attention", choices=ATTENTION_TYPES, default="galerkin",
+                   help="attention type (default galerkin)")
     p.add_argument("--n-train", type=int, default=None, help="training samples (preset: 1024)")
     p.add_argument("--n-eval", type=int, default=None, help="evaluation samples (preset: 100)")
     p.add_argument("--batch-size", type=int, default=None, help="batch size (preset: 8)")

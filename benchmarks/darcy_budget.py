@@ -23,7 +23,7 @@ from typing import Any
 from example_runs import ROOT, run_example  # the script's folder is first on sys.path
 
 from galerkin_ext._cli import writable_file
-from galerkin_ext.training import write_json
+from galerkin_ext.training import command_line, write_json
 
 RESULTS = ROOT / "benchmarks" / "results" / "darcy_budget.json"
 # budget name -> extra flags of examples/darcy_continuum.py, and the models run at it
@@ -59,6 +59,7 @@ def record(run: Path, model: str, budget: str, command: list[str]) -> dict[str, 
         "parameters": metrics["n_params"],
         "train_seconds": metrics["train_seconds"],
         "paper_rel_l2": PAPER[model],
+        "device": metrics["device_name"],
         "command": " ".join(command),
     }
 
@@ -78,13 +79,17 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, required=True, help="folder of the runs")
+    parser.add_argument("--runs", type=Path, default=None, help="folder of the runs")
     parser.add_argument("--out", type=writable_file, default=RESULTS, help="results JSON")
     parser.add_argument("--table", action="store_true", help="print the table of --out only")
     args = parser.parse_args()
     if args.table:
+        if not args.out.is_file():
+            parser.error(f"--out: no results file {str(args.out)!r} to tabulate")
         print(table(json.loads(args.out.read_text())["runs"]))
         return
+    if args.runs is None:
+        parser.error("--runs: required to run the budgets (only --table runs nothing)")
     records = []
     for budget, (flags, models) in BUDGETS.items():
         for model in models:
@@ -93,7 +98,7 @@ def main() -> None:
                        "--no-progress", "--out", str(run)]
             run_example(command, run, check=True)
             records.append(record(run, model, budget, command))
-    write_json(args.out, {"runs": records})
+    write_json(args.out, {"command": command_line(), "runs": records})
     print(table(records))
     print(f"wrote {args.out}")
 

@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from galerkin_ext._cli import writable_file
 from galerkin_ext.data.burgers import solve_burgers
 from galerkin_ext.data.generate import generate_burgers, generate_darcy
 from galerkin_ext.data.storage import read_h5
-from galerkin_ext.training import command_line, write_json
+from galerkin_ext.training import command_line, describe_device, write_json
 
 FULL = {"burgers": 2048, "darcy": 2048}
 TARGET_S = {"burgers": 180.0, "darcy": 1200.0}
@@ -111,7 +112,7 @@ def darcy_checks(path: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("json_out", help="where to write the results (JSON)")
+    parser.add_argument("json_out", type=writable_file, help="where to write the results (JSON)")
     parser.add_argument("--problem", choices=("burgers", "darcy", "all"), default="all")
     parser.add_argument("--burgers-samples", type=int, default=FULL["burgers"])
     parser.add_argument("--darcy-samples", type=int, default=FULL["darcy"])
@@ -120,9 +121,7 @@ def main() -> int:
     for name in ("burgers_samples", "darcy_samples"):
         if not 1 <= getattr(args, name) <= 2048:
             parser.error(f"--{name.replace('_', '-')} must be in [1, 2048]")
-    json_out = Path(args.json_out)
-    if not json_out.parent.is_dir():
-        parser.error(f"the folder of {json_out} does not exist")
+    json_out = args.json_out
 
     problems = ("burgers", "darcy") if args.problem == "all" else (args.problem,)
     if args.keep:
@@ -134,6 +133,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {
         "machine": {
+            "device": describe_device("cpu"),
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
             "python": sys.version.split()[0],

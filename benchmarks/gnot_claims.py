@@ -40,6 +40,7 @@ from galerkin_ext.data import (
 from galerkin_ext.losses import masked_relative_l2
 from galerkin_ext.models import build_model
 from galerkin_ext.training import (
+    command_line,
     load_checkpoint,
     ragged_forward,
     ragged_metric,
@@ -75,7 +76,8 @@ def run(name: str, runs: Path, preset: str) -> dict[str, Any]:
     return {"name": name, "test_rel_l2": metrics["test_rel_l2"],
             "best_epoch_rel_l2": metrics["best_epoch_rel_l2"], "n_params": metrics["n_params"],
             "train_seconds": metrics["train_seconds"], "paper_rel_l2": PAPER.get(name),
-            "command": " ".join(command), "out": str(out), "config": metrics["config"]}
+            "device": metrics["device_name"], "command": " ".join(command), "out": str(out),
+            "config": metrics["config"]}
 
 
 def _eval_set(record: dict[str, Any], path: Path | str) -> RaggedDataset:
@@ -161,8 +163,8 @@ def main() -> None:
             "holds": mesh["refined_over_base"] <= 1.25
             and mesh["refined_over_base"] < uniform["refined_over_base"]},
     }
-    write_json(args.out, {"preset": args.preset, "runs": list(records.values()),
-                          "claims": claims})
+    write_json(args.out, {"command": command_line(), "preset": args.preset,
+                          "runs": list(records.values()), "claims": claims})
     print("| run | parameters | last epoch | best epoch | refined (ratio) | paper |")
     print("|---|---|---|---|---|---|")
     for r in records.values():

@@ -28,6 +28,9 @@ def parse_args() -> argparse.Namespace:
     for name in args.shapes.split(","):
         if name not in SHAPES:
             p.error(f"--shapes: unknown shape {name!r}")
+    for name in args.ops.split(","):
+        if name not in ("galerkin", "fourier"):
+            p.error(f"--ops: expected galerkin or fourier, got {name!r}")
     if args.reps < 1:
         p.error("--reps: expected at least 1")
     if not torch.cuda.is_available():

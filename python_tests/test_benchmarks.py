@@ -197,10 +197,7 @@ def test_gnot_claims_refined_errors(tmp_path: Path, monkeypatch) -> None:
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     config = json.loads((out / "metrics.json").read_text())["config"]
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # its sibling example_runs.py
-    spec = importlib.util.spec_from_file_location("gnot_claims", BENCHMARKS / "gnot_claims.py")
-    claims = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(claims)
+    claims = _load_benchmark("gnot_claims", monkeypatch)
     record = {"out": str(out), "config": config}
 
     refined = generate_elasticity(tmp_path / "refined.h5", refine=True, progress=False,
@@ -249,3 +246,70 @@ def test_data_generation_records_what_it_compared_and_keeps_existing_files(tmp_p
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert again.returncode != 0 and "--keep" in again.stderr and "exist" in again.stderr
     assert (keep / "burgers.h5").read_bytes() == kept
+    # its positional output is checked at once too, not after the generation
+    folder = subprocess.run([*cmd[:2], str(tmp_path), *cmd[3:]], capture_output=True,
+                            text=True, timeout=60, env=env)
+    assert folder.returncode == 2 and "is a folder" in folder.stderr, folder.stderr
+
+
+def test_attention_cpu_smoke(tmp_path: Path) -> None:
+    """benchmarks/attention.py at the host-cost shape, one repetition: a record per op and
+    implementation, with the device and command."""
+    out = tmp_path / "attention.json"
+    cmd = [sys.executable, str(BENCHMARKS / "attention.py"), "--shapes", "host", "--reps", "1",
+           "--impls", "ours,eager", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert {"device", "command", "rows"} <= set(result) and "attention.py" in result["command"]
+    assert sorted((r["op"], r["impl"]) for r in result["rows"]) == [
+        (op, impl) for op in ("fourier", "galerkin", "normalized") for impl in ("eager", "ours")]
+    for r in result["rows"]:
+        assert (r["B"], r["H"], r["N"], r["D"]) == (1, 1, 16, 8)
+        assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("fwd_ms", "fwd_bwd_ms")), r
+
+
+def _load_benchmark(name: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # its sibling example_runs.py
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_benchmarks_record_the_device_and_tabulate(tmp_path: Path, monkeypatch):
+    """darcy_budget.py and gnot_claims.py record each run's device (from its metrics.json);
+    darcy_budget.py --table prints a results file without any run folder."""
+    budget = _load_benchmark("darcy_budget", monkeypatch)
+    run = tmp_path / "tno_quick"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({
+        "epochs": 2, "config": {"n_train": 400}, "test_rel_l2_median": 0.07,
+        "test_rel_l2_median_normalized": 0.12, "zero_shot": {"s=64": {"rel_l2_median": 0.08}},
+        "n_params": 17249, "train_seconds": 100.0, "device_name": "cpu model"}))
+    (run / "metrics.csv").write_text("epoch,train_loss,eval_rel_l2\n1,0.5,0.3\n2,0.2,0.1\n")
+    record = budget.record(run, "tno", "quick", ["python", "examples/darcy_continuum.py"])
+    assert record["device"] == "cpu model" and record["valid_rel_l2"] == 0.1
+    results = tmp_path / "budget.json"
+    results.write_text(json.dumps({"runs": [record]}))
+    script = [sys.executable, str(BENCHMARKS / "darcy_budget.py")]
+    proc = subprocess.run([*script, "--table", "--out", str(results)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "| tno | 17,249 | quick (400 samples, 2 epochs) | 7.00e-02 | 1.20e-01 |" in proc.stdout
+    for args, message in ((["--out", str(results)], "--runs: required"),
+                          (["--table", "--out", str(tmp_path / "none.json")], "no results file")):
+        bad = subprocess.run([*script, *args], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+    claims = _load_benchmark("gnot_claims", monkeypatch)
+    script_name, flags = claims.RUNS["heat_gnot"]
+    out = tmp_path / "runs" / "heat_gnot"
+    out.mkdir(parents=True)
+    made_by = ["python", f"examples/{script_name}", "--preset", "quick", *flags, "--no-progress",
+               "--out", str(out)]
+    (out / "metrics.json").write_text(json.dumps({  # reused: the same command made it
+        "command": shlex.join(made_by), "test_rel_l2": 0.05, "best_epoch_rel_l2": 0.04,
+        "n_params": 10, "train_seconds": 1.0, "device_name": "gpu model", "config": {}}))
+    assert claims.run("heat_gnot", tmp_path / "runs", "quick")["device"] == "gpu model"
