@@ -315,6 +315,45 @@ def test_repeatable_bit_for_bit(gen):
         assert torch.equal(a, b)
 
 
+_VECTOR_WIDTH_SCRIPT = """
+import sys, torch
+from galerkin_ext import ops
+gen = torch.Generator().manual_seed(0)
+results = []
+for d, n in ((3, 1), (8, 37), (17, 300), (32, 129), (97, 70)):  # products 4 .. 98 wide
+    q, k, v = (torch.randn(2, 2, n, d, generator=gen).requires_grad_() for _ in range(3))
+    pos = torch.rand(2, n, 1, generator=gen)
+    for attention in (ops.galerkin_attention, ops.fourier_attention):
+        out = attention(q, k, v, pos=pos, kv_pos=pos)
+        results += [out, *torch.autograd.grad(out.square().sum(), (q, k, v))]
+torch.save(results, sys.argv[1])
+"""
+
+
+def test_cpu_products_give_the_same_bits_at_either_vector_width(tmp_path):
+    """AVX-512 machines run the products with 64-byte vectors, others (or under
+    ATEN_CPU_CAPABILITY=avx2) with 32-byte ones: each output the same sum in the same order,
+    so the same bits, forward and backward (on a machine without AVX-512 both runs take the
+    32-byte path)."""
+    import os
+    import subprocess
+    import sys
+
+    runs = {}
+    for capability in (None, "avx2"):
+        env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+        if capability:
+            env["ATEN_CPU_CAPABILITY"] = capability
+        path = tmp_path / f"{capability}.pt"
+        proc = subprocess.run([sys.executable, "-c", _VECTOR_WIDTH_SCRIPT, str(path)],
+                              capture_output=True, text=True, timeout=120,
+                              env={**env, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[capability] = torch.load(path)
+    for a, b in zip(runs[None], runs["avx2"], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_galerkin_and_fourier_cross_attention_match_the_pairwise_sum(gen):
     x = core_inputs((2, 3, 23, 17, 5, 5, 2, "batched", "batched", True),
                     ("layer_norm", "layer_norm"), gen)

@@ -1,38 +1,60 @@
-// The kernels of gemm_cpu.h: output tiles of R = 3 rows × 4 vectors of columns held in registers
-// (12 accumulators, with 3 broadcasts and one loaded vector: the 16 AVX2 registers); columns
-// that fill no whole vector are computed as one and stored in part.
+// The kernels of gemm_cpu.h: output tiles of R rows × up to 4 vectors of columns held in
+// registers. With 32-byte vectors (AVX2, baseline x86-64, other CPUs) R = 3: 12 accumulators, 3
+// broadcasts and one loaded vector fill the 16 AVX2 registers. AVX-512 machines run 64-byte
+// vectors in bands of 6-8 rows (24-32 accumulators of their 32 registers; the FMAs take the
+// row's factor as a broadcast memory operand): on one thread of a 2-core Intel Xeon the 32-byte
+// kernels ran at 56-111 GF/s, the 64-byte ones at 75-181, MKL at 106-185
+// (benchmarks/results/cpu_products_xeon*.json). Columns that fill no whole vector are computed
+// as one and stored in part.
 #include "gemm_cpu.h"
-
-#include "prepare_cpu.h"  // GALERKIN_EXT_CPU_KERNEL
 
 #include <ATen/Dispatch.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 namespace galerkin_ext::cpu {
 namespace {
 
-// 32-byte vectors of T (GCC ignores vector_size on an alias template of a dependent type, hence
+// VB-byte vectors of T (GCC ignores vector_size on an alias template of a dependent type, hence
 // the specialisations).
-template <typename T>
+template <typename T, int VB>
 struct VectorOf;
 template <>
-struct VectorOf<float> {
+struct VectorOf<float, 32> {
   typedef float type __attribute__((vector_size(32)));
 };
 template <>
-struct VectorOf<double> {
+struct VectorOf<double, 32> {
   typedef double type __attribute__((vector_size(32)));
 };
-template <typename T>
-using Vec = typename VectorOf<T>::type;
-template <typename T>
-constexpr int64_t kLanes = 32 / sizeof(T);
-static_assert(sizeof(Vec<float>) == 32 && sizeof(Vec<double>) == 32);
-static_assert(8 % kLanes<float> == 0 && 8 % kLanes<double> == 0, "vector_width covers vectors");
+template <>
+struct VectorOf<float, 64> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct VectorOf<double, 64> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <typename T, int VB>
+using Vec = typename VectorOf<T, VB>::type;
+template <typename T, int VB>
+constexpr int64_t kLanes = VB / sizeof(T);
+// Rows of a tile band of NV vectors: about 24 accumulators with 64-byte vectors (their FMAs take
+// the row's factor as a broadcast memory operand), 12 with 32-byte ones.
+template <int VB, int NV>
+constexpr int kBand = VB == 32 ? 3 : (NV >= 4 ? 6 : NV == 3 ? 8 : 8);
+static_assert(8 % kLanes<float, 32> == 0 && 8 % kLanes<double, 32> == 0,
+              "vector_width covers the 32-byte vectors");
+
+// Columns a buffer's rows need for whole-vector loads of their first d columns.
+template <typename T, int VB>
+int64_t padded_width(int64_t d) {
+  return (d + kLanes<T, VB> - 1) / kLanes<T, VB> * kLanes<T, VB>;
+}
 
 // x as the left factor of a tile: element (r, k) at p[r * row + k * inner].
 template <typename T>
@@ -44,34 +66,35 @@ struct Left {
 // Output rows [0, R) × vectors [0, NV) at column 0 of a and out: Σ_k x(r, k) a[k, :], written
 // (or added, Add) to out; the last vector stores its first `last` columns only. a's rows are
 // readable to the last vector's end.
-template <typename T, int R, int NV, bool Add>
+template <typename T, int VB, int R, int NV, bool Add>
 __attribute__((always_inline)) inline void tile(Left<T> x, const T* a, int64_t lda, int64_t K,
                                                 T* out, int64_t ldo, int64_t last) {
-  Vec<T> acc[R][NV];
-#pragma GCC unroll 4
+  constexpr int64_t L = kLanes<T, VB>;
+  Vec<T, VB> acc[R][NV];
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = Vec<T>{};
+    for (int v = 0; v < NV; ++v) acc[r][v] = Vec<T, VB>{};
   }
   for (int64_t k = 0; k < K; ++k) {
     const T* ak = a + k * lda;
     const T* xk = x.p + k * x.inner;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      Vec<T> column;
-      std::memcpy(&column, ak + v * kLanes<T>, sizeof column);  // unaligned load
-#pragma GCC unroll 4
+      Vec<T, VB> column;
+      std::memcpy(&column, ak + v * L, sizeof column);  // unaligned load
+#pragma GCC unroll 12
       for (int r = 0; r < R; ++r) acc[r][v] += xk[r * x.row] * column;
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      const int64_t cols = v + 1 < NV ? kLanes<T> : last;
-      T* o = out + r * ldo + v * kLanes<T>;
+      const int64_t cols = v + 1 < NV ? L : last;
+      T* o = out + r * ldo + v * L;
       if (Add) {
-        Vec<T> before{};
+        Vec<T, VB> before{};
         std::memcpy(&before, o, cols * sizeof(T));
         acc[r][v] += before;
       }
@@ -80,29 +103,41 @@ __attribute__((always_inline)) inline void tile(Left<T> x, const T* a, int64_t l
   }
 }
 
-// Output rows [0, rows) × the 1-4 vectors of columns at column 0 of a and out: bands of 3 rows,
-// then single rows; row r of the left factor at x.p + r * x.row.
-template <typename T, int NV, bool Add>
+// Output rows [0, rows) × the 1-4 vectors of columns at column 0 of a and out: bands of R rows,
+// the rest in bands of halving sizes (R = 12: 12, 6, 3, 2, 1); row r of the left factor at
+// x.p + r * x.row.
+template <typename T, int VB, int R, int NV, bool Add>
+__attribute__((always_inline)) inline void bands(Left<T> x, int64_t rows, const T* a,
+                                                 int64_t lda, int64_t K, T* out, int64_t ldo,
+                                                 int64_t last) {
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) {
+    tile<T, VB, R, NV, Add>({x.p + r * x.row, x.row, x.inner}, a, lda, K, out + r * ldo, ldo,
+                            last);
+  }
+  if constexpr (R > 1) {
+    if (r < rows) {
+      bands<T, VB, (R + 1) / 2, NV, Add>({x.p + r * x.row, x.row, x.inner}, rows - r, a, lda, K,
+                                         out + r * ldo, ldo, last);
+    }
+  }
+}
+
+template <typename T, int VB, int NV, bool Add>
 __attribute__((always_inline)) inline void column_block(Left<T> x, int64_t rows, const T* a,
                                                         int64_t lda, int64_t K, T* out,
                                                         int64_t ldo, int64_t last) {
-  int64_t r = 0;
-  for (; r + 3 <= rows; r += 3) {
-    tile<T, 3, NV, Add>({x.p + r * x.row, x.row, x.inner}, a, lda, K, out + r * ldo, ldo, last);
-  }
-  for (; r < rows; ++r) {
-    tile<T, 1, NV, Add>({x.p + r * x.row, x.row, x.inner}, a, lda, K, out + r * ldo, ldo, last);
-  }
+  bands<T, VB, kBand<VB, NV>, NV, Add>(x, rows, a, lda, K, out, ldo, last);
 }
 
 // Every output row, one block of 4 vectors of columns at a time (so that the block's panel of
 // a, K × 4 vectors, stays in L1 while all rows pass: at d ≈ 100 the whole of a does not fit);
 // the last block has 1-4 vectors, its last possibly partial.
-template <typename T, bool Add>
+template <typename T, int VB, bool Add>
 __attribute__((always_inline)) inline void column_blocks(Left<T> x, int64_t rows, const T* a,
                                                          int64_t lda, int64_t K, int64_t W,
                                                          T* out, int64_t ldo) {
-  constexpr int64_t L = kLanes<T>;
+  constexpr int64_t L = kLanes<T, VB>;
   // The W / L vectors of a row split into blocks of as equal sizes as can be (13 vectors: 4, 3,
   // 3, 3 rather than 4, 4, 4, 1, whose last block would be load-bound).
   const int64_t total = (W + L - 1) / L, count = (total + 3) / 4;
@@ -110,49 +145,132 @@ __attribute__((always_inline)) inline void column_blocks(Left<T> x, int64_t rows
     const int64_t vectors = total / count + (b < total % count ? 1 : 0);
     const int64_t cols = std::min(vectors * L, W - j), last = cols - (vectors - 1) * L;
     switch (vectors) {
-      case 4: column_block<T, 4, Add>(x, rows, a + j, lda, K, out + j, ldo, last); break;
-      case 3: column_block<T, 3, Add>(x, rows, a + j, lda, K, out + j, ldo, last); break;
-      case 2: column_block<T, 2, Add>(x, rows, a + j, lda, K, out + j, ldo, last); break;
-      default: column_block<T, 1, Add>(x, rows, a + j, lda, K, out + j, ldo, last); break;
+      case 4: column_block<T, VB, 4, Add>(x, rows, a + j, lda, K, out + j, ldo, last); break;
+      case 3: column_block<T, VB, 3, Add>(x, rows, a + j, lda, K, out + j, ldo, last); break;
+      case 2: column_block<T, VB, 2, Add>(x, rows, a + j, lda, K, out + j, ldo, last); break;
+      default: column_block<T, VB, 1, Add>(x, rows, a + j, lda, K, out + j, ldo, last); break;
     }
     j += cols;
   }
 }
 
-}  // namespace
-
-template <typename T>
-GALERKIN_EXT_CPU_KERNEL void rows_times_matrix(const T* x, int64_t ldx, const T* a, int64_t lda,
-                                               int64_t m, int64_t K, int64_t W, T* out,
-                                               int64_t ldo) {
+template <typename T, int VB>
+__attribute__((always_inline)) inline void rows_times_matrix_with(
+    const T* x, int64_t ldx, const T* a, int64_t lda, int64_t m, int64_t K, int64_t W, T* out,
+    int64_t ldo) {
   // a copied with its rows padded to whole vectors (zeros), so that every load is in bounds.
-  const int64_t ldp = vector_width(W);
+  const int64_t ldp = padded_width<T, VB>(W);
   std::vector<T> padded(K * ldp, T(0));
   for (int64_t k = 0; k < K; ++k) std::copy(a + k * lda, a + k * lda + W, &padded[k * ldp]);
-  column_blocks<T, false>({x, ldx, 1}, m, padded.data(), ldp, K, W, out, ldo);
+  column_blocks<T, VB, false>({x, ldx, 1}, m, padded.data(), ldp, K, W, out, ldo);
 }
 
-template <typename T>
-GALERKIN_EXT_CPU_KERNEL void rows_transposed_times_rows(const T* x, int64_t ldx, const T* y,
-                                                        int64_t ldy, int64_t m, int64_t K,
-                                                        int64_t W, T* out, int64_t ldo) {
-  // Blocks of 64 rows: a block's panel of y under one column block (64 × 4 vectors, 8 KiB)
-  // stays in L1 while every band of output rows passes over it, and each block's sum is added
-  // to out in order (single threaded on this EPYC, 32 and 97 wide: 64 rows beat 128 and 256).
+template <typename T, int VB>
+__attribute__((always_inline)) inline void rows_transposed_times_rows_with(
+    const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t m, int64_t K, int64_t W, T* out,
+    int64_t ldo) {
+  // Blocks of 64 rows: a block's panel of y under one column block (64 × 4 vectors, 8 KiB with
+  // 32-byte vectors) stays in L1 while every band of output rows passes over it, and each
+  // block's sum is added to out in order (single threaded on a 2-core AMD EPYC, 32 and 97 wide:
+  // 64 rows beat 128 and 256).
   constexpr int64_t block = 64;
   if (m == 0) {
     for (int64_t k = 0; k < K; ++k) std::fill(out + k * ldo, out + k * ldo + W, T(0));
     return;
   }
+  // y's rows are readable to vector_width(W) columns: where a wider vector would load past
+  // them, each block of rows is first copied to rows of whole vectors.
+  const int64_t ldp = padded_width<T, VB>(W);
+  const bool copy = ldp > vector_width(W);
+  std::vector<T> panel(copy ? block * ldp : 0, T(0));
   for (int64_t i = 0; i < m; i += block) {
     const int64_t rows = std::min(block, m - i);
+    const T* yb = y + i * ldy;
+    int64_t ldb = ldy;
+    if (copy) {
+      for (int64_t r = 0; r < rows; ++r) std::copy(yb + r * ldy, yb + r * ldy + W, &panel[r * ldp]);
+      yb = panel.data();
+      ldb = ldp;
+    }
     const Left<T> xt{x + i * ldx, 1, ldx};  // xᵀ: output row k is column k of x
     if (i == 0) {
-      column_blocks<T, false>(xt, K, y + i * ldy, ldy, rows, W, out, ldo);
+      column_blocks<T, VB, false>(xt, K, yb, ldb, rows, W, out, ldo);
     } else {
-      column_blocks<T, true>(xt, K, y + i * ldy, ldy, rows, W, out, ldo);
+      column_blocks<T, VB, true>(xt, K, yb, ldb, rows, W, out, ldo);
     }
   }
+}
+
+// The kernels for 32-byte vectors, cloned for AVX2 and baseline x86-64, and for 64-byte vectors
+// on AVX-512 machines (x86-64 with GCC only), picked at run time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GALERKIN_EXT_GEMM_KERNEL \
+  __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
+#define GALERKIN_EXT_WIDE_GEMM 1
+#else
+#define GALERKIN_EXT_GEMM_KERNEL __attribute__((flatten))
+#define GALERKIN_EXT_WIDE_GEMM 0
+#endif
+
+template <typename T>
+GALERKIN_EXT_GEMM_KERNEL void rows_times_matrix_32(const T* x, int64_t ldx, const T* a,
+                                                   int64_t lda, int64_t m, int64_t K, int64_t W,
+                                                   T* out, int64_t ldo) {
+  rows_times_matrix_with<T, 32>(x, ldx, a, lda, m, K, W, out, ldo);
+}
+
+template <typename T>
+GALERKIN_EXT_GEMM_KERNEL void rows_transposed_times_rows_32(const T* x, int64_t ldx, const T* y,
+                                                            int64_t ldy, int64_t m, int64_t K,
+                                                            int64_t W, T* out, int64_t ldo) {
+  rows_transposed_times_rows_with<T, 32>(x, ldx, y, ldy, m, K, W, out, ldo);
+}
+
+#if GALERKIN_EXT_WIDE_GEMM
+template <typename T>
+__attribute__((target("arch=x86-64-v4"), flatten)) void rows_times_matrix_64(
+    const T* x, int64_t ldx, const T* a, int64_t lda, int64_t m, int64_t K, int64_t W, T* out,
+    int64_t ldo) {
+  rows_times_matrix_with<T, 64>(x, ldx, a, lda, m, K, W, out, ldo);
+}
+
+template <typename T>
+__attribute__((target("arch=x86-64-v4"), flatten)) void rows_transposed_times_rows_64(
+    const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t m, int64_t K, int64_t W, T* out,
+    int64_t ldo) {
+  rows_transposed_times_rows_with<T, 64>(x, ldx, y, ldy, m, K, W, out, ldo);
+}
+
+// PyTorch's ATEN_CPU_CAPABILITY caps these kernels too: set to anything but avx512 it keeps
+// them at 32-byte vectors (the tests compare the two, which give the same bits).
+bool wide_vectors() {
+  static const bool wide = [] {
+    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+    return __builtin_cpu_supports("x86-64-v4") &&
+           (cap == nullptr || std::strcmp(cap, "avx512") == 0);
+  }();
+  return wide;
+}
+#endif
+
+}  // namespace
+
+template <typename T>
+void rows_times_matrix(const T* x, int64_t ldx, const T* a, int64_t lda, int64_t m, int64_t K,
+                       int64_t W, T* out, int64_t ldo) {
+#if GALERKIN_EXT_WIDE_GEMM
+  if (wide_vectors()) return rows_times_matrix_64<T>(x, ldx, a, lda, m, K, W, out, ldo);
+#endif
+  rows_times_matrix_32<T>(x, ldx, a, lda, m, K, W, out, ldo);
+}
+
+template <typename T>
+void rows_transposed_times_rows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t m,
+                                int64_t K, int64_t W, T* out, int64_t ldo) {
+#if GALERKIN_EXT_WIDE_GEMM
+  if (wide_vectors()) return rows_transposed_times_rows_64<T>(x, ldx, y, ldy, m, K, W, out, ldo);
+#endif
+  rows_transposed_times_rows_32<T>(x, ldx, y, ldy, m, K, W, out, ldo);
 }
 
 #define GALERKIN_EXT_INSTANTIATE(T)                                                               \
