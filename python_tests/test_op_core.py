@@ -346,8 +346,8 @@ def test_cpu_products_give_the_same_bits_at_either_vector_width(tmp_path):
             env["ATEN_CPU_CAPABILITY"] = capability
         path = tmp_path / f"{capability}.pt"
         proc = subprocess.run([sys.executable, "-c", _VECTOR_WIDTH_SCRIPT, str(path)],
-                              capture_output=True, text=True, timeout=120,
-                              env={**env, "OMP_NUM_THREADS": "1"})
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                              env={**env, "OMP_NUM_THREADS": "1"})  # (cwd: not the sources)
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[capability] = torch.load(path)
     for a, b in zip(runs[None], runs["avx2"], strict=True):

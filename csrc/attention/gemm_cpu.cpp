@@ -1,8 +1,8 @@
 // The kernels of gemm_cpu.h: output tiles of R rows × up to 4 vectors of columns held in
 // registers. With 32-byte vectors (AVX2, baseline x86-64, other CPUs) R = 3: 12 accumulators, 3
 // broadcasts and one loaded vector fill the 16 AVX2 registers. AVX-512 machines run 64-byte
-// vectors in bands of 6-8 rows (24-32 accumulators of their 32 registers; the FMAs take the
-// row's factor as a broadcast memory operand): on one thread of a 2-core Intel Xeon the 32-byte
+// vectors in bands of 6-8 rows (up to 24 accumulators of their 32 registers; the FMAs take
+// the row's factor as a broadcast memory operand): on one thread of a 2-core Intel Xeon the 32-byte
 // kernels ran at 56-111 GF/s, the 64-byte ones at 75-181, MKL at 106-185
 // (benchmarks/results/cpu_products_xeon*.json). Columns that fill no whole vector are computed
 // as one and stored in part.
@@ -43,10 +43,11 @@ template <typename T, int VB>
 using Vec = typename VectorOf<T, VB>::type;
 template <typename T, int VB>
 constexpr int64_t kLanes = VB / sizeof(T);
-// Rows of a tile band of NV vectors: about 24 accumulators with 64-byte vectors (their FMAs take
-// the row's factor as a broadcast memory operand), 12 with 32-byte ones.
+// Rows of a tile band of NV vectors: with 64-byte vectors 24 accumulators where there are 3 or
+// 4 vectors, 8 rows at most (measured on the Xeon: 12 rows of 2 vectors ran slower); with
+// 32-byte vectors 3 rows, 12 accumulators.
 template <int VB, int NV>
-constexpr int kBand = VB == 32 ? 3 : (NV >= 4 ? 6 : NV == 3 ? 8 : 8);
+constexpr int kBand = VB == 32 ? 3 : (NV >= 4 ? 6 : 8);
 static_assert(8 % kLanes<float, 32> == 0 && 8 % kLanes<double, 32> == 0,
               "vector_width covers the 32-byte vectors");
 
@@ -104,7 +105,7 @@ __attribute__((always_inline)) inline void tile(Left<T> x, const T* a, int64_t l
 }
 
 // Output rows [0, rows) × the 1-4 vectors of columns at column 0 of a and out: bands of R rows,
-// the rest in bands of halving sizes (R = 12: 12, 6, 3, 2, 1); row r of the left factor at
+// the rest in bands of halving sizes (R = 6: 6, 3, 2, 1); row r of the left factor at
 // x.p + r * x.row.
 template <typename T, int VB, int R, int NV, bool Add>
 __attribute__((always_inline)) inline void bands(Left<T> x, int64_t rows, const T* a,
@@ -188,7 +189,9 @@ __attribute__((always_inline)) inline void rows_transposed_times_rows_with(
     const T* yb = y + i * ldy;
     int64_t ldb = ldy;
     if (copy) {
-      for (int64_t r = 0; r < rows; ++r) std::copy(yb + r * ldy, yb + r * ldy + W, &panel[r * ldp]);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy(yb + r * ldy, yb + r * ldy + W, &panel[r * ldp]);
+      }
       yb = panel.data();
       ldb = ldp;
     }
