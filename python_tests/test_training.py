@@ -837,16 +837,34 @@ def test_the_loss_contract_is_checked_at_the_first_step(tmp_path, loss_fn, match
     assert not (tmp_path / "last.pt").exists()
 
 
-def test_default_forward_names_a_missing_grid(tmp_path):
+def test_default_forward_names_a_missing_grid_and_refuses_grids_that_differ(tmp_path):
     class NoGrid(_Linear1d):
         def __getitem__(self, i):
             return {"x": self.x[i], "target": self.target[i]}
 
     trainer = Trainer(_PointMLP(), OperatorLoss(), NoGrid(8), NoGrid(4),
-                      TrainConfig(epochs=1, progress=False), tmp_path)
-    with pytest.raises(TypeError, match=r"batch: default_forward needs a 'grid'.*\['target', "
-                                        r"'x'\]; pass forward="):
+                      TrainConfig(epochs=1, progress=False), tmp_path / "a")
+    with pytest.raises(TypeError, match=r"batch: default_forward needs 'x' .* and 'grid' .*"
+                                        r"\['target', 'x'\]; pass forward="):
         trainer.fit()
+
+    class OwnGrids(_Linear1d):  # each sample on points of its own: grid[0] would be wrong
+        def __getitem__(self, i):
+            return {**super().__getitem__(i), "grid": self.grid + i / 100}
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), OwnGrids(8), OwnGrids(4),
+                      TrainConfig(epochs=1, progress=False), tmp_path / "b")
+    with pytest.raises(ValueError, match="the samples' grids differ; pass forward="):
+        trainer.fit()
+    # a batch of other keys, with its own forward: only 'target' is required
+    class Renamed(_Linear1d):
+        def __getitem__(self, i):
+            return {"u": self.x[i], "target": self.target[i]}
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), Renamed(8), Renamed(4),
+                      TrainConfig(epochs=1, batch_size=4, progress=False), tmp_path / "c",
+                      forward=lambda model, batch: model(batch["u"], None))
+    assert trainer.fit()["epochs"] == 1
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [

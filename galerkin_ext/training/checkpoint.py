@@ -184,7 +184,10 @@ def _check_loadable(value: Any, name: str, *, json_like: bool = False) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike[str], kind: str, **content: Any) -> Path:
-    """Save a checkpoint of ``kind`` ``'last'`` or ``'best'`` atomically (schema: module doc).
+    """Save a checkpoint of ``kind`` ``'last'`` or ``'best'`` atomically (schema: module doc):
+    ``content`` holds at least ``epoch``, ``model`` (a ``state_dict``), ``config`` and, for
+    ``'best'``, ``metric``; for ``'last'``, ``optimizer``, ``scheduler``, ``rng``,
+    ``best_metric``, ``best_epoch``, ``history``, ``train_seconds`` and ``world_size``.
 
     Content that ``torch.load(weights_only=True)`` would not read back (e.g. a numpy scalar or
     a ``Path``) is refused, naming it, before anything is written."""

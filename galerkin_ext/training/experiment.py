@@ -338,7 +338,9 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
     ``model`` is :func:`~galerkin_ext.models.build_model`'s model under the name and arguments
     the run recorded, with the checkpoint's weights, on ``device``, in ``eval()`` mode;
     ``checkpoint`` is :func:`~galerkin_ext.training.load_checkpoint`'s dict (``config`` holds
-    the run's settings and, where its script records them, the data's normalisers).
+    the run's settings and, where its script records them, the data's normalisers).  A run of
+    your own with a registered model records it the same way: ``config = {"model": {...}}``,
+    ``model = build_run_model(config, name)``, then ``Trainer(..., run_config=config)``.
 
     Raises:
         FileNotFoundError, CheckpointError: see :func:`load_checkpoint`; also a checkpoint that
@@ -577,7 +579,7 @@ def command_line() -> str:
 def describe_device(device: torch.device | str) -> str:
     """What a run ran on, for its records: the GPU's name, or the CPU's model and torch's
     thread count (e.g. ``'AMD EPYC 7B13, 1 of 2 cores (torch threads)'``)."""
-    device = torch.device(device)
+    device = resolve_device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = platform.processor() or "CPU"

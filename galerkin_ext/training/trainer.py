@@ -1,11 +1,11 @@
 """The training loop of the paper's protocol (SPEC §5), with exact resume and data or domain
 parallelism.
 
-:class:`Trainer` runs Adam (no weight decay) with a OneCycle learning rate stepped per batch
-(or ``ReduceLROnPlateau`` on the evaluation error, stepped per epoch, the continuum-attention
-protocol), gradient clipping by norm and/or by value, an evaluation (mean per-sample relative L2,
-or another per-sample ``metric``) after every epoch, optional early stopping, and keeps in
-``out_dir``:
+:class:`Trainer` runs Adam (AdamW with ``weight_decay``) with a OneCycle learning rate stepped
+per batch (or ``ReduceLROnPlateau`` on the evaluation error, stepped per epoch, the
+continuum-attention protocol), gradient clipping by norm and/or by value, an evaluation (mean
+per-sample relative L2, or another per-sample ``metric``) after every epoch, optional early
+stopping, and keeps in ``out_dir``:
 
 * ``last.pt`` -- everything to resume exactly (model, optimiser, scheduler, every process's RNG
   states, epoch, history), written atomically after each epoch;
@@ -17,10 +17,14 @@ Resuming after any interruption (even ``kill -9`` mid-epoch) restarts the interr
 ``last.pt``; the shuffling order comes from ``(seed, epoch)`` and dropout from the restored RNG
 states, so the resumed run computes exactly what the uninterrupted one would have.
 
-Batches are dicts from the datasets of :mod:`galerkin_ext.data.datasets`; ``forward(model,
-batch)`` maps one to the prediction (default :func:`default_forward`) and ``loss_fn(pred,
-target, target_grad, coeff)`` returns ``(loss, parts)`` like
-:class:`~galerkin_ext.losses.OperatorLoss`.
+Batches are dicts of tensors, as the datasets of :mod:`galerkin_ext.data` give them (a
+dataset's ``collate_fn`` attribute, e.g. the ragged sets' padding, batches its samples; else
+PyTorch's stacking). ``forward(model, batch)`` maps one to the prediction (default
+:func:`default_forward`: ``'x'`` and ``'grid'``) and ``loss_fn`` returns ``(loss, parts)`` like
+:class:`~galerkin_ext.losses.OperatorLoss`. Keys the loop reads itself: ``'target'``
+(required), ``'target_grad'`` and ``'coeff'`` (passed to ``loss_fn`` when present), ``'mask'``
+(a padded ragged batch: ``loss_fn(pred, target, mask=...)``, and the default metric masks) and
+``'weight'`` (passed with ``'mask'`` to a loss whose ``weighted`` is True).
 """
 
 from __future__ import annotations
@@ -295,17 +299,26 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def default_forward(model: nn.Module, batch: Batch) -> Tensor:
     """``model(batch['x'], batch['grid'][0])``: the datasets give every sample the same grid,
-    so one copy of it is passed (the models broadcast it, which is cheaper than a batch)."""
-    if "grid" not in batch:
-        raise TypeError(f"batch: default_forward needs a 'grid' (the points' coordinates), got "
-                        f"the keys {sorted(batch)}; pass forward= for other batches")
-    return model(batch["x"], batch["grid"][0])
+    so one copy of it is passed (the models broadcast it, which is cheaper than a batch).
+    Samples on grids of their own are refused: pass ``forward=`` that hands the model the
+    whole ``(B, ...)`` grid."""
+    if "x" not in batch or "grid" not in batch:
+        raise TypeError(f"batch: default_forward needs 'x' (the input values) and 'grid' (the "
+                        f"points' coordinates), got the keys {sorted(batch)}; pass forward= "
+                        "for other batches")
+    grid = batch["grid"]
+    # one comparison per batch: the loop already waits on every step's loss
+    if grid.shape[0] > 1 and not torch.equal(grid, grid[:1].expand_as(grid)):
+        raise ValueError("batch: default_forward passes the first sample's 'grid' for the whole "
+                         "batch, but the samples' grids differ; pass forward=lambda model, "
+                         "batch: model(batch['x'], batch['grid'])")
+    return model(batch["x"], grid[0])
 
 
 def _to(batch: Mapping[str, Any], device: torch.device) -> Batch:
-    if not isinstance(batch, Mapping) or "x" not in batch or "target" not in batch:
-        raise TypeError("batch: expected a dict of tensors with at least 'x' and 'target' "
-                        "(the datasets of galerkin_ext.data.datasets)")
+    if not isinstance(batch, Mapping) or "target" not in batch:
+        raise TypeError("batch: expected a dict of tensors with at least 'target' (see "
+                        "galerkin_ext.training.trainer's module doc for the keys it reads)")
     return batch_to(batch, device, non_blocking=True)  # ragged batches hold lists of tensors
 
 
@@ -823,9 +836,10 @@ class Trainer:
             best_metric, best_epoch = state["best_metric"], state["best_epoch"]
             train_seconds = state["train_seconds"]
         else:
-            if ctx.is_main and self.last_path.is_file():
-                print(f"note: starting afresh; {self.last_path} will be overwritten "
-                      f"(pass resume=True / --resume to continue it)")
+            if ctx.is_main and (self.last_path.is_file() or self.best_path.is_file()):
+                print(f"note: starting afresh; the run in {str(self.out_dir)!r} (last.pt, "
+                      "best.pt) will be overwritten (pass resume=True / --resume to continue "
+                      "it)")
             torch.manual_seed(cfg.seed + ctx.rank)  # dropout differs between processes
         model: nn.Module = self.model
         if ctx.enabled and self.parallel == "data":
