@@ -13,7 +13,10 @@ point sets, to pass as the ops' ``weight``:
 * :func:`curve_weights` — the vertices of a polyline or any set of segments (lumped: exact for
   functions linear on every segment).
 
-Every set of weights sums to the length, area or volume of its domain.
+Every set of weights sums to the length, area or volume of its domain. Softmax-normalised
+attention (the continuum and normalised types) depends only on their ratios; the Galerkin and
+Fourier types are linear in them, so their total sets the output's scale: divide by the sum to
+keep the ops' default scale (weights ``1/M``, summing to 1).
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ def trapezoid_weights(x: Tensor) -> Tensor:
     On the sorted order, ``w_1 = (x_2 - x_1)/2``, ``w_j = (x_{j+1} - x_{j-1})/2``,
     ``w_N = (x_N - x_{N-1})/2``, scattered back to the given order: they sum to
     ``max x - min x`` and integrate smooth functions to second order on any grid. A repeated
-    point shares its weight with its copy; ``N = 1`` gives weight 1 (only weight ratios matter
-    to the attention).
+    point shares its weight with its copy; ``N = 1`` gives weight 1 (see the module doc for
+    the scale).
 
     Args:
         x: ``(..., N)`` finite floating-point coordinates, ``N >= 1``; a shape ``(n, 1)``,

@@ -147,6 +147,8 @@ class SimpleAttention(nn.Module):
             x: ``(B, N, d_model)``.
             pos: ``(B, N, pos_dim)`` or ``(N, pos_dim)``; required iff ``pos_dim > 0``.
             weight: ``(B, N)`` or ``(N,)`` non-negative quadrature weights; ``None`` = ``1/N``.
+                Fourier and Galerkin attention are linear in them: keep their total at 1
+                (e.g. ``1/N_valid`` on a padded sample's valid points).
             return_attention: also return the attention matrix (after dropout), per head:
                 ``(B, H, N, N)`` for fourier/softmax, ``(B, H, d, d)`` for galerkin/linear;
                 float32 for half-precision ``x`` for fourier/galerkin (the op accumulates in

@@ -51,7 +51,9 @@ def auto_quadrature_weights(coords: Tensor, name: str = "coords") -> Tensor:
     * ``d >= 2``, scattered points: ``ValueError`` (pass e.g.
       :func:`galerkin_ext.quadrature.mesh_weights`).
 
-    Only ratios of weights matter to the attention, so the uniform case is all ones.
+    Only ratios of weights matter to continuum (softmax) attention, so the uniform case is all
+    ones; Galerkin and Fourier attention are linear in the weights (divide by their sum to keep
+    their default ``1/N`` scale).
 
     Args:
         coords: ``(N, d)`` or ``(B, N, d)`` finite floating-point coordinates.
