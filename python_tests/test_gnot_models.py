@@ -238,8 +238,8 @@ def test_given_gate_takes_the_callers_probabilities():
      "theta: expected None"),
     (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], weight=torch.rand(1, 4)),
      "weight: expected shape"),
-    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], input_weights=[torch.rand(4)]),
-     "input_weights\\[0\\]: expected shape"),
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], input_weights=[torch.rand(5)]),
+     "input_weights\\[0\\]: expected shape \\(B, 4\\) = \\(1, 4\\) or \\(4,\\), got \\(5,\\)"),
     (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], expert_probs=torch.rand(1, 5, 1)),
      "expert_probs: expected None"),
 ])
@@ -276,6 +276,20 @@ def test_hetero_attention_weights_default_to_uniform():
     attention = HeteroNormalizedAttention(8, 2, 2)
     x, ys = torch.rand(2, 5, 8), [torch.rand(2, 4, 8), torch.rand(2, 3, 8)]
     torch.testing.assert_close(attention(x, ys), attention(x, ys, [None, None]))
+
+
+@pytest.mark.parametrize("name", ["gnot_heat", "gk_elasticity"])
+def test_one_set_of_weights_serves_the_batch(name):
+    """A 1-D weight (as the ops, SimpleAttention and the TNO take) is every sample's."""
+    model = build_model(name).eval()
+    x = torch.rand(3, 10, model.query_dim)
+    inputs = [torch.rand(3, 7, b) for b in getattr(model, "input_dims", ())]
+    theta = torch.rand(3, model.theta_dim) if getattr(model, "theta_dim", 0) else None
+    w, ws = torch.rand(10), [torch.rand(7) for _ in inputs]
+    shared = model(x, inputs or None, theta, weight=w, input_weights=ws or None)
+    batched = model(x, inputs or None, theta, weight=w.expand(3, 10),
+                    input_weights=[v.expand(3, 7) for v in ws] or None)
+    assert torch.equal(shared, batched)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -42,16 +42,18 @@ GATES = ("mlp", "given")
 
 
 def _check_weight(weight: object, name: str, batch: int, n: int, like: Tensor) -> Tensor | None:
-    """``weight (B, n)`` like ``like``, or None. Values are checked by the ops that use them."""
+    """``weight (B, n)``, or ``(n,)`` shared by the batch (returned expanded), like ``like``,
+    or None. Values are checked by the ops that use them."""
     if weight is None:
         return None
-    check_tensor(weight, name, 2, f"(B, {n}) = ({batch}, {n})")
+    shared = isinstance(weight, Tensor) and weight.dim() == 1
+    check_tensor(weight, name, 1 if shared else 2, f"(B, {n}) = ({batch}, {n}) or ({n},)")
     assert isinstance(weight, Tensor)
     check_like(weight, name, like, "x")
-    if tuple(weight.shape) != (batch, n):
-        raise ValueError(f"{name}: expected shape (B, {n}) = ({batch}, {n}), got "
+    if tuple(weight.shape) != ((n,) if shared else (batch, n)):
+        raise ValueError(f"{name}: expected shape (B, {n}) = ({batch}, {n}) or ({n},), got "
                          f"{tuple(weight.shape)}")
-    return weight
+    return weight.expand(batch, n) if shared else weight
 
 
 def _check_batch(model: nn.Module, x: object, inputs: object, theta: object, weight: object,
@@ -148,9 +150,10 @@ class GNOT(nn.Module):
     ``out_dim = 1``.
 
     ``forward(x (B, N, query_dim), inputs [(B, M_l, b_l)], theta (B, p) | None, *, weight
-    (B, N) | None, input_weights [(B, M_l) | None] | None, expert_probs (B, N, K) | None)
-    → (B, N, out_dim)``. Weights: quadrature weights, 0 on padding (``None``: uniform);
-    ``weight`` is the self-attention's key weight.
+    (B, N) | (N,) | None, input_weights [(B, M_l) | (M_l,) | None] | None, expert_probs
+    (B, N, K) | None) → (B, N, out_dim)``. Weights: quadrature weights, 0 on padding
+    (``None``: uniform; a 1-D one is shared by the batch); ``weight`` is the self-attention's
+    key weight.
     """
 
     def __init__(self, space_dim: int, query_dim: int, input_dims: Sequence[int], out_dim: int,
@@ -258,7 +261,8 @@ class MIONet(nn.Module):
     Parameters: ``Σ_nets (lin(in, W) + (n_layers − 2) · lin(W, W) + lin(W, P · o)) + o``.
 
     ``forward(x (B, N, query_dim), inputs [(B, M_l, b_l)], theta (B, p) | None, *, weight
-    (B, N) | None, input_weights [(B, M_l) | None] | None) → (B, N, out_dim)``; ``weight`` is
+    (B, N) | (N,) | None, input_weights [(B, M_l) | (M_l,) | None] | None) → (B, N,
+    out_dim)``; ``weight`` is
     accepted for a common call signature and unused (the trunk is pointwise).
     """
 
@@ -280,8 +284,7 @@ class MIONet(nn.Module):
         self.out_dim = check_int(out_dim, "out_dim")
         self.latent = check_int(latent, "latent")
         check_int(width, "width")
-        if check_int(n_layers, "n_layers") < 2:
-            raise ValueError(f"n_layers: expected at least 2, got {n_layers}")
+        check_int(n_layers, "n_layers", 2)
         out = latent * out_dim
         self.branches = nn.ModuleList(_mionet_net(m * b, width, out, n_layers, act)
                                       for m, b in zip(self.input_points, self.input_dims,
@@ -328,7 +331,7 @@ class GKTransformer(nn.Module):
     decoder (``Linear(d_model + space_dim, hidden)``, ``decoder_layers × [Linear, SiLU]``,
     ``Linear(hidden, out_dim)``). 584,321 parameters at the defaults.
 
-    ``forward(x (B, N, query_dim), inputs=None, theta=None, *, weight (B, N) | None,
+    ``forward(x (B, N, query_dim), inputs=None, theta=None, *, weight (B, N) | (N,) | None,
     input_weights=None) → (B, N, out_dim)``: on Elasticity the input function is the query
     mesh itself, so ``inputs``, ``theta`` and ``input_weights`` are accepted for a common call
     signature and ignored.
