@@ -63,6 +63,7 @@ from ._checks import (
     check_device,
     check_dropout,
     check_float_dtype,
+    check_int,
 )
 
 __all__ = ["DomainSplit", "PointShards", "fourier_attention", "galerkin_attention",
@@ -435,8 +436,7 @@ class DomainSplit:
     def even(cls, n: int, group: dist.ProcessGroup | None = None) -> DomainSplit:
         """``n`` points in shards as even as they can be: the first ``n mod world_size`` ranks
         hold one point more."""
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-            raise ValueError(f"n: expected an int >= 0, got {n!r}")
+        check_int(n, "n", 0)
         world = _world(group)
         size = 1 if world is None else dist.get_world_size(world)
         return cls([n // size + (r < n % size) for r in range(size)], group)

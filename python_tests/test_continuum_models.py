@@ -552,6 +552,8 @@ def _check_half_precision_module(dtype):
     (lambda: AFNOFilter(10, num_blocks=4), ValueError, "num_blocks: expected a divisor"),
     (lambda: AFNO(grid=64), ValueError, "grid: expected"),
     (lambda: FNOChannelMLP(n_modes=7), ValueError, "n_modes: expected an even int"),
+    (lambda: FNOChannelMLP(expansion=float("inf")), ValueError, "expansion: expected a finite"),
+    (lambda: FNOChannelMLP(expansion="2"), TypeError, "expansion: expected a finite"),
     (lambda: ContinuumEncoderLayer(8, 2, dim_feedforward=0), ValueError, "dim_feedforward"),
     (lambda: ContinuumEncoderLayer(8, 2, eps=-1.0), ValueError, "eps: expected a finite float"),
     (lambda: ContinuumEncoderLayer(8, 2, eps="a"), TypeError, "eps: expected a finite float"),

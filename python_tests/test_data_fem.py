@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from galerkin_ext.data.elasticity import (
-    ELASTICITY_H,
     STREAM_ELASTICITY,
     cavity_radius,
     elasticity_mesh,
@@ -23,9 +22,9 @@ from galerkin_ext.data.fem import (
     triangulate,
     vertex_min_label,
 )
+from galerkin_ext.data.generate import GNOT_PRESETS
 from galerkin_ext.data.heat import (
     HEAT_CONDUCTIVITY,
-    HEAT_H,
     HEAT_INPUTS,
     STREAM_HEAT,
     check_heat_theta,
@@ -38,8 +37,8 @@ from galerkin_ext.data.heat import (
 from galerkin_ext.data.heat import heat_sample as _heat_sample
 from galerkin_ext.quadrature import curve_weights
 
-HQ = HEAT_H["quick"]
-EQ = ELASTICITY_H["quick"]
+HQ = GNOT_PRESETS["heat"]["quick"]["h"]
+EQ = GNOT_PRESETS["elasticity"]["quick"]["h"]
 NU = 0.45
 
 

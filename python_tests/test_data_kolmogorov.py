@@ -375,7 +375,7 @@ def test_sampler_bad_input(kwargs, err, match):
     ("field", "size", "err", "match"),
     [
         (np.zeros((8, 8)), 8, TypeError, "field: expected a tensor"),
-        (torch.zeros(8), 8, ValueError, r"field: expected shape \(\.\.\., s, s\)"),
+        (torch.zeros(8), 8, ValueError, r"field: expected shape \(\.\.\., s_1, s_2\)"),
         (torch.zeros(2, 0, 8), 8, ValueError, "field: expected shape"),
         (torch.zeros(8, 8, dtype=torch.complex64), 8, TypeError, "real floating-point"),
         (torch.zeros(8, 8, dtype=torch.float16), 8, TypeError, "float32 or float64"),

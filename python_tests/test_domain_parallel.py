@@ -564,7 +564,7 @@ def test_argument_errors(gen: torch.Generator) -> None:
         (lambda: DomainSplit([-1]), ValueError, "counts: expected one int >= 0 per rank"),
         (lambda: DomainSplit("5"), ValueError, "counts: expected one int >= 0 per rank"),
         (lambda: DomainSplit.even(-1), ValueError, "n: expected an int >= 0"),
-        (lambda: DomainSplit.even(2.5), ValueError, "n: expected an int >= 0"),
+        (lambda: DomainSplit.even(2.5), TypeError, "n: expected an int >= 0"),
         (lambda: DomainSplit([5]).shard(torch.zeros(2, 4)), ValueError,
          "x: expected the split's n = 5 points on axis 1"),
         (lambda: DomainSplit([5]).shard(torch.zeros(5), dim=3), ValueError,

@@ -3,7 +3,7 @@
 // broadcasts and one loaded vector fill the 16 AVX2 registers. AVX-512 machines run 64-byte
 // vectors in bands of 6-8 rows (up to 24 accumulators of their 32 registers; the FMAs take
 // the row's factor as a broadcast memory operand): on one thread of a 2-core Intel Xeon the 32-byte
-// kernels ran at 56-111 GF/s, the 64-byte ones at 75-181, MKL at 106-185
+// kernels ran at 56-111 GF/s, the 64-byte ones at 75-181, MKL at 106-186
 // (benchmarks/results/cpu_products_xeon*.json). Columns that fill no whole vector are computed
 // as one and stored in part.
 #include "gemm_cpu.h"

@@ -174,6 +174,8 @@ def central_gradient_1d(u: torch.Tensor, h: float) -> torch.Tensor:
     if not isinstance(u, torch.Tensor) or u.ndim < 1:
         raise TypeError(f"u: expected a tensor with at least one axis, got "
                         f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
+    if not u.is_floating_point():
+        raise TypeError(f"u: expected a floating-point tensor, got {u.dtype}")
     h = check_float(h, "h")
     return (torch.roll(u, -1, dims=-1) - torch.roll(u, 1, dims=-1)) / (2 * h)
 
@@ -191,6 +193,8 @@ def central_gradient_2d(u: torch.Tensor, h: float, *, periodic: bool = False) ->
     if u.ndim < 2 or min(u.shape[-2:]) < 3:
         raise ValueError(f"u: expected shape (..., n1, n2) with n1, n2 >= 3, got "
                          f"{tuple(u.shape)}")
+    if not u.is_floating_point():  # (an integer grid would be written into truncated)
+        raise TypeError(f"u: expected a floating-point tensor, got {u.dtype}")
     h = check_float(h, "h")
     check_bool(periodic, "periodic")
     if periodic:

@@ -54,7 +54,6 @@ __all__ = [
     "ELASTICITY_YOUNG",
     "ELASTICITY_POISSON",
     "ELASTICITY_TARGETS",
-    "ELASTICITY_H",
     "ELASTICITY_THETA_ANGLES",
     "ELASTICITY_REFINE_DISTANCE",
     "CAVITY_CENTER",
@@ -74,7 +73,6 @@ STREAM_ELASTICITY = 7
 ELASTICITY_YOUNG = 1.0
 ELASTICITY_POISSON = 0.45
 ELASTICITY_TARGETS = ("u", "v", "vm")
-ELASTICITY_H = {"quick": 0.07, "paper": 0.035}
 #: θ: the cavity radius at ``2πk/42``, ``k = 0..41`` (Geo-FNO's ``rr``).
 ELASTICITY_THETA_ANGLES = 42
 #: Refined evaluation sets: triangles within this distance of the cavity are split.
@@ -329,7 +327,7 @@ def elasticity_sample(
         index: the sample's index, ``>= 0``; its randomness is
             ``default_rng([seed, index, STREAM_ELASTICITY])`` alone.
         seed: the set's seed, ``>= 0``.
-        h: the mesh size, in ``[0.005, 0.25]`` (presets :data:`ELASTICITY_H`).
+        h: the mesh size, in ``[0.005, 0.25]`` (presets: ``generate.GNOT_PRESETS``).
         targets: names from ``("u", "v", "vm")``, in the order of the target's columns.
         refine: the refined evaluation version (:func:`elasticity_mesh`).
         with_cavity: add the input ``cavity`` (its boundary vertices, curve weights).

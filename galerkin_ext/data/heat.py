@@ -56,7 +56,6 @@ __all__ = [
     "HEAT_CONDUCTIVITY",
     "HEAT_SOURCE",
     "HEAT_INPUTS",
-    "HEAT_H",
     "HEAT_REFINE_DISTANCE",
     "HeatSolution",
     "interface_splines",
@@ -84,7 +83,6 @@ HEAT_MODES = 4
 HEAT_MODE_STD = 0.5
 HEAT_MEAN_RANGE = (0.0, 2.0)
 HEAT_INPUTS = ("top_temperature", "interface_1", "interface_2")
-HEAT_H = {"quick": 0.5, "paper": 0.2}
 #: Refined evaluation sets: triangles within this distance of an interface are split.
 HEAT_REFINE_DISTANCE = 0.5
 HEAT_H_RANGE = (0.01, 1.5)
@@ -351,7 +349,7 @@ def heat_sample(index: int, *, seed: int, h: float, refine: bool = False) -> dic
         index: the sample's index, ``>= 0``; its randomness is
             ``default_rng([seed, index, STREAM_HEAT])`` alone.
         seed: the set's seed, ``>= 0``.
-        h: the mesh size, in ``[0.01, 1.5]`` (presets :data:`HEAT_H`).
+        h: the mesh size, in ``[0.01, 1.5]`` (presets: ``generate.GNOT_PRESETS``).
         refine: the refined evaluation version (:func:`heat_mesh`).
 
     Returns:

@@ -457,10 +457,11 @@ def resample_periodic(field: Tensor, size: int) -> Tensor:
     represents; the same size returns ``field`` unchanged; up-then-down returns the input.
     """
     if not isinstance(field, Tensor):
-        raise TypeError(f"field: expected a tensor of shape (..., s, s), got "
+        raise TypeError(f"field: expected a tensor of shape (..., s_1, s_2), got "
                         f"{type(field).__name__}")
     if field.dim() < 2 or 0 in field.shape[-2:]:
-        raise ValueError(f"field: expected shape (..., s, s) with s >= 1, got {tuple(field.shape)}")
+        raise ValueError(f"field: expected shape (..., s_1, s_2) with s_1, s_2 >= 1, got "
+                         f"{tuple(field.shape)}")
     if field.dtype not in _DTYPES:
         raise TypeError(f"field: expected a real floating-point tensor (float32 or float64), "
                         f"got {field.dtype}")

@@ -1,11 +1,13 @@
 """Building blocks of the Galerkin Transformer models, usable in any PyTorch model.
 
 * :class:`SimpleAttention` — Fourier/Galerkin (compiled ops), softmax and linear attention with
-  coordinates in every head, the paper's norm schemes and initialisation.
+  coordinates in every head, the paper's norm schemes and initialisation (the choices:
+  :data:`ATTENTION_TYPES`, :data:`NORM_SCHEMES`).
 * :class:`EncoderLayer`, :class:`FeedForward` — the post-norm Transformer encoder layer.
 * :class:`SpectralConv1d`, :class:`SpectralConv2d` — FNO-style spectral convolutions.
 * :class:`ContinuumAttention`, :class:`ContinuumEncoderLayer`,
-  :func:`auto_quadrature_weights` — continuum attention and the TNO's encoder layer.
+  :func:`auto_quadrature_weights`, :func:`resolve_quadrature_weight` — continuum attention
+  and the TNO's encoder layer.
 * :class:`SpectralConv` (Fourier integral operator with mode skipping), :class:`AFNOFilter`,
   :class:`AFNOBlock` — the continuum-attention paper's Fourier layers.
 * :class:`PatchedAttention`, :class:`PatchedEncoderLayer`, :func:`patchify`,
@@ -15,7 +17,8 @@
 * :class:`GNOTBlock`, :class:`HeteroNormalizedAttention`, :class:`GeometricGate`,
   :class:`MixtureFFN`, :class:`ResidualMLP` — GNOT's blocks.
 * :class:`SpectralRegressor`, :class:`PointwiseRegressor` — decoders.
-* :class:`CiNNDownsampler`, :class:`CiNNUpsampler`, :func:`cinn_sizes` — the 2-D CiNN.
+* :class:`CiNNDownsampler`, :class:`CiNNUpsampler`, :func:`cinn_sizes` (:class:`CiNNSizes`)
+  — the 2-D CiNN.
 * :class:`Denormalizer` — target de-normalisation with statistics in buffers.
 
 All fields are channels-last: ``(B, N, C)`` token sequences, ``(B, n, C)`` 1-D and

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .._checks import (
     check_bool,
+    check_choice,
     check_float,
     check_nonnegative,
     first_without_weight,
@@ -49,9 +50,7 @@ def _check_tensor(value: object, name: str) -> Tensor:
 
 
 def _check_reduction(reduction: object) -> str:
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
-    return str(reduction)
+    return str(check_choice(reduction, "reduction", _REDUCTIONS))
 
 
 def _float32_at_least(x: Tensor) -> Tensor:
@@ -164,8 +163,7 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
         raise ValueError(f"mask: expected a bool tensor of shape {tuple(pred.shape[:2])}, got "
                          f"{getattr(mask, 'dtype', type(mask).__name__)} "
                          f"{tuple(getattr(mask, 'shape', ()))}")
-    if reduction not in _MASKED_REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {_MASKED_REDUCTIONS}, got {reduction!r}")
+    check_choice(reduction, "reduction", _MASKED_REDUCTIONS)
     mask = mask.to(pred.device)
     if not is_tracing(mask) and not bool(mask.any(dim=1).all()):
         b = int((~mask.any(dim=1)).nonzero()[0])
@@ -331,8 +329,7 @@ def relative_h1(
                          f"got {tuple(target.shape)}")
     h = check_float(h, "h")
     reduction = _check_reduction(reduction)
-    if form not in _H1_FORMS:
-        raise ValueError(f"form: expected one of {_H1_FORMS}, got {form!r}")
+    check_choice(form, "form", _H1_FORMS)
     pred, target = _float32_at_least(pred), _float32_at_least(target)
     err, ref = pred - target, target
 
@@ -371,8 +368,7 @@ class RelativeLoss(nn.Module):
                  weight: Tensor | None = None, periodic: bool = False) -> None:
         super().__init__()
         check_bool(periodic, "periodic")
-        if norm not in _LOSS_NORMS:
-            raise ValueError(f"norm: expected one of {_LOSS_NORMS}, got {norm!r}")
+        check_choice(norm, "norm", _LOSS_NORMS)
         if norm == "h1" or h is not None:
             h = check_float(h, "h")
         if weight is not None and norm != "l2":

@@ -268,10 +268,7 @@ class FNOChannelMLP(nn.Module):
             raise ValueError(f"n_modes: expected an even int >= 2 (n/2 wavenumbers per sign), "
                              f"got {n_modes}")
         check_int(num_layers, "num_layers")
-        if isinstance(expansion, bool) or not isinstance(expansion, (int, float)) or not (
-            expansion > 0
-        ):
-            raise ValueError(f"expansion: expected a float > 0, got {expansion!r}")
+        check_float(expansion, "expansion")
         self.lift = nn.Sequential(nn.Linear(in_dim + 2, check_int(lifting, "lifting")),
                                   nn.GELU(), nn.Linear(lifting, width))
         self.layers = nn.ModuleList(

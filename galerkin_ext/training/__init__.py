@@ -1,19 +1,25 @@
 """Training for the paper's experiments (SPEC §5): the trainer, checkpoints, data parallelism,
 and what the example scripts in ``examples/`` share.
 
-* :class:`Trainer`, :class:`TrainConfig`, :func:`evaluate`, :func:`per_sample_errors`,
-  :func:`relative_l2_metric`, :func:`predict`, :class:`ConfigError`,
-  :class:`NonFiniteLossError` (:mod:`.trainer`);
+* :class:`Trainer`, :class:`TrainConfig`, :func:`default_forward`, :func:`evaluate`,
+  :func:`per_sample_errors`, :func:`relative_l2_metric`, :func:`predict`,
+  :class:`ConfigError`, :class:`NonFiniteLossError` (:mod:`.trainer`);
 * :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`write_json`, :func:`write_csv`,
-  :class:`CheckpointError` (:mod:`.checkpoint`; atomic, ``weights_only``-loadable);
-* :func:`setup_distributed`, :func:`cleanup_distributed`, :class:`DistributedContext`
-  (:mod:`.distributed`; ``torchrun`` + DDP);
-* :func:`experiment_parser`, :func:`resolve_config`, :func:`cached_data`, :func:`plot_1d`,
-  :func:`plot_2d`, :func:`write_metrics`, :func:`describe_device`, :func:`command_line`,
-  :func:`threshold_report`, :func:`enforce_thresholds`, :func:`preset_unchanged`,
-  :func:`error_summary`, :func:`describe_grid`, :func:`normalizer_config`,
-  :func:`build_run_model`, :func:`load_trained_model` (a trained model from its checkpoint
-  alone) (:mod:`.experiment`).
+  :func:`atomic_write`, :data:`CHECKPOINT_FORMAT`, :class:`CheckpointError`
+  (:mod:`.checkpoint`; atomic, ``weights_only``-loadable);
+* :func:`setup_distributed`, :func:`cleanup_distributed`, :func:`resolve_device`,
+  :class:`DistributedContext` (:mod:`.distributed`; ``torchrun`` + DDP);
+* :func:`build_run_model`, :func:`load_trained_model` (a trained model from its checkpoint
+  alone) and what the example scripts share: :func:`experiment_parser`,
+  :func:`resolve_config`, :func:`check_resume`, :func:`record_data_files`,
+  :func:`evaluation_only`, :func:`cached_data`, :func:`default_cache_dir`, :func:`run_main`,
+  :func:`plot_1d`, :func:`plot_2d`, :func:`plot_mesh`, :func:`plot_ragged_predictions`,
+  :func:`ragged_forward`, :func:`ragged_metric`, :func:`ragged_channel_errors`,
+  :func:`write_metrics`, :data:`VALIDATION_NORMALISED`, :func:`describe_device`,
+  :func:`command_line`, :func:`threshold_report`, :func:`enforce_thresholds`,
+  :class:`ThresholdError`, :func:`preset_unchanged`, :func:`error_summary`,
+  :func:`describe_grid`, :func:`normalizer_config`, :data:`ATTENTION_TYPES`
+  (:mod:`.experiment`).
 """
 
 from .checkpoint import (
