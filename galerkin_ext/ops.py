@@ -52,6 +52,10 @@ from ._checks import (
 )
 from ._extension import load_extension
 
+__all__ = ["continuum_attention", "cuda_built", "fourier_attention", "galerkin_attention",
+           "hetero_normalized_attention", "kernel_attention", "kv_reduce",
+           "normalized_attention", "patched_attention", "q_apply"]
+
 Norm = tuple[Tensor, Tensor] | None
 
 _C = load_extension()
