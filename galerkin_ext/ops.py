@@ -95,7 +95,8 @@ def galerkin_attention(
     ``K̂ = [kv_pos | LN_k(k)]``, ``V̂ = [kv_pos | LN_v(v)]``.
 
     Cost O((N + M) d d_v). ``dropout_p`` drops entries of the ``d × d_v`` matrix ``K̂ᵀ W V̂`` when
-    ``training``. Returns ``(B, H, N, P + D_v)``.
+    ``training`` (only then, as ``nn.Dropout`` in eval mode). Returns ``(B, H, N, P + D_v)``;
+    the shapes of the arguments, the norms and the weights: the module doc.
     """
     check_dropout(dropout_p, training)
     out, _ = kernel_attention(
@@ -127,7 +128,8 @@ def fourier_attention(
     ``scale=None`` means ``1/sqrt(D + P)``. Without softmax the product reassociates exactly, so
     ``path="factored"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O((N + M) d²) and ``path="quadratic"``
     materialises the ``N × M`` matrix (needed for dropout on it). ``"auto"`` takes the factored
-    path unless dropout is active. Returns ``(B, H, N, P + D_v)``.
+    path unless dropout is active (``training`` and ``dropout_p > 0``). Returns ``(B, H, N, P +
+    D_v)``; the shapes of the arguments, the norms and the weights: the module doc.
     """
     check_dropout(dropout_p, training)
     check_choice(path, "path", ("auto", "factored", "quadratic"))
