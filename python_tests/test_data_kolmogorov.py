@@ -21,6 +21,7 @@ from galerkin_ext.data.kolmogorov import (
     cfl_number,
     initial_vorticity_eigenvalues,
     kolmogorov_tendency,
+    persistence_errors,
     resample_periodic,
     sample_initial_vorticity,
     solve_kolmogorov,
@@ -691,3 +692,14 @@ def test_reference_trajectories_continue_the_stored_pairs(kolmo_file, tmp_path):
     assert traj.shape == (3, 2, 8, 8)
     stored = ds.target_normalizer.decode(ds.target[..., 0])
     assert float((traj[:, 0] - stored).norm() / stored.norm()) < 1e-2  # the modes 8^2 lost
+
+
+def test_persistence_errors():
+    """||w_out - w_in|| / ||w_out|| per sample, in float64, from grids of any dtype."""
+    w = torch.randn(3, 5, 4, dtype=torch.float32)
+    errors = persistence_errors(w, 2 * w)
+    assert errors.dtype == torch.float64 and errors.shape == (3,)
+    torch.testing.assert_close(errors, torch.full((3,), 0.5, dtype=torch.float64))
+    assert persistence_errors(w, w).abs().max() == 0
+    with pytest.raises(ValueError, match="w_in, w_out: expected two tensors"):
+        persistence_errors(w, w[:, :4])

@@ -909,9 +909,10 @@ class KolmogorovDataset(_NormalizedFields):
     def persistence_errors(self) -> torch.Tensor:
         """Per-sample relative L^2 error ``||w(T + dt_out) - w(T)|| / ||w(T + dt_out)||`` of the
         persistence forecast, in physical units on this grid; shape ``(len(self),)``, float64."""
-        w_in = self.input_normalizer.decode(self.x).double().flatten(1)
-        w_out = self.target_normalizer.decode(self.target).double().flatten(1)
-        return (w_out - w_in).norm(dim=1) / w_out.norm(dim=1)
+        from .kolmogorov import persistence_errors
+
+        return persistence_errors(self.input_normalizer.decode(self.x),
+                                  self.target_normalizer.decode(self.target))
 
     def reference_trajectories(self, steps: int, count: int | None = None) -> torch.Tensor:
         """The vorticity ``w(T + k dt_out)``, ``k = 1 .. steps``, of the first ``count`` samples

@@ -44,6 +44,7 @@ from .kolmogorov import (
     KOLMOGOROV_NU,
     KOLMOGOROV_WAVENUMBER,
     cfl_number,
+    persistence_errors,
     resample_periodic,
     sample_initial_vorticity,
     solve_kolmogorov,
@@ -457,11 +458,11 @@ def _solve_dtype(solve_dtype: object) -> str:
 
 
 def _relative_change(arrays: Arrays) -> np.ndarray:
-    """Per-sample persistence error ``||w(T + dt_out) - w(T)|| / ||w(T + dt_out)||`` (grid
-    2-norms, float64): the error of predicting no change."""
-    w_in = arrays["input"].astype(np.float64).reshape(arrays["input"].shape[0], -1)
-    w_out = arrays["output"].astype(np.float64).reshape(w_in.shape)
-    return np.linalg.norm(w_out - w_in, axis=1) / np.linalg.norm(w_out, axis=1)
+    """:func:`~galerkin_ext.data.kolmogorov.persistence_errors` of a chunk's arrays."""
+    import torch
+
+    return persistence_errors(torch.from_numpy(arrays["input"]),
+                              torch.from_numpy(arrays["output"])).numpy()
 
 
 def open_kolmogorov_file(out: str | os.PathLike[str], physics: dict[str, Any], *, seed: int,

@@ -60,6 +60,7 @@ __all__ = [
     "velocity_from_vorticity",
     "kolmogorov_tendency",
     "cfl_number",
+    "persistence_errors",
     "solve_kolmogorov",
     "resample_periodic",
 ]
@@ -285,6 +286,18 @@ def kolmogorov_tendency(
     if amplitude != 0.0:
         rhs = rhs + ops.forcing(amplitude, n, omega.dtype, omega.device)
     return ops.irfft2(rhs)
+
+
+def persistence_errors(w_in: Tensor, w_out: Tensor) -> Tensor:
+    """Per-sample relative error ``||w_out - w_in|| / ||w_out||`` of the persistence forecast
+    (predicting no change) over grids ``(B, ...)`` of the same shape; ``(B,)`` float64."""
+    if not isinstance(w_in, Tensor) or not isinstance(w_out, Tensor) or w_in.shape != w_out.shape \
+            or w_in.dim() < 2:
+        raise ValueError(f"w_in, w_out: expected two tensors (B, ...) of one shape, got "
+                         f"{getattr(w_in, 'shape', type(w_in).__name__)} and "
+                         f"{getattr(w_out, 'shape', type(w_out).__name__)}")
+    w_in, w_out = w_in.double().flatten(1), w_out.double().flatten(1)
+    return (w_out - w_in).norm(dim=1) / w_out.norm(dim=1)
 
 
 def cfl_number(omega: Tensor, dt: float) -> Tensor:
