@@ -315,6 +315,21 @@ def test_repeatable_bit_for_bit(gen):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("width", [1, 8, 16])
+def test_a_query_width_of_one(width, gen):
+    """D = 1 without coordinates: S's transpose is 'contiguous' with any stride on its size-1
+    axis, which the products' stride check refused in the backward (an internal assert)."""
+    q, k = (torch.randn(2, 1, 5, 1, generator=gen, dtype=F64).requires_grad_()
+            for _ in range(2))
+    v = torch.randn(2, 1, 5, width, generator=gen, dtype=F64).requires_grad_()
+    out = ops.galerkin_attention(q, k, v)
+    torch.testing.assert_close(out, q @ (k.transpose(-1, -2) @ v) / 5)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = torch.autograd.grad((q @ (k.transpose(-1, -2) @ v) / 5).square().sum(), (q, k, v))
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 _VECTOR_WIDTH_SCRIPT = """
 import sys, torch
 from galerkin_ext import ops

@@ -244,13 +244,15 @@ __attribute__((target("arch=x86-64-v4"), flatten)) void rows_transposed_times_ro
   rows_transposed_times_rows_with<T, 64>(x, ldx, y, ldy, m, K, W, out, ldo);
 }
 
-// PyTorch's ATEN_CPU_CAPABILITY caps these kernels too: set to anything but avx512 it keeps
-// them at 32-byte vectors (the tests compare the two, which give the same bits).
+// PyTorch's ATEN_CPU_CAPABILITY caps these kernels too: "default" or "avx2" keeps them at
+// 32-byte vectors (the tests compare the two, which give the same bits); like PyTorch, other
+// values leave the machine's best.
 bool wide_vectors() {
   static const bool wide = [] {
     const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
-    return __builtin_cpu_supports("x86-64-v4") &&
-           (cap == nullptr || std::strcmp(cap, "avx512") == 0);
+    const bool capped =
+        cap != nullptr && (std::strcmp(cap, "default") == 0 || std::strcmp(cap, "avx2") == 0);
+    return __builtin_cpu_supports("x86-64-v4") && !capped;
   }();
   return wide;
 }
@@ -285,11 +287,17 @@ GALERKIN_EXT_INSTANTIATE(float)
 GALERKIN_EXT_INSTANTIATE(double)
 #undef GALERKIN_EXT_INSTANTIATE
 
+namespace {
+// Unit stride along the columns; a single column may have any stride (the stride of a size-1
+// dimension is arbitrary, and contiguous() leaves it so: s_t of a query width D = 1).
+bool unit_columns(const at::Tensor& t) { return t.size(1) <= 1 || t.stride(1) == 1; }
+}  // namespace
+
 void rows_times_matrix(at::Tensor& out, const at::Tensor& x, const at::Tensor& a) {
   TORCH_INTERNAL_ASSERT(x.dim() == 2 && a.dim() == 2 && out.dim() == 2);
   TORCH_INTERNAL_ASSERT(x.size(1) == a.size(0) && out.size(0) == x.size(0) &&
                         out.size(1) == a.size(1));
-  TORCH_INTERNAL_ASSERT(x.stride(1) == 1 && a.stride(1) == 1 && out.stride(1) == 1);
+  TORCH_INTERNAL_ASSERT(unit_columns(x) && unit_columns(a) && unit_columns(out));
   TORCH_INTERNAL_ASSERT(a.scalar_type() == x.scalar_type() &&
                         out.scalar_type() == x.scalar_type());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "galerkin_ext_rows_times_matrix", [&] {
@@ -303,7 +311,7 @@ void rows_transposed_times_rows(at::Tensor& out, const at::Tensor& x, const at::
   TORCH_INTERNAL_ASSERT(x.dim() == 2 && y.dim() == 2 && out.dim() == 2);
   TORCH_INTERNAL_ASSERT(x.size(0) == y.size(0) && out.size(0) == x.size(1) &&
                         out.size(1) == y.size(1));
-  TORCH_INTERNAL_ASSERT(x.stride(1) == 1 && y.stride(1) == 1 && out.stride(1) == 1);
+  TORCH_INTERNAL_ASSERT(unit_columns(x) && unit_columns(y) && unit_columns(out));
   TORCH_INTERNAL_ASSERT(y.stride(0) >= vector_width(y.size(1)));
   TORCH_INTERNAL_ASSERT(y.scalar_type() == x.scalar_type() &&
                         out.scalar_type() == x.scalar_type());
