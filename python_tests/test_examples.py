@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -840,6 +841,27 @@ def _readme_block(after: str, name: str) -> dict:
     namespace: dict = {}
     exec(compile(block[:block.index("```\n")], f"README.md ({name})", "exec"), namespace)  # noqa: S102
     return namespace
+
+
+def test_readme_training_block_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The README's training on data of one's own runs verbatim: it trains, reloads its best
+    model from the file alone, and prints the figures the README states."""
+    monkeypatch.chdir(tmp_path)  # its run folder is relative
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as measured
+    try:
+        block = _readme_block("Training on data of your own", "training")
+    finally:
+        torch.set_num_threads(threads)
+    best, epoch, zero_shot = (float(v) for v in capsys.readouterr().out.split()[-3:])
+    assert epoch == block["checkpoint"]["epoch"] == block["result"]["best_epoch"]
+    # the README's figures, to the rounding another CPU's kernels may change
+    text = (EXAMPLES.parent / "README.md").read_text()
+    stated = re.search(r"best epoch's relative L2,\s+(\S+),\s+its\s+epoch,\s+and\s+(\S+)\s+on 256",
+                       text)
+    for value, figure in zip((best, zero_shot), stated.groups(), strict=True):
+        assert value == pytest.approx(float(figure), rel=0.3)
+    assert not block["model"].training  # load_trained_model's model, in eval mode
 
 
 def test_readme_use_block_runs_as_written():
