@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in records:
             if r["op"] == op:
                 r["bytes_independent_of_N"] = len(sizes) == 1
+    torch.set_num_threads(1)  # the workers' setting, which describe_device reports
     write_json(args.out, {"command": command_line(), "device": describe_device("cpu"),
                           "torch": torch.__version__, "threads_per_process": 1,
                           "records": records})

@@ -105,7 +105,9 @@ def test_domain_parallel_smoke(tmp_path: Path) -> None:
            "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
-    records = json.loads(out.read_text())["records"]
+    result = json.loads(out.read_text())
+    assert "1 of" in result["device"]  # the workers' one thread, not the parent's count
+    records = result["records"]
     assert [(r["op"], r["N"], r["world_size"]) for r in records] == [
         ("galerkin", 8, 2), ("normalized", 8, 2), ("galerkin", 32, 2), ("normalized", 32, 2)]
     # (B H d d_v numbers each way, float64; plus the point count for Galerkin's weight=None)
