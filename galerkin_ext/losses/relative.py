@@ -425,7 +425,8 @@ class OperatorLoss(nn.Module):
 
     ``forward(pred, target, target_grad=None, coeff=None)`` with ``pred``/``target``
     ``(B, n, C)`` or ``(B, n, n, 1)`` returns ``(loss, parts)``: the scalar loss and a dict of
-    detached scalars ``{'rel_l2', 'rel_h1'}`` (``rel_h1`` only when ``gamma > 0``).
+    detached scalars ``{'rel_l2', 'rel_h1'}`` (``rel_h1``, the H¹-seminorm error, only when
+    ``gamma > 0``).
     """
 
     def __init__(self, gamma: float = 0.0, h: float | None = None,

@@ -86,7 +86,7 @@ __all__ = [
     "write_metrics",
 ]
 
-NORMS = ("attn", "layer")
+NORMS = ("attn", "layer")  # --norm: the paper's two rows (layers.NORM_SCHEMES has more)
 # cached_data's problems -> their generator in galerkin_ext.data.generate
 _PROBLEMS = {"burgers": "generate_burgers", "darcy": "generate_darcy",
              "lorenz63": "generate_lorenz63", "cde": "generate_cde", "heat": "generate_heat",

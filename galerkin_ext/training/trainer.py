@@ -793,7 +793,8 @@ class Trainer:
         Returns ``{'best_metric', 'best_epoch', 'epochs', 'stopped_early', 'train_seconds',
         'history'}``; ``epochs`` is the number of epochs run, ``history`` a list of per-epoch
         dicts (``epoch``, ``train_loss``, ``train_rel_l2``, ``train_rel_h1`` (only when the loss
-        reports an H¹ part), ``eval_rel_l2``
+        reports an H¹ part: the seminorm error of :class:`~galerkin_ext.losses.OperatorLoss`,
+        the full norm's of ``RelativeLoss('h1')``), ``eval_rel_l2``
         -- the mean of the ``metric`` --, ``lr`` at the end of the epoch, ``seconds``).
 
         Before the first step, one batch of ``eval_set`` is evaluated (``forward`` and
