@@ -1,8 +1,8 @@
 // The skinny products of the CPU twins, with x a chunk of rows (m × K) and K, W head widths:
 // register-tiled kernels that stream the rows once. MKL's sgemm, tuned for squarer shapes, ran
 // x · a at 39 GFLOP/s on one thread of a 2-core AMD EPYC with x streamed from memory (131072 ×
-// 32 · 32 × 32) against 61 here; on an Intel Xeon, where MKL uses AVX-512 fully, it stays ahead
-// (180 against 134; benchmarks/cpu_products.py). Each output element is a sum in a fixed order
+// 32 · 32 × 32) against 61 here; on a 2-core Intel Xeon MKL stays ahead (180 against 134;
+// benchmarks/cpu_products.py). Each output element is a sum in a fixed order
 // (over k, or over blocks of rows in order), so results do not depend on the chunking or the
 // vector width, and a rerun gives the same bits.
 #pragma once
