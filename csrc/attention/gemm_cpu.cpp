@@ -1,12 +1,14 @@
 // The kernels of gemm_cpu.h: output tiles of R rows × up to 4 vectors of columns held in
 // registers. With 32-byte vectors (AVX2, baseline x86-64, other CPUs) R = 3: 12 accumulators, 3
 // broadcasts and one loaded vector fill the 16 AVX2 registers. AVX-512 machines run 64-byte
-// vectors in bands of 6-8 rows (up to 24 accumulators of their 32 registers; the FMAs take
-// the row's factor as a broadcast memory operand): on one thread of a 2-core Intel Xeon the 32-byte
-// kernels ran at 56-111 GF/s, the 64-byte ones at 75-181, MKL at 106-186
+// vectors in bands of 6-8 rows (up to 24 accumulators of their 32 registers): on one thread
+// of a 2-core Intel Xeon the 32-byte kernels ran at 56-111 GF/s, the 64-byte ones at 75-181,
+// MKL at 106-186
 // (benchmarks/results/cpu_products_xeon*.json). Columns that fill no whole vector are computed
 // as one and stored in part.
 #include "gemm_cpu.h"
+
+#include "cpu_clones.h"
 
 #include <ATen/Dispatch.h>
 #include <c10/util/Exception.h>
@@ -205,14 +207,12 @@ __attribute__((always_inline)) inline void rows_transposed_times_rows_with(
 }
 
 // The kernels for 32-byte vectors, cloned for AVX2 and baseline x86-64, and for 64-byte vectors
-// on AVX-512 machines (x86-64 with GCC only), picked at run time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// on AVX-512 machines, picked at run time.
+#if GALERKIN_EXT_X86_CLONES
 #define GALERKIN_EXT_GEMM_KERNEL \
   __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
-#define GALERKIN_EXT_WIDE_GEMM 1
 #else
 #define GALERKIN_EXT_GEMM_KERNEL __attribute__((flatten))
-#define GALERKIN_EXT_WIDE_GEMM 0
 #endif
 
 template <typename T>
@@ -229,7 +229,7 @@ GALERKIN_EXT_GEMM_KERNEL void rows_transposed_times_rows_32(const T* x, int64_t 
   rows_transposed_times_rows_with<T, 32>(x, ldx, y, ldy, m, K, W, out, ldo);
 }
 
-#if GALERKIN_EXT_WIDE_GEMM
+#if GALERKIN_EXT_X86_CLONES
 template <typename T>
 __attribute__((target("arch=x86-64-v4"), flatten)) void rows_times_matrix_64(
     const T* x, int64_t ldx, const T* a, int64_t lda, int64_t m, int64_t K, int64_t W, T* out,
@@ -263,7 +263,7 @@ bool wide_vectors() {
 template <typename T>
 void rows_times_matrix(const T* x, int64_t ldx, const T* a, int64_t lda, int64_t m, int64_t K,
                        int64_t W, T* out, int64_t ldo) {
-#if GALERKIN_EXT_WIDE_GEMM
+#if GALERKIN_EXT_X86_CLONES
   if (wide_vectors()) return rows_times_matrix_64<T>(x, ldx, a, lda, m, K, W, out, ldo);
 #endif
   rows_times_matrix_32<T>(x, ldx, a, lda, m, K, W, out, ldo);
@@ -272,7 +272,7 @@ void rows_times_matrix(const T* x, int64_t ldx, const T* a, int64_t lda, int64_t
 template <typename T>
 void rows_transposed_times_rows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t m,
                                 int64_t K, int64_t W, T* out, int64_t ldo) {
-#if GALERKIN_EXT_WIDE_GEMM
+#if GALERKIN_EXT_X86_CLONES
   if (wide_vectors()) return rows_transposed_times_rows_64<T>(x, ldx, y, ldy, m, K, W, out, ldo);
 #endif
   rows_transposed_times_rows_32<T>(x, ldx, y, ldy, m, K, W, out, ldo);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attention.h"
+#include "cpu_clones.h"
 #include "norm_stats.h"
 
 #include <ATen/OpMathType.h>
@@ -24,7 +25,7 @@
 // x86-64-v4, building the chunks at the Burgers shape on this 2-core AMD EPYC took 1.7-1.9 ms per
 // thread against 2.8-3.2 ms for baseline x86-64. `flatten` inlines the row functions into every
 // clone.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if GALERKIN_EXT_X86_CLONES
 #define GALERKIN_EXT_CPU_KERNEL \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
 #else
