@@ -401,13 +401,6 @@ def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], di
     return grid.expand(batch, *points, dim)
 
 
-def check_dropout(dropout_p: float, training: bool) -> None:
-    """The public functions' dropout arguments (p is checked even when not training)."""
-    check_probability(dropout_p, "dropout_p")
-    if not isinstance(training, bool):
-        raise TypeError(f"training: expected a bool, got {type(training).__name__}")
-
-
 def check_norm(norm: object, name: str, like: Tensor,
                like_name: str = "q") -> tuple[Tensor, Tensor] | None:
     """A ``(weight, bias)`` pair of shape ``(H, D)`` of ``like (B, H, ·, D)``, or None."""

@@ -61,9 +61,9 @@ from . import functional, ops
 from ._checks import (
     check_choice,
     check_device,
-    check_dropout,
     check_float_dtype,
     check_int,
+    check_probability,
 )
 
 __all__ = ["DomainSplit", "PointShards", "fourier_attention", "galerkin_attention",
@@ -208,7 +208,6 @@ def galerkin_attention(
     v_norm: Norm = None,
     eps: float = 1e-5,
     dropout_p: float = 0.0,
-    training: bool = False,
     group: dist.ProcessGroup | None = None,
 ) -> Tensor:
     """:func:`galerkin_ext.ops.galerkin_attention` with the points split over ``group``.
@@ -220,10 +219,9 @@ def galerkin_attention(
     same all-reduce). ``group``: a process group, ``None`` for the world group. Returns this
     rank's ``(B, H, N_r, P + D_v)``.
     """
-    check_dropout(dropout_p, training)
     out, _ = kernel_attention(
         q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps,
-        scale=1.0, path="factored", dropout_p=dropout_p if training else 0.0, group=group)
+        scale=1.0, path="factored", dropout_p=dropout_p, group=group)
     return out
 
 
@@ -241,7 +239,6 @@ def fourier_attention(
     scale: float | None = None,
     path: str = "auto",
     dropout_p: float = 0.0,
-    training: bool = False,
     group: dist.ProcessGroup | None = None,
 ) -> Tensor:
     """:func:`galerkin_ext.ops.fourier_attention` with the points split over ``group``, on the
@@ -251,12 +248,12 @@ def fourier_attention(
     domain-parallel: no rank holds that matrix. Shapes and ``weight`` as
     :func:`galerkin_attention`. Returns this rank's ``(B, H, N_r, P + D_v)``.
     """
-    check_dropout(dropout_p, training)
+    dropout_p = check_probability(dropout_p, "dropout_p")
     check_choice(path, "path", ("auto", "factored", "quadratic"))
-    if training and dropout_p > 0.0:
+    if dropout_p > 0.0:
         raise ValueError("dropout_p: Fourier-type attention drops entries of the N × M "
                          "attention matrix, which no rank holds; it is not domain-parallel "
-                         f"(got dropout_p={dropout_p} with training=True)")
+                         f"(got dropout_p={dropout_p})")
     out, _ = kernel_attention(
         q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps,
         scale=scale, path="factored" if path == "auto" else path, group=group)

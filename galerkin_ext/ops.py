@@ -39,7 +39,6 @@ from ._checks import (
     check_attention_operands,
     check_cell_weight,
     check_choice,
-    check_dropout,
     check_has_keys,
     check_kv_reduce,
     check_norm,
@@ -89,19 +88,18 @@ def galerkin_attention(
     v_norm: Norm = None,
     eps: float = 1e-5,
     dropout_p: float = 0.0,
-    training: bool = False,
 ) -> Tensor:
     """Galerkin-type attention ``Q̂ (K̂ᵀ W V̂)`` with ``Q̂ = [pos | q]``,
     ``K̂ = [kv_pos | LN_k(k)]``, ``V̂ = [kv_pos | LN_v(v)]``.
 
-    Cost O((N + M) d d_v). ``dropout_p`` drops entries of the ``d × d_v`` matrix ``K̂ᵀ W V̂`` when
-    ``training`` (only then, as ``nn.Dropout`` in eval mode). Returns ``(B, H, N, P + D_v)``;
+    Cost O((N + M) d d_v). ``dropout_p > 0`` drops entries of the ``d × d_v`` matrix
+    ``K̂ᵀ W V̂`` on every call, as in ``F.scaled_dot_product_attention``: a module passes
+    ``dropout_p`` only in training. Returns ``(B, H, N, P + D_v)``;
     the shapes of the arguments, the norms and the weights: the module doc.
     """
-    check_dropout(dropout_p, training)
     out, _ = kernel_attention(
         q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps,
-        scale=1.0, path="factored", dropout_p=dropout_p if training else 0.0,
+        scale=1.0, path="factored", dropout_p=dropout_p,
     )
     return out
 
@@ -120,29 +118,28 @@ def fourier_attention(
     scale: float | None = None,
     path: str = "auto",
     dropout_p: float = 0.0,
-    training: bool = False,
 ) -> Tensor:
     """Fourier-type attention ``(Q̂ K̂ᵀ W) V̂ · scale`` with ``Q̂ = [pos | LN_q(q)]``,
     ``K̂ = [kv_pos | LN_k(k)]``, ``V̂ = [kv_pos | v]``.
 
     ``scale=None`` means ``1/sqrt(D + P)``. Without softmax the product reassociates exactly, so
     ``path="factored"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O((N + M) d²) and ``path="quadratic"``
-    materialises the ``N × M`` matrix (needed for dropout on it). ``"auto"`` takes the factored
-    path unless dropout is active (``training`` and ``dropout_p > 0``). Returns ``(B, H, N, P +
+    materialises the ``N × M`` matrix (needed for dropout on it: ``dropout_p > 0`` drops its
+    entries on every call, as in ``F.scaled_dot_product_attention``). ``"auto"`` takes the
+    factored path unless ``dropout_p > 0``. Returns ``(B, H, N, P +
     D_v)``; the shapes of the arguments, the norms and the weights: the module doc.
     """
-    check_dropout(dropout_p, training)
+    dropout_p = check_probability(dropout_p, "dropout_p")
     check_choice(path, "path", ("auto", "factored", "quadratic"))
-    dropout_active = training and dropout_p > 0.0
-    if path == "factored" and dropout_active:
+    if path == "factored" and dropout_p > 0.0:
         raise ValueError(
             "path: dropout on the N×M attention matrix needs path='quadratic' (or 'auto'), "
-            "got path='factored' with training=True and dropout_p > 0"
+            f"got path='factored' with dropout_p={dropout_p}"
         )
     out, _ = kernel_attention(
         q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps,
-        scale=scale, path="quadratic" if path == "quadratic" or dropout_active else "factored",
-        dropout_p=dropout_p if dropout_active else 0.0,
+        scale=scale, path="quadratic" if path == "quadratic" or dropout_p > 0.0 else "factored",
+        dropout_p=dropout_p,
     )
     return out
 
@@ -390,7 +387,6 @@ def continuum_attention(
     weight: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
-    training: bool = False,
 ) -> Tensor:
     """Continuum (softmax) attention with quadrature weights on the keys:
     ``z_t = Σ_j w_j exp(scale q_t·k_j) v_j / Σ_j w_j exp(scale q_t·k_j)``.
@@ -409,7 +405,8 @@ def continuum_attention(
         weight: ``(B, M)`` or ``(M,)`` finite non-negative quadrature weights, or ``None``
             (uniform).
         scale: the logits' factor, ``None`` for ``1/sqrt(D)``.
-        dropout_p, training: dropout of the attention probabilities, when ``training``.
+        dropout_p: dropout of the attention probabilities, on every call where ``> 0`` (as in
+            ``F.scaled_dot_product_attention``: a module passes it only in training).
 
     Returns:
         ``(B, H, N, D_v)``.  Gradients with respect to ``weight`` are exact where ``w > 0`` and
@@ -426,8 +423,7 @@ def continuum_attention(
     batch, _, _, m, _ = check_attention_operands(q, k, v)
     dim = q.shape[3]
     scale = check_scale(scale, 1.0 / math.sqrt(dim))
-    check_dropout(dropout_p, training)
-    p = dropout_p if training else 0.0
+    dropout_p = check_probability(dropout_p, "dropout_p")
     mask, has_keys = None, None
     if weight is not None:
         check_quadrature_weight(weight, batch, m, k, "k", axis="M")
@@ -438,7 +434,7 @@ def continuum_attention(
     # (otherwise the user's choice of kernels, e.g. sdpa_kernel for second-order gradients).
     with sdpa_kernel(SDPBackend.MATH) if _autodiff_beyond_the_op() else nullcontext():
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                               dropout_p=p, scale=scale)
+                                                               dropout_p=dropout_p, scale=scale)
     return out if has_keys is None else out * has_keys[:, :, None, None].to(out.dtype)
 
 

@@ -133,17 +133,21 @@ def test_dropout_mask_matches_reference(quadratic, gen):
 
 
 @pytest.mark.parametrize("fn", [galerkin, fourier], ids=["galerkin", "fourier"])
-def test_dropout_only_in_training_and_unbiased(fn, gen):
+def test_dropout_whenever_asked_and_unbiased(fn, gen):
+    """dropout_p > 0 drops on every call, as in F.scaled_dot_product_attention (which has no
+    training flag either); a training flag is refused, not ignored."""
     x = make_inputs(Case(1, 1, 16, 4, P=1), gen)
     clean = fn(x)
-    torch.testing.assert_close(fn(x, dropout_p=0.3, training=False), clean, rtol=0, atol=0)
+    torch.testing.assert_close(fn(x, dropout_p=0.0), clean, rtol=0, atol=0)
     torch.manual_seed(1)
-    a = fn(x, dropout_p=0.3, training=True)
+    a = fn(x, dropout_p=0.3)
     torch.manual_seed(1)
-    b = fn(x, dropout_p=0.3, training=True)
+    b = fn(x, dropout_p=0.3)
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # reproducible under a seed
     assert not torch.allclose(a, clean)
-    mean = torch.stack([fn(x, dropout_p=0.3, training=True) for _ in range(3000)]).mean(0)
+    with pytest.raises(TypeError, match="training"):
+        fn(x, dropout_p=0.3, training=False)
+    mean = torch.stack([fn(x, dropout_p=0.3) for _ in range(3000)]).mean(0)
     assert (mean - clean).norm() < 0.05 * clean.norm()  # inverted dropout keeps the mean
 
 
@@ -445,15 +449,14 @@ def test_fourier_specific_errors(gen):
     with pytest.raises(ValueError, match="^path"):
         ops.fourier_attention(q, k, v, path="fast")
     with pytest.raises(ValueError, match="^path: dropout"):
-        ops.fourier_attention(q, k, v, path="factored", dropout_p=0.1, training=True)
+        ops.fourier_attention(q, k, v, path="factored", dropout_p=0.1)
     with pytest.raises(ValueError, match="^scale"):
         ops.fourier_attention(q, k, v, scale=math.inf)
     with pytest.raises(TypeError, match="^scale"):
         ops.fourier_attention(q, k, v, scale=True)  # a bool is not a number here
     with pytest.raises(ValueError, match="^q_norm"):
         ops.fourier_attention(q, k, v, q_norm=(torch.ones(3, 2), torch.zeros(3, 2)))
-    # the factored path without dropout in training is fine
-    ops.fourier_attention(q, k, v, path="factored", dropout_p=0.1, training=False)
+    ops.fourier_attention(q, k, v, path="factored", dropout_p=0.0)  # without dropout: fine
 
 
 def test_meta_tensors_give_shapes(gen):

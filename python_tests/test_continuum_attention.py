@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs, needs_cuda, rand
 
 from galerkin_ext import ops
+from galerkin_ext.layers import ContinuumAttention
 from galerkin_ext.quadrature import trapezoid_weights
 
 
@@ -144,14 +145,25 @@ def test_non_contiguous_and_float32(gen):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
 
 
-def test_dropout_only_in_training(gen):
+def test_dropout_whenever_asked(gen):
     q, k, v = rand(1, 1, 8, 4, gen=gen), rand(1, 1, 8, 4, gen=gen), rand(1, 1, 8, 4, gen=gen)
     w = torch.rand(8, generator=gen, dtype=torch.float64) + 0.1
     plain = ops.continuum_attention(q, k, v, weight=w)
-    torch.testing.assert_close(ops.continuum_attention(q, k, v, weight=w, dropout_p=0.5), plain)
+    torch.testing.assert_close(ops.continuum_attention(q, k, v, weight=w, dropout_p=0.0), plain)
     torch.manual_seed(0)
-    dropped = ops.continuum_attention(q, k, v, weight=w, dropout_p=0.5, training=True)
+    dropped = ops.continuum_attention(q, k, v, weight=w, dropout_p=0.5)
     assert not torch.allclose(dropped, plain)
+
+
+def test_the_layer_drops_in_training_only(gen):
+    layer = ContinuumAttention(8, 2, attn_dropout=0.5).double()
+    x = rand(2, 6, 8, gen=gen)
+    layer.eval()
+    plain = layer(x)
+    torch.testing.assert_close(layer(x), plain, rtol=0, atol=0)
+    layer.train()
+    torch.manual_seed(0)
+    assert not torch.allclose(layer(x), plain)
 
 
 def test_compile_fullgraph(gen):
@@ -206,7 +218,7 @@ def test_weights_make_a_nonuniform_grid_converge_to_the_integral():
     ({"scale": True}, TypeError, "scale: expected a finite float"),
     ({"scale": float("nan")}, ValueError, "scale"),
     ({"dropout_p": 1.0}, ValueError, "dropout_p"),
-    ({"training": 1}, TypeError, "training: expected a bool"),
+    ({"training": True}, TypeError, "training"),  # dropout_p alone decides, as in SDPA
     ({"q": None}, TypeError, "q: expected a tensor"),
 ])
 def test_errors(kwargs, error, match):

@@ -187,7 +187,7 @@ def _case_galerkin_dropout(g: torch.Generator, kind: str, world: int) -> dict[st
     def call(t: dict[str, Tensor], distributed: bool) -> Tensor:
         return _op(distributed).galerkin_attention(
             t["q"], t["k"], t["v"], weight=t["weight"], v_norm=(t["vw"], t["vb"]),
-            dropout_p=0.4, training=True)
+            dropout_p=0.4)
 
     # the same seed: rank 0 draws the whole sample's mask as the single-process op does
     return _compare(call, t, splits, split, 2, rng_seed=int(torch.randint(2**31, (1,),
@@ -418,7 +418,7 @@ def _single_process_cases(gen: torch.Generator) -> list[tuple[Tensor, Tensor]]:
     for mod in (domain, ops):
         torch.manual_seed(3)  # the same dropout mask
         pairs.append([
-            mod.galerkin_attention(q, k, v, pos=pos, k_norm=norm, dropout_p=0.2, training=True),
+            mod.galerkin_attention(q, k, v, pos=pos, k_norm=norm, dropout_p=0.2),
             mod.fourier_attention(q, k, v, pos=pos, weight=weight, q_norm=norm),
             *mod.kernel_attention(q, k, v, v_norm=norm, scale=0.5),
             mod.normalized_attention(q, k, v, pos=pos, weight=weight, skip=True),
@@ -552,11 +552,11 @@ def test_argument_errors(gen: torch.Generator) -> None:
          "path: 'quadratic' forms the N × M matrix"),
         (lambda: domain.fourier_attention(q, k, v, path="sideways"), ValueError,
          r"path: expected one of \['auto', 'factored', 'quadratic'\]"),
-        (lambda: domain.fourier_attention(q, k, v, dropout_p=0.1, training=True), ValueError,
+        (lambda: domain.fourier_attention(q, k, v, dropout_p=0.1), ValueError,
          "dropout_p: Fourier-type attention drops entries"),
         (lambda: domain.kernel_attention(q, k, v, path="quadratic"), ValueError,
          "path: 'quadratic'"),
-        (lambda: domain.galerkin_attention(q, k, v, dropout_p=1.5, training=True), ValueError,
+        (lambda: domain.galerkin_attention(q, k, v, dropout_p=1.5), ValueError,
          r"dropout_p: expected a float in \[0, 1\)"),
         (lambda: domain.galerkin_attention(q, k[..., :2], v), ValueError, "k: expected shape"),
         (lambda: DomainSplit([3, 4]), ValueError,

@@ -269,8 +269,8 @@ def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
     k_hat = concat_pos(per_head_layer_norm(k, norms.get("k"), eps), pos)
     v_hat = concat_pos(v, pos)
     if not return_attention:
-        return ops.continuum_attention(q_hat, k_hat, v_hat, weight=weight, dropout_p=dropout_p,
-                                       training=True), None
+        return ops.continuum_attention(q_hat, k_hat, v_hat, weight=weight,
+                                       dropout_p=dropout_p), None
     # softmax(QKᵀ/sqrt(d) + log w), with continuum_attention's bias and its rule for samples
     # without keys (an error; 0 where tracing skips that check)
     logits = q_hat @ k_hat.transpose(-2, -1) / math.sqrt(q_hat.shape[-1])

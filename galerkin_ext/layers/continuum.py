@@ -221,7 +221,8 @@ class ContinuumAttention(nn.Module):
 
         out = ops.continuum_attention(
             heads(x, self.query), heads(context, self.key), heads(context, self.value),
-            weight=weight, scale=self.scale, dropout_p=self.attn_dropout, training=self.training)
+            weight=weight, scale=self.scale,
+            dropout_p=self.attn_dropout if self.training else 0.0)
         return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.d_model))
 
     def _check_tokens(self, t: object, name: str) -> None:
