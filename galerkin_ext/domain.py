@@ -167,21 +167,13 @@ def _shard_kv_reduce(
     """This shard's ``S = K̂ᵀ W V̂`` (arguments as :func:`galerkin_ext.ops.kv_reduce`).
 
     ``weight=None`` means weight 1 on every point: the same constant on every rank (the op's
-    ``1/M`` would be the shard's ``M``); the callers fix its scale. A shard without keys takes
-    the formula (the compiled op wants ``M >= 1``), whose sums over no points are zeros that
-    keep the norm parameters in the graph."""
+    ``1/M`` would be the shard's ``M``); the callers fix its scale. A shard without keys gives
+    zeros (a sum over no points)."""
     if weight is None:
         weight = torch.ones(k.shape[2], dtype=functional.opmath_dtype(k), device=k.device)
-    reduce = ops._kv_reduce if k.shape[2] else functional._kv_reduce  # (checked arguments)
-    return reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map, k_norm=k_norm, v_map=v_map,
-                  v_norm=v_norm, eps=eps, ones_column=ones_column)
-
-
-def _shard_q_apply(q: Tensor, s: Tensor, **kwargs: object) -> Tensor:
-    """:func:`galerkin_ext.ops.q_apply` on this shard's queries; the formula for a shard
-    without queries (the compiled op wants ``N >= 1``)."""
-    apply = ops._q_apply if q.shape[2] else functional._q_apply  # (checked arguments)
-    return apply(q, s, **kwargs)
+    return ops._kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=k_map, k_norm=k_norm,
+                          v_map=v_map, v_norm=v_norm, eps=eps,
+                          ones_column=ones_column)  # (checked arguments)
 
 
 def _summed_q_apply(q: Tensor, s: Tensor, *, group: dist.ProcessGroup,
@@ -189,7 +181,7 @@ def _summed_q_apply(q: Tensor, s: Tensor, *, group: dist.ProcessGroup,
     """``q_apply`` of the ranks' summed ``S``: the normalised forms' one all-reduce, after
     every input's block is stacked into ``s``."""
     total, _ = _group_sum(s, None, group)
-    return _shard_q_apply(q, total, **kwargs)
+    return ops._q_apply(q, total, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -324,7 +316,7 @@ def kernel_attention(
         attn = attn * scale
     if dropout_p > 0.0:
         attn = attn * extra_total[-mask.numel():].view(mask_shape)
-    out = _shard_q_apply(q, attn, pos=pos, q_map=functional.norm_map(q_norm), q_norm=q_norm,
+    out = ops._q_apply(q, attn, pos=pos, q_map=functional.norm_map(q_norm), q_norm=q_norm,
                          eps=eps, normalizers=0)
     return out, attn
 

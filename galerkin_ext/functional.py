@@ -126,7 +126,7 @@ def _kv_reduce(k: Tensor, v: Tensor, *, kv_pos: Tensor | None, weight: Tensor | 
     v_hat = _opmath(row_map(v, kv_pos, v_map, v_norm, eps))
     if ones_column:
         v_hat = torch.cat([v_hat, v_hat.new_ones((*v_hat.shape[:3], 1))], dim=-1)
-    w = (k_hat.new_full((1, m), 1.0 / m) if weight is None
+    w = (k_hat.new_full((1, m), 1.0 / max(m, 1)) if weight is None  # M = 0: a sum of nothing
          else _opmath(weight).expand(batch, m))[:, None, :, None]
     return (k_hat * w).transpose(-2, -1) @ v_hat
 

@@ -106,7 +106,8 @@ def core_inputs(shape, maps, gen, dtype=F64):
     if weight_kind is not None:
         weight = torch.rand(*((b,) if weight_kind == "batched" else ()), m, generator=gen,
                             dtype=dtype)
-        weight[..., 0] = 0.0  # a masked key
+        if m:
+            weight[..., 0] = 0.0  # a masked key
     return dict(
         q=operand(n, dk), k=operand(m, dk), v=operand(m, dv), pos=coords(n), kv_pos=coords(m),
         weight=weight, k_map=k_map, v_map=v_map,
@@ -298,6 +299,40 @@ def run_opchecks(x, ones_column):
         out = torch.ops.galerkin_ext.q_apply(*apply)
         torch.library.opcheck(torch.ops.galerkin_ext.q_apply_backward,
                               (torch.randn_like(out), *apply, x["pos"] is not None))
+
+
+@pytest.mark.parametrize("maps", [("layer_norm", "layer_norm"), ("softmax", "identity")],
+                         ids=str)
+@pytest.mark.parametrize(("n", "m"), [(4, 0), (0, 3), (0, 0)])
+def test_no_points(n, m, maps, gen):
+    """No keys (M = 0: S is a sum over nothing, zeros) or no queries (N = 0: an empty output),
+    as a padded batch or a shard of a split domain has; each crashed the interpreter (an
+    integer division by zero in the CPU twins' chunking) before core.cpp answered them."""
+    x = core_inputs((2, 2, n, m, 3, 3, 1, "batched", "batched", True), maps, gen)
+    ones_column = maps[0] == "softmax"
+    leaves = {name: x[name].requires_grad_() for name in ("q", "k", "v", "pos", "kv_pos",
+                                                          "weight")}
+    norms = [t.requires_grad_() for t in (*(x["k_norm"] or ()), *(x["q_norm"] or ()))]
+    for fn in (ops, functional):  # the compiled op and the formula
+        s = fn.kv_reduce(x["k"], x["v"], kv_pos=x["kv_pos"], weight=x["weight"],
+                         k_map=x["k_map"], k_norm=x["k_norm"], v_map=x["v_map"],
+                         v_norm=x["v_norm"], eps=1e-5, ones_column=ones_column)
+        torch.testing.assert_close(s, explicit_s(x["k"], x["v"], x["kv_pos"],
+                                                 x["weight"].detach(),
+                                                 x["k_map"], x["k_norm"], x["v_map"],
+                                                 x["v_norm"], ones_column))
+        out = fn.q_apply(x["q"], s, pos=x["pos"], q_map=x["k_map"], q_norm=x["q_norm"],
+                         eps=1e-5, normalizers=int(ones_column))
+        assert out.shape == (2, 2, n, 3 + 1)
+        grads = torch.autograd.grad(s.square().sum() + out.sum(), [*leaves.values(), *norms])
+        for (name, leaf), grad in zip(leaves.items(), grads, strict=False):
+            assert grad.shape == leaf.shape, name
+        if m == 0:  # nothing reached S: every key-side gradient is zero
+            assert all(not g.any() for g in grads[1:])
+    x = {**x, **{name: t.detach() for name, t in leaves.items()}}
+    s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(x, ones_column))
+    torch.library.opcheck(torch.ops.galerkin_ext.kv_reduce, reduce_args(x, ones_column))
+    torch.library.opcheck(torch.ops.galerkin_ext.q_apply, apply_args(x, s, int(ones_column)))
 
 
 def test_repeatable_bit_for_bit(gen):

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 
@@ -24,6 +25,7 @@ namespace galerkin_ext::cpu {
 struct Chunking {
   int64_t rows, count;
   Chunking(int64_t n, int64_t ld, int64_t element_size) {
+    TORCH_INTERNAL_ASSERT(n > 0, "Chunking: no points (core.cpp answers those calls)");
     const int64_t cache_rows = std::max<int64_t>(8, 256 * 1024 / element_size / ld / 8 * 8);
     const int64_t threads = at::get_num_threads();
     const int64_t per_thread = ((n + cache_rows - 1) / cache_rows + threads - 1) / threads;

@@ -3,6 +3,7 @@
 #include "core.h"
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -149,7 +150,14 @@ struct KernelGuard {
   c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
 };
 
-// The schemas' functions, one instantiation per device twin.
+// A gradient of zeros for an optional input where it is present (and wanted).
+Tensor zeros_for(const OptTensor& t, bool wanted = true) {
+  return t.has_value() && wanted ? at::zeros_like(*t) : Tensor();
+}
+
+// The schemas' functions, one instantiation per device twin. Without points (M = 0 keys, N = 0
+// queries: a padded batch, a shard of a split domain) the results are sums over nothing, taken
+// here for every device: the twins' chunking and launch sizes need points.
 template <Tensor (*Twin)(const KvReduceInputs&, double)>
 Tensor kv_reduce(const Tensor& k, const Tensor& v, const OptTensor& kv_pos,
                  const OptTensor& weight, c10::string_view k_map, const OptTensor& k_norm_weight,
@@ -157,9 +165,13 @@ Tensor kv_reduce(const Tensor& k, const Tensor& v, const OptTensor& kv_pos,
                  const OptTensor& v_norm_weight, const OptTensor& v_norm_bias, double eps,
                  bool ones_column) {
   const KernelGuard guard;
-  return Twin(kv_inputs(k, v, kv_pos, weight, k_map, k_norm_weight, k_norm_bias, v_map,
-                        v_norm_weight, v_norm_bias, ones_column),
-              eps);
+  const KvReduceInputs in = kv_inputs(k, v, kv_pos, weight, k_map, k_norm_weight, k_norm_bias,
+                                      v_map, v_norm_weight, v_norm_bias, ones_column);
+  if (in.M == 0) {
+    return at::zeros({in.B, in.H, in.key_width(), in.value_width()},
+                     k.options().dtype(at::toOpMathType(k.scalar_type())));
+  }
+  return Twin(in, eps);
 }
 
 std::vector<Tensor> empty_for_undefined(std::vector<Tensor> grads, const Tensor& like) {
@@ -187,6 +199,13 @@ std::vector<Tensor> kv_reduce_backward(
               grad_s.scalar_type(), " on ", grad_s.device());
   TORCH_CHECK(!kv_pos_grad || in.kv_pos, "kv_pos_grad: requested without kv_pos");
   TORCH_CHECK(!weight_grad || in.weight, "weight_grad: requested without weight");
+  if (in.M == 0) {
+    const KvReduceGrads none{at::empty_like(k),         at::empty_like(v),
+                             zeros_for(kv_pos, kv_pos_grad), zeros_for(weight, weight_grad),
+                             zeros_for(k_norm_weight),  zeros_for(k_norm_bias),
+                             zeros_for(v_norm_weight),  zeros_for(v_norm_bias)};
+    return empty_for_undefined(none.list(), k);
+  }
   return empty_for_undefined(Twin(in, grad_s, eps, kv_pos_grad, weight_grad).list(), k);
 }
 
@@ -195,7 +214,10 @@ Tensor q_apply(const Tensor& q, const OptTensor& pos, c10::string_view q_map,
                const OptTensor& q_norm_weight, const OptTensor& q_norm_bias, const Tensor& s,
                double eps, int64_t normalizers, bool skip) {
   const KernelGuard guard;
-  return Twin(q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers, skip), eps);
+  const QApplyInputs in = q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers,
+                                   skip);
+  if (in.N == 0) return at::empty({in.B, in.H, 0, in.out_width()}, q.options());
+  return Twin(in, eps);
 }
 
 template <QApplyGrads (*Twin)(const QApplyInputs&, const Tensor&, double, bool)>
@@ -212,6 +234,11 @@ std::vector<Tensor> q_apply_backward(const Tensor& grad_out, const Tensor& q,
               grad_out.sizes());
   check_same(grad_out, q, "grad_out");
   TORCH_CHECK(!pos_grad || in.pos, "pos_grad: requested without pos");
+  if (in.N == 0) {
+    const QApplyGrads none{at::empty_like(q), zeros_for(pos, pos_grad), zeros_for(q_norm_weight),
+                           zeros_for(q_norm_bias), at::zeros_like(s)};
+    return empty_for_undefined(none.list(), q);
+  }
   return empty_for_undefined(Twin(in, grad_out, eps, pos_grad).list(), q);
 }
 
