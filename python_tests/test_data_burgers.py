@@ -104,6 +104,12 @@ def test_bad_input(kwargs, err, match):
         solve_burgers(**kwargs)
 
 
+def test_a_zero_initial_condition_stays_zero():
+    """u0 = 0 is the exact solution u = 0 (it was refused, naming u_max, which the caller never
+    passed)."""
+    np.testing.assert_array_equal(solve_burgers(np.zeros((2, 16))), np.zeros((2, 16)))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_matches_cpu():
     u0 = torch.from_numpy(sample_periodic_grf_1d(4, 1024, seed=0))

@@ -99,6 +99,10 @@ def test_solution_magnitude_in_spec_range():
         ((-np.ones((5, 5)),), {}, ValueError, "positive"),
         ((np.ones((5, 5)),), {"f": np.ones((4, 4))}, ValueError, "f must be"),
         ((np.ones((5, 5)),), {"f": np.nan}, ValueError, "f must be finite"),
+        # named, not numpy's "could not convert string to float"
+        ((np.ones((5, 5)),), {"f": "x"}, TypeError, "f must be a real scalar"),
+        ((np.ones((5, 5)),), {"f": 1j}, TypeError, "f must be a real scalar"),
+        ((np.ones((5, 5)),), {"f": None}, TypeError, "f must be a real scalar"),
         (([[1.0]],), {}, TypeError, "numpy.ndarray or torch.Tensor"),
         ((np.ones((2, 5, 5)),), {"workers": 0}, ValueError, "workers"),
         ((np.ones((0, 5, 5)),), {}, ValueError, "at least one sample"),

@@ -3,6 +3,7 @@ dicts, curve weights and argument errors."""
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from galerkin_ext.data.elasticity import (
@@ -18,6 +19,7 @@ from galerkin_ext.data.fem import (
     distance_to_polyline,
     equilateral_area,
     error_norms,
+    solve_constrained,
     triangle_areas,
     triangulate,
     vertex_min_label,
@@ -517,3 +519,43 @@ def test_elasticity_bad_arguments():
         elasticity_mesh(np.zeros((2, 8)), EQ)
     with pytest.raises(ValueError, match="dirichlet:"):
         solve_elasticity(elasticity_mesh(None, 0.25), dirichlet=[])
+    mesh = elasticity_mesh(None, 0.25)
+
+    def bottom(x, y):
+        return np.abs(y) <= 1e-12
+
+    # each fault named by the argument that carries it, not by solve_constrained's own ones
+    with pytest.raises(ValueError, match=r"dirichlet\[0\] and dirichlet\[1\]: they fix DOF"):
+        solve_elasticity(mesh, dirichlet=[(bottom, None, 0.0), (bottom, 1, 0.5)])
+    with pytest.raises(ValueError, match=r"dirichlet\[1\]: its value gave NaN"):
+        solve_elasticity(mesh, dirichlet=[(bottom, 0, 0.0),
+                                          (bottom, 1, lambda x, y: np.full_like(x, np.nan))])
+    with pytest.raises(ValueError, match="body_force: f"):
+        solve_elasticity(mesh, dirichlet=[(bottom, None, 0.0)],
+                         body_force=lambda x, y: (np.full_like(x, np.nan), 0 * y))
+    # the same DOF fixed twice to one value is fine
+    twice = solve_elasticity(mesh, dirichlet=[(bottom, None, 0.0), (bottom, 0, 0.0)],
+                             body_force=lambda x, y: (0 * x, -1 + 0 * y))
+    once = solve_elasticity(mesh, dirichlet=[(bottom, None, 0.0)],
+                            body_force=lambda x, y: (0 * x, -1 + 0 * y))
+    np.testing.assert_array_equal(twice.displacement, once.displacement)
+
+
+@pytest.mark.parametrize(("fixed", "values", "rhs", "err", "match"), [
+    ([-1], [3.0], None, ValueError, r"fixed: expected DOF indices in \[0, 7\)"),
+    ([99], [3.0], None, ValueError, r"fixed: expected DOF indices in \[0, 7\)"),
+    ([1.7], [3.0], None, TypeError, "fixed: expected integer DOF indices"),
+    ([1], [np.nan], None, ValueError, "values: expected finite"),
+    ([1], [1.0], np.full(7, np.nan), ValueError, "rhs: expected finite"),
+    ([1, 1], [1.0, 2.0], None, ValueError, "values: DOF 1 is given 1.0 and, listed again"),
+])
+def test_solve_constrained_refuses_what_numpy_would_wrap_truncate_or_spread(fixed, values, rhs,
+                                                                          err, match):
+    """numpy would wrap -1 to the last DOF, truncate 1.7 to 1 and carry NaN through the solve."""
+    matrix = 3.0 * sp.eye(7, format="csr")
+    with pytest.raises(err, match=match):
+        solve_constrained(matrix, np.ones(7) if rhs is None else rhs, np.array(fixed),
+                          np.array(values))
+    with pytest.raises(ValueError, match="identify: expected DOF indices"):
+        solve_constrained(matrix, np.ones(7), np.array([1]), np.array([1.0]),
+                          identify=(np.array([7]), np.array([0])))

@@ -269,6 +269,7 @@ def test_cli_generate_info_and_errors(tmp_path, capsys):
         (ode.rk4, (np.sin, np.zeros(1), np.array([1.0])), {}, ValueError, "times"),
         (ode.rk4, (np.sin, [0.0], np.arange(2.0)), {}, TypeError, "y0"),
         (ode.rk4, (np.sin, np.zeros(1), np.arange(2.0)), {"max_step": 0}, ValueError, "max_step"),
+        (ode.rk4, (np.sin, np.zeros(1), "ab"), {}, ValueError, "times: expected a 1-D float"),
         # a rhs of one value per sample: broadcast against (3, 3) states it ran on silently
         (ode.rk4, (lambda t, y: y.sum(-1), np.zeros((3, 3)), np.arange(2.0)), {}, ValueError,
          r"rhs: expected dy/dt of the state's shape \(3, 3\), got \(3,\)"),

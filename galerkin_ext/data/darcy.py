@@ -181,7 +181,7 @@ def _as_batch(a: object, f: object) -> tuple[np.ndarray, np.ndarray, bool, objec
         raise ValueError(f"a must contain at least one sample, got shape {a.shape}")
     for i in range(batch.shape[0]):
         _check_coefficient(batch[i], "a" if single else f"a[{i}]")
-    f_arr = np.asarray(f, dtype=np.float64) if not isinstance(f, np.ndarray) else f
+    f_arr = np.asarray(f)  # (no dtype: numpy's own error for strings would not name f)
     if not (np.issubdtype(f_arr.dtype, np.floating) or np.issubdtype(f_arr.dtype, np.integer)):
         raise TypeError(f"f must be a real scalar or array, got dtype {f_arr.dtype}")
     try:

@@ -257,6 +257,8 @@ def solve_elasticity(
     rhs = np.zeros(basis.N)
     if body_force is not None:
         rhs += assemble_load(basis, body_force)
+        if not np.isfinite(rhs).all():
+            raise ValueError("body_force: f(x, y) gave NaN or inf")
     for i, item in enumerate(traction):
         if not (isinstance(item, tuple) and len(item) == 2 and callable(item[0])):
             raise TypeError(f"traction[{i}]: expected a (where, (t_x, t_y)) pair")
@@ -264,7 +266,7 @@ def solve_elasticity(
         rhs += assemble_traction(basis, lambda x, w=where: w(x[0], x[1]), item[1])
     components = basis.split_indices()
     x, y = basis.doflocs
-    fixed, values = [], []
+    prescribed: dict[int, tuple[int, float]] = {}  # DOF: (the triple that fixed it, value)
     for i, item in enumerate(dirichlet):
         if not (isinstance(item, tuple) and len(item) == 3 and callable(item[0])):
             raise TypeError(f"dirichlet[{i}]: expected a (where, component, value) triple")
@@ -276,12 +278,19 @@ def solve_elasticity(
         for c in (0, 1) if component is None else (component,):
             dofs = components[c]
             chosen = dofs[np.asarray(where(x[dofs], y[dofs]), dtype=bool)]
-            fixed.append(chosen)
-            values.append(np.asarray(field(x[chosen], y[chosen]), dtype=np.float64))
-    fixed_dofs = np.concatenate(fixed) if fixed else np.zeros(0, dtype=np.int64)
-    if len(fixed_dofs) == 0:
+            given = np.broadcast_to(np.asarray(field(x[chosen], y[chosen]), dtype=np.float64),
+                                    chosen.shape)
+            if not np.isfinite(given).all():
+                raise ValueError(f"dirichlet[{i}]: its value gave NaN or inf")
+            for dof, now in zip(chosen.tolist(), given.tolist(), strict=True):
+                j, before = prescribed.setdefault(dof, (i, now))
+                if not np.isclose(before, now, rtol=1e-9, atol=1e-12):
+                    raise ValueError(f"dirichlet[{j}] and dirichlet[{i}]: they fix DOF {dof} "
+                                     f"at ({x[dof]:g}, {y[dof]:g}) to {before} and {now}")
+    if not prescribed:
         raise ValueError("dirichlet: no DOF is fixed; the problem would be singular")
-    u, _ = solve_constrained(matrix, rhs, fixed_dofs, np.concatenate(values))
+    u, _ = solve_constrained(matrix, rhs, np.fromiter(prescribed, dtype=np.int64),
+                             np.array([fixed for _, fixed in prescribed.values()]))
     n_vertices = len(mesh.points)
     nodal = basis.nodal_dofs  # (2, V): the vertex DOFs of x and y
     displacement = np.column_stack([u[nodal[0]], u[nodal[1]]])

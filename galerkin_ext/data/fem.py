@@ -591,7 +591,7 @@ def solve_constrained(
     """
     n = matrix.shape[0]
     rhs = np.asarray(rhs, dtype=np.float64)
-    fixed = np.asarray(fixed, dtype=np.int64)
+    fixed = _dof_indices(fixed, "fixed", n)
     values = np.asarray(values, dtype=np.float64)
     if matrix.shape != (n, n) or rhs.shape != (n,):
         raise ValueError(f"matrix, rhs: expected (N, N) and (N,), got {matrix.shape} and "
@@ -599,9 +599,13 @@ def solve_constrained(
     if fixed.shape != values.shape or fixed.ndim != 1:
         raise ValueError(f"fixed, values: expected two (F,) arrays, got {fixed.shape} and "
                          f"{values.shape}")
+    entries = matrix.data if sp.issparse(matrix) else np.asarray(matrix)
+    for name, array in (("matrix", entries), ("rhs", rhs), ("values", values)):
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name}: expected finite values, got NaN or inf")
     master = np.arange(n)
     if identify is not None:
-        slave, target = (np.asarray(a, dtype=np.int64) for a in identify)
+        slave, target = (_dof_indices(a, "identify", n) for a in identify)
         if slave.shape != target.shape or np.intersect1d(slave, target).size:
             raise ValueError("identify: expected (slave, master) arrays of one shape, no DOF "
                              "both a slave and a master")
@@ -615,8 +619,11 @@ def solve_constrained(
     is_fixed = np.zeros(n_r, dtype=bool)
     is_fixed[column[fixed]] = True
     u_r[column[fixed]] = values
-    if not np.allclose(u_r[column[fixed]], values, rtol=1e-9, atol=1e-12):
-        raise ValueError("values: identified DOFs are given different values")
+    differ = ~np.isclose(u_r[column[fixed]], values, rtol=1e-9, atol=1e-12)
+    if differ.any():
+        i = int(np.argmax(differ))
+        raise ValueError(f"values: DOF {fixed[i]} is given {float(values[i])} and, listed "
+                         f"again or through identify, {float(u_r[column[fixed[i]]])}")
     free = ~is_fixed
     if free.any():
         a_ff = a_r[free][:, free].tocsc()
@@ -627,6 +634,19 @@ def solve_constrained(
     reactions = np.zeros(n)
     reactions[reduced] = residual
     return p @ u_r, reactions
+
+
+def _dof_indices(indices: object, name: str, n: int) -> np.ndarray:
+    """``indices`` as an int64 array of DOFs of ``[0, n)``; floats and other values refused
+    (numpy would truncate 1.7 to 1 and wrap -1 to the last DOF)."""
+    array = np.asarray(indices)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name}: expected integer DOF indices, got dtype {array.dtype}")
+    array = array.astype(np.int64)
+    if array.size and (array.min() < 0 or array.max() >= n):
+        raise ValueError(f"{name}: expected DOF indices in [0, {n}), got values from "
+                         f"{array.min()} to {array.max()}")
+    return array
 
 
 def error_norms(

@@ -102,7 +102,9 @@ def time_grid(
 
 
 def _check_times(times: object) -> np.ndarray:
-    t = np.asarray(times, dtype=np.float64) if not isinstance(times, np.ndarray) else times
+    t = np.asarray(times)  # (no dtype: numpy's own error for strings would not name times)
+    if not isinstance(times, np.ndarray) and np.issubdtype(t.dtype, np.integer):
+        t = t.astype(np.float64)  # a list such as [0, 1, 2]
     if t.ndim != 1 or t.size < 2 or not np.issubdtype(t.dtype, np.floating):
         raise ValueError(f"times: expected a 1-D float array of at least 2 times, got "
                          f"shape {t.shape} and dtype {t.dtype}")

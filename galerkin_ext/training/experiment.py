@@ -144,8 +144,8 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                         f"{', e.g. the original test .mat' if mat_files else ''}); default: "
                         "the last samples of --data")
     p.add_argument("--data-dir", default=None,
-                   help="cache folder of generated data (default: $GALERKIN_EXT_CACHE or "
-                        "~/.cache/galerkin_ext)")
+                   help="cache folder of generated data (default: $GALERKIN_EXT_CACHE, else "
+                        "$XDG_CACHE_HOME/galerkin_ext, else ~/.cache/galerkin_ext)")
     p.add_argument("--device", type=usable_device, default="auto",
                    help="cpu, cuda, cuda:1 or auto (default)")
     p.add_argument("--out", required=True, help="output folder (checkpoints, metrics, plot)")
