@@ -90,9 +90,9 @@ def datasets(args: argparse.Namespace, data: str) -> tuple[BurgersDataset, Burge
     """The training and evaluation sets of ``data`` at ``args.n`` (the paper preset's split
     unless overridden)."""
     cfg = _example().PRESETS["paper"]
-    split = {"n_train": args.n_train or cfg["n_train"], "n_valid": args.n_eval or cfg["n_eval"]}
+    split = {"n_train": args.n_train or cfg["n_train"], "n_test": args.n_eval or cfg["n_eval"]}
     train_set = BurgersDataset(data, "train", args.n, **split)
-    return train_set, BurgersDataset(data, "valid", args.n, **split,
+    return train_set, BurgersDataset(data, "test", args.n, **split,
                                      target_normalizer=train_set.target_normalizer)
 
 

@@ -103,17 +103,17 @@ def main(argv=None):
     # -- data ----------------------------------------------------------------------------------
     data = args.data or cached_data("burgers", args.data_dir, ctx, **cfg["data"])
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
-    split = {"n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
+    split = {"n_train": cfg["n_train"], "n_test": cfg["n_eval"]}
     train_set = BurgersDataset(data, "train", cfg["n"], **split)
     norm = train_set.target_normalizer
-    eval_split = evaluation_only(split, "n_valid") if args.eval_data else split
-    eval_set = BurgersDataset(args.eval_data or data, "valid", cfg["n"], **eval_split,
+    eval_split = evaluation_only(split) if args.eval_data else split
+    eval_set = BurgersDataset(args.eval_data or data, "test", cfg["n"], **eval_split,
                               target_normalizer=norm)
     # before training: a resolution the data cannot give fails now, not after hours
     zero_shot_sets = {}
     for n in args.eval_n:
         try:
-            zero_shot_sets[n] = BurgersDataset(args.eval_data or data, "valid", n, **eval_split,
+            zero_shot_sets[n] = BurgersDataset(args.eval_data or data, "test", n, **eval_split,
                                                target_normalizer=norm)
         except DataMismatchError as err:  # the evaluation split itself was read: the grid
             raise DataMismatchError(f"--eval-n {n}: {err}") from None

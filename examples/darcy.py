@@ -104,10 +104,10 @@ def main(argv=None):
     data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"])
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"],
-             "n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
+             "n_train": cfg["n_train"], "n_test": cfg["n_eval"]}
     train_set = DarcyDataset(data, "train", **grids)
-    eval_set = DarcyDataset(args.eval_data or data, "valid",
-                            **(evaluation_only(grids, "n_valid") if args.eval_data else grids),
+    eval_set = DarcyDataset(args.eval_data or data, "test",
+                            **(evaluation_only(grids) if args.eval_data else grids),
                             input_normalizer=train_set.input_normalizer,
                             target_normalizer=train_set.target_normalizer)
     # in checkpoints: per grid point, flattened (fine x fine row-major)

@@ -286,7 +286,7 @@ def main(argv=None):
     valid_set = ContinuumDarcyDataset(data, "valid", **split, **norms)
     test_set = ContinuumDarcyDataset(
         args.eval_data or data, "test",
-        **(evaluation_only(split, "n_test") if args.eval_data else split), **norms)
+        **(evaluation_only(split) if args.eval_data else split), **norms)
     zs = cfg["zero_shot"]
     zero_shot_sets, skipped = {}, {}
     for res in zs["resolution"]:
@@ -298,7 +298,7 @@ def main(argv=None):
                   "seed": zs["seed"]}
         zero_shot_sets[f"s={res}"] = ContinuumDarcyDataset(
             cached_data("darcy", args.data_dir, ctx, **params), "test",
-            **evaluation_only({**split, "n_test": zs["n_samples"]}, "n_test"), **norms)
+            **evaluation_only({**split, "n_test": zs["n_samples"]}), **norms)
     cfg["normalizers"] = normalizer_config(input=norms["input_normalizer"],
                                            target=norms["target_normalizer"])
 

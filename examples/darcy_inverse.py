@@ -107,10 +107,10 @@ def main(argv=None):
     data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"])
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"], "noise": cfg["noise"],
-             "noise_seed": NOISE_SEED, "n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
+             "noise_seed": NOISE_SEED, "n_train": cfg["n_train"], "n_test": cfg["n_eval"]}
     train_set = DarcyInverseDataset(data, "train", **grids)
-    eval_set = DarcyInverseDataset(args.eval_data or data, "valid",
-                                   **(evaluation_only(grids, "n_valid") if args.eval_data
+    eval_set = DarcyInverseDataset(args.eval_data or data, "test",
+                                   **(evaluation_only(grids) if args.eval_data
                                       else grids),
                                    input_normalizer=train_set.input_normalizer)
     # in checkpoints: per grid point, flattened (fine x fine row-major)

@@ -160,10 +160,10 @@ def main(argv=None):
     record_data_files(cfg, data, args.eval_data)
     # (coarse_resolution: the CiNN models' attention grid, which this model does not read)
     grids = {"resolution": cfg["resolution"], "coarse_resolution": cfg["resolution"],
-             "n_train": cfg["n_train"], "n_valid": cfg["n_eval"]}
+             "n_train": cfg["n_train"], "n_test": cfg["n_eval"]}
     train_full = DarcyDataset(data, "train", **grids)
-    eval_full = DarcyDataset(args.eval_data or data, "valid",
-                             **(evaluation_only(grids, "n_valid") if args.eval_data else grids),
+    eval_full = DarcyDataset(args.eval_data or data, "test",
+                             **(evaluation_only(grids) if args.eval_data else grids),
                              input_normalizer=train_full.input_normalizer,
                              target_normalizer=train_full.target_normalizer)
     # in checkpoints: per grid point, flattened (resolution x resolution row-major); the model

@@ -150,7 +150,7 @@ def main(argv=None):
              "generator": ("elasticity", GEOFNO_ELASTICITY), "dtype": torch.float32}
     train_set = RaggedDataset(data, "train", **split)
     eval_set = RaggedDataset(eval_data, "test",
-                             **(evaluation_only(split, "n_test") if args.eval_data else split),
+                             **(evaluation_only(split) if args.eval_data else split),
                              normalizers=train_set.normalizers)
     cfg["normalizers"] = normalizer_config(**train_set.normalizers.named())  # in checkpoints
 

@@ -173,7 +173,7 @@ def main(argv=None):
              "target_normalizer": train_set.target_normalizer}
     valid_set = ODEDataset(data, "valid", **split, **norms)
     test_set = ODEDataset(args.eval_data or data, "test",
-                          **(evaluation_only(split, "n_test") if args.eval_data else split),
+                          **(evaluation_only(split) if args.eval_data else split),
                           **norms)
     # zero-shot sets: independent draws at other time grids (before training: a bad set fails
     # now, not after the run)
@@ -183,8 +183,8 @@ def main(argv=None):
     zero_shot_sets = {
         name: ODEDataset(cached_data("lorenz63", args.data_dir, ctx, n_samples=zs["n_samples"],
                                      seed=zs["seed"], **grid),
-                         "test", **evaluation_only({**split, "n_test": zs["n_samples"]},
-                                                   "n_test"), **norms)
+                         "test", **evaluation_only({**split, "n_test": zs["n_samples"]}),
+                         **norms)
         for name, grid in grids.items()
     }
     cfg["normalizers"] = normalizer_config(input=norms["input_normalizer"],

@@ -39,7 +39,7 @@ def darcy_arrays(n=10, k=25):
 
 def test_burgers_dataset_layout_and_split():
     a, u = burgers_arrays()
-    ds = BurgersDataset((a, u), "train", 16, n_train=8, n_valid=3)
+    ds = BurgersDataset((a, u), "train", 16, n_train=8, n_test=3)
     assert len(ds) == 8
     item = ds[2]
     assert {k: tuple(v.shape) for k, v in item.items()} == {
@@ -51,16 +51,16 @@ def test_burgers_dataset_layout_and_split():
     h = 1 / 16
     exact = -3 * np.sin(2 * np.pi * np.arange(16) * h) * np.sin(2 * np.pi * h) / h
     np.testing.assert_allclose(item["target_grad"][:, 0].numpy(), exact, atol=1e-5)
-    valid = BurgersDataset((a, u), "valid", 64, n_train=8, n_valid=3)
-    np.testing.assert_allclose(valid[0]["target"][:, 0].numpy(), u[9], rtol=1e-6)
+    test = BurgersDataset((a, u), "test", 64, n_train=8, n_test=3)
+    np.testing.assert_allclose(test[0]["target"][:, 0].numpy(), u[9], rtol=1e-6)
     # One scalar mean/std over every value of the training targets (population std), fitted
     # on the training samples whatever the split; a given normaliser is used as it is.
-    for d, stride in ((ds, 4), (valid, 1)):
+    for d, stride in ((ds, 4), (test, 1)):
         norm = d.target_normalizer
         assert norm.mean.shape == () and norm.std.shape == ()
         np.testing.assert_allclose(norm.mean.item(), u[:8, ::stride].mean(), atol=1e-12)
         np.testing.assert_allclose(norm.std.item(), u[:8, ::stride].std(), rtol=1e-5)
-    given = BurgersDataset((a, u), "valid", 64, n_train=8, n_valid=3,
+    given = BurgersDataset((a, u), "test", 64, n_train=8, n_test=3,
                            target_normalizer=ds.target_normalizer)
     assert given.target_normalizer.std.item() == ds.target_normalizer.std.item()
     batch = next(iter(DataLoader(ds, batch_size=4)))
@@ -70,17 +70,17 @@ def test_burgers_dataset_layout_and_split():
 def test_burgers_dataset_bad_arguments():
     a, u = burgers_arrays()
     with pytest.raises(ValueError, match="resolution must divide"):
-        BurgersDataset((a, u), resolution=24, n_train=4, n_valid=2)
+        BurgersDataset((a, u), resolution=24, n_train=4, n_test=2)
     with pytest.raises(ValueError, match="split"):
-        BurgersDataset((a, u), "test", 16, n_train=4, n_valid=2)
+        BurgersDataset((a, u), "valid", 16, n_train=4, n_test=2)
     with pytest.raises(ValueError, match="n_train"):
-        BurgersDataset((a, u), "train", 16, n_train=40, n_valid=2)
+        BurgersDataset((a, u), "train", 16, n_train=40, n_test=2)
     with pytest.raises(ValueError, match="share a shape"):
-        BurgersDataset((a, u[:, :8]), n_train=4, n_valid=2)
+        BurgersDataset((a, u[:, :8]), n_train=4, n_test=2)
     with pytest.raises(TypeError, match="source"):
-        BurgersDataset(42, n_train=4, n_valid=2)
+        BurgersDataset(42, n_train=4, n_test=2)
     with pytest.raises(TypeError, match="dtype: expected a floating torch.dtype"):
-        BurgersDataset((a, u), "train", 16, n_train=4, n_valid=2, dtype=torch.int32)
+        BurgersDataset((a, u), "train", 16, n_train=4, n_test=2, dtype=torch.int32)
 
 
 def test_darcy_dataset_bad_grids_and_dtype():
@@ -88,15 +88,15 @@ def test_darcy_dataset_bad_grids_and_dtype():
     for cls in (DarcyDataset, DarcyInverseDataset):
         # the attention's coarse grid finer than the data's grid is never meant
         with pytest.raises(ValueError, match="coarse_resolution: expected at most resolution"):
-            cls((a, u), "train", 13, coarse_resolution=25, n_train=6, n_valid=3)
+            cls((a, u), "train", 13, coarse_resolution=25, n_train=6, n_test=3)
         with pytest.raises(TypeError, match="dtype: expected a floating torch.dtype"):
-            cls((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+            cls((a, u), "train", 13, coarse_resolution=7, n_train=6, n_test=3,
                 dtype=torch.int64)
 
 
 def test_darcy_dataset_layout_normaliser_and_gradient():
     a, u = darcy_arrays()
-    ds = DarcyDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+    ds = DarcyDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_test=3,
                       dtype=torch.float64)
     item = ds[1]
     assert {k: tuple(v.shape) for k, v in item.items()} == {
@@ -118,9 +118,9 @@ def test_darcy_dataset_layout_normaliser_and_gradient():
     np.testing.assert_allclose(item["target_grad"][1:-1, 1:-1, 0].numpy(),
                                exact_x[1:-1, 1:-1], atol=1e-10)
     assert item["target_grad"][0].abs().max() == 0
-    valid = DarcyDataset((a, u), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3)
-    torch.testing.assert_close(valid.input_normalizer.mean, ds.input_normalizer.mean.float())
-    assert len(valid) == 3
+    test = DarcyDataset((a, u), "test", 13, coarse_resolution=7, n_train=6, n_test=3)
+    torch.testing.assert_close(test.input_normalizer.mean, ds.input_normalizer.mean.float())
+    assert len(test) == 3
 
 
 def test_central_gradient_2d_is_exact_for_quadratics():
@@ -166,11 +166,11 @@ def test_block_average():
 
 def test_inverse_dataset_noise_and_targets():
     a, u = darcy_arrays()
-    clean = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+    clean = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_test=3,
                                 dtype=torch.float64)
-    noisy = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+    noisy = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_test=3,
                                 noise=0.1, noise_seed=3, dtype=torch.float64)
-    again = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3,
+    again = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_test=3,
                                 noise=0.1, noise_seed=3, dtype=torch.float64)
     item = clean[2]
     assert {k: tuple(v.shape) for k, v in item.items()} == {
@@ -179,14 +179,14 @@ def test_inverse_dataset_noise_and_targets():
     diff = torch.stack([noisy[i]["x"] - clean[i]["x"] for i in range(6)])
     assert abs(diff.std().item() - 0.1) < 0.01
     torch.testing.assert_close(noisy[4]["x"], again[4]["x"])  # static noise
-    valid = DarcyInverseDataset((a, u), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+    test = DarcyInverseDataset((a, u), "test", 13, coarse_resolution=7, n_train=6, n_test=3,
                                 input_normalizer=clean.input_normalizer, noise=0.1)
-    assert len(valid) == 3
+    assert len(test) == 3
     with pytest.raises(TypeError, match="input_normalizer"):
-        DarcyInverseDataset((a, u), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+        DarcyInverseDataset((a, u), "test", 13, coarse_resolution=7, n_train=6, n_test=3,
                             input_normalizer="nope")
     with pytest.raises(ValueError, match="coarse_resolution"):
-        DarcyInverseDataset((a, u), "train", 13, n_train=6, n_valid=3)
+        DarcyInverseDataset((a, u), "train", 13, n_train=6, n_test=3)
 
 
 def test_normalizer_validation():
@@ -209,60 +209,60 @@ def test_normalizer_validation():
 def test_datasets_from_generated_files(tmp_path):
     b = gen.generate_burgers(tmp_path / "b.h5", 6, 128, solve_resolution=64, n_steps=40,
                              chunk_size=3, progress=False)
-    ds = BurgersDataset(b, "valid", 32, n_train=4, n_valid=2)
+    ds = BurgersDataset(b, "test", 32, n_train=4, n_test=2)
     assert ds[0]["x"].shape == (32, 1)
     d = gen.generate_darcy(tmp_path / "d.h5", 6, 25, chunk_size=3, workers=1, progress=False)
-    fwd = DarcyDataset(d, "train", 13, coarse_resolution=7, n_train=4, n_valid=2)
-    inv = DarcyInverseDataset(d, "valid", 13, coarse_resolution=5, n_train=4, n_valid=2)
+    fwd = DarcyDataset(d, "train", 13, coarse_resolution=7, n_train=4, n_test=2)
+    inv = DarcyInverseDataset(d, "test", 13, coarse_resolution=5, n_train=4, n_test=2)
     assert fwd[3]["target"].abs().max() > 0 and inv[1]["target"].shape == (5, 5, 1)
     assert set(np.unique(fwd.coeff.numpy())) <= {3.0, 12.0}
     # a file of the other experiment is refused up front, naming what it holds
     with pytest.raises(DataFileError, match="holds darcy data, expected burgers data"):
-        BurgersDataset(d, "train", 5, n_train=4, n_valid=2)
+        BurgersDataset(d, "train", 5, n_train=4, n_test=2)
     with pytest.raises(DataFileError, match="holds burgers data, expected darcy data"):
-        DarcyInverseDataset(b, "train", 13, coarse_resolution=5, n_train=4, n_valid=2)
+        DarcyInverseDataset(b, "train", 13, coarse_resolution=5, n_train=4, n_test=2)
     # arrays of the other experiment's shape, too
     # bool masks were read as 0/1 fields
     with pytest.raises(ValueError, match="variable 'a' holds bool data"):
-        BurgersDataset((np.ones((6, 9)) > 0, np.zeros((6, 9))), n_train=4, n_valid=2)
+        BurgersDataset((np.ones((6, 9)) > 0, np.zeros((6, 9))), n_train=4, n_test=2)
     with pytest.raises(ValueError, match=r"expected burgers data of shape \(B, N\)"):
-        BurgersDataset((np.zeros((6, 9, 9)), np.zeros((6, 9, 9))), n_train=4, n_valid=2)
+        BurgersDataset((np.zeros((6, 9, 9)), np.zeros((6, 9, 9))), n_train=4, n_test=2)
     with pytest.raises(ValueError, match=r"expected darcy data of shape \(B, K, K\)"):
-        DarcyDataset((np.zeros((6, 9)), np.zeros((6, 9))), n_train=4, n_valid=2)
+        DarcyDataset((np.zeros((6, 9)), np.zeros((6, 9))), n_train=4, n_test=2)
     # a truncated file: the package's error naming the file, not h5py's
     size = b.stat().st_size
     with open(b, "r+b") as fh:
         fh.truncate(size // 2)
     with pytest.raises(DataFileError, match=r"b\.h5"):
-        BurgersDataset(b, "train", 32, n_train=4, n_valid=2)
+        BurgersDataset(b, "train", 32, n_train=4, n_test=2)
 
 
 def test_valid_split_of_a_separate_file_needs_the_training_normaliser():
     a, u = darcy_arrays()
-    train = DarcyDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_valid=3)
+    train = DarcyDataset((a, u), "train", 13, coarse_resolution=7, n_train=6, n_test=3)
     norms = {"input_normalizer": train.input_normalizer,
              "target_normalizer": train.target_normalizer}
     with pytest.raises(ValueError, match="input_normalizer must be given"):
-        DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=0, n_valid=3)
+        DarcyDataset((a[:6], u[:6]), "test", 13, coarse_resolution=7, n_train=0, n_test=3)
     # n_train = 6 says the file starts with the 6 training samples: its last 3 would be 3 of
     # them, given normalisers or not
     for given in ({}, norms):
-        with pytest.raises(ValueError, match=r"n_valid: .* 6 \+ 3, so the splits would overlap"):
-            DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+        with pytest.raises(ValueError, match=r"n_test: .* 6 \+ 3, so the splits would overlap"):
+            DarcyDataset((a[:6], u[:6]), "test", 13, coarse_resolution=7, n_train=6, n_test=3,
                          **given)
     # normalisers of another resolution were found after loading, as "x must end with ..."
-    coarse = DarcyDataset((a, u), "train", 7, coarse_resolution=4, n_train=6, n_valid=3)
+    coarse = DarcyDataset((a, u), "train", 7, coarse_resolution=4, n_train=6, n_test=3)
     for name in norms:
         with pytest.raises(ValueError, match=rf"{name}: fitted on samples of shape \(7, 7\), "
                            r"expected \(13, 13\)"):
-            DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=0, n_valid=3,
+            DarcyDataset((a[:6], u[:6]), "test", 13, coarse_resolution=7, n_train=0, n_test=3,
                          **{**norms, name: getattr(coarse, name)})
     with pytest.raises(ValueError, match=r"input_normalizer: fitted on samples of shape \(7, 7\)"):
-        DarcyInverseDataset((a, u), "valid", 13, coarse_resolution=7, n_train=6, n_valid=3,
+        DarcyInverseDataset((a, u), "test", 13, coarse_resolution=7, n_train=6, n_test=3,
                             input_normalizer=coarse.input_normalizer)
-    valid = DarcyDataset((a[:6], u[:6]), "valid", 13, coarse_resolution=7, n_train=0, n_valid=3,
+    test = DarcyDataset((a[:6], u[:6]), "test", 13, coarse_resolution=7, n_train=0, n_test=3,
                          **norms, dtype=torch.float64)
-    assert valid.input_normalizer.mean.dtype == torch.float64
+    assert test.input_normalizer.mean.dtype == torch.float64
     assert train.input_normalizer.mean.dtype == torch.float32  # the given one is untouched
 
 

@@ -102,11 +102,11 @@ def test_datasets_read_mat_files(tmp_path, darcy_arrays):
     rng = np.random.default_rng(2)
     a, u = rng.random((6, 32)), rng.random((6, 32))
     write_v73(tmp_path / "b.mat", a=a, u=u)
-    ds = BurgersDataset(tmp_path / "b.mat", "valid", 8, n_train=4, n_valid=2)
+    ds = BurgersDataset(tmp_path / "b.mat", "test", 8, n_train=4, n_test=2)
     np.testing.assert_allclose(ds[1]["x"][:, 0].numpy(), a[5, ::4], rtol=1e-7)
     coeff, sol = darcy_arrays
     scipy.io.savemat(tmp_path / "d.mat", {"coeff": coeff, "sol": sol})
-    dd = DarcyDataset(tmp_path / "d.mat", "train", 5, coarse_resolution=3, n_train=4, n_valid=2,
+    dd = DarcyDataset(tmp_path / "d.mat", "train", 5, coarse_resolution=3, n_train=4, n_test=2,
                       dtype=torch.float64)
     np.testing.assert_array_equal(dd[3]["target"][..., 0].numpy(), sol[3, ::2, ::2])
 
@@ -119,12 +119,12 @@ def test_each_dataset_reads_a_mat_file_once(tmp_path, darcy_arrays, monkeypatch)
     monkeypatch.setattr(datasets._mat, "load_mat", lambda *a: reads.append(a) or real(*a))
     rng = np.random.default_rng(3)
     scipy.io.savemat(tmp_path / "b.mat", {"a": rng.random((6, 32)), "u": rng.random((6, 32))})
-    BurgersDataset(tmp_path / "b.mat", "valid", 8, n_train=4, n_valid=2)  # fits on "train"
+    BurgersDataset(tmp_path / "b.mat", "test", 8, n_train=4, n_test=2)  # fits on "train"
     coeff, sol = darcy_arrays
     write_v73(tmp_path / "d.mat", coeff=coeff, sol=sol)
-    DarcyDataset(tmp_path / "d.mat", "valid", 5, coarse_resolution=3, n_train=4, n_valid=2)
-    DarcyInverseDataset(tmp_path / "d.mat", "valid", 5, coarse_resolution=3, n_train=4,
-                        n_valid=2)
+    DarcyDataset(tmp_path / "d.mat", "test", 5, coarse_resolution=3, n_train=4, n_test=2)
+    DarcyInverseDataset(tmp_path / "d.mat", "test", 5, coarse_resolution=3, n_train=4,
+                        n_test=2)
     assert [Path(a[0]).name for a in reads] == ["b.mat", "d.mat", "d.mat"]
 
 
@@ -136,23 +136,23 @@ def test_datasets_check_a_pair_of_arrays_as_they_check_files(darcy_arrays):
     wide = np.zeros((6, 9, 17))
     with pytest.raises(ValueError, match=r"expected darcy data of shape \(B, K, K\), got "
                                          r"\(6, 9, 17\)"):
-        DarcyDataset((wide, wide), "train", 5, coarse_resolution=3, n_train=4, n_valid=2)
+        DarcyDataset((wide, wide), "train", 5, coarse_resolution=3, n_train=4, n_test=2)
     with pytest.raises(ValueError, match=r"expected darcy data"):
         DarcyInverseDataset((wide, wide), "train", 5, coarse_resolution=3, n_train=4,
-                            n_valid=2)
+                            n_test=2)
     bad = sol.copy()
     bad[4, 1, 1] = np.inf
     with pytest.raises(ValueError, match=r"variable 'u' has non-finite values in 1 sample\(s\), "
                                          r"the first is sample 4"):
-        DarcyDataset((coeff, bad), "train", 5, coarse_resolution=3, n_train=4, n_valid=2)
+        DarcyDataset((coeff, bad), "train", 5, coarse_resolution=3, n_train=4, n_test=2)
     a = np.ones((6, 16))
     a[2, 3] = np.nan
     with pytest.raises(ValueError, match=r"variable 'a' has non-finite values"):
-        BurgersDataset((a, np.ones((6, 16))), "train", 8, n_train=4, n_valid=2)
+        BurgersDataset((a, np.ones((6, 16))), "train", 8, n_train=4, n_test=2)
     with pytest.raises(ValueError, match=r"variable 'a' holds complex128 data"):
         BurgersDataset((np.ones((6, 16)) * 1j, np.ones((6, 16))), "train", 8, n_train=4,
-                       n_valid=2)
-    ds = DarcyDataset((coeff, sol), "train", 5, coarse_resolution=3, n_train=4, n_valid=2,
+                       n_test=2)
+    ds = DarcyDataset((coeff, sol), "train", 5, coarse_resolution=3, n_train=4, n_test=2,
                       dtype=torch.float64)
     np.testing.assert_array_equal(ds[3]["target"][..., 0].numpy(), sol[3, ::2, ::2])
 
@@ -175,7 +175,7 @@ def test_non_finite_samples_are_named_before_any_training(tmp_path, darcy_arrays
                                          r"sample 5"):
         read_darcy_mat(tmp_path / "d.mat")
     with pytest.raises(DataFileError, match=r"b\.mat': variable 'u' has non-finite"):
-        BurgersDataset(tmp_path / "b.mat", "train", 8, n_train=4, n_valid=1)
+        BurgersDataset(tmp_path / "b.mat", "train", 8, n_train=4, n_test=1)
     scipy.io.savemat(tmp_path / "x.mat", {"a": np.zeros((2, 4))})
     with pytest.raises(DataFileError, match=r"lacks \['u'\]"):
-        BurgersDataset(tmp_path / "x.mat", "train", 4, n_train=1, n_valid=1)
+        BurgersDataset(tmp_path / "x.mat", "train", 4, n_train=1, n_test=1)

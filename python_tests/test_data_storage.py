@@ -186,7 +186,7 @@ def test_checksums_find_a_flipped_bit(tmp_path):
     with pytest.raises(DataFileError, match=r"b\.h5': array 'u' is corrupt"):
         read_h5(out)
     with pytest.raises(DataFileError, match="corrupt"):
-        BurgersDataset(out, "train", 64, n_train=6, n_valid=2)
+        BurgersDataset(out, "train", 64, n_train=6, n_test=2)
     np.testing.assert_array_equal(read_h5(out, [0, 1, 2], keys=("u",))["u"].shape, (3, 128))
 
 

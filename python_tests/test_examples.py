@@ -117,10 +117,10 @@ def test_burgers_example(tmp_path):
     cached = next((tmp_path / "cache").glob("*.h5"))
     model, _ = load_trained_model(out / "best.pt")
     # the output is scaled by the training targets' std (the paper preset diverges without)
-    train_std = BurgersDataset(cached, "train", 128, n_train=16, n_valid=8).target.std(
+    train_std = BurgersDataset(cached, "train", 128, n_train=16, n_test=8).target.std(
         correction=0)
     assert model.denormalizer.scale.item() == pytest.approx(train_std.item() + 1e-5, rel=1e-5)
-    eval_set = BurgersDataset(cached, "valid", 128, n_train=16, n_valid=8)
+    eval_set = BurgersDataset(cached, "test", 128, n_train=16, n_test=8)
     assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
     # a second run reuses the cached data instead of generating it again
     proc = _run(_cmd("burgers.py", tmp_path / "run2", *args))
@@ -138,8 +138,8 @@ def test_burgers_example_evaluates_a_separate_file(tmp_path, burgers_file):
     m = _check_outputs(out, 1)
     assert m["config"]["data_files"]["eval"] == str(eval_file.resolve())
     model, _ = load_trained_model(out / "best.pt")
-    norm = BurgersDataset(burgers_file, "train", 128, n_train=8, n_valid=2).target_normalizer
-    eval_set = BurgersDataset(eval_file, "valid", 128, n_train=0, n_valid=2,
+    norm = BurgersDataset(burgers_file, "train", 128, n_train=8, n_test=2).target_normalizer
+    eval_set = BurgersDataset(eval_file, "test", 128, n_train=0, n_test=2,
                               target_normalizer=norm)
     assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
 
@@ -154,8 +154,8 @@ def test_darcy_example(tmp_path, darcy_file):
     assert not m["thresholds"]["enforced"] and set(m["thresholds"]["checks"]) == {"test_rel_l2"}
     # best.pt alone (its model, its normalisers) reproduces the metric: no training data read
     model, best = load_trained_model(out / "best.pt")
-    eval_set = DarcyDataset(darcy_file, "valid", 43, coarse_resolution=15, n_train=16,
-                            n_valid=8, **_recorded_normalizers(best, (43, 43)))
+    eval_set = DarcyDataset(darcy_file, "test", 43, coarse_resolution=15, n_train=16,
+                            n_test=8, **_recorded_normalizers(best, (43, 43)))
     assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
 
 
@@ -174,9 +174,9 @@ def test_darcy_inverse_example(tmp_path, darcy_file):
     m = _check_outputs(out, 2)
     assert m["config"]["noise"] == 0.01 and m["config"]["model"]["norm"] == "layer"
     model, best = load_trained_model(out / "best.pt")
-    eval_set = DarcyInverseDataset(darcy_file, "valid", 43, coarse_resolution=15, noise=0.01,
+    eval_set = DarcyInverseDataset(darcy_file, "test", 43, coarse_resolution=15, noise=0.01,
                                    noise_seed=_load_example("darcy_inverse").NOISE_SEED,
-                                   n_train=16, n_valid=2,
+                                   n_train=16, n_test=2,
                                    **_recorded_normalizers(best, (43, 43)))
     assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
 
@@ -247,8 +247,8 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
     for name, flags, message in (
             ("nan.mat", (), "nan.mat': variable 'a' has non-finite values in 1 sample(s)"),
             ("vars.mat", (), "vars.mat' lacks ['a', 'u']"),
-            ("ok.mat", ("--n-train", "10"), "n_valid: the source has 12 samples, fewer than "
-                                            "n_train + n_valid = 10 + 4"),
+            ("ok.mat", ("--n-train", "10"), "n_test: the source has 12 samples, fewer than "
+                                            "n_train + n_test = 10 + 4"),
             ("ok.mat", ("--n", "100"), "resolution must divide the stored 128 points")):
         out = tmp_path / "run"  # not the data file itself
         proc = subprocess.run(
@@ -388,7 +388,7 @@ def test_domain_parallel_example_matches_single_process(tmp_path, darcy_file):
     example = _load_example("domain_parallel")
     model, best = load_trained_model(tmp_path / "domain" / "best.pt")
     norms = _recorded_normalizers(best, (43, 43))
-    eval_full = DarcyDataset(darcy_file, "valid", 43, coarse_resolution=43, n_train=8, n_valid=2,
+    eval_full = DarcyDataset(darcy_file, "test", 43, coarse_resolution=43, n_train=8, n_test=2,
                              **norms)
     whole = DomainSplit.even(43 * 43)
     assert evaluate(model, example.point_features(eval_full, whole),
@@ -439,7 +439,7 @@ def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
         (("--device", "bogus"), "argument --device: device: expected e.g. 'cpu'"),
         # the last 8 of the 80 samples would be training samples
         (("--data", str(burgers_file), "--n", "128", "--n-train", "75", "--n-eval", "8"),
-         "n_train + n_valid = 75 + 8, so the splits would overlap"),
+         "n_train + n_test = 75 + 8, so the splits would overlap"),
     ]
     for args, message in cases:
         proc = subprocess.run(_cmd("burgers.py", tmp_path / "bad", *args), capture_output=True,

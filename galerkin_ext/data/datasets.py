@@ -36,10 +36,11 @@ the first ``n_train`` samples, ``"valid"`` = the next ``n_valid``, ``"test"`` = 
   a spectrally resampled ``s``): ``x`` ``(s, s, 1)`` vorticity ``w(T)``, ``grid`` ``(s, s, 2)``,
   ``target`` ``(s, s, 1)`` vorticity ``w(T + dt_out)``; one scalar normaliser for both.
 
-Splits: ``"train"`` = the first ``n_train`` samples, ``"valid"`` = the last ``n_valid``, never
-overlapping (a source of validation samples only is read with ``n_train=0``).  ``"valid"``, as
-in the original code, is both the set the paper's protocol picks the best epoch on and the one
-it reports (the example scripts' ``--n-eval``); the continuum sets keep the two apart.  The
+Splits: ``"train"`` = the first ``n_train`` samples, ``"test"`` = the last ``n_test``, never
+overlapping (a source of test samples only is read with ``n_train=0``).  ``"test"`` is both
+the set the paper's protocol picks the best epoch on (the original code calls it its
+validation set) and the one it reports (the example scripts' ``--n-eval``); the continuum sets
+keep the two apart, with a ``"valid"`` split between.  The
 normalisers are fitted on the training samples of the same source unless given.  A source is a
 file written by :mod:`.generate` (``.h5``), an original ``.mat`` file, or a pair ``(a, u)`` of
 arrays.
@@ -366,14 +367,14 @@ def evaluation_indices(n: int, before: dict[str, int], name: str, size: int) -> 
     return np.arange(n - size, n)
 
 
-def _split_indices(n: int, split: str, n_train: int, n_valid: int) -> np.ndarray:
-    """train = the first ``n_train`` samples, valid = the last ``n_valid``, disjoint
-    (``n_train = 0``: a source of validation samples only)."""
-    check_choice(split, "split", ("train", "valid"))
+def _split_indices(n: int, split: str, n_train: int, n_test: int) -> np.ndarray:
+    """train = the first ``n_train`` samples, test = the last ``n_test``, disjoint
+    (``n_train = 0``: a source of test samples only)."""
+    check_choice(split, "split", ("train", "test"))
     n_train = check_int(n_train, "n_train", 0)
-    n_valid = check_int(n_valid, "n_valid")
-    if split == "valid":
-        return evaluation_indices(n, {"n_train": n_train}, "n_valid", n_valid)
+    n_test = check_int(n_test, "n_test")
+    if split == "test":
+        return evaluation_indices(n, {"n_train": n_train}, "n_test", n_test)
     if n_train < 1:
         raise ValueError("n_train: expected >= 1 for the 'train' split, got 0")
     if n_train > n:
@@ -406,7 +407,7 @@ class BurgersDataset(Dataset):
         resolution: int = 2048,
         *,
         n_train: int = 1024,
-        n_valid: int = 100,
+        n_test: int = 100,
         target_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
@@ -414,7 +415,7 @@ class BurgersDataset(Dataset):
         check_float_dtype(dtype)
         source = _checked_source(source, ("a", "u"))
         n = _n_samples(source, ("a", "u"))
-        idx = _split_indices(n, split, n_train, n_valid)
+        idx = _split_indices(n, split, n_train, n_test)
         first = _load(source, ("a", "u"), idx[:1], {"a": lambda x: x})["a"]
         stride = _stride(first.shape[-1], resolution, periodic=True)
         sub = {"a": lambda x: x[:, ::stride], "u": lambda x: x[:, ::stride]}
@@ -452,7 +453,7 @@ def _needs_fit(n_train: int, given: Any, name: str,
         return False
     if n_train == 0:  # e.g. an original evaluation .mat file
         raise ValueError(f"{name} must be given (from the training dataset) for a source of "
-                         "validation samples only (n_train=0)")
+                         "test samples only (n_train=0)")
     return True
 
 
@@ -477,7 +478,7 @@ def check_darcy_grids(resolution: int, coarse_resolution: int) -> None:
 
 def _darcy_layout(
     source: Source, split: str, resolution: int, coarse_resolution: int | None,
-    defaults: dict[int, int], n_train: int, n_valid: int,
+    defaults: dict[int, int], n_train: int, n_test: int,
 ) -> _DarcyLayout:
     """The checks and sizes both 2-D datasets start from."""
     resolution = check_int(resolution, "resolution", 3)
@@ -490,7 +491,7 @@ def _darcy_layout(
     check_darcy_grids(resolution, nc)
     keys = ("coeff", "sol")
     n = _n_samples(source, keys)
-    idx = _split_indices(n, split, n_train, n_valid)
+    idx = _split_indices(n, split, n_train, n_test)
     k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
     return _DarcyLayout(idx, k, _stride(k, resolution, periodic=False), resolution, nc)
 
@@ -506,7 +507,7 @@ class DarcyDataset(Dataset):
         *,
         coarse_resolution: int | None = None,
         n_train: int = 1024,
-        n_valid: int = 100,
+        n_test: int = 100,
         input_normalizer: UnitGaussianNormalizer | None = None,
         target_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
@@ -514,7 +515,7 @@ class DarcyDataset(Dataset):
         check_float_dtype(dtype)
         source = _checked_source(source, ("coeff", "sol"))
         idx, _, s, resolution, nc = _darcy_layout(
-            source, split, resolution, coarse_resolution, DARCY_COARSE, n_train, n_valid)
+            source, split, resolution, coarse_resolution, DARCY_COARSE, n_train, n_test)
         keys = ("coeff", "sol")
         fit_in = _needs_fit(n_train, input_normalizer, "input_normalizer",
                             (resolution, resolution))
@@ -566,14 +567,14 @@ class DarcyInverseDataset(Dataset):
         noise: float = 0.0,
         noise_seed: int = 0,
         n_train: int = 1024,
-        n_valid: int = 100,
+        n_test: int = 100,
         input_normalizer: UnitGaussianNormalizer | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         check_float_dtype(dtype)
         source = _checked_source(source, ("coeff", "sol"))
         idx, k, s, resolution, nc = _darcy_layout(
-            source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_valid)
+            source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_test)
         noise = check_float(noise, "noise", low_inclusive=True)
         noise_seed = check_int(noise_seed, "noise_seed", 0)
         keys = ("coeff", "sol")

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_bool, check_choice, check_int, check_path, resolve_device
+from .._checks import check_bool, check_int, check_path, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
 from ..data.storage import DataFileError, data_identity
@@ -362,17 +362,14 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
     return model.to(device).eval(), state
 
 
-_SPLIT_SIZES = ("n_train", "n_valid", "n_test")  # the order of the splits in a data file
-
-
-def evaluation_only(split: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """The dataset arguments ``split`` for a file that holds only the evaluation split ``key``
-    (``'n_valid'`` or ``'n_test'``): the sizes of the splits before it set to 0, as the
-    datasets expect of such a file (a nonzero size says the file starts with those splits,
-    and an evaluation split reaching into them is refused)."""
-    check_choice(key, "key", _SPLIT_SIZES[1:])
-    before = _SPLIT_SIZES[:_SPLIT_SIZES.index(key)]
-    return {**split, **{name: 0 for name in before if name in split}}
+def evaluation_only(split: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataset arguments ``split`` for a file that holds only test samples: the sizes of
+    the splits before them (``n_train``, ``n_valid``) set to 0, as the datasets expect of such
+    a file (a nonzero size says the file starts with those splits, and a test split reaching
+    into them is refused)."""
+    if not isinstance(split, Mapping):
+        raise TypeError(f"split: expected a mapping of split sizes, got {type(split).__name__}")
+    return {**split, **{name: 0 for name in ("n_train", "n_valid") if name in split}}
 
 
 #: What the continuum scripts pick their best epoch on and step ReduceLROnPlateau with
