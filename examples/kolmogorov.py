@@ -67,7 +67,7 @@ from galerkin_ext.training import (
 # models (build_model's values, 13 x 13 patches), Adam with ReduceLROnPlateau (x0.5,
 # patience 2, on the validation relative L2: see VALIDATION_NORMALISED) at each model's
 # learning rate and batch (MODELS), 80 epochs, relative H^1 loss.
-# "quick" is SPEC-continuum §7: solved and learned at 32^2 (float32, dt 0.025), 1000 train /
+# "quick" is SPEC-continuum §7: solved and learned at 32^2 (float32, step 0.025), 1000 train /
 # 100 validation / 200 test, 4 x 4 patches, every model 32 wide with 2 layers (d_ff 64),
 # residual output, relative L2 loss, Adam + OneCycle (max_lr 5e-3: at 30 epochs 2e-3 gave
 # 0.163, 5e-3 0.150), 24 epochs (the FANO 15); zero-shot 50 pairs solved at 64^2 and read at

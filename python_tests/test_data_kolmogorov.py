@@ -5,6 +5,7 @@ dataset (splits, normaliser, other grids, foreign files)."""
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import h5py
@@ -67,7 +68,7 @@ def test_unforced_taylor_green_decays_exactly():
     # Both modes have |k|^2 = 2: psi = w / 2, so u . grad w = 0 and w(t) = w0 exp(-2 nu t).
     x, y = grid(32)
     w0 = (2 * torch.cos(x) * torch.cos(y) + 0.5 * torch.sin(x + y))[None]
-    out = solve_kolmogorov(w0, 1.0, dt=0.01, forcing=False, snapshots=[0.0, 0.25, 1.0])
+    out = solve_kolmogorov(w0, 1.0, max_step=0.01, forcing=False, snapshots=[0.0, 0.25, 1.0])
     assert out.shape == (1, 3, 32, 32) and out.dtype == torch.float64
     for i, t in enumerate((0.0, 0.25, 1.0)):
         err = (out[:, i] - w0 * math.exp(-2 * NU * t)).abs().max().item()
@@ -78,7 +79,7 @@ def test_output_times_not_multiples_of_dt_are_hit_exactly():
     # 0.105 and 0.37 are no multiples of dt = 0.01: the steps shrink to 0.105/11 and 0.265/27.
     x, y = grid(16)
     w0 = (torch.sin(x) * torch.sin(y) - 0.3 * torch.cos(x - y))[None]
-    out = solve_kolmogorov(w0, 0.5, dt=0.01, forcing=False, snapshots=[0.105, 0.37])
+    out = solve_kolmogorov(w0, 0.5, max_step=0.01, forcing=False, snapshots=[0.105, 0.37])
     for i, t in enumerate((0.105, 0.37)):
         assert (out[:, i] - w0 * math.exp(-2 * NU * t)).abs().max() <= 1e-12
 
@@ -93,7 +94,7 @@ def test_forced_shell_relaxes_to_laminar_state(n, nu, forcing):
     rows = [(1.3, -0.7, 2.1), (0.0, 0.0, -amp / (n * nu)), (0.0, 0.0, 0.0), (-4.0, 3.0, 10.0)]
     w0 = torch.stack([a * torch.cos(n * x) + b * torch.sin(n * y) + c * torch.cos(n * y)
                       for a, b, c in rows])
-    out = solve_kolmogorov(w0, 1.0, dt=0.01, nu=nu, wavenumber=n, forcing=forcing)
+    out = solve_kolmogorov(w0, 1.0, max_step=0.01, nu=nu, wavenumber=n, forcing=forcing)
     exact = w_s + (w0 - w_s) * math.exp(-(n**2) * nu * 1.0)
     err = (out - exact).abs().max().item()
     assert err <= 1e-10, err  # measured 3.6e-14 (SPEC case)
@@ -131,15 +132,15 @@ def test_velocity_and_tendency_signs():
 
 def test_dividing_dt_by_ten_changes_little():
     w0 = sampled(1, 64, seed=1)
-    coarse = solve_kolmogorov(w0, 0.5, dt=0.01)
-    fine = solve_kolmogorov(w0, 0.5, dt=0.001)
+    coarse = solve_kolmogorov(w0, 0.5, max_step=0.01)
+    fine = solve_kolmogorov(w0, 0.5, max_step=0.001)
     assert cfl_number(fine, 0.01).max() < 1
     assert rel(coarse, fine) <= 1e-4  # measured 1.6e-5
 
 
 def test_fourth_order_in_time():
     w0 = sampled(1, 32, seed=2)
-    runs = [solve_kolmogorov(w0, 0.4, dt=h) for h in (0.04, 0.02, 0.01)]
+    runs = [solve_kolmogorov(w0, 0.4, max_step=h) for h in (0.04, 0.02, 0.01)]
     ratio = (runs[0] - runs[1]).norm() / (runs[1] - runs[2]).norm()
     assert 12 < ratio < 20, ratio  # 2^4 = 16 (measured 15.97)
 
@@ -154,7 +155,7 @@ def test_integrating_factor_matches_classical_rk4_on_tendency():
         k3 = kolmogorov_tendency(w + h / 2 * k2)
         k4 = kolmogorov_tendency(w + h * k3)
         w = w + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    out = solve_kolmogorov(w0, 0.2, dt=h)
+    out = solve_kolmogorov(w0, 0.2, max_step=h)
     assert rel(out, w) <= 1e-8  # measured 7.5e-10
     assert rel(out, w0) > 0.1  # the flow did change
 
@@ -162,7 +163,7 @@ def test_integrating_factor_matches_classical_rk4_on_tendency():
 def test_inviscid_truncated_euler_conserves_energy_and_enstrophy():
     # The 2/3-truncated advection conserves both quadratic invariants; RK4 adds O(dt^4) drift.
     w0 = sampled(2, 32, seed=4)
-    out = solve_kolmogorov(w0, 0.5, dt=0.005, nu=0.0, forcing=False, snapshots=[0.0, 0.5])
+    out = solve_kolmogorov(w0, 0.5, max_step=0.005, nu=0.0, forcing=False, snapshots=[0.0, 0.5])
     assert rel(out[:, 1], out[:, 0]) > 0.5
     enstrophy = (out**2).mean(dim=(-2, -1))
     energy = torch.stack([(velocity_from_vorticity(out[:, i]) ** 2).sum(1).mean(dim=(-2, -1))
@@ -173,32 +174,33 @@ def test_inviscid_truncated_euler_conserves_energy_and_enstrophy():
 
 def test_snapshots_batches_and_dtype():
     w0 = sampled(3, 16, seed=5)
-    both = solve_kolmogorov(w0, 1.0, dt=0.02, snapshots=[0.5, 1.0])
+    both = solve_kolmogorov(w0, 1.0, max_step=0.02, snapshots=[0.5, 1.0])
     assert both.shape == (3, 2, 16, 16)
     # The same steps in one go or split at a snapshot.
-    assert torch.equal(both[:, 1], solve_kolmogorov(w0, 1.0, dt=0.02))
-    assert torch.equal(both[:, 0], solve_kolmogorov(w0, 0.5, dt=0.02))
+    assert torch.equal(both[:, 1], solve_kolmogorov(w0, 1.0, max_step=0.02))
+    assert torch.equal(both[:, 0], solve_kolmogorov(w0, 0.5, max_step=0.02))
     # Rows are independent of the batch.
-    torch.testing.assert_close(solve_kolmogorov(w0[1:2], 1.0, dt=0.02), both[1:2, 1],
+    torch.testing.assert_close(solve_kolmogorov(w0[1:2], 1.0, max_step=0.02), both[1:2, 1],
                                rtol=0, atol=1e-12)
     # Snapshot 0 is the initial state; float32 in and out.
-    first = solve_kolmogorov(w0.float(), 0.3, dt=0.02, snapshots=[0.0, 0.3], dtype=torch.float32)
+    first = solve_kolmogorov(w0.float(), 0.3, max_step=0.02, snapshots=[0.0, 0.3],
+                             dtype=torch.float32)
     assert first.dtype == torch.float32
     torch.testing.assert_close(first[:, 0], w0.float(), rtol=0, atol=1e-5)
-    torch.testing.assert_close(first[:, 1], solve_kolmogorov(w0, 0.3, dt=0.02).float(),
+    torch.testing.assert_close(first[:, 1], solve_kolmogorov(w0, 0.3, max_step=0.02).float(),
                                rtol=1e-4, atol=1e-4)
 
 
 def test_blow_up_is_reported():
     with pytest.raises(RuntimeError, match="non-finite"):
-        solve_kolmogorov(1e3 * sampled(1, 32, seed=3), 50.0, dt=1.0)
+        solve_kolmogorov(1e3 * sampled(1, 32, seed=3), 50.0, max_step=1.0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_matches_cpu():
     w0 = sampled(2, 64, seed=6)
-    cpu = solve_kolmogorov(w0, 0.5, dt=0.01, snapshots=[0.25, 0.5])
-    gpu = solve_kolmogorov(w0.cuda(), 0.5, dt=0.01, snapshots=[0.25, 0.5])
+    cpu = solve_kolmogorov(w0, 0.5, max_step=0.01, snapshots=[0.25, 0.5])
+    gpu = solve_kolmogorov(w0.cuda(), 0.5, max_step=0.01, snapshots=[0.25, 0.5])
     assert gpu.is_cuda
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1e-10)
     torch.testing.assert_close(resample_periodic(gpu, 96).cpu(), resample_periodic(cpu, 96),
@@ -316,9 +318,9 @@ W0 = torch.zeros(1, 16, 16, dtype=torch.float64)
         ({"omega0": torch.full((1, 16, 16), math.inf)}, ValueError, "omega0: expected finite"),
         ({"t_end": 0.0}, ValueError, "t_end"),
         ({"t_end": math.inf}, ValueError, "t_end"),
-        ({"dt": 0.0}, ValueError, "dt: expected a finite float > 0"),
-        ({"dt": -0.1}, ValueError, "dt"),
-        ({"dt": "0.1"}, TypeError, "dt"),
+        ({"max_step": 0.0}, ValueError, "max_step: expected a finite float > 0"),
+        ({"max_step": -0.1}, ValueError, "max_step"),
+        ({"max_step": "0.1"}, TypeError, "max_step"),
         ({"nu": -0.01}, ValueError, "nu"),
         ({"wavenumber": 0}, ValueError, "wavenumber: expected an int >= 1"),
         ({"wavenumber": 4.0}, TypeError, "wavenumber: expected an int"),
@@ -336,7 +338,7 @@ W0 = torch.zeros(1, 16, 16, dtype=torch.float64)
     ],
 )
 def test_solver_bad_input(kwargs, err, match):
-    args = {"omega0": W0, "t_end": 1.0, "dt": 0.1} | kwargs
+    args = {"omega0": W0, "t_end": 1.0, "max_step": 0.1} | kwargs
     with pytest.raises(err, match=match):
         solve_kolmogorov(args.pop("omega0"), args.pop("t_end"), **args)
 
@@ -344,7 +346,7 @@ def test_solver_bad_input(kwargs, err, match):
 def test_unforced_small_grid_and_helpers_bad_input():
     # Without forcing, s <= 2 n is fine.
     small = torch.zeros(1, 4, 4, dtype=torch.float64)
-    assert solve_kolmogorov(small, 0.1, dt=0.1, forcing=False).shape == (1, 4, 4)
+    assert solve_kolmogorov(small, 0.1, max_step=0.1, forcing=False).shape == (1, 4, 4)
     with pytest.raises(ValueError, match="omega: expected finite"):
         kolmogorov_tendency(torch.full((1, 8, 8), math.nan))
     with pytest.raises(ValueError, match="omega: expected shape"):
@@ -407,8 +409,8 @@ def reference_pairs(n, s_solve, chunk, *, seed=0, dtype=torch.float64, **kw):
     parts = []
     for start in range(0, n, chunk):
         w0 = sample_initial_vorticity(min(chunk, n - start), s_solve, seed=seed, start=start)
-        dt = gen_mod.kolmogorov_time_step(s_solve, TINY["dt_out"])
-        parts.append(solve_kolmogorov(torch.from_numpy(w0).to(dtype), 0.4, dt=dt,
+        step = gen_mod.kolmogorov_time_step(s_solve, TINY["dt_out"])
+        parts.append(solve_kolmogorov(torch.from_numpy(w0).to(dtype), 0.4, max_step=step,
                                       snapshots=[0.3, 0.4], dtype=dtype, **kw))
     return torch.cat(parts)
 
@@ -436,7 +438,7 @@ def test_generated_file_and_resampled_file(tmp_path):
     assert info["shapes"] == {"input": (5, 16, 16), "output": (5, 16, 16)}
     assert info["static"] == {"coords": (16, 16, 2)}
     assert (p["time"], p["dt_out"], p["nu"], p["wavenumber"], p["resolution"],
-            p["solve_resolution"], p["dt"], p["solve_dtype"]) == (
+            p["solve_resolution"], p["max_step"], p["solve_dtype"]) == (
         0.3, 0.1, NU, 4, 16, 16, 0.05, "float64")
     assert p["domain_length"] == 2 * math.pi
     data = read_h5(fine, keys=("input", "output", "coords"))
@@ -521,7 +523,7 @@ def test_cli_generate_presets_and_errors(tmp_path, capsys, monkeypatch):
     info = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     p = info["parameters"]
     assert info["shapes"]["input"] == [2, 12, 12] and info["seed"] == 2
-    assert (p["solve_dtype"], p["solve_resolution"], p["dt"], p["time"]) == (
+    assert (p["solve_dtype"], p["solve_resolution"], p["max_step"], p["time"]) == (
         "float32", 16, 0.05, 0.3)  # the quick preset's dtype, the options given
     assert info["statistics"]["persistence"]["count"] == 2
     # what the presets and options hand to the generator
@@ -533,9 +535,9 @@ def test_cli_generate_presets_and_errors(tmp_path, capsys, monkeypatch):
         (["--preset", "quick"], {"n_samples": 1300, "resolution": 32, "solve_dtype": "float32"}),
         (["--preset", "zero-shot", "--resolution", "208"],
          {"n_samples": 100, "resolution": 208, "solve_resolution": 832, "seed": 1}),
-        (["--preset", "zero-shot", "--seed", "5", "--dt", "1e-3", "--nu", "0", "--device", "cpu",
-          "--wavenumber", "2", "--dt-out", "0.2"],
-         {"seed": 5, "dt": 1e-3, "nu": 0.0, "device": "cpu", "wavenumber": 2, "dt_out": 0.2}),
+        (["--preset", "zero-shot", "--seed", "5", "--max-step", "1e-3", "--nu", "0", "--device",
+          "cpu", "--wavenumber", "2", "--dt-out", "0.2"],
+         {"seed": 5, "max_step": 1e-3, "nu": 0.0, "device": "cpu", "wavenumber": 2, "dt_out": 0.2}),
     ):
         seen.clear()
         assert main(["generate", "kolmogorov", *argv, "--out", str(tmp_path / "m.h5")]) == 0
@@ -554,7 +556,9 @@ def test_cli_generate_presets_and_errors(tmp_path, capsys, monkeypatch):
                   ["kolmogorov", "--t-end", "1"], ["darcy", "--time", "1"],
                   ["lorenz63", "--solve-dtype", "float32"], ["darcy", "--preset", "zero-shot"],
                   ["kolmogorov", "--solve-dtype", "float16"], ["kolmogorov", "--time", "-1"],
-                  ["kolmogorov", "--dt-out", "0"], ["kolmogorov", "--preset", "tiny"]):
+                  ["kolmogorov", "--dt-out", "0"], ["kolmogorov", "--preset", "tiny"],
+                  # the solver's step is --max-step, as for lorenz63; --dt is a sample spacing
+                  ["kolmogorov", "--dt", "1e-3"]):
         with pytest.raises(SystemExit):
             main(["generate", *wrong, "--out", str(bad)])
     assert not bad.exists() and not partial_path(bad).exists()
@@ -575,7 +579,7 @@ def test_cli_generate_presets_and_errors(tmp_path, capsys, monkeypatch):
         ({"solve_dtype": torch.float16}, ValueError, "solve_dtype"),
         ({"time": -1.0}, ValueError, "time: expected a finite float >= 0"),
         ({"dt_out": 0.0}, ValueError, "dt_out"),
-        ({"dt": math.inf}, ValueError, "dt: expected a finite float > 0"),
+        ({"max_step": math.inf}, ValueError, "max_step: expected a finite float > 0"),
         ({"nu": -0.1}, ValueError, "nu"),
         ({"wavenumber": 0}, ValueError, "wavenumber"),
         ({"seed": -1}, ValueError, "seed"),
@@ -674,7 +678,7 @@ def test_reference_trajectories_continue_the_stored_pairs(kolmo_file, tmp_path):
     stored = test.target_normalizer.decode(test.target[..., 0])
     torch.testing.assert_close(traj[:, 0], stored, rtol=1e-10, atol=1e-10)
     w0 = test.input_normalizer.decode(test.x[..., 0])
-    want = solve_kolmogorov(w0, 0.3, dt=gen_mod.kolmogorov_time_step(16, TINY["dt_out"]),
+    want = solve_kolmogorov(w0, 0.3, max_step=gen_mod.kolmogorov_time_step(16, TINY["dt_out"]),
                             snapshots=[0.1, 0.2, 0.3])
     torch.testing.assert_close(traj, want, rtol=1e-12, atol=1e-12)
     assert test.reference_trajectories(2, count=1).shape == (1, 2, 16, 16)
@@ -692,6 +696,19 @@ def test_reference_trajectories_continue_the_stored_pairs(kolmo_file, tmp_path):
     assert traj.shape == (3, 2, 8, 8)
     stored = ds.target_normalizer.decode(ds.target[..., 0])
     assert float((traj[:, 0] - stored).norm() / stored.norm()) < 1e-2  # the modes 8^2 lost
+
+
+def test_files_recording_dt_still_roll_out(kolmo_file, tmp_path):
+    """Files written before the solver step was named max_step record it as 'dt'."""
+    old = tmp_path / "old.h5"
+    shutil.copy(kolmo_file, old)
+    with h5py.File(old, "r+") as f:
+        parameters = json.loads(f.attrs["parameters"])
+        parameters["dt"] = parameters.pop("max_step")
+        f.attrs["parameters"] = json.dumps(parameters, sort_keys=True)
+    split = {"n_train": 4, "n_valid": 1, "n_test": 2, "dtype": torch.float64}
+    assert torch.equal(KolmogorovDataset(old, "test", **split).reference_trajectories(2),
+                       KolmogorovDataset(kolmo_file, "test", **split).reference_trajectories(2))
 
 
 def test_persistence_errors():

@@ -31,10 +31,10 @@ _APPLIES = {
     "sigma": ("darcy",),
     "tau": ("darcy",),
     "alpha": ("darcy",),
-    "dt": ("lorenz63", "cde", "kolmogorov"),
+    "dt": ("lorenz63", "cde"),
     "t_end": ("lorenz63", "cde"),
     "grid": ("lorenz63", "cde"),
-    "max_step": ("lorenz63",),
+    "max_step": ("lorenz63", "kolmogorov"),
     "decay": ("cde",),
     "preset": (*GNOT, "kolmogorov"),
     "solve_dtype": ("kolmogorov",),
@@ -133,16 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="darcy: exponent of the covariance, > 1 (default 2)")
     gen.add_argument("--dt", type=positive_float, default=None,
                      help="lorenz63/cde: uniform time step (default 0.01): t = 0, dt, ... <= "
-                          "t_end; kolmogorov: largest solver step (default: the largest "
-                          "dt-out / m <= 2.5e-3 * 416 / solve-resolution: 2.5e-3 at 416, 0.025 "
-                          "at 32)")
+                          "t_end")
     gen.add_argument("--t-end", type=positive_float, default=None,
                      help="lorenz63/cde: end of the time interval (default 2)")
     gen.add_argument("--grid", choices=("uniform", "nonuniform"), default=None,
                      help="lorenz63/cde: 'nonuniform' is the paper's grid (41), "
                           "{0.01 n, n <= 100} U {1 + 0.005 n, n = 1..200}")
     gen.add_argument("--max-step", type=positive_float, default=None,
-                     help="lorenz63: largest RK4 step (default 1e-3)")
+                     help="lorenz63: largest RK4 step (default 1e-3); kolmogorov: largest "
+                          "solver step (default: the largest dt-out / m <= 2.5e-3 * 416 / "
+                          "solve-resolution: 2.5e-3 at 416, 0.025 at 32)")
     gen.add_argument("--decay", action="store_true", default=None,
                      help="cde: weight term j of the control by 1/j (the authors' code)")
     gen.add_argument("--preset", choices=("quick", "paper", "zero-shot"), default=None,

@@ -521,15 +521,16 @@ def convert_continuum_navier_stokes(
                              "factor 3); pass axes='xy' (--axes xy) or 'yx'")
         swap = found == "yx"
         axes = found
-    dt = kolmogorov_time_step(s, dt_out)
+    max_step = kolmogorov_time_step(s, dt_out)  # the CFL numbers' step, and rollouts'
     writer = open_kolmogorov_file(
         out, {"source": "continuum-attention Navier-Stokes .pt", "sha256": _sha256(path),
               "axes": axes, "time": time, "dt_out": dt_out, "nu": nu, "wavenumber": wavenumber,
-              "resolution": s, "solve_resolution": s, "dt": dt, "solve_dtype": dtype.name},
+              "resolution": s, "solve_resolution": s, "max_step": max_step,
+              "solve_dtype": dtype.name},
         seed=0, n_samples=n_samples, chunk_size=chunk_size, resume=resume, overwrite=overwrite)
 
     def statistics(chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        cfl = torch.maximum(*(cfl_number(torch.from_numpy(chunk[k]).double(), dt)
+        cfl = torch.maximum(*(cfl_number(torch.from_numpy(chunk[k]).double(), max_step)
                               for k in ("input", "output")))
         return {"omega_T": chunk["input"], "persistence": _relative_change(chunk),
                 "cfl": cfl.numpy()}

@@ -939,10 +939,11 @@ class KolmogorovDataset(_NormalizedFields):
             w0 = resample_periodic(w0, solve_s)
         # the recorded step keeps the CFL number below 1 on the solver's grid; a finer one
         # needs a proportionally smaller step
-        dt = par["dt"] * par["solve_resolution"] / solve_s
+        recorded = par["max_step"] if "max_step" in par else par["dt"]  # (files of 2026-11-24)
+        max_step = recorded * par["solve_resolution"] / solve_s
         dtype = getattr(torch, par["solve_dtype"])
         times = [k * par["dt_out"] for k in range(1, steps + 1)]
-        out = solve_kolmogorov(w0.to(dtype), times[-1], dt=dt, nu=par["nu"],
+        out = solve_kolmogorov(w0.to(dtype), times[-1], max_step=max_step, nu=par["nu"],
                                wavenumber=par["wavenumber"], forcing=par["forcing_amplitude"],
                                snapshots=times, dtype=dtype).double()
         return out if solve_s == self.resolution else resample_periodic(out, self.resolution)

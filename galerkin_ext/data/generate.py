@@ -413,7 +413,7 @@ def generate_cde(
 
 #: Generator settings of the Kolmogorov sets: keyword arguments of :func:`generate_kolmogorov`
 #: (SPEC-continuum §3 and §7).  "paper": 10000 pairs at 416^2 (9000/500/500); "quick": 1300 pairs
-#: at 32^2 solved in float32 (dt 0.025), i.e. §7's 1000 training and 200 test samples plus 100
+#: at 32^2 solved in float32 (step 0.025), i.e. §7's 1000 training and 200 test samples plus 100
 #: for validation; "zero-shot": 100 independent pairs (another seed) solved and stored at 832^2,
 #: which :class:`~galerkin_ext.data.datasets.KolmogorovDataset` resamples spectrally to 208, 312,
 #: 624 (exact for the periodic, band-limited data) -- or store them coarser with ``resolution``.
@@ -496,7 +496,7 @@ def generate_kolmogorov(
     *,
     seed: int = 0,
     solve_resolution: int | None = None,
-    dt: float | None = None,
+    max_step: float | None = None,
     solve_dtype: str = "float64",
     time: float = 11.0,
     dt_out: float = 0.1,
@@ -512,12 +512,12 @@ def generate_kolmogorov(
 
     Sample ``i``: ``w0`` = :func:`.kolmogorov.sample_initial_vorticity` (sample ``i`` of
     ``seed``) on the ``solve_resolution``^2 grid, integrated by :func:`.kolmogorov.solve_kolmogorov`
-    (viscosity ``nu``, forcing ``-wavenumber cos(wavenumber y)``, steps of at most ``dt``, in
-    ``solve_dtype`` on ``device``) to ``time`` and ``time + dt_out``; both states are resampled
-    spectrally (:func:`.kolmogorov.resample_periodic`, a Fourier truncation: exact for the modes
-    the stored grid holds) to ``resolution``^2.  Defaults: the paper's set, ``(w(11), w(11.1))``,
-    ``nu = 1/70``, ``wavenumber = 4``, 10000 pairs at 416^2 solved there; see
-    :data:`KOLMOGOROV_PRESETS` for the quick and zero-shot sets.
+    (viscosity ``nu``, forcing ``-wavenumber cos(wavenumber y)``, steps of at most
+    ``max_step``, in ``solve_dtype`` on ``device``) to ``time`` and ``time + dt_out``; both
+    states are resampled spectrally (:func:`.kolmogorov.resample_periodic`, a Fourier
+    truncation: exact for the modes the stored grid holds) to ``resolution``^2.  Defaults: the
+    paper's set, ``(w(11), w(11.1))``, ``nu = 1/70``, ``wavenumber = 4``, 10000 pairs at 416^2
+    solved there; see :data:`KOLMOGOROV_PRESETS` for the quick and zero-shot sets.
 
     Arrays: ``input`` ``(n_samples, s, s)`` = ``w(time)``, ``output`` ``(n_samples, s, s)`` =
     ``w(time + dt_out)``, stored in ``solve_dtype``, with ``field[i, j]`` at the physical point
@@ -526,8 +526,8 @@ def generate_kolmogorov(
     models work (``parameters["domain_length"]`` = 2 pi converts back).  Summary statistics:
     ``omega_T`` (the values of ``w(time)``), ``persistence`` (per sample ``||w(time + dt_out) -
     w(time)|| / ||w(time + dt_out)||`` on the stored grid) and ``cfl`` (per sample the larger
-    :func:`.kolmogorov.cfl_number` of the two states at ``dt``, on the solve grid; a warning is
-    given if one exceeds 1).
+    :func:`.kolmogorov.cfl_number` of the two states at ``max_step``, on the solve grid; a
+    warning is given if one exceeds 1).
 
     Args:
         out: the ``.h5`` file to write (via ``out.partial``, resumable).
@@ -536,7 +536,7 @@ def generate_kolmogorov(
         seed: sample ``i`` depends on ``(seed, i)`` only; give a zero-shot set another seed.
         solve_resolution: the solver's grid (>= ``resolution``, > ``2 * wavenumber``); default
             ``resolution``.
-        dt: largest solver step; default :func:`kolmogorov_time_step` of the solve grid
+        max_step: largest solver step; default :func:`kolmogorov_time_step` of the solve grid
             (2.5e-3 at 416^2, CFL <= 1).
         solve_dtype: ``"float64"`` (default) or ``"float32"`` (the quick preset; storage too).
         time, dt_out: the input time ``T >= 0`` and the gap ``> 0`` to the output time.
@@ -570,7 +570,8 @@ def generate_kolmogorov(
     time = check_float(time, "time", low_inclusive=True)
     dt_out = check_float(dt_out, "dt_out")
     nu = check_float(nu, "nu", low_inclusive=True)
-    dt = kolmogorov_time_step(solve_s, dt_out) if dt is None else check_float(dt, "dt")
+    max_step = (kolmogorov_time_step(solve_s, dt_out) if max_step is None
+                else check_float(max_step, "max_step"))
     dtype_name = _solve_dtype(solve_dtype)
     chunk_size = check_int(chunk_size, "chunk_size")
     # checked before the partial file exists: a bad device must not leave one behind
@@ -578,7 +579,7 @@ def generate_kolmogorov(
     torch_dtype = getattr(torch, dtype_name)
     writer = open_kolmogorov_file(
         out, {"time": time, "dt_out": dt_out, "nu": nu, "wavenumber": wavenumber,
-              "resolution": resolution, "solve_resolution": solve_s, "dt": dt,
+              "resolution": resolution, "solve_resolution": solve_s, "max_step": max_step,
               "solve_dtype": dtype_name,
               "method": "pseudo-spectral vorticity, 2/3 de-aliasing, integrating-factor RK4; "
                         "spectral resampling to the stored grid"},
@@ -591,13 +592,16 @@ def generate_kolmogorov(
     def compute(start: int, stop: int) -> Arrays:
         w0 = sample_initial_vorticity(stop - start, solve_s, seed=seed, start=start)
         pair = solve_kolmogorov(
-            torch.from_numpy(w0).to(device=dev, dtype=torch_dtype), time + dt_out, dt=dt,
+            torch.from_numpy(w0).to(device=dev, dtype=torch_dtype), time + dt_out,
+            max_step=max_step,
             nu=nu, wavenumber=wavenumber, snapshots=[time, time + dt_out], dtype=torch_dtype,
         )
-        cfl = torch.maximum(cfl_number(pair[:, 0], dt), cfl_number(pair[:, 1], dt)).cpu()
+        cfl = torch.maximum(cfl_number(pair[:, 0], max_step),
+                            cfl_number(pair[:, 1], max_step)).cpu()
         if bool((cfl > 1).any()):
-            warnings.warn(f"kolmogorov: CFL number {float(cfl.max()):.3g} > 1 at dt = {dt:g} "
-                          f"(samples {start}..{stop - 1}); SPEC-continuum asks for <= 1",
+            warnings.warn(f"kolmogorov: CFL number {float(cfl.max()):.3g} > 1 at max_step = "
+                          f"{max_step:g} (samples {start}..{stop - 1}); SPEC-continuum asks "
+                          "for <= 1",
                           RuntimeWarning, stacklevel=2)
         solved["cfl"] = cfl.numpy()
         pair = resample_periodic(pair, resolution).cpu().numpy()

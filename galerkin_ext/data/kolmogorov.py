@@ -340,7 +340,7 @@ def solve_kolmogorov(
     omega0: Tensor,
     t_end: float,
     *,
-    dt: float,
+    max_step: float,
     nu: float = KOLMOGOROV_NU,
     wavenumber: int = KOLMOGOROV_WAVENUMBER,
     forcing: bool | float = True,
@@ -354,10 +354,11 @@ def solve_kolmogorov(
             ``(x_i, y_j) = 2 pi (i, j) / s`` with axis -2 = ``x``; real, finite, any device (the
             computation runs there).
         t_end: final time ``> 0``.
-        dt: largest time step ``> 0``.  The interval between consecutive output times (``0``,
-            the snapshots, or ``t_end``) of length ``L`` is covered by ``m = ceil(L / dt)`` equal
-            steps ``L / m`` (a relative slack of 1e-9 absorbs rounding), so every output time is
-            hit exactly and the step is ``dt`` itself when the times are multiples of it.
+        max_step: largest time step ``> 0`` (as :func:`.ode.rk4`'s).  The interval between
+            consecutive output times (``0``, the snapshots, or ``t_end``) of length ``L`` is
+            covered by ``m = ceil(L / max_step)`` equal steps ``L / m`` (a relative slack of 1e-9
+            absorbs rounding), so every output time is hit exactly and the step is ``max_step``
+            itself when the times are multiples of it.
         nu: viscosity ``>= 0`` (``0``: inviscid, the truncated Euler equations).
         wavenumber: ``n >= 1`` of the forcing; with forcing, ``s > 2 n`` is required.
         forcing: ``True`` (amplitude 1, SPEC), ``False`` (unforced) or the amplitude ``A`` of the
@@ -371,11 +372,12 @@ def solve_kolmogorov(
         ``dtype`` on ``omega0``'s device.
 
     Raises:
-        SolverError: the solution became non-finite (``dt`` too large: check :func:`cfl_number`).
+        SolverError: the solution became non-finite (``max_step`` too large: check
+            :func:`cfl_number`).
     """
     omega0 = _check_vorticity(omega0, "omega0")
     t_end = check_float(t_end, "t_end")
-    dt = check_float(dt, "dt")
+    max_step = check_float(max_step, "max_step")
     s = omega0.shape[-1]
     nu, n, amplitude = _check_physics(nu, wavenumber, forcing, s)
     dtype = _check_dtype(dtype)
@@ -405,7 +407,7 @@ def solve_kolmogorov(
     for t in times:
         length = t - t_prev
         if length > 0:
-            m = _n_steps(length, dt)
+            m = _n_steps(length, max_step)
             h = length / m
             if h not in factors:
                 factors[h] = (torch.exp(-nu * h * ops.k2), torch.exp(-0.5 * nu * h * ops.k2))
@@ -416,8 +418,8 @@ def solve_kolmogorov(
         t_prev = t
     result = out[0] if snapshots is None else torch.stack(out, dim=1)
     if not bool(torch.isfinite(result).all()):
-        raise SolverError(f"solve_kolmogorov: the solution became non-finite; dt = {dt:g} is "
-                          "too large (check cfl_number)")
+        raise SolverError(f"solve_kolmogorov: the solution became non-finite; max_step = "
+                          f"{max_step:g} is too large (check cfl_number)")
     return result
 
 
