@@ -380,8 +380,10 @@ def check_features(x: object, name: str, width: int, module: torch.nn.Module) ->
     return x
 
 
-def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], dim: int) -> Tensor:
-    """Accept a grid shared by the batch ``(*points, dim)`` or per sample ``(B, *points, dim)``.
+def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], dim: int,
+                like: Tensor, like_name: str = "x") -> Tensor:
+    """Accept a grid shared by the batch ``(*points, dim)`` or per sample ``(B, *points, dim)``
+    of floating coordinates on ``like``'s device (its dtype is the caller's rule).
 
     Returns the grid expanded (a view, no copy) to ``(B, *points, dim)``.
     """
@@ -398,6 +400,11 @@ def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], di
         grid.shape[0] not in (1, batch)
     ):
         raise ValueError(f"{name}: expected shape {doc()} with B = {batch}, got {given}")
+    if not grid.is_floating_point():
+        raise TypeError(f"{name}: expected floating-point coordinates, got {grid.dtype}")
+    if grid.device != like.device:
+        raise ValueError(f"{name}: expected a tensor on {like.device} like {like_name}, got one "
+                         f"on {grid.device}")
     return grid.expand(batch, *points, dim)
 
 

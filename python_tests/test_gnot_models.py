@@ -8,7 +8,12 @@ import copy
 import pytest
 import torch
 
-from galerkin_ext.layers.gnot import GeometricGate, GNOTBlock, HeteroNormalizedAttention
+from galerkin_ext.layers.gnot import (
+    GeometricGate,
+    GNOTBlock,
+    HeteroNormalizedAttention,
+    MixtureFFN,
+)
 from galerkin_ext.models import GNOT, GKTransformer, MIONet, build_model
 
 
@@ -227,6 +232,8 @@ def test_given_gate_takes_the_callers_probabilities():
     assert not torch.allclose(model(x, ys, expert_probs=mixed), out)
     with pytest.raises(TypeError, match="expert_probs: expected a tensor of shape"):
         model(x, ys)
+    with pytest.raises(ValueError, match="expert_probs: expected finite, non-negative prob"):
+        model(x, ys, expert_probs=torch.full((1, 6, 3), torch.nan, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("call, match", [
@@ -242,6 +249,11 @@ def test_given_gate_takes_the_callers_probabilities():
      "input_weights\\[0\\]: expected shape \\(B, 4\\) = \\(1, 4\\) or \\(4,\\), got \\(5,\\)"),
     (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], expert_probs=torch.rand(1, 5, 1)),
      "expert_probs: expected None"),
+    # named as the caller named them, not as the ops' "weights[0]"
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], weight=-torch.rand(5)),
+     "^weight: expected finite, non-negative"),
+    (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], input_weights=[-torch.rand(4)]),
+     r"^input_weights\[0\]: expected finite, non-negative"),
 ])
 def test_bad_arguments_fail_clearly(call, match):
     model = GNOT(2, 2, [3], 1, n_hidden=8, n_layers=1)
@@ -262,6 +274,10 @@ def test_bad_arguments_fail_clearly(call, match):
     (lambda a, g, b: b(torch.rand(1, 5, 8), [torch.rand(1, 4, 8)], [None], None, None),
      "inputs: expected a sequence of 2"),
     (lambda a, g, b: HeteroNormalizedAttention(8, 2, 2, skip="no"), "skip: expected a bool"),
+    (lambda a, g, b: a(torch.rand(1, 5, 8), [torch.rand(1, 4, 8), torch.rand(1, 4, 8).double()]),
+     r"inputs\[1\]: expected dtype torch.float32 like x"),
+    (lambda a, g, b: MixtureFFN(8, 16, 2)(torch.rand(1, 5, 8), torch.rand(1, 5, 2, device="meta")),
+     "probs: expected a tensor on cpu like x"),
 ])
 def test_gnot_layers_check_their_inputs(call, match):
     """The layers, used on their own, name the argument at fault (they gave torch's matmul,
@@ -325,6 +341,10 @@ def test_mionet_refuses_inputs_larger_than_built_for():
     model = MIONet(2, 2, [3], [4], 1, width=8, latent=4)
     with pytest.raises(ValueError, match="at most input_points\\[0\\] = 4"):
         model(torch.rand(1, 3, 2), [torch.rand(1, 5, 3)])
+    # MIONet runs no op that would check the weights: NaN used to pass as padding
+    with pytest.raises(ValueError, match=r"^input_weights\[0\]: expected finite, non-negative"):
+        model(torch.rand(1, 3, 2), [torch.rand(1, 4, 3)],
+              input_weights=[torch.full((1, 4), torch.nan)])
 
 
 @pytest.mark.parametrize("experts", [1, 3])

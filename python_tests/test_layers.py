@@ -497,6 +497,11 @@ def test_cinn_down_and_up(gen):
         CiNNUpsampler(4, 4, (4,))
     with pytest.raises(ValueError, match="in_channels = 2"):
         down(torch.randn(1, 9, 9, 3, dtype=torch.float64))
+    # a non-square grid was interpolated to a square one without a word
+    with pytest.raises(ValueError, match="a square grid"):
+        down(torch.randn(1, 9, 7, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="a square grid"):
+        up(torch.randn(1, 5, 4, 10, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------------------------------------

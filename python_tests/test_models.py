@@ -102,6 +102,33 @@ def test_build_model_errors():
         zero_boundary(torch.randn(4, 4))
 
 
+@pytest.mark.parametrize("sides", [(1, 1), (2, 1), (1, 5), (3, 4), (6, 6)])
+def test_zero_boundary_keeps_the_shape_and_the_interior(sides):
+    """A side of 1 or 2 is all boundary (slicing the ring off and padding it back gave 2)."""
+    x = torch.randn(2, *sides, 3)
+    out = zero_boundary(x)
+    ring = torch.ones(sides, dtype=torch.bool)
+    ring[1:-1, 1:-1] = False
+    assert out.shape == x.shape
+    assert not out[:, ring].any()
+    assert torch.equal(out[:, ~ring], x[:, ~ring])
+
+
+def test_grids_on_another_device_or_of_integers_are_named():
+    """Named "grid" (they were torch's device error from inside, or "pos" from the attention
+    layer the model passes them to)."""
+    model = build_model("burgers", d_model=8, dim_feedforward=8, num_layers=1, freq_dim=8,
+                        modes=4, decoder_dim_feedforward=8)
+    x = torch.randn(2, 16, 1)
+    with pytest.raises(ValueError, match="^grid: expected a tensor on cpu like x, got one on meta"):
+        model(x, grid_1d(16).to("meta"))
+    with pytest.raises(TypeError, match="^grid: expected floating-point coordinates"):
+        model(x, torch.arange(16)[:, None])
+    fno = build_model("fno1d", width=4, modes=2, num_layers=1)
+    with pytest.raises(ValueError, match="^grid: expected a tensor on cpu like x"):
+        fno(x, grid_1d(16).to("meta"))
+
+
 def test_burgers_same_weights_at_every_resolution(gen):
     model = build_model("burgers").eval()
     for n in (512, 2048, 8192):

@@ -113,9 +113,9 @@ class CiNNDownsampler(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, n, n, in_channels)`` → ``(B, coarse, coarse, out_channels)``."""
         check_tensor(x, "x", 4, "(B, n, n, in_channels)", self)
-        if x.shape[-1] != self.in_channels:
-            raise ValueError(f"x: expected shape (B, n, n, in_channels) with in_channels = "
-                             f"{self.in_channels}, got {tuple(x.shape)}")
+        if x.shape[-1] != self.in_channels or x.shape[1] != x.shape[2]:
+            raise ValueError(f"x: expected shape (B, n, n, in_channels), a square grid, with "
+                             f"in_channels = {self.in_channels}, got {tuple(x.shape)}")
         x = self.lift(x.permute(0, 3, 1, 2))
         x = self.activation(_interpolate(x, self.sizes[0]))
         features = []
@@ -157,8 +157,8 @@ class CiNNUpsampler(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, m, m, in_channels)`` → ``(B, fine, fine, out_channels)``."""
         check_tensor(x, "x", 4, "(B, m, m, in_channels)", self)
-        if x.shape[-1] != self.in_channels:
-            raise ValueError(f"x: expected shape (B, m, m, in_channels) with in_channels = "
-                             f"{self.in_channels}, got {tuple(x.shape)}")
+        if x.shape[-1] != self.in_channels or x.shape[1] != x.shape[2]:
+            raise ValueError(f"x: expected shape (B, m, m, in_channels), a square grid, with "
+                             f"in_channels = {self.in_channels}, got {tuple(x.shape)}")
         x = self.conv(_interpolate(x.permute(0, 3, 1, 2), self.sizes[0]))
         return _interpolate(x, self.sizes[1]).permute(0, 2, 3, 1)

@@ -205,7 +205,7 @@ class ContinuumAttention(nn.Module):
                                  f"like x, got {tuple(context.shape)}")
         m = context.shape[1]
         if coords is not None:
-            expanded = expand_grid(coords, "coords", batch, (m,), _last_dim(coords))
+            expanded = expand_grid(coords, "coords", batch, (m,), _last_dim(coords), x)
             # One point set shared by the batch keeps (M, d): its weights are derived once.
             coords = coords if coords.dim() == 2 else expanded
         derived = isinstance(weight, str)

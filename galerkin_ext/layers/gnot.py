@@ -28,6 +28,7 @@ from .._checks import (
     check_choice,
     check_features,
     check_int,
+    check_like,
     check_model_input,
     check_probability,
     check_tensor,
@@ -123,6 +124,7 @@ class HeteroNormalizedAttention(nn.Module):
                              f"and {_count(weights)}")
         for i, y in enumerate(inputs):
             check_tensor(y, f"inputs[{i}]", 3, f"(B, M, d_model = {channels})")
+            check_like(y, f"inputs[{i}]", x, "x")
             if y.shape[0] != x.shape[0] or y.shape[2] != channels:
                 raise ValueError(f"inputs[{i}]: expected shape (B = {x.shape[0]}, M, d_model = "
                                  f"{channels}), got {tuple(y.shape)}")
@@ -183,9 +185,10 @@ class MixtureFFN(nn.Module):
         check_features(x, "x", self.experts[0][0].in_features, self)
         if len(self.experts) == 1:
             return self.experts[0](x)
-        if probs is None or probs.shape != (*x.shape[:-1], len(self.experts)):
+        if not isinstance(probs, Tensor) or probs.shape != (*x.shape[:-1], len(self.experts)):
             raise ValueError(f"probs: expected shape {(*x.shape[:-1], len(self.experts))}, got "
-                             f"{None if probs is None else tuple(probs.shape)}")
+                             f"{tuple(probs.shape) if isinstance(probs, Tensor) else probs}")
+        check_like(probs, "probs", x, "x")
         out = probs[..., 0:1] * self.experts[0](x)
         for k in range(1, len(self.experts)):
             out = out + probs[..., k:k + 1] * self.experts[k](x)

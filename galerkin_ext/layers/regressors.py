@@ -50,7 +50,8 @@ class _GridInput(nn.Module):
         if grid is None:
             raise ValueError("grid: expected the coordinates of x's points because "
                              "spatial_fc=True, got None")
-        grid = expand_grid(grid, "grid", x.shape[0], tuple(x.shape[1:-1]), self.spatial_dim)
+        grid = expand_grid(grid, "grid", x.shape[0], tuple(x.shape[1:-1]), self.spatial_dim,
+                           x)
         return self.fc(torch.cat([x, grid.to(x.dtype)], dim=-1))
 
 

@@ -56,7 +56,7 @@ def _check_points(model: nn.Module, u: object, x: object, in_dim: int,
     if channels != in_dim or n == 0:
         raise ValueError(f"u: expected shape (B, N, in_dim) with N >= 1 and in_dim = {in_dim} "
                          f"({type(model).__name__}), got {tuple(u.shape)}")
-    expanded = expand_grid(x, "x", batch, (n,), domain_dim)
+    expanded = expand_grid(x, "x", batch, (n,), domain_dim, u, "u")
     assert isinstance(x, Tensor)
     check_like(x, "x", u, "u")
     return u, x, expanded
@@ -72,7 +72,7 @@ def _check_grid(model: nn.Module, u: object, x: object, in_dim: int) -> Tensor:
     if channels != in_dim or 0 in (s1, s2):
         raise ValueError(f"u: expected shape (B, s1, s2, in_dim) with in_dim = {in_dim} "
                          f"({type(model).__name__}), got {tuple(u.shape)}")
-    expanded = expand_grid(x, "x", batch, (s1, s2), 2)
+    expanded = expand_grid(x, "x", batch, (s1, s2), 2, u, "u")
     check_like(expanded, "x", u, "u")
     return torch.cat([u, expanded], dim=-1)
 

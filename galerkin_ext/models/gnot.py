@@ -28,6 +28,7 @@ from .._checks import (
     check_int,
     check_like,
     check_model_input,
+    check_nonnegative,
     check_probability,
     check_tensor,
 )
@@ -43,7 +44,8 @@ GATES = ("mlp", "given")
 
 def _check_weight(weight: object, name: str, batch: int, n: int, like: Tensor) -> Tensor | None:
     """``weight (B, n)``, or ``(n,)`` shared by the batch (returned expanded), like ``like``,
-    or None. Values are checked by the ops that use them."""
+    finite and non-negative, or None (checked here, under the caller's name for it: MIONet uses
+    no op that would check the values, and the ops' messages name their own arguments)."""
     if weight is None:
         return None
     shared = isinstance(weight, Tensor) and weight.dim() == 1
@@ -53,6 +55,7 @@ def _check_weight(weight: object, name: str, batch: int, n: int, like: Tensor) -
     if tuple(weight.shape) != ((n,) if shared else (batch, n)):
         raise ValueError(f"{name}: expected shape (B, {n}) = ({batch}, {n}) or ({n},), got "
                          f"{tuple(weight.shape)}")
+    check_nonnegative(weight, name)
     return weight.expand(batch, n) if shared else weight
 
 
@@ -232,6 +235,7 @@ class GNOT(nn.Module):
         if tuple(expert_probs.shape) != (batch, n, self.n_experts):
             raise ValueError(f"expert_probs: expected shape {doc}, got "
                              f"{tuple(expert_probs.shape)}")
+        check_nonnegative(expert_probs, "expert_probs", "probabilities")
         return expert_probs
 
 

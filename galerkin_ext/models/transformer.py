@@ -45,7 +45,10 @@ def _encoder(num_layers: int, **layer_kwargs: object) -> nn.ModuleList:
 def zero_boundary(x: Tensor) -> Tensor:
     """Set the outermost ring of ``x (B, n1, n2, C)`` to zero (homogeneous Dirichlet data)."""
     check_tensor(x, "x", 4, "(B, n1, n2, C)")
-    return F.pad(x[:, 1:-1, 1:-1], (0, 0, 1, 1, 1, 1))
+    out = x.clone()  # (slicing off the ring and padding it back grows a side of 1 to 2)
+    out[:, [0, -1]] = 0
+    out[:, :, [0, -1]] = 0
+    return out
 
 
 class SimpleTransformer1d(nn.Module):
@@ -130,7 +133,7 @@ class SimpleTransformer1d(nn.Module):
                              f"{self.in_channels}, got {tuple(x.shape)}")
         batch, n, _ = x.shape
         # A grid shared by the batch stays (n, 1): the attention ops broadcast it for free.
-        expanded = expand_grid(grid, "grid", batch, (n,), 1)
+        expanded = expand_grid(grid, "grid", batch, (n,), 1, x)
         pos = (grid if grid.dim() == 2 else expanded).to(x.dtype)
         h = self.lift(x)
         for layer in self.encoder:
@@ -264,7 +267,7 @@ class SimpleTransformer2d(nn.Module):
                              f"(fine = {n}), got {tuple(x.shape)}")
         batch = x.shape[0]
         shared = isinstance(grid, Tensor) and grid.dim() == 3 and batch > 0
-        grid = expand_grid(grid, "grid", batch, (n, n), 2).to(x.dtype)
+        grid = expand_grid(grid, "grid", batch, (n, n), 2, x).to(x.dtype)
         # A grid shared by the batch is interpolated once and broadcast by the attention ops.
         coarse_grid = F.interpolate(
             (grid[:1] if shared else grid).permute(0, 3, 1, 2), size=(m, m),
