@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -127,6 +128,17 @@ def is_exporting() -> bool:
     tensor values: a branch would be refused or baked in for every later input."""
     exporting = getattr(torch.compiler, "is_exporting", None)  # not in torch 2.5, 2.6
     return torch.jit.is_tracing() or (exporting is not None and exporting())
+
+
+def check_index(i: object, n: int) -> int:
+    """A dataset's sample index ``i`` as an int of ``[0, n)`` (negative ones count from the end,
+    as in a list); a slice, a bool or a tensor is refused: items are single samples."""
+    if isinstance(i, bool) or not isinstance(i, int | np.integer):
+        raise TypeError(f"i: expected an int index, got {type(i).__name__} (a DataLoader "
+                        "batches single samples)")
+    if not -n <= i < n:
+        raise IndexError(f"i: {i} is out of range for {n} samples")
+    return int(i) % n
 
 
 def check_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None:

@@ -83,6 +83,26 @@ def test_burgers_dataset_bad_arguments():
         BurgersDataset((a, u), "train", 16, n_train=4, n_test=2, dtype=torch.int32)
 
 
+def test_items_are_single_samples():
+    """An int index, negative ones from the end; a slice is refused (Burgers' gave a wrong
+    target_grad of shape (2, 1, 1) for ds[0:2], its x and target being right)."""
+    a, u = burgers_arrays()
+    (da, du) = darcy_arrays()
+    for ds in (BurgersDataset((a, u), "train", 16, n_train=8, n_test=3),
+               DarcyDataset((da, du), "train", 13, coarse_resolution=7, n_train=6, n_test=3),
+               DarcyInverseDataset((da, du), "train", 13, coarse_resolution=7, n_train=6,
+                                   n_test=3)):
+        last = ds[len(ds) - 1]
+        assert all(torch.equal(v, last[k]) for k, v in ds[-1].items())
+        assert all(torch.equal(v, last[k]) for k, v in ds[np.int64(len(ds) - 1)].items())
+        with pytest.raises(TypeError, match="i: expected an int index, got slice"):
+            ds[0:2]
+        with pytest.raises(TypeError, match="i: expected an int index, got bool"):
+            ds[True]
+        with pytest.raises(IndexError, match=f"i: {len(ds)} is out of range"):
+            ds[len(ds)]
+
+
 def test_darcy_dataset_bad_grids_and_dtype():
     a, u = darcy_arrays()
     for cls in (DarcyDataset, DarcyInverseDataset):

@@ -7,6 +7,7 @@ test_examples.py.
 import math
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -420,6 +421,23 @@ def test_checkpoint_checksum_finds_a_flipped_bit(tmp_path):
     torch.save(state, tmp_path / "old.pt")
     with pytest.warns(UserWarning, match="no checksum"):
         assert load_checkpoint(tmp_path / "old.pt")["epoch"] == 1
+
+
+def test_a_checkpoint_holding_sets_loads_back(tmp_path):
+    """A set's iteration order may change through pickling (strings hash differently in another
+    process); the digest takes its items in a fixed order, so its own checkpoint is not called
+    corrupt."""
+    extra = {"names": {f"s{i}" for i in range(40)}, "sizes": {3, 1, 2}}
+    path = save_checkpoint(tmp_path / "s.pt", "best", epoch=1, model={}, config={"a": 1},
+                           metric=0.1, extra=extra)
+    assert load_checkpoint(path)["extra"] == extra
+    script = ("import sys; from galerkin_ext.training import load_checkpoint; "
+              "print(sorted(load_checkpoint(sys.argv[1])['extra']['names'])[:2])")
+    for seed in ("1", "2"):  # other string hashes, other set orders
+        out = subprocess.run([sys.executable, "-c", script, str(path)], cwd=tmp_path,
+                             env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True,
+                             text=True, check=True)
+        assert out.stdout.strip() == "['s0', 's1']"
 
 
 def test_plateau_schedule_early_stopping_and_value_clipping(tmp_path):

@@ -65,6 +65,7 @@ from .._checks import (
     check_choice,
     check_float,
     check_float_dtype,
+    check_index,
     check_int,
     check_statistics,
 )
@@ -434,6 +435,7 @@ class BurgersDataset(Dataset):
         return self.x.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = check_index(i, len(self))
         target = self.target[i]
         grad = central_gradient_1d(target[:, 0], 1.0 / self.resolution)[:, None]
         return {"x": self.x[i], "grid": self.grid, "target": target, "target_grad": grad}
@@ -543,6 +545,7 @@ class DarcyDataset(Dataset):
         return self.coeff.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = check_index(i, len(self))
         target = self.target[i]
         return {
             "x": self.x[i, ..., None],
@@ -612,6 +615,7 @@ class DarcyInverseDataset(Dataset):
         return self.x.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = check_index(i, len(self))
         return {
             "x": self.x[i, ..., None],
             "grid": self.grid,
@@ -791,6 +795,7 @@ class ODEDataset(_NormalizedFields):
         return self.x.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = check_index(i, len(self))
         item = {"x": self.x[i], "grid": self.grid, "target": self.target[i]}
         if self.token0 is not None:
             item["token0"] = self.token0[i]
@@ -835,6 +840,7 @@ class ContinuumDarcyDataset(_NormalizedFields):
         return self.x.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = check_index(i, len(self))
         return {"x": self.x[i], "coeff": self.coeff[i], "grid": self.grid,
                 "target": self.target[i]}
 
@@ -952,4 +958,5 @@ class KolmogorovDataset(_NormalizedFields):
         return self.x.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = check_index(i, len(self))
         return {"x": self.x[i], "grid": self.grid, "target": self.target[i]}

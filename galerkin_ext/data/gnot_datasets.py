@@ -33,7 +33,14 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset, Sampler
 
-from .._checks import check_bool, check_choice, check_float, check_float_dtype, check_int
+from .._checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_float_dtype,
+    check_index,
+    check_int,
+)
 from .datasets import UnitGaussianNormalizer, evaluation_indices
 from .ragged import RaggedArrays, RaggedLayout, read_header, read_ragged
 from .storage import DataFileError, DataMismatchError
@@ -424,11 +431,7 @@ class RaggedDataset(Dataset):
         return int(self.indices.shape[0])
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        if isinstance(i, bool) or not isinstance(i, int | np.integer):
-            raise TypeError(f"i: expected an int index, got {type(i).__name__}")
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"i: {i} is out of range for {len(self)} samples")
-        i = int(i) % len(self)
+        i = check_index(i, len(self))
         a, b = int(self._offsets[i]), int(self._offsets[i + 1])
         item: dict[str, Any] = {
             "x": self._x[a:b],

@@ -236,6 +236,11 @@ def content_digest(state: Mapping[str, Any]) -> str:
             for item in value:
                 visit(item)
             h.update(b"]")
+        elif isinstance(value, set):  # in an order of its own (pickling may change a set's)
+            h.update(b"<")
+            for item in sorted(value, key=repr):
+                visit(item)
+            h.update(b">")
         else:
             h.update(repr(value).encode())
 
