@@ -39,13 +39,18 @@ _LOSS_NORMS = ("l2", "h1", "h1-code")
 _MASKED_REDUCTIONS = ("mean", "channel", "sample", "none")
 
 
-def _check_tensor(value: object, name: str) -> Tensor:
+def _check_tensor(value: object, name: str, like: Tensor | None = None) -> Tensor:
+    """A floating ``(B, ...)`` tensor with ``B >= 1`` and some values per sample (the norms of
+    none are 0 and their ratio NaN), on the device of ``like`` (pred) if given."""
     if not isinstance(value, Tensor) or not value.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point torch.Tensor, got "
                         f"{getattr(value, 'dtype', type(value).__name__)}")
-    if value.ndim < 2 or value.shape[0] < 1:
+    if value.ndim < 2 or value.shape[0] < 1 or value[0].numel() == 0:
         raise ValueError(f"{name}: expected shape (B, ...) with B >= 1 and at least one axis "
-                         f"besides the batch, got {tuple(value.shape)}")
+                         f"besides the batch, none empty, got {tuple(value.shape)}")
+    if like is not None and value.device != like.device:
+        raise ValueError(f"{name}: expected a tensor on {like.device} like pred, got one on "
+                         f"{value.device}")
     return value
 
 
@@ -89,12 +94,12 @@ def _check_point_weight(weight: object, pred: Tensor, values: bool = True) -> Te
     return weight.to(device=pred.device)
 
 
-def _check_some_weight(weight: Tensor) -> None:
+def _check_some_weight(weight: Tensor, name: str = "weight", what: str = "weight") -> None:
     """Each sample of the non-negative weights ``weight (B | 1, n)`` has a positive one: with
     none, both norms are 0 and the error NaN (skipped while tracing)."""
     b = first_without_weight(weight, weight.shape[0], weight.shape[1])
     if b is not None:
-        raise ValueError(f"weight: sample {b} has no positive weight")
+        raise ValueError(f"{name}: sample {b} has no positive {what}")
 
 
 def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean",
@@ -118,7 +123,7 @@ def _relative_l2(pred: Tensor, target: Tensor, reduction: str, weight: Tensor | 
                  check_weight_values: bool = True) -> Tensor:
     """:func:`relative_l2`; ``check_weight_values=False`` for weights checked before."""
     _check_tensor(pred, "pred")
-    _check_tensor(target, "target")
+    _check_tensor(target, "target", pred)
     if pred.shape != target.shape:
         raise ValueError(f"target: expected the shape of pred {tuple(pred.shape)}, "
                          f"got {tuple(target.shape)}")
@@ -153,7 +158,7 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
             e.g. to average a metric over a whole evaluation set).
     """
     _check_tensor(pred, "pred")
-    _check_tensor(target, "target")
+    _check_tensor(target, "target", pred)
     if pred.ndim != 3:
         raise ValueError(f"pred: expected shape (B, N, C), got {tuple(pred.shape)}")
     if target.shape != pred.shape:
@@ -247,7 +252,7 @@ def relative_h1_error(
         reduction: ``'mean'``, ``'median'`` (scalars) or ``'none'`` (``(B,)``).
     """
     _check_tensor(pred, "pred")
-    _check_tensor(target_grad, "target_grad")
+    _check_tensor(target_grad, "target_grad", pred)
     h = check_float(h, "h")
     reduction = _check_reduction(reduction)
     pred, target_grad = _float32_at_least(pred), _float32_at_least(target_grad)
@@ -273,13 +278,13 @@ def relative_h1_error(
         grad = central_gradient_2d(pred[..., 0], h)
         weight = None
         if coeff is not None:
-            _check_tensor(coeff, "coeff")
+            _check_tensor(coeff, "coeff", pred)
             if coeff.shape != pred.shape:
                 raise ValueError(f"coeff: expected the shape of pred {tuple(pred.shape)}, "
                                  f"got {tuple(coeff.shape)}")
-            if not is_tracing(coeff) and bool((coeff < 0).any()):
-                raise ValueError("coeff: expected a non-negative coefficient (a negative one "
-                                 "makes the energy seminorm's ratio meaningless)")
+            # (a negative or zero one makes the energy seminorm's ratio meaningless)
+            check_nonnegative(coeff, "coeff", "coefficient values")
+            _check_some_weight(coeff.flatten(1), "coeff", "value")
             weight = _float32_at_least(coeff)
     else:
         raise ValueError(f"pred: expected (B, n, C) in 1-D or (B, n, n, 1) in 2-D, "
@@ -320,7 +325,7 @@ def relative_h1(
         periodic: the fields live on a periodic grid (Kolmogorov flow).
     """
     _check_tensor(pred, "pred")
-    _check_tensor(target, "target")
+    _check_tensor(target, "target", pred)
     if pred.ndim != 4 or min(pred.shape[1:3]) < 3:
         raise ValueError(f"pred: expected shape (B, s1, s2, C) with s1, s2 >= 3, "
                          f"got {tuple(pred.shape)}")
@@ -377,7 +382,7 @@ class RelativeLoss(nn.Module):
         if weight is not None and (not isinstance(weight, Tensor)
                                    or not weight.is_floating_point()):
             raise TypeError(f"weight: expected a floating-point tensor or None, got "
-                            f"{type(weight).__name__}")
+                            f"{getattr(weight, 'dtype', type(weight).__name__)}")
         if weight is not None:  # checked once here, not by every forward (a host sync each)
             check_nonnegative(weight, "weight")
             if first_without_weight(weight.reshape(1, -1), 1, weight.numel()) is not None:
