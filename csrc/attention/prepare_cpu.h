@@ -104,7 +104,8 @@ struct Rows {
 // 3 repetitions before and after). Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the
 // Taylor polynomial of e^r in Horner form, one multiply-add a degree (degree 7 for float, 13 for
 // double: truncation below half an ulp), and 2^n from its exponent bits. Results below the
-// smallest normal number become 0; NaN stays NaN.
+// smallest normal number become 0; NaN stays NaN, without converting a NaN n to an integer
+// (undefined behaviour, found by UBSan).
 template <typename T>
 inline T exp_nonpositive(T x) {
   constexpr bool is_float = sizeof(T) == 4;
@@ -126,7 +127,10 @@ inline T exp_nonpositive(T x) {
   const T r = clamped - n * kLn2Hi - n * kLn2Lo;
   T p = kCoefficient[kDegree];
   for (int i = kDegree - 1; i >= 0; --i) p = p * r + kCoefficient[i];
-  const Bits bits = (static_cast<Bits>(n) + kBias) << kMantissa;
+  // n is outside the exponent range only for NaN (or x = +inf, outside x <= 0), which this
+  // max/min (in the order that vectorises to maxps/minps) maps into it; p carries the NaN
+  const T in_range = std::min(std::max(T(1 - kBias), n), T(kBias));
+  const Bits bits = (static_cast<Bits>(in_range) + kBias) << kMantissa;
   T scale;
   std::memcpy(&scale, &bits, sizeof(T));
   return x < kLowest ? T(0) : p * scale;
