@@ -69,6 +69,11 @@ def test_burgers_dataset_layout_and_split():
 
 def test_burgers_dataset_bad_arguments():
     a, u = burgers_arrays()
+    # a scalar serves every resolution; another shape failed at the first decode
+    with pytest.raises(ValueError, match=r"target_normalizer: fitted on samples of shape \(7,\), "
+                       "expected a scalar one"):
+        BurgersDataset((a, u), "train", 16, n_train=4, n_test=2,
+                       target_normalizer=UnitGaussianNormalizer(torch.randn(5, 7)))
     with pytest.raises(ValueError, match="resolution must divide"):
         BurgersDataset((a, u), resolution=24, n_train=4, n_test=2)
     with pytest.raises(ValueError, match="split"):

@@ -465,6 +465,14 @@ def test_collation_rejects_bad_items(ragged_file):
         collate_ragged([a, {**b, "x": torch.zeros(b["x"].shape[0], 3, dtype=b["x"].dtype)}])
     with pytest.raises(KeyError, match=r"items\[0\]: missing 'target'"):
         collate_ragged([{k: v for k, v in a.items() if k != "target"}])
+    # padding cast these silently to the batch's dtype
+    with pytest.raises(TypeError, match=r"items\[1\]: inputs\[0\], input_weights\[0\]: "
+                       "expected x's dtype"):
+        collate_ragged([a, {**b, "inputs": [f.long() for f in b["inputs"]]}])
+    with pytest.raises(TypeError, match=r"items\[1\]: x is torch.float64, items\[0\]'s"):
+        collate_ragged([a, {k: ([t.double() for t in v] if isinstance(v, list) else
+                                v.double() if isinstance(v, torch.Tensor) and
+                                v.is_floating_point() else v) for k, v in b.items()}])
 
 
 # -- sampler ---------------------------------------------------------------------------------------

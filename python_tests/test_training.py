@@ -266,6 +266,35 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     assert (tmp_path / "c.csv").read_text() == "a,b\n1,\n2,3\n"
     with pytest.raises(ValueError, match="needs"):
         save_checkpoint(tmp_path / "x.pt", "best", epoch=1)
+    # named: the rename's error named the temporary file, json's no place in the data
+    with pytest.raises(IsADirectoryError, match="path: expected a file name, got the folder"):
+        write_json(tmp_path, {"a": 1})
+    with pytest.raises(TypeError, match=r"^data\['a'\]\[1\]\['b'\]: Object of type int64"):
+        write_json(tmp_path / "n.json", {"a": [1, {"b": np.int64(2)}]})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv", "m.json"]
+
+
+def test_plots_check_their_fields(tmp_path):
+    from galerkin_ext.training import plot_1d, plot_2d, plot_mesh
+
+    grid = torch.linspace(0, 1, 6)
+    with pytest.raises(ValueError, match=r"pred, target: expected tensors of one shape .* S >= 1"):
+        plot_1d(tmp_path / "a.png", grid, torch.zeros(0, 6, 1), torch.zeros(0, 6, 1))
+    with pytest.raises(TypeError, match=r"pred, target: expected tensors, got \['list'"):
+        plot_1d(tmp_path / "a.png", grid, [[0.0]], [[0.0]])
+    with pytest.raises(TypeError, match="inputs: expected tensors"):
+        plot_2d(tmp_path / "a.png", np.zeros((1, 4, 4)), torch.zeros(1, 4, 4), torch.zeros(1, 4, 4))
+    points, none = [torch.rand(6, 2)], [None]
+    for pred, match in ((torch.rand(7), r"pred\[0\], target\[0\]: expected \(6,\)"),
+                        (torch.rand(6, 2), r"pred\[0\], target\[0\]: expected \(6,\)")):
+        with pytest.raises(ValueError, match=match):
+            plot_mesh(tmp_path / "m.png", points, none, [pred], [pred])
+    with pytest.raises(ValueError, match=r"points\[0\], triangles\[0\]: expected \(N, 2\)"):
+        plot_mesh(tmp_path / "m.png", points, [torch.zeros(2, 2, dtype=torch.long)],
+                  [torch.rand(6)], [torch.rand(6)])
+    with pytest.raises(ValueError, match="expected one entry per sample each"):
+        plot_mesh(tmp_path / "m.png", torch.rand(1, 6, 2), none, [torch.rand(6)], [torch.rand(6)])
+    assert not list(tmp_path.iterdir())
 
 
 def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):
@@ -548,6 +577,17 @@ def test_thresholds_and_preset_identity(capsys):
     enforce_thresholds(threshold_report({"b": 0.3}, {"b": 0.2}, enforced=False))  # no raise
     with pytest.raises(ValueError, match="no value for the thresholds"):
         threshold_report({}, {"a": 1.0}, enforced=True)
+    # named, not float()'s own message
+    for values, thresholds, name in (({"a": "x"}, {"a": 0.2}, "values\\['a'\\]"),
+                                     ({"a": None}, {"a": 0.2}, "values\\['a'\\]"),
+                                     ({"a": 0.1}, {"a": True}, "thresholds\\['a'\\]")):
+        with pytest.raises(TypeError, match=f"^{name}: expected a number"):
+            threshold_report(values, thresholds, enforced=True)
+    assert not threshold_report({"a": np.float32("nan")}, {"a": 1}, enforced=False)[
+        "checks"]["a"]["met"]
+    for report in ({"checks": {"a": {}}, "enforced": True}, {"checks": {}}):
+        with pytest.raises(TypeError, match="report: expected the dict returned by"):
+            enforce_thresholds(report)
 
 
 def test_evaluate_predict_and_tensorboard_arguments(tmp_path, monkeypatch):
@@ -589,6 +629,8 @@ def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path):
     from galerkin_ext.training import build_run_model, load_trained_model
 
     cfg = {"model": {"width": 8, "modes": 3, "num_layers": 1, "dim_feedforward": 8}}
+    with pytest.raises(TypeError, match="config: expected the run's config dict"):
+        build_run_model({}, "fno1d")
     model = build_run_model(cfg, "fno1d", in_channels=2)
     assert cfg["build"] == {"name": "fno1d", "arguments": {**cfg["model"], "in_channels": 2}}
     save_checkpoint(tmp_path / "best.pt", "best", epoch=1, model=model.state_dict(),

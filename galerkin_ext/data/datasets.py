@@ -421,7 +421,7 @@ class BurgersDataset(Dataset):
         stride = _stride(first.shape[-1], resolution, periodic=True)
         sub = {"a": lambda x: x[:, ::stride], "u": lambda x: x[:, ::stride]}
         data = _load(source, ("a", "u"), idx, sub)
-        if _needs_fit(n_train, target_normalizer, "target_normalizer"):
+        if _needs_fit(n_train, target_normalizer, "target_normalizer", ()):  # scalar: any n
             train = data if split == "train" else _load(source, ("a", "u"), np.arange(n_train),
                                                         {"u": sub["u"]})
             target_normalizer = UnitGaussianNormalizer(train["u"].reshape(-1))
@@ -444,14 +444,15 @@ class BurgersDataset(Dataset):
 def _needs_fit(n_train: int, given: Any, name: str,
                shape: tuple[int, ...] | None = None) -> bool:
     """Whether a normaliser must be fitted here (on the first ``n_train`` samples); a given
-    one must be scalar or, if ``shape`` is given, of that per-sample shape."""
+    one must be scalar or of the per-sample ``shape`` (``()``: scalar only)."""
     if given is not None:
         if not isinstance(given, UnitGaussianNormalizer):
             raise TypeError(f"{name} must be a UnitGaussianNormalizer, got {type(given).__name__}")
         fitted = tuple(given.mean.shape)
         if shape is not None and fitted not in ((), shape):
-            raise ValueError(f"{name}: fitted on samples of shape {fitted}, expected {shape} "
-                             "(the resolution of this dataset) or a scalar one")
+            wanted = f"{shape} (the resolution of this dataset) or " if shape else ""
+            raise ValueError(f"{name}: fitted on samples of shape {fitted}, expected "
+                             f"{wanted}a scalar one")
         return False
     if n_train == 0:  # e.g. an original evaluation .mat file
         raise ValueError(f"{name} must be given (from the training dataset) for a source of "

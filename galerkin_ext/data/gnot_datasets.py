@@ -478,8 +478,16 @@ def _check_item(item: object, j: int, first: Mapping[str, Any] | None) -> None:
                              f"input_weights[{l_}] (M,), got "
                              f"{tuple(getattr(f, 'shape', ()))}, "
                              f"{tuple(getattr(iw, 'shape', ()))}")
+        if f.dtype != x.dtype or iw.dtype != x.dtype:  # (padding would cast them silently)
+            raise TypeError(f"{where}: inputs[{l_}], input_weights[{l_}]: expected x's dtype "
+                            f"{x.dtype}, got {f.dtype} and {iw.dtype}")
+    if w.dtype != x.dtype or y.dtype != x.dtype:
+        raise TypeError(f"{where}: weight, target: expected x's dtype {x.dtype}, got {w.dtype} "
+                        f"and {y.dtype}")
     if first is None:
         return
+    if x.dtype != first["x"].dtype:
+        raise TypeError(f"{where}: x is {x.dtype}, items[0]'s {first['x'].dtype}")
     if x.shape[1] != first["x"].shape[1] or y.shape[1] != first["target"].shape[1]:
         raise ValueError(f"{where}: x/target have {x.shape[1]}/{y.shape[1]} columns, items[0] "
                          f"{first['x'].shape[1]}/{first['target'].shape[1]}")

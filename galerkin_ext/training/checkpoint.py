@@ -68,6 +68,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     its old content or the complete new one.  Returns ``path`` as a :class:`~pathlib.Path`.
     """
     p = check_path(path)
+    if not p.name or p.is_dir():  # (the rename's own error names the temporary file)
+        raise IsADirectoryError(f"path: expected a file name, got the folder {str(p)!r}")
     if not callable(write):
         raise TypeError(f"write: expected a callable taking a binary file, got {write!r}")
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -102,19 +104,25 @@ def stray_temporary_files(path: str | os.PathLike[str]) -> list[Path]:
     return sorted(p.parent.glob(f".{p.name}.*.tmp"))
 
 
-def _json_text(value: Any, depth: int = 0) -> str:
+def _json_text(value: Any, name: str = "data", depth: int = 0) -> str:
     """Indented JSON in which arrays of numbers and strings stay on one line: a normaliser's
-    thousands of statistics are one line of ``metrics.json``, not thousands."""
+    thousands of statistics are one line of ``metrics.json``, not thousands. ``name`` says
+    where ``value`` is, for the message about a value JSON cannot hold."""
     pad, inner = "  " * depth, "  " * (depth + 1)
     if isinstance(value, Mapping) and value:
         items = [f"{inner}{json.dumps(k if isinstance(k, str) else json.dumps(k))}: "
-                 f"{_json_text(v, depth + 1)}" for k, v in value.items()]
+                 f"{_json_text(v, f'{name}[{k!r}]', depth + 1)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
     if isinstance(value, list | tuple) and any(isinstance(v, Mapping | list | tuple)
                                                for v in value):
-        items = [f"{inner}{_json_text(v, depth + 1)}" for v in value]
+        items = [f"{inner}{_json_text(v, f'{name}[{i}]', depth + 1)}"
+                 for i, v in enumerate(value)]
         return "[\n" + ",\n".join(items) + f"\n{pad}]"
-    return json.dumps(value, allow_nan=True)
+    try:
+        return json.dumps(value, allow_nan=True)
+    except TypeError as err:  # e.g. a numpy integer: json names the type, not where it is
+        raise TypeError(f"{name}: {err} (convert it, e.g. with int(), float() or "
+                        ".tolist())") from None
 
 
 def write_json(path: str | os.PathLike[str], data: Mapping[str, Any] | list[Any]) -> Path:

@@ -324,6 +324,9 @@ def build_run_model(config: dict[str, Any], name: str, **arguments: Any) -> torc
     (``{'name': name, 'arguments': {...}}``) so that :func:`load_trained_model` rebuilds the
     model from a checkpoint alone.  ``arguments``: those kept elsewhere in ``config`` (e.g.
     Darcy's ``fine`` and ``coarse`` grids)."""
+    if not isinstance(config, dict) or not isinstance(config.get("model"), Mapping):
+        raise TypeError("config: expected the run's config dict, with the model's arguments "
+                        "under 'model' (e.g. {'model': {}})")
     arguments = {**config["model"], **arguments}
     model = build_model(name, **arguments)
     config["build"] = {"name": name, "arguments": arguments}
@@ -464,19 +467,33 @@ def threshold_report(values: Mapping[str, float], thresholds: Mapping[str, float
     check_bool(enforced, "enforced")
     checks = {}
     for name, limit in thresholds.items():
-        value = float(values[name])
-        met = value <= float(limit)  # NaN is never met
-        checks[name] = {"value": value, "threshold": float(limit), "met": met}
+        value = _number(values[name], f"values[{name!r}]")
+        limit = _number(limit, f"thresholds[{name!r}]")
+        met = value <= limit  # NaN is never met
+        checks[name] = {"value": value, "threshold": limit, "met": met}
         state = ("ok" if met else "MISSED") if enforced else (
             "met" if met else "missed") + " (not enforced: settings differ from the preset)"
-        print(f"threshold {name}: {value:.4e} <= {float(limit):.4e}? {state}", flush=True)
+        print(f"threshold {name}: {value:.4e} <= {limit:.4e}? {state}", flush=True)
     return {"enforced": enforced, "checks": checks}
+
+
+def _number(value: object, name: str) -> float:
+    """A metric or threshold as a float (NaN allowed: a NaN metric misses every threshold)."""
+    if value is None or isinstance(value, (bool, str)):
+        raise TypeError(f"{name}: expected a number, got {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, got {value!r}") from None
 
 
 def enforce_thresholds(report: Mapping[str, Any]) -> None:
     """Raise :class:`ThresholdError` naming the missed thresholds of a
     :func:`threshold_report` if it is ``enforced`` (the example scripts then exit with 1)."""
-    if not isinstance(report, Mapping) or "checks" not in report:
+    if not (isinstance(report, Mapping) and isinstance(report.get("enforced"), bool)
+            and isinstance(report.get("checks"), Mapping)
+            and all(isinstance(c, Mapping) and {"value", "threshold", "met"} <= set(c)
+                    for c in report["checks"].values())):
         raise TypeError("report: expected the dict returned by threshold_report")
     missed = [f"{name} = {c['value']:.4e} > {c['threshold']:.4e}"
               for name, c in report["checks"].items() if not c["met"]]
@@ -668,12 +685,15 @@ def _save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
         plt.close(fig)
 
 
-def _check_fields(fields: Sequence[torch.Tensor], what: str) -> None:
-    """The plots' fields, ``(S, n, C)`` or ``(S, n, n)``: three axes and one shape."""
-    shapes = {tuple(f.shape) for f in fields}
-    if len(shapes) != 1 or any(f.ndim != 3 for f in fields):
-        raise ValueError(f"{what}: expected tensors of one shape with 3 axes, "
-                         f"got {[tuple(f.shape) for f in fields]}")
+def _check_fields(fields: Sequence[object], what: str) -> None:
+    """The plots' fields, ``(S, n, C)`` or ``(S, n, n)``: tensors of three axes and one shape,
+    some samples."""
+    if not all(isinstance(f, torch.Tensor) for f in fields):
+        raise TypeError(f"{what}: expected tensors, got {[type(f).__name__ for f in fields]}")
+    shapes = {tuple(f.shape) for f in fields}  # type: ignore[union-attr]
+    if len(shapes) != 1 or any(len(s) != 3 or s[0] == 0 for s in shapes):
+        raise ValueError(f"{what}: expected tensors of one shape (S, ., .) with S >= 1 "
+                         f"samples, got {sorted(shapes)}")
 
 
 def plot_1d(
@@ -741,8 +761,24 @@ def plot_mesh(
     of the points would fill holes), ``pred`` and ``target`` ``(N,)`` values at the vertices;
     ``label`` names the field.
     """
-    if not (len(points) == len(triangles) == len(pred) == len(target)) or not points:
-        raise ValueError("points, triangles, pred, target: expected one entry per sample each")
+    if not all(isinstance(a, Sequence) for a in (points, triangles, pred, target)) or not (
+            len(points) == len(triangles) == len(pred) == len(target)) or not points:
+        raise ValueError("points, triangles, pred, target: expected one entry per sample each "
+                         "(lists)")
+    for i, (xy, tri, guess, truth) in enumerate(zip(points, triangles, pred, target,
+                                                    strict=True)):
+        if not all(isinstance(t, torch.Tensor) for t in (xy, guess, truth)) or (
+                tri is not None and not isinstance(tri, torch.Tensor)):
+            raise TypeError(f"points[{i}], triangles[{i}], pred[{i}], target[{i}]: expected "
+                            "tensors (triangles may be None)")
+        n = xy.shape[0]
+        if xy.shape != (n, 2) or (tri is not None and (tri.ndim != 2 or tri.shape[1] != 3)):
+            raise ValueError(f"points[{i}], triangles[{i}]: expected (N, 2) and (T, 3) or None, "
+                             f"got {tuple(xy.shape)} and "
+                             f"{None if tri is None else tuple(tri.shape)}")
+        if guess.shape != (n,) or truth.shape != (n,):
+            raise ValueError(f"pred[{i}], target[{i}]: expected ({n},), one value per point, "
+                             f"got {tuple(guess.shape)} and {tuple(truth.shape)}")
     plt = _pyplot()
     s = len(points)
     fig, axes = plt.subplots(s, 3, figsize=(11, 3.2 * s), squeeze=False)
