@@ -341,6 +341,11 @@ def test_ode_dataset_splits_tasks_and_normalisers(ode_files):
         ODEDataset(ode_files["l63_zs"], "test", task="l63_b", **{**split, "n_test": 5}, **norms)
     cde = ODEDataset(ode_files["cde"], "train", task="cde", **split)
     assert cde[0]["target"].shape == (41, 1)
+    # task (a)'s normalisers (two target components) for task (b): named, not "x must end"
+    a_norms = {"input_normalizer": a.input_normalizer, "target_normalizer": a.target_normalizer}
+    with pytest.raises(ValueError, match=r"^target_normalizer: x must end with the fitted "
+                       r"shape \(2,\)"):
+        ODEDataset(ode_files["l63"], "test", task="l63_b", **split, **a_norms)
 
 
 def test_ode_dataset_bad_arguments(ode_files):

@@ -739,6 +739,16 @@ class _NormalizedFields(Dataset):
         self.indices = idx
         return data
 
+    def _encode(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """``self.x``, ``self.target``: the inputs ``x`` and targets ``y`` normalised; a given
+        normaliser fitted on samples of another shape is named."""
+        for name, raw, attribute in (("input_normalizer", x, "x"),
+                                     ("target_normalizer", y, "target")):
+            try:
+                setattr(self, attribute, getattr(self, name).encode(raw))
+            except ValueError as err:
+                raise ValueError(f"{name}: {err} (given from data of another layout?)") from None
+
 
 class ODEDataset(_NormalizedFields):
     """Lorenz-63 or controlled-ODE trajectories on the file's time grid (SPEC-continuum §3).
@@ -783,8 +793,7 @@ class ODEDataset(_NormalizedFields):
         self.grid = torch.from_numpy(times).to(dtype)
         raw_x = torch.from_numpy(data["input"])
         raw_y = torch.from_numpy(data["output"])
-        self.x = self.input_normalizer.encode(raw_x.to(dtype))
-        self.target = self.target_normalizer.encode(raw_y.to(dtype))
+        self._encode(raw_x.to(dtype), raw_y.to(dtype))
         self.token0 = None
         if task == "l63_a":
             # [x(0), y(0), z(0)] normalised like the input and the targets, then t_0
@@ -833,9 +842,7 @@ class ContinuumDarcyDataset(_NormalizedFields):
         self.resolution = int(data["a"].shape[-1])
         self.grid = uniform_grid_2d(self.resolution).to(dtype)
         self.coeff = torch.from_numpy(data["a"]).to(dtype)[..., None]
-        self.x = self.input_normalizer.encode(self.coeff)
-        u = torch.from_numpy(data["u"]).to(dtype)[..., None]
-        self.target = self.target_normalizer.encode(u)
+        self._encode(self.coeff, torch.from_numpy(data["u"]).to(dtype)[..., None])
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -909,10 +916,8 @@ class KolmogorovDataset(_NormalizedFields):
         self.parameters = self.info["parameters"]
         self.resolution = int(data["input"].shape[-1])
         self.grid = periodic_grid_2d(self.resolution).to(dtype)
-        w_in = torch.from_numpy(data["input"]).to(dtype)[..., None]
-        w_out = torch.from_numpy(data["output"]).to(dtype)[..., None]
-        self.x = self.input_normalizer.encode(w_in)
-        self.target = self.target_normalizer.encode(w_out)
+        self._encode(torch.from_numpy(data["input"]).to(dtype)[..., None],
+                     torch.from_numpy(data["output"]).to(dtype)[..., None])
 
     def persistence_errors(self) -> torch.Tensor:
         """Per-sample relative L^2 error ``||w(T + dt_out) - w(T)|| / ||w(T + dt_out)||`` of the
