@@ -317,7 +317,7 @@ def kernel_attention(
     if dropout_p > 0.0:
         attn = attn * extra_total[-mask.numel():].view(mask_shape)
     out = ops._q_apply(q, attn, pos=pos, q_map=functional.norm_map(q_norm), q_norm=q_norm,
-                         eps=eps, normalizers=0)
+                       eps=eps, normalizers=0)
     return out, attn
 
 

@@ -94,8 +94,8 @@ def galerkin_attention(
 
     Cost O((N + M) d d_v). ``dropout_p > 0`` drops entries of the ``d × d_v`` matrix
     ``K̂ᵀ W V̂`` on every call, as in ``F.scaled_dot_product_attention``: a module passes
-    ``dropout_p`` only in training. Returns ``(B, H, N, P + D_v)``;
-    the shapes of the arguments, the norms and the weights: the module doc.
+    ``dropout_p`` only in training. Returns ``(B, H, N, P + D_v)``; the shapes of the
+    arguments, the norms and the weights: the module doc.
     """
     out, _ = kernel_attention(
         q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, k_norm=k_norm, v_norm=v_norm, eps=eps,
@@ -126,8 +126,8 @@ def fourier_attention(
     ``path="factored"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O((N + M) d²) and ``path="quadratic"``
     materialises the ``N × M`` matrix (needed for dropout on it: ``dropout_p > 0`` drops its
     entries on every call, as in ``F.scaled_dot_product_attention``). ``"auto"`` takes the
-    factored path unless ``dropout_p > 0``. Returns ``(B, H, N, P +
-    D_v)``; the shapes of the arguments, the norms and the weights: the module doc.
+    factored path unless ``dropout_p > 0``. Returns ``(B, H, N, P + D_v)``; the shapes of the
+    arguments, the norms and the weights: the module doc.
     """
     dropout_p = check_probability(dropout_p, "dropout_p")
     check_choice(path, "path", ("auto", "factored", "quadratic"))
