@@ -101,6 +101,70 @@ def test_fit_converges_and_writes_files(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left
 
 
+def test_resume_refuses_a_best_checkpoint_of_another_run_and_repairs_metrics_csv(tmp_path):
+    """A fresh run in the same folder, killed after its first best.pt, leaves that best.pt
+    beside the first run's last.pt: the resumption loaded it and returned its model as the best
+    epoch's. A kill after last.pt, before metrics.csv, left the CSV a row short for good."""
+    _trainer(tmp_path, epochs=2).fit()
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    write_csv(tmp_path / "metrics.csv", load_checkpoint(tmp_path / "last.pt")["history"][:1])
+    _trainer(tmp_path, epochs=2).fit(resume=True)  # nothing left to train
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == rows
+    best = load_checkpoint(tmp_path / "best.pt")
+    save_checkpoint(tmp_path / "best.pt", "best", epoch=1, model=best["model"],
+                    metric=best["metric"] + 1.0, config=best["config"])
+    with pytest.raises(CheckpointError, match=r"best.pt' holds epoch 1 .*, of another run"):
+        _trainer(tmp_path, epochs=2).fit(resume=True)
+
+
+def test_the_trainer_checks_what_it_is_given(tmp_path):
+    config = TrainConfig(epochs=2, batch_size=4, progress=False)
+    config.grad_clip = 0.0  # set after construction: checked again, not a run that never moves
+    with pytest.raises(ValueError, match="grad_clip: expected a finite float > 0"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(8), config, tmp_path / "a")
+    config.grad_clip = 0.999
+    for arguments, error, match in (
+        ({"forward": None}, TypeError, "^forward: expected a callable"),
+        ({"metric": 3}, TypeError, "^metric: expected a callable"),
+        ({"run_config": {"train": {"epochs": 5}}}, ConfigError,
+         r"run_config\['train'\]\['epochs'\]: 5 differs from the TrainConfig's 2"),
+        ({"run_config": {"train_samples": 99}}, ConfigError,
+         r"run_config\['train_samples'\]: 99 differs"),
+    ):
+        with pytest.raises(error, match=match):
+            Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(8), config,
+                    tmp_path / "b", **arguments)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+        def __len__(self):
+            return 4
+
+    with pytest.raises(ValueError, match="train_set: expected a non-empty map-style"):
+        Trainer(_PointMLP(), OperatorLoss(), Stream(), _Linear1d(8), config, tmp_path / "c")
+    assert not list(tmp_path.iterdir())  # each refused before its folder was made
+    # a setting of the user's own under 'train' is kept and compared on resume
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(8), config,
+                      tmp_path / "d", run_config={"train": {"loss": "l2", "epochs": 2}})
+    trainer.fit()
+    assert load_checkpoint(tmp_path / "d" / "last.pt")["config"]["train"]["loss"] == "l2"
+    with pytest.raises(CheckpointError, match=r"\['train.loss'\]"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(8), config,
+                tmp_path / "d", run_config={"train": {"loss": "h1"}}).fit(resume=True)
+
+    def detached(pred, target, *rest):
+        loss, parts = OperatorLoss()(pred, target)
+        return loss.detach(), parts
+
+    with pytest.raises(TypeError, match="loss_fn: returned a loss without gradient"):
+        Trainer(_PointMLP(), detached, _Linear1d(32), _Linear1d(8), config,
+                tmp_path / "e").fit()
+    with pytest.raises(TypeError, match="^model: expected a torch.nn.Module"):
+        predict(None, _Linear1d(8), [0])
+
+
 class _SpectralMix(nn.Module):
     """A complex weight on each Fourier mode, as the spectral layers have: the smoothing of
     :class:`_Linear1d` is exactly such a multiplier."""
@@ -188,6 +252,10 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path):
     state = load_checkpoint(tmp_path / "last.pt", "last")
     assert state["epoch"] == 1
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+    # a fresh run stopped before its first epoch ends: the last.pt there is the older run's
+    calls["n"] = 100
+    with pytest.raises(NonFiniteLossError, match="no checkpoint of this run was written yet"):
+        _trainer(tmp_path, loss=exploding).fit()
 
 
 def test_a_stop_on_the_loss_names_a_sample_without_a_relative_error(tmp_path):

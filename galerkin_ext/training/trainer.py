@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Subset
 from tqdm.auto import tqdm
 
 from .._checks import check_bool, check_choice, check_float, check_int, check_path, resolve_device
@@ -285,6 +285,24 @@ def _writable_dir(path: object) -> Path:
     return folder
 
 
+def _check_recorded(run_config: Mapping[str, Any], recorded: Mapping[str, Any]) -> None:
+    """``run_config`` may hold what the Trainer records (e.g. a checkpoint's config passed
+    again, or a preset's ``train`` settings) only with the same values: another value would be
+    overwritten, and a resumption would not compare the user's setting."""
+    for key, value in recorded.items():
+        given = run_config.get(key)
+        if given is None:
+            continue
+        if key == "train" and isinstance(given, Mapping):
+            for field, setting in given.items():
+                if field in value and setting != value[field]:
+                    raise ConfigError(f"run_config['train'][{field!r}]: {setting!r} differs "
+                                      f"from the TrainConfig's {value[field]!r}")
+        elif given != value:
+            raise ConfigError(f"run_config[{key!r}]: {given!r} differs from what the Trainer "
+                              f"records there, {value!r} (choose another key)")
+
+
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{'model': {'norm': 'attn'}}`` -> ``{'model.norm': 'attn'}``; lists become tuples."""
     flat: dict[str, Any] = {}
@@ -331,10 +349,19 @@ def _collate(dataset: Dataset) -> Callable[[list[Any]], Any] | None:
 
 
 def _check_dataset(dataset: object, name: str) -> Dataset:
-    if not isinstance(dataset, Dataset) or not hasattr(dataset, "__len__") or len(dataset) < 1:
-        raise ValueError(f"{name}: expected a non-empty torch Dataset with __len__, "
-                         f"got {type(dataset).__name__}")
+    """A non-empty map-style dataset (its samples are shuffled, split and indexed by number)."""
+    if not isinstance(dataset, Dataset) or isinstance(dataset, IterableDataset) or not hasattr(
+            dataset, "__len__") or len(dataset) < 1:
+        raise ValueError(f"{name}: expected a non-empty map-style torch Dataset (__len__ and "
+                         f"__getitem__ by index), got {type(dataset).__name__}")
     return dataset
+
+
+def _check_callables(**functions: object) -> None:
+    """Each of ``functions`` (by argument name) callable."""
+    for name, function in functions.items():
+        if not callable(function):
+            raise TypeError(f"{name}: expected a callable, got {type(function).__name__}")
 
 
 def _loader(dataset: Dataset, batch_size: int, device: torch.device, **kwargs: Any) -> DataLoader:
@@ -432,8 +459,7 @@ def per_sample_errors(
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     _check_dataset(dataset, "dataset")
     check_int(batch_size, "batch_size")
-    if not callable(forward) or not callable(metric):
-        raise TypeError("forward and metric must be callables")
+    _check_callables(forward=forward, metric=metric)
     if ctx is not None and not isinstance(ctx, DistributedContext):
         raise TypeError(f"ctx: expected a DistributedContext or None, got {type(ctx).__name__}")
     dev = resolve_device(device)
@@ -491,7 +517,11 @@ def predict(
     Galerkin Transformer models (they de-normalise inside), normalised for the ragged GNOT
     models and their batches' targets (``dataset.decode_target`` gives physical units).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     _check_dataset(dataset, "dataset")
+    _check_callables(forward=forward)
+    dev = resolve_device(device)
     if not isinstance(indices, Sequence) or not indices or any(
         isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(dataset)
         for i in indices
@@ -503,7 +533,10 @@ def predict(
     batch = collate(items) if collate is not None else {
         k: torch.stack([it[k] for it in items]) for k in items[0]}
     model.eval()
-    pred = forward(model, _to(batch, resolve_device(device)))
+    pred = forward(model, _to(batch, dev))
+    if not isinstance(pred, Tensor):
+        raise TypeError(f"forward: expected it to return the prediction tensor, got "
+                        f"{type(pred).__name__}")
     return pred.float().cpu(), _to(batch, torch.device("cpu"))
 
 
@@ -541,6 +574,9 @@ def _loss_result(result: object) -> tuple[Tensor, Mapping[str, Tensor]]:
         raise TypeError(f"{expected}; got loss "
                         + (f"of shape {tuple(loss.shape)} (reduce it to the batch's mean)"
                            if isinstance(loss, Tensor) else type(loss).__name__))
+    if not loss.requires_grad:
+        raise TypeError("loss_fn: returned a loss without gradient (computed from detached "
+                        "tensors, or under torch.no_grad?)")
     if not isinstance(parts, Mapping) or "rel_l2" not in parts:
         raise TypeError(f"{expected}; got parts {parts!r}")
     for key in ("rel_l2", "rel_h1"):
@@ -615,10 +651,12 @@ class Trainer:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-        if not callable(loss_fn) or not callable(forward) or not callable(metric):
-            raise TypeError("loss_fn, forward and metric must be callables")
+        _check_callables(loss_fn=loss_fn, forward=forward, metric=metric)
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config: expected a TrainConfig, got {type(config).__name__}")
+        # a checked copy: fields set after construction are checked again, and the run keeps
+        # its settings whatever happens to the caller's object
+        config = TrainConfig(**dataclasses.asdict(config))
         if run_config is not None and not isinstance(run_config, Mapping):
             raise TypeError(f"run_config: expected a dict, got {type(run_config).__name__}")
         self.ctx = ctx if ctx is not None else DistributedContext()
@@ -647,7 +685,6 @@ class Trainer:
         self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
         if config.tensorboard and self.ctx.is_main:
             tensorboard_writer_class()  # missing package: found before the folder is made
-        self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else _check_out_dir(out_dir)
         self.run_config = dict(run_config or {})
         # checked now: a setting that cannot be stored and compared on resume is found before
         # training, not in a checkpoint that cannot be read back
@@ -686,7 +723,11 @@ class Trainer:
                 steps_per_epoch=self.steps_per_epoch, div_factor=config.div_factor,
                 final_div_factor=config.final_div_factor, pct_start=config.pct_start,
             )
+        _check_recorded(self.run_config, self._recorded())
+        # made last: a refusal above leaves no folder behind
+        self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else _check_out_dir(out_dir)
         self.tb_writer = self._tensorboard() if config.tensorboard and self.ctx.is_main else None
+        self._owns_last = False  # whether last.pt is this run's (resumed or written by it)
         self._fitted = False  # fit() runs once: it spends the optimiser and the schedule
 
     # -- files ----------------------------------------------------------------------------
@@ -704,10 +745,15 @@ class Trainer:
     def _tensorboard(self) -> Any:
         return tensorboard_writer_class()(log_dir=str(self.out_dir / "tensorboard"))
 
-    def _full_config(self) -> dict[str, Any]:
-        return {**self.run_config, "parallel": self.parallel,
-                "train": dataclasses.asdict(self.config),
+    def _recorded(self) -> dict[str, Any]:
+        """What the Trainer records in the run's config beside ``run_config``."""
+        return {"parallel": self.parallel, "train": dataclasses.asdict(self.config),
                 "train_samples": len(self.train_set), "eval_samples": len(self.eval_set)}
+
+    def _full_config(self) -> dict[str, Any]:
+        recorded = self._recorded()
+        return {**self.run_config, **recorded,
+                "train": {**self.run_config.get("train", {}), **recorded["train"]}}
 
     def _check_resumable(self, stored: Mapping[str, Any], world_size: int) -> None:
         """Refuse a resumption that would change the model, the data or the schedule (see
@@ -773,8 +819,8 @@ class Trainer:
         return stats
 
     def _stop(self, what: str) -> None:
-        kept = (f"the last good checkpoint {str(self.last_path)!r} is kept"
-                if self.last_path.is_file() else "no checkpoint was written yet")
+        kept = (f"the last good checkpoint {str(self.last_path)!r} is kept" if self._owns_last
+                else "no checkpoint of this run was written yet")
         raise NonFiniteLossError(f"non-finite values: {what}; the run is stopped and {kept}. "
                                  f"Try a lower max_lr, fp32 precision, or check the data.")
 
@@ -824,7 +870,7 @@ class Trainer:
         if resume and self.last_path.is_file():
             state = load_checkpoint(self.last_path, "last", map_location=ctx.device)
             self._check_resumable(state["config"], state["world_size"])
-            self._check_best(state["best_epoch"])
+            self._check_best(state["best_epoch"], state["best_metric"])
             _load_weights(self.model, state["model"], self.last_path,
                           "this Trainer's model (a resumption needs the model of its run)")
         self._try_evaluation()  # before the RNG states are set: it draws from them
@@ -836,6 +882,9 @@ class Trainer:
             start, history = state["epoch"], list(state["history"])
             best_metric, best_epoch = state["best_metric"], state["best_epoch"]
             train_seconds = state["train_seconds"]
+            if ctx.is_main:  # a kill after last.pt, before metrics.csv, left it a row short
+                write_csv(self.out_dir / "metrics.csv", history)
+            self._owns_last = True
         else:
             if ctx.is_main and (self.last_path.is_file() or self.best_path.is_file()):
                 print(f"note: starting afresh; the run in {str(self.out_dir)!r} (last.pt, "
@@ -890,6 +939,7 @@ class Trainer:
                             if key != "epoch":
                                 self.tb_writer.add_scalar(f"epoch/{key}", value, epoch + 1)
                         self.tb_writer.flush()
+                self._owns_last = True  # (written by the main process)
                 bar.set_postfix(epoch=epoch + 1, loss=f"{row['train_loss']:.3e}",
                                 eval=f"{row['eval_rel_l2']:.3e}", best=f"{best_metric:.3e}")
         finally:
@@ -906,9 +956,11 @@ class Trainer:
         return {"best_metric": best_metric, "best_epoch": best_epoch, "epochs": len(history),
                 "stopped_early": stopped, "train_seconds": train_seconds, "history": history}
 
-    def _check_best(self, best_epoch: int) -> None:
+    def _check_best(self, best_epoch: int, best_metric: float) -> None:
         """``CheckpointError`` unless ``best.pt``, which a resumption loads at its end, is
-        there and readable: found before training, not after every remaining epoch."""
+        there, readable and the best epoch ``last.pt`` records (a fresh run in the same folder,
+        killed after its first best.pt, leaves another run's): found before training, not after
+        every remaining epoch."""
         if best_epoch < 1:
             return
         if not self.best_path.is_file():
@@ -916,7 +968,13 @@ class Trainer:
                 f"cannot resume from {str(self.last_path)!r}: it records epoch {best_epoch} as "
                 f"the best, but {str(self.best_path)!r} is missing; restore it, or start "
                 "afresh (without resume) or in another out_dir")
-        load_checkpoint(self.best_path, "best")
+        best = load_checkpoint(self.best_path, "best")
+        if (best["epoch"], best["metric"]) != (best_epoch, best_metric):
+            raise CheckpointError(
+                f"cannot resume from {str(self.last_path)!r}: it records epoch {best_epoch} "
+                f"(error {best_metric:.6g}) as the best, but {str(self.best_path)!r} holds "
+                f"epoch {best['epoch']} (error {best['metric']:.6g}), of another run; start "
+                "afresh (without resume) or in another out_dir")
 
     def _try_evaluation(self) -> None:
         """Evaluate one batch of ``eval_set`` as after an epoch, so that an ``eval_set``,
