@@ -104,6 +104,21 @@ def test_bad_input(kwargs, err, match):
         solve_burgers(**kwargs)
 
 
+def test_a_diverging_solve_stops_its_generation(tmp_path):
+    """Too few steps for a small viscosity: the solution was NaN, published as a complete file
+    (the other solvers raise SolverError, which removes the partial file)."""
+    from galerkin_ext.data.generate import generate_burgers
+    from galerkin_ext.data.storage import SolverError, partial_path
+
+    with pytest.raises(SolverError, match="n_steps = 5 is too few for nu = 0.001"):
+        solve_burgers(sample_periodic_grf_1d(2, 256, seed=0), 1e-3, n_steps=5)
+    out = tmp_path / "b.h5"
+    with pytest.raises(SolverError):
+        generate_burgers(out, n_samples=2, resolution=256, solve_resolution=256, nu=1e-3,
+                         n_steps=5, progress=False)
+    assert not out.exists() and not partial_path(out).exists()
+
+
 def test_a_zero_initial_condition_stays_zero():
     """u0 = 0 is the exact solution u = 0 (it was refused, naming u_max, which the caller never
     passed)."""

@@ -282,6 +282,16 @@ def test_continuum_darcy_mat_files_convert_to_the_generated_arrays(tmp_path, coe
             np.testing.assert_array_equal(stored[key], single[key])
 
 
+def test_continuum_darcy_statistics_of_values_float32_cannot_hold(tmp_path):
+    """12.1 in float64 is not float32(12.1): the share of the high value came out 0."""
+    rng = np.random.default_rng(0)
+    x = np.where(rng.random((9, 9, 4)) < 0.4, 12.1, 1.0)
+    scipy.io.savemat(tmp_path / "p.mat", {"x": x, "y": rng.random((9, 9, 4))})
+    out = convert_continuum_darcy(tmp_path / "p.mat", tmp_path / "p.h5", progress=False)
+    share = inspect_h5(out)["statistics"]["a_at_high"]
+    assert share["mean"] == pytest.approx(float((x == 12.1).mean()), rel=1e-12)
+
+
 def test_continuum_darcy_refusals(tmp_path, capsys):
     _, fields = matlab_darcy(tmp_path, "lognormal")
     x, y = (fields[k].transpose(1, 2, 0) for k in ("a", "u"))

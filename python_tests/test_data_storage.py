@@ -20,6 +20,7 @@ from galerkin_ext.data.storage import (
     ArraySpec,
     ChunkedWriter,
     DataFileError,
+    InterruptedWhenFinished,
     inspect_h5,
     partial_path,
     read_h5,
@@ -131,6 +132,33 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_generation(tmp_pat
     assert calls["n"] == 2 and inspect_h5(partial_path(out))["n_done"] == 8
     assert "Exception ignored" not in capfd.readouterr().err  # one line from the CLI, no more
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_interrupted_overwrite_is_resumed(tmp_path, monkeypatch, capsys):
+    """An interrupted --overwrite leaves the old file and the new run's partial one: the CLI
+    said the file was complete (it was the old one), and --resume refused the finished file."""
+    out = burgers(tmp_path / "b.h5", n=2, chunk=2)
+    calls = {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return solve_burgers(*args, **kwargs)
+
+    monkeypatch.setattr(gen, "solve_burgers", interrupted)
+    command = ["generate", "burgers", "--out", str(out), "--n-samples", "10", "--chunk-size",
+               "4", "--resolution", str(SMALL["resolution"]), "--solve-resolution",
+               str(SMALL["solve_resolution"]), "--n-steps", str(SMALL["n_steps"]),
+               "--no-progress"]
+    assert main([*command, "--overwrite"]) == 130
+    assert "rerun with --resume" in capsys.readouterr().err
+    assert inspect_h5(out)["n_samples"] == 2 and partial_path(out).exists()
+    monkeypatch.setattr(gen, "solve_burgers", solve_burgers)
+    assert main([*command, "--resume"]) == 0
+    assert inspect_h5(out)["n_samples"] == 10 and not partial_path(out).exists()
+    reference = burgers(tmp_path / "r.h5", n=10)
+    np.testing.assert_array_equal(read_h5(reference)["u"], read_h5(out)["u"])
 
 
 def test_existing_file_and_bad_paths(tmp_path):
@@ -369,7 +397,7 @@ def test_cli_interrupt_after_the_file_is_finished(tmp_path, capsys, monkeypatch)
 
     def finished_then_interrupted(out, **kwargs):
         Path(out).write_bytes(b"done")
-        raise KeyboardInterrupt
+        raise InterruptedWhenFinished
 
     monkeypatch.setattr(generate, "generate_burgers", finished_then_interrupted)
     out = tmp_path / "b.h5"

@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--solve-resolution: expected at most --resolution = "
                          f"{args.resolution or 8192} (the solve grid is zero-padded to it), got "
                          f"{args.solve_resolution}")
-    from .storage import DataFileError, SolverError
+    from .storage import DataFileError, InterruptedWhenFinished, SolverError, partial_path
 
     try:
         if args.command == "info":
@@ -282,9 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             path = generate_cde(args.out, **common)
         print(f"wrote {path}")
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         out = getattr(args, "out", None)
-        if out is not None and Path(out).is_file():  # the signal came after the last rename
+        # the signal came with the last rename, or after it (an interrupted overwrite leaves
+        # the old file beside the new run's partial one)
+        if isinstance(err, InterruptedWhenFinished) or (
+                out is not None and Path(out).is_file() and not partial_path(out).exists()):
             print(f"\ninterrupted after {out} was finished; it is complete", file=sys.stderr)
         else:
             print("\ninterrupted; completed chunks are kept, rerun with --resume to continue",

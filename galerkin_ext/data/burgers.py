@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .._checks import check_float, check_int
+from .storage import SolverError
 
 __all__ = ["solve_burgers", "etdrk4_coefficients", "default_n_steps"]
 
@@ -106,6 +107,10 @@ def solve_burgers(
     Returns:
         ``u(., t_end)`` with the shape of ``u0``: a NumPy float64 array for NumPy input, else a
         tensor on ``u0``'s device with ``u0``'s floating dtype.
+
+    Raises:
+        SolverError: the solution became non-finite (too few ``n_steps`` for ``nu`` and the
+            resolution).
     """
     u, from_numpy = _as_tensor(u0)
     if u.ndim not in (1, 2):
@@ -161,6 +166,9 @@ def solve_burgers(
         nc = nonlinear(c)
         v = e * v + nv * f1 + 2 * (na + nb) * f2 + nc * f3
 
+    if not bool(torch.isfinite(v).all()):
+        raise SolverError(f"solve_burgers: the solution became non-finite; n_steps = {n_steps} "
+                          f"is too few for nu = {nu:g} on {m} points")
     if m != n:
         v = _truncate(v, m, n)
     result = torch.fft.irfft(v, n=n, dim=-1)

@@ -151,8 +151,10 @@ def _darcy_statistics(
     """Names and function of the summary fields of a continuum Darcy chunk."""
     if coef == "lognormal":
         return ("log_a", "u"), lambda arr: {"log_a": np.log(arr["a"]), "u": arr["u"]}
-    at_high = np.float32(high)  # compared in a's stored dtype (float32)
-    return ("a_at_high", "u"), lambda arr: {"a_at_high": arr["a"] == at_high, "u": arr["u"]}
+    # compared in a's stored dtype (float32 generated, float64 converted): 12.1 in float64 is
+    # not float32(12.1)
+    return ("a_at_high", "u"), lambda arr: {"a_at_high": arr["a"] == arr["a"].dtype.type(high),
+                                            "u": arr["u"]}
 
 
 def generate_darcy(

@@ -54,6 +54,7 @@ from .._checks import check_bool, check_int, check_path
 __all__ = [
     "SCHEMA",
     "DataFileError",
+    "InterruptedWhenFinished",
     "ChunkedWriter",
     "partial_path",
     "check_output_path",
@@ -82,6 +83,10 @@ class SolverError(RuntimeError):
     """A solver's solution became non-finite: its step is too large for the equation and its
     settings.  The generation stops and removes its partial file, which the same settings would
     only fail on again."""
+
+
+class InterruptedWhenFinished(KeyboardInterrupt):
+    """Ctrl-C came while a generation published its file: the file is complete."""
 
 
 class DataMismatchError(DataFileError, ValueError):
@@ -126,7 +131,8 @@ def check_output(out: object, *, resume: bool, overwrite: bool,
     touching any file (so before any work starts): ``(FILE, FILE.partial)``.
 
     Raises ``FileExistsError`` if ``out`` or its partial file exists and neither ``resume``
-    nor ``overwrite`` is set (or ``out`` is finished and ``resume`` is set).
+    nor ``overwrite`` is set (or ``out`` is finished, without a partial file, and ``resume`` is
+    set: an interrupted ``overwrite`` leaves both, and ``resume`` continues it).
     """
     for name, flag in (("resume", resume), ("overwrite", overwrite), ("progress", progress)):
         check_bool(flag, name)
@@ -134,7 +140,7 @@ def check_output(out: object, *, resume: bool, overwrite: bool,
         raise ValueError("resume and overwrite are mutually exclusive")
     final = check_output_path(out)
     part = partial_path(final)
-    if final.exists() and not overwrite:
+    if final.exists() and not overwrite and not (resume and part.exists()):
         if resume:
             raise FileExistsError(
                 f"{str(final)!r} already exists and is finished; nothing to resume "
@@ -273,7 +279,7 @@ def run_chunks(
                     raise KeyboardInterrupt
             path = writer.finish()
         if interrupted:  # the file is complete: the data CLI says so
-            raise KeyboardInterrupt
+            raise InterruptedWhenFinished
         return path
     except SolverError:
         writer.close()
