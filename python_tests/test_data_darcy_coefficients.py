@@ -13,7 +13,13 @@ from galerkin_ext.data import generate as gen
 from galerkin_ext.data import random_fields as rf
 from galerkin_ext.data.__main__ import main
 from galerkin_ext.data.darcy import solve_darcy
-from galerkin_ext.data.storage import DataFileError, inspect_h5, partial_path, read_h5
+from galerkin_ext.data.storage import (
+    DataFileError,
+    SolverError,
+    inspect_h5,
+    partial_path,
+    read_h5,
+)
 
 PI = np.pi
 CONTINUUM = {"sigma": 12.0, "tau": 6.0, "alpha": 2.0}
@@ -215,8 +221,12 @@ def test_cli(tmp_path, capsys):
                                                            "coef='lognormal'"),
         ({"coef": "lognormal", "resolution": 2}, ValueError, "resolution"),
         ({"coef": "lognormal", "n_samples": 0}, ValueError, "n_samples"),
+        # exp(g) overflows: found by the first sample, whose failure the same settings repeat
+        ({"coef": "lognormal", "sigma": 1e4}, SolverError, "exp.g. over- or underflows; "
+                                                           "sigma = 10000.0 is too large"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 def test_bad_generator_arguments_leave_no_file(tmp_path, kwargs, err, match):
     out = tmp_path / "x.h5"
     with pytest.raises(err, match=match):

@@ -96,6 +96,16 @@ def test_missing_keys_and_bad_files(tmp_path):
         read_darcy_mat(v73)
     with pytest.raises(TypeError, match="keys must be a sequence of variable names, got 5"):
         load_mat(tmp_path / "x.mat", 5)
+    # MATLAB v7.3 keeps text as uint16 codes and [] as its dimensions: both read as numbers
+    for name, attrs, what in (("c", {"MATLAB_class": b"char"}, "char data"),
+                              ("e", {"MATLAB_class": b"double", "MATLAB_empty": 1},
+                               "an empty array")):
+        write_v73(tmp_path / f"{name}.mat", a=np.frombuffer(b"hello", np.uint8).astype(
+            np.uint16)[None], u=np.zeros((1, 5)))
+        with h5py.File(tmp_path / f"{name}.mat", "r+") as f:
+            f["a"].attrs.update(attrs)
+        with pytest.raises(ValueError, match=rf"{name}\.mat': variable 'a' is MATLAB {what}"):
+            read_burgers_mat(tmp_path / f"{name}.mat")
 
 
 def test_datasets_read_mat_files(tmp_path, darcy_arrays):

@@ -218,6 +218,28 @@ def test_checksums_find_a_flipped_bit(tmp_path):
     np.testing.assert_array_equal(read_h5(out, [0, 1, 2], keys=("u",))["u"].shape, (3, 128))
 
 
+def test_checksums_cover_the_shared_arrays_and_the_bookkeeping(tmp_path):
+    """The sample times of an ODE file were read back with a flipped bit, silently."""
+    out = gen.generate_lorenz63(tmp_path / "l.h5", 4, dt=0.05, progress=False)
+    with h5py.File(out) as f:
+        assert all(f[k].fletcher32 for k in ("coords", "completed", "statistics"))
+        offset = f["coords"].id.get_chunk_info(0).byte_offset
+    data = bytearray(out.read_bytes())
+    data[offset + 12] ^= 0x40
+    out.write_bytes(bytes(data))
+    with pytest.raises(DataFileError, match=r"l\.h5': array 'coords' is corrupt"):
+        read_h5(out, keys=("coords",))
+
+
+def test_a_set_larger_than_the_disk_is_refused_up_front(tmp_path):
+    """It ended in a MemoryError traceback and left a partial file that blocked the next run."""
+    out = tmp_path / "huge.h5"
+    with pytest.raises(ValueError, match=r"n_samples: 100000000000 samples take .* GiB, more "
+                                         r"than the .* GiB free"):
+        gen.generate_lorenz63(out, 10**11, chunk_size=1, progress=False)
+    assert not out.exists() and not partial_path(out).exists()
+
+
 def test_truncated_and_foreign_files_are_rejected(tmp_path):
     out = burgers(tmp_path / "b.h5", n=8)
     size = os.path.getsize(out)

@@ -59,6 +59,15 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str], *,
                     if not isinstance(f[k], h5py.Dataset):  # a struct or cell array
                         raise ValueError(f"{str(p)!r}: variable {k!r} is a MATLAB struct or "
                                          "cell array, expected a numeric array")
+                    # text is stored as uint16 codes and [] as its dimensions: read as numbers
+                    # they would pass for data
+                    kind = f[k].attrs.get("MATLAB_class", b"")
+                    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+                    empty = bool(f[k].attrs.get("MATLAB_empty", 0))
+                    if empty or kind in ("char", "logical"):
+                        what = "an empty array" if empty else f"{kind} data"
+                        raise ValueError(f"{str(p)!r}: variable {k!r} is MATLAB {what}, "
+                                         "expected a numeric array")
                 return {k: numeric(p, k, f[k][...], dtype).transpose() for k in keys}
         except OSError as err:  # truncated or damaged
             raise ValueError(f"{str(p)!r} is not a readable MATLAB v7.3 file: {err}") from err

@@ -37,6 +37,7 @@ import contextlib
 import json
 import numbers
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -438,6 +439,15 @@ class ChunkedWriter:
                 f.close()
                 raise
             return cls(final, f, chunk_size, n_samples)
+        # a set larger than the disk fails up front, not as a MemoryError or a full disk after
+        # its partial file exists
+        needed = n_samples * sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+                                 for spec in arrays.values())
+        free = shutil.disk_usage(part.parent).free
+        if needed > free:
+            raise ValueError(f"n_samples: {n_samples} samples take {needed / 2**30:.3g} GiB, "
+                             f"more than the {free / 2**30:.3g} GiB free in "
+                             f"{str(part.parent)!r}")
         f = h5py.File(part, "w")
         try:
             for key, value in attrs.items():
@@ -452,14 +462,17 @@ class ChunkedWriter:
                                       chunks=(1, *spec.shape), fletcher32=True)
                 if spec.grid_ndim is not None:
                     ds.attrs["grid_ndim"] = spec.grid_ndim
+            # The shared arrays and the bookkeeping carry checksums too (a flipped bit in the
+            # coordinates read back silently).
             for name, value in static.items():
-                ds = f.create_dataset(name, data=value)
+                ds = f.create_dataset(name, data=value, fletcher32=True)
                 ds.attrs["static"] = True
                 ds.attrs["grid_ndim"] = value.ndim - 1
-            f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0)
+            f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0,
+                             fletcher32=True)
             if statistics:
                 ds = f.create_dataset("statistics", shape=(n_chunks, len(statistics), 3),
-                                      dtype="f8", fillvalue=0.0)
+                                      dtype="f8", fillvalue=0.0, fletcher32=True)
                 ds.attrs["names"] = json.dumps(statistics)
             f.flush()
         except BaseException:  # nothing is in it yet: a file left would block the next run
@@ -712,12 +725,11 @@ def read_h5(
     with _open(Path(path), "r") as f:
         for key in keys:
             ds = f[key]
-            if key in info["static"]:
-                sub = (slice(None, None, stride),) * int(ds.attrs["grid_ndim"])
-                out[key] = ds[...][sub]
-                continue
-            sub = (slice(None, None, stride),) * int(ds.attrs.get("grid_ndim", ds.ndim - 1))
             try:
+                if key in info["static"]:
+                    out[key] = ds[...][(slice(None, None, stride),) * int(ds.attrs["grid_ndim"])]
+                    continue
+                sub = (slice(None, None, stride),) * int(ds.attrs.get("grid_ndim", ds.ndim - 1))
                 parts = [ds[_as_selection(idx[i : i + block])][(slice(None), *sub)]
                          for i in range(0, idx.size, block)]
             except OSError as err:  # a chunk failing its checksum, or unreadable
