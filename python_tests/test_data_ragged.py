@@ -99,6 +99,10 @@ def test_round_trip_schema_and_inspection(ragged_file):
     assert _same(sub.sample(0)["target"], synthetic(9)["target"]) and sub.inputs == {}
     assert sub.theta is None and sub.lengths.tolist() == [
         synthetic(i)["target"].shape[0] for i in (9, 2, 3)]
+    with pytest.raises(TypeError, match="fields: expected a sequence of names"):  # not "'q'"
+        read_ragged(ragged_file, fields="query")
+    with pytest.raises(TypeError, match="path: expected a path"):
+        read_ragged(5)
     with h5py.File(ragged_file) as f:
         assert f.attrs["schema"] == "galerkin_ext.ragged/1" and f.attrs["space_dim"] == 2
         assert json.loads(f.attrs["input_names"]) == ["g", "cavity"]

@@ -53,7 +53,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_int, check_path
 from .storage import (
     RAGGED_SCHEMA,
     DataFileError,
@@ -843,9 +843,11 @@ def read_ragged(
     Returns:
         :class:`RaggedArrays` with offsets from 0 over the selected samples.
     """
-    p = Path(path)
+    p = check_path(path)
     if not p.is_file():
         raise DataFileError(f"{str(p)!r} does not exist or is not a file")
+    if isinstance(fields, str):  # (a string is a sequence of letters)
+        raise TypeError(f"fields: expected a sequence of names among {FIELDS}, got {fields!r}")
     fields = FIELDS if fields is None else tuple(fields)
     for name in fields:
         if name not in FIELDS:
