@@ -76,6 +76,9 @@ def test_missing_keys_and_bad_files(tmp_path):
     scipy.io.savemat(tmp_path / "w.mat", {"a": np.zeros((2, 4)), "u": np.zeros((2, 5))})
     with pytest.raises(ValueError, match="equal shape"):
         read_burgers_mat(tmp_path / "w.mat")
+    scipy.io.savemat(tmp_path / "n.mat", {"a": np.zeros((0, 4)), "u": np.zeros((0, 4))})
+    with pytest.raises(ValueError, match=r"with B >= 1, got \(0, 4\)"):  # no samples
+        read_burgers_mat(tmp_path / "n.mat")
     # a variable of the right name but not numbers: the file and the variable are named
     scipy.io.savemat(tmp_path / "s.mat", {"a": "hello", "u": np.zeros((2, 4))})
     with pytest.raises(ValueError, match=r"s\.mat': variable 'a' holds <U5 data"):

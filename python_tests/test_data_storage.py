@@ -231,6 +231,11 @@ def test_checksums_cover_the_shared_arrays_and_the_bookkeeping(tmp_path):
         read_h5(out, keys=("coords",))
 
 
+def test_no_indices_read_no_samples(tmp_path):
+    out = burgers(tmp_path / "b.h5", n=2, chunk=2)
+    assert read_h5(out, [])["u"].shape == (0, 128)  # it was refused, unlike read_ragged's
+
+
 def test_a_set_larger_than_the_disk_is_refused_up_front(tmp_path):
     """It ended in a MemoryError traceback and left a partial file that blocked the next run."""
     out = tmp_path / "huge.h5"

@@ -106,9 +106,10 @@ def read_burgers_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarr
     """``(a, u)`` of a Burgers ``.mat`` file, each of shape ``(B, N)``, finite."""
     d = load_mat(path, ("a", "u"))
     a, u = d["a"], d["u"]
-    if a.ndim != 2 or a.shape != u.shape:
+    if a.ndim != 2 or a.shape != u.shape or a.shape[0] == 0:
         raise ValueError(
-            f"{path!s}: expected a and u of equal shape (B, N), got {a.shape}, {u.shape}"
+            f"{path!s}: expected a and u of equal shape (B, N) with B >= 1, got {a.shape}, "
+            f"{u.shape}"
         )
     finite_samples(path, "a", a)
     finite_samples(path, "u", u)
@@ -119,10 +120,9 @@ def read_darcy_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray
     """``(coeff, sol)`` of a Darcy ``.mat`` file, each of shape ``(B, K, K)``, finite."""
     d = load_mat(path, ("coeff", "sol"))
     a, u = d["coeff"], d["sol"]
-    if a.ndim != 3 or a.shape != u.shape or a.shape[1] != a.shape[2]:
-        raise ValueError(
-            f"{path!s}: expected coeff and sol of equal shape (B, K, K), got {a.shape}, {u.shape}"
-        )
+    if a.ndim != 3 or a.shape != u.shape or a.shape[1] != a.shape[2] or a.shape[0] == 0:
+        raise ValueError(f"{path!s}: expected coeff and sol of equal shape (B, K, K) with B >= 1, "
+                         f"got {a.shape}, {u.shape}")
     finite_samples(path, "coeff", a)
     finite_samples(path, "sol", u)
     return a, u

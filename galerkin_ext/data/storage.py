@@ -717,6 +717,8 @@ def read_h5(
             raise ValueError(f"indices: expected a slice with a positive step, got {indices}")
     else:
         idx = np.asarray(indices)
+        if idx.size == 0 and idx.ndim == 1:  # [] reads as float64: no samples, as read_ragged
+            idx = idx.astype(np.int64)
         if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
             raise ValueError("indices must be a 1-D sequence of integers or a slice")
         if idx.size and (idx.min() < 0 or idx.max() >= n or np.any(np.diff(idx) <= 0)):
