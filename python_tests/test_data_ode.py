@@ -92,6 +92,9 @@ def test_time_grids_are_exact():
     expected = [n / 100 for n in range(101)] + [float(1 + Fraction(n, 200)) for n in range(1, 201)]
     assert t41.size == 301 and t41.tolist() == expected
     assert np.all(np.diff(t41[:101]) > 0.009) and np.all(np.diff(t41[101:]) < 0.0051)
+    # the count in a few digits (it was printed whole: 300 digits for 1e-300)
+    with pytest.raises(ValueError, match=r"dt: 1e-300 gives 2.00e\+300 sample times"):
+        ode.time_grid(1e-300)
 
 
 def test_rk4_lands_on_every_sample_time():
