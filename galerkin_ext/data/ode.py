@@ -94,8 +94,9 @@ def time_grid(
     if n < 1:
         raise ValueError(f"dt: expected a step <= t_end = {t_end!r}, got {dt!r}")
     if n + 1 > MAX_TIMES:
-        raise ValueError(f"dt: {dt!r} gives {Decimal(n + 1):.3g} sample times up to t_end = "
-                         f"{t_end!r}, more than {MAX_TIMES}; expected a coarser step")
+        count = str(n + 1) if n < 10**15 else f"{Decimal(n + 1):.3e}"  # not 300 digits
+        raise ValueError(f"dt: {dt!r} gives {count} sample times up to t_end = {t_end!r}, "
+                         f"more than {MAX_TIMES}; expected a coarser step")
     if step.numerator * n >= 2**53 or step.denominator >= 2**53:
         raise ValueError(f"dt: {dt!r} has too many digits to give exact times up to {t_end!r}")
     # n * p is an exact integer in float64 and q is exact, so the division rounds only once.
