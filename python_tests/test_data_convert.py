@@ -2,6 +2,7 @@
 arrays and GNOT's pickles (ragged files), the continuum-attention paper's Darcy .mat and
 Navier-Stokes .pt files (grids), on small data of their layouts."""
 
+import datetime
 import json
 import os
 import pickle
@@ -412,7 +413,10 @@ def test_navier_stokes_refusals(tmp_path, kolmogorov_pairs):
         convert_continuum_navier_stokes(pt, out, progress=False)
     assert not out.exists() and not partial_path(out).exists()
     pt.write_bytes(b"not a torch file")
-    with pytest.raises(ValueError, match="is not a readable .pt tensor file"):
+    with pytest.raises(ValueError, match=r"is not a readable .pt tensor file \(\w+: "):
+        convert_continuum_navier_stokes(pt, out, progress=False)
+    torch.save(datetime.date(2020, 1, 1), pt)  # torch's own message advised unsafe loading
+    with pytest.raises(ValueError, match="holds Python objects that a safe load refuses"):
         convert_continuum_navier_stokes(pt, out, progress=False)
     # torch's message for a .mat suggested loading it with weights_only=False
     scipy.io.savemat(tmp_path / "ns.mat", {"u": np.zeros((2, 3))})
