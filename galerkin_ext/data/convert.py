@@ -479,7 +479,7 @@ def convert_continuum_navier_stokes(
         except RuntimeError:  # the legacy (non-zip) format cannot be mapped
             pairs = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for files it cannot read
-        if "Weights only load failed" in str(err):  # (torch's text advises unsafe loading)
+        if "Unsupported global" in str(err):  # (torch's text advises unsafe loading)
             raise ValueError(f"{where} holds Python objects that a safe load refuses; expected "
                              "one tensor (N, s, s, 2), as torch.save writes it") from None
         raise ValueError(f"{where} is not a readable .pt tensor file ({type(err).__name__}: "
