@@ -225,6 +225,8 @@ def test_normalizer_validation():
         norm.encode(torch.ones(2, 4, 4, dtype=torch.int64))
     with pytest.raises(TypeError, match="x: expected a floating-point tensor .* got ndarray"):
         norm.decode(np.zeros((4, 4)))
+    with pytest.raises(ValueError, match="x: expected a tensor on cpu, where the statistics"):
+        norm.encode(torch.zeros(2, 4, 4, dtype=torch.float64, device="meta"))
     data = torch.randn(5, 3)
     data[2, 1] = float("nan")
     with pytest.raises(ValueError, match="data: expected finite values, sample 2 has NaN"):

@@ -155,6 +155,9 @@ class UnitGaussianNormalizer(torch.nn.Module):
         shape = tuple(self.mean.shape)
         if tuple(x.shape[x.ndim - len(shape) :]) != shape:
             raise ValueError(f"x must end with the fitted shape {shape}, got {tuple(x.shape)}")
+        if x.device != self.mean.device:
+            raise ValueError(f"x: expected a tensor on {self.mean.device}, where the statistics "
+                             f"are (move the normaliser with .to()), got one on {x.device}")
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` of shape ``(..., *sample_shape)``; keeps ``x``'s dtype."""
