@@ -86,8 +86,9 @@ def main(argv=None):
     cfg = resolve_config(PRESETS, args, experiment="darcy")
     cfg["fine"] = args.fine or cfg["fine"]
     cfg["coarse"] = args.coarse or cfg["coarse"]
-    try:  # found now, not after the data are generated
-        check_darcy_grids(cfg["fine"], cfg["coarse"])
+    try:  # found now, not after the data are generated (a file's grid: when it is read)
+        check_darcy_grids(cfg["fine"], cfg["coarse"],
+                          None if args.data else cfg["data"]["resolution"])
     except ValueError as err:
         parser.error(f"--fine/--coarse: {err}")
     attention = cfg["model"]["attention_type"]

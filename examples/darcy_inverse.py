@@ -87,8 +87,10 @@ def main(argv=None):
     cfg = resolve_config(PRESETS, args, experiment="darcy_inverse")
     cfg["fine"] = args.fine or cfg["fine"]
     cfg["coarse"] = args.coarse or cfg["coarse"]
-    try:  # found now, not after the data are generated
-        check_darcy_grids(cfg["fine"], cfg["coarse"])
+    try:  # found now, not after the data are generated (a file's grid: when it is read)
+        check_darcy_grids(cfg["fine"], cfg["coarse"],
+                          None if args.data else cfg["data"]["resolution"],
+                          coarse_divides=True)
     except ValueError as err:
         parser.error(f"--fine/--coarse: {err}")
     if args.noise is not None:

@@ -32,7 +32,7 @@ import sys
 import torch
 
 from galerkin_ext._cli import grid_nodes
-from galerkin_ext.data import DarcyDataset, UnitGaussianNormalizer
+from galerkin_ext.data import DarcyDataset, UnitGaussianNormalizer, check_darcy_grids
 from galerkin_ext.domain import (
     DomainSplit,
     PointShards,
@@ -149,6 +149,11 @@ def main(argv=None):
     cfg = resolve_config(PRESETS, args, experiment="domain_parallel")
     cfg["model"].update(space_dim=2, query_dim=3, out_dim=1)  # query points: [x, y, a(x, y)]
     cfg["resolution"] = args.resolution or cfg["resolution"]
+    if args.data is None:  # found now, not after the data are generated
+        try:
+            check_darcy_grids(cfg["resolution"], cfg["resolution"], cfg["data"]["resolution"])
+        except ValueError as err:
+            parser.error(f"--resolution: {err}")
     enforced = preset_unchanged(cfg, PRESETS[args.preset], args)
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])

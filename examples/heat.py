@@ -115,7 +115,10 @@ def main(argv=None):
             parser.error("--experts: only GNOT has experts")
         cfg["model"]["n_experts"] = args.experts
     cfg["model_choice"], cfg["weights"] = args.model, args.weights
-    enforced = args.weights == "mesh" and preset_unchanged(cfg, PRESETS[args.preset], args)
+    # --experts sets what the preset leaves to the model's default, which preset_unchanged
+    # cannot compare: any value is another experiment
+    enforced = (args.weights == "mesh" and args.experts is None
+                and preset_unchanged(cfg, PRESETS[args.preset], args))
     thresholds = cfg.pop("thresholds", {}).get(args.model, {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])

@@ -408,6 +408,21 @@ def test_domain_parallel_example_refuses_bad_arguments(tmp_path, darcy_file):
         assert not (tmp_path / "bad" / "last.pt").exists()
 
 
+@pytest.mark.parametrize("script, flags, message", [
+    ("darcy.py", ["--fine", "44"], "--fine/--coarse: resolution - 1 must divide the stored 85"),
+    ("darcy_inverse.py", ["--coarse", "23"],
+     "--fine/--coarse: coarse_resolution - 1 must divide the stored 85"),
+    ("domain_parallel.py", ["--resolution", "44"], "--resolution: resolution - 1 must divide")])
+def test_a_grid_the_data_cannot_give_is_refused_before_they_are_generated(tmp_path, script,
+                                                                          flags, message):
+    """Found after all 512 samples were solved, naming no flag; nor is an --out folder left."""
+    cache = tmp_path / "cache"
+    proc = subprocess.run(_cmd(script, tmp_path / "out", "--data-dir", str(cache), *flags),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not cache.exists() and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("script", ["controlled_ode.py", "heat.py", "darcy_continuum.py"])
 def test_an_unwritable_out_is_refused_before_any_data_are_generated(tmp_path, script):
     """One line, exit 1, no data generated."""
@@ -570,8 +585,12 @@ def test_darcy_continuum_example_takes_the_grid_of_its_data_file(tmp_path):
     from galerkin_ext.data import generate_darcy
 
     data = generate_darcy(tmp_path / "d9.h5", 4, 9, coef="lognormal", progress=False)
+    # SPEC.md's own set records no kind: it is piecewise (it was taken for lognormal)
+    spec = generate_darcy(tmp_path / "spec.h5", 4, 9, progress=False, workers=1)
     for flags, message in ((["--resolution", "13"], "--resolution: --data holds 9x9 grids"),
-                           (["--model", "vitno"], "patches must divide every grid, got s = 9")):
+                           (["--model", "vitno"], "patches must divide every grid, got s = 9"),
+                           (["--data", str(spec), "--coef", "lognormal"],
+                            "--coef: --data holds piecewise coefficients, got lognormal")):
         proc = subprocess.run(_cmd("darcy_continuum.py", tmp_path / "run", "--data", str(data),
                                    *flags), capture_output=True, text=True, timeout=TIMEOUT,
                               env=ENV)

@@ -471,22 +471,33 @@ class _DarcyLayout(NamedTuple):
     coarse: int
 
 
-def check_darcy_grids(resolution: int, coarse_resolution: int) -> None:
-    """``ValueError`` unless ``3 <= resolution`` and ``2 <= coarse_resolution <= resolution``
-    (the attention's grid is the coarse one): the Darcy datasets' grid rule that needs no data,
-    for scripts to check before they generate any."""
+def check_darcy_grids(resolution: int, coarse_resolution: int, stored: int | None = None, *,
+                      coarse_divides: bool = False) -> None:
+    """The Darcy datasets' grid rules: ``3 <= resolution`` and ``2 <= coarse_resolution <=
+    resolution`` (the attention's grid is the coarse one) and, for ``stored`` nodes per axis,
+    ``resolution - 1`` (and with ``coarse_divides``, the inverse problem's block average,
+    ``coarse_resolution - 1``) dividing ``stored - 1``.  ``ValueError`` (a
+    :class:`DataMismatchError` for the stored grid) otherwise; scripts check them with the
+    preset's resolution before they generate any data."""
     resolution = check_int(resolution, "resolution", 3)
     coarse_resolution = check_int(coarse_resolution, "coarse_resolution", 2)
     if coarse_resolution > resolution:
         raise ValueError(f"coarse_resolution: expected at most resolution = {resolution} (the "
                          f"attention's grid is the coarse one), got {coarse_resolution}")
+    if stored is None:
+        return
+    _stride(stored, resolution, periodic=False)
+    if coarse_divides and (stored - 1) % (coarse_resolution - 1):
+        raise DataMismatchError(f"coarse_resolution - 1 must divide the stored {stored} - 1 "
+                                f"intervals, got {coarse_resolution}")
 
 
 def _darcy_layout(
     source: Source, split: str, resolution: int, coarse_resolution: int | None,
-    defaults: dict[int, int], n_train: int, n_test: int,
+    defaults: dict[int, int], n_train: int, n_test: int, coarse_divides: bool = False,
 ) -> _DarcyLayout:
-    """The checks and sizes both 2-D datasets start from."""
+    """The checks and sizes both 2-D datasets start from (``coarse_divides``: the inverse
+    problem's, whose targets are block averages on the coarse grid)."""
     resolution = check_int(resolution, "resolution", 3)
     nc = coarse_resolution if coarse_resolution is not None else defaults.get(resolution)
     if nc is None:
@@ -499,7 +510,8 @@ def _darcy_layout(
     n = _n_samples(source, keys)
     idx = _split_indices(n, split, n_train, n_test)
     k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
-    return _DarcyLayout(idx, k, _stride(k, resolution, periodic=False), resolution, nc)
+    check_darcy_grids(resolution, nc, k, coarse_divides=coarse_divides)
+    return _DarcyLayout(idx, k, (k - 1) // (resolution - 1), resolution, nc)
 
 
 class DarcyDataset(Dataset):
@@ -581,14 +593,11 @@ class DarcyInverseDataset(Dataset):
         check_float_dtype(dtype)
         source = _checked_source(source, ("coeff", "sol"))
         idx, k, s, resolution, nc = _darcy_layout(
-            source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_test)
+            source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_test,
+            coarse_divides=True)
         noise = check_float(noise, "noise", low_inclusive=True)
         noise_seed = check_int(noise_seed, "noise_seed", 0)
         keys = ("coeff", "sol")
-        if (k - 1) % (nc - 1):
-            raise DataMismatchError(
-                f"coarse_resolution - 1 must divide the stored {k} - 1 intervals, got {nc}"
-            )
         fit = _needs_fit(n_train, input_normalizer, "input_normalizer",
                          (resolution, resolution))
         sub_u = {"u": lambda x: x[:, ::s, ::s]}

@@ -234,10 +234,17 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
 
 
 def _check_out(path: str) -> None:
-    """The Trainer's check that ``--out`` can be written (creating it), made before any data
-    are generated."""
+    """The Trainer's check that ``--out`` can be written, made before any data are generated
+    and without creating it (a later refusal would leave an empty folder): an existing folder
+    takes a temporary file, a new one needs a writable folder above it."""
+    folder = Path(path)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
     try:
-        _writable_dir(path)
+        if existing == folder:
+            _writable_dir(path)
+        elif not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"out_dir: cannot write to {str(folder)!r} ({str(existing)!r} "
+                             "is not a folder this process can write to)")
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
