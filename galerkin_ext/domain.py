@@ -177,11 +177,21 @@ def _shard_kv_reduce(
 
 
 def _summed_q_apply(q: Tensor, s: Tensor, *, group: dist.ProcessGroup,
+                    weights: Sequence[Tensor | None] | None, normalizers: int,
                     **kwargs: object) -> Tensor:
     """``q_apply`` of the ranks' summed ``S``: the normalised forms' one all-reduce, after
-    every input's block is stacked into ``s``."""
-    total, _ = _group_sum(s, None, group)
-    return ops._q_apply(q, total, **kwargs)
+    every input's block is stacked into ``s``. Whether this rank's keys of each input have
+    ``weights`` (checked by now) is counted in the same all-reduce: a rank's ``None`` (weight
+    1 a point) mixed with other ranks' weights would give a wrong sum without an error."""
+    weighted = [False] * normalizers if weights is None else [w is not None for w in weights]
+    total, given = _group_sum(s, torch.tensor(weighted, dtype=s.dtype, device=s.device),
+                              group)
+    size = dist.get_world_size(group)
+    for i, count in enumerate(given.tolist()):
+        if count not in (0, size):  # (the same sums on every rank: each raises)
+            raise ValueError(f"weights[{i}]: given on {int(count)} of the {size} ranks and "
+                             "None on the others; pass weights on every rank or on none")
+    return ops._q_apply(q, total, normalizers=normalizers, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,7 +357,7 @@ def normalized_attention(
     return functional.normalized_core(
         q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight], reduce="sum", skip=skip,
         hetero=False, kv_reduce_fn=_shard_kv_reduce,
-        q_apply_fn=partial(_summed_q_apply, group=world), sharded=True)
+        q_apply_fn=partial(_summed_q_apply, group=world, weights=[weight]), sharded=True)
 
 
 def hetero_normalized_attention(
@@ -378,7 +388,7 @@ def hetero_normalized_attention(
     return functional.normalized_core(
         q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce, skip=skip,
         hetero=True, kv_reduce_fn=_shard_kv_reduce,
-        q_apply_fn=partial(_summed_q_apply, group=world), sharded=True)
+        q_apply_fn=partial(_summed_q_apply, group=world, weights=weights), sharded=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -658,6 +668,7 @@ def make_domain_parallel(module: nn.Module,
         if isinstance(sub, (SimpleAttention, HeteroNormalizedAttention)):
             sub.domain_parallel = True
             sub.domain_group = group
+    module.domain_parallel = True  # what the Trainer's parallel="domain" asks of its model
     return module
 
 

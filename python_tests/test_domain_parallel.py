@@ -347,6 +347,26 @@ def _case_whole_sample_loss(g: torch.Generator, kind: str, world: int) -> dict[s
             "forward_all_reduces": forward.calls, "backward_all_reduces": backward.calls}
 
 
+def _refuses_mixed_weights(rank: int) -> bool:
+    """Weights on some ranks and None on others: the normalised forms summed a None shard's
+    weight-1 points with the others' weights, a wrong result without an error. Every rank
+    must refuse (the counts travel in the same all-reduce, so none is left waiting)."""
+    q, k, v = (torch.rand(1, 1, 3, 4, dtype=F64) for _ in range(3))
+    weight = None if rank == 0 else torch.rand(3, dtype=F64)
+    refused = []
+    for call in (lambda: domain.normalized_attention(q, k, v, weight=weight),
+                 lambda: domain.hetero_normalized_attention(q, [k, k], [v, v],
+                                                            weights=[None, weight])):
+        try:
+            call()
+            refused.append(False)
+        except ValueError as err:
+            refused.append("None on the others" in str(err))
+    flag = torch.tensor([float(all(refused))], dtype=F64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
+
+
 def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> None:
     torch.set_num_threads(1)  # the ranks share the CI machine's cores
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -367,6 +387,7 @@ def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> 
                     "out": float(worst[0]), "grad": float(worst[1]),
                     "forward_all_reduces": [-float(fewest[0]), float(worst[2])],
                     "backward_all_reduces": [-float(fewest[1]), float(worst[3])]}
+        results["refused_mixed_weights"] = _refuses_mixed_weights(rank)
         if rank == 0:
             Path(out_file).write_text(json.dumps(results))
     finally:
@@ -395,6 +416,10 @@ def results(request, tmp_path_factory) -> dict[str, dict]:
                 process.kill()
             pytest.fail(f"{world} gloo processes did not finish in {SPAWN_TIMEOUT_S} s")
     return json.loads(out_file.read_text())
+
+
+def test_weights_given_on_some_ranks_only_are_refused(results: dict[str, dict]) -> None:
+    assert results["refused_mixed_weights"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

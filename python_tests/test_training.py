@@ -447,6 +447,11 @@ def test_trainer_argument_errors(tmp_path):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), [], **ok)
     with pytest.raises(ValueError, match=r"parallel: expected one of \['data', 'domain'\]"):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), **ok, parallel="model")
+    # a model whose attention would attend within each process's points only trained to the
+    # end without a word (refused before any collective: no process group needed here)
+    with pytest.raises(ConfigError, match="parallel='domain' needs a model prepared with"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), **ok, parallel="domain",
+                ctx=DistributedContext(rank=0, world_size=2))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     for out_dir in (blocker, blocker / "sub"):  # found at construction, not after an epoch

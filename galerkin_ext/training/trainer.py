@@ -664,6 +664,11 @@ class Trainer:
             raise TypeError(f"ctx: expected a DistributedContext, got {type(ctx).__name__}")
         check_precision(config.precision, self.ctx.device)
         self.parallel = check_choice(parallel, "parallel", ("data", "domain"))
+        if parallel == "domain" and self.ctx.world_size > 1 and not getattr(
+                model, "domain_parallel", False):
+            # its attention would attend within each process's points only: wrong, no error
+            raise ConfigError("model: parallel='domain' needs a model prepared with "
+                              "galerkin_ext.domain.make_domain_parallel")
         # how many processes the samples are split over, and this process's place among them
         sample_ranks, sample_rank = ((1, 0) if parallel == "domain"
                                      else (self.ctx.world_size, self.ctx.rank))
