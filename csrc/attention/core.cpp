@@ -200,10 +200,14 @@ std::vector<Tensor> kv_reduce_backward(
   TORCH_CHECK(!kv_pos_grad || in.kv_pos, "kv_pos_grad: requested without kv_pos");
   TORCH_CHECK(!weight_grad || in.weight, "weight_grad: requested without weight");
   if (in.M == 0) {
-    const KvReduceGrads none{at::empty_like(k),         at::empty_like(v),
-                             zeros_for(kv_pos, kv_pos_grad), zeros_for(weight, weight_grad),
-                             zeros_for(k_norm_weight),  zeros_for(k_norm_bias),
-                             zeros_for(v_norm_weight),  zeros_for(v_norm_bias)};
+    const KvReduceGrads none{at::empty_like(k),
+                             at::empty_like(v),
+                             zeros_for(kv_pos, kv_pos_grad),
+                             zeros_for(weight, weight_grad),
+                             zeros_for(k_norm_weight),
+                             zeros_for(k_norm_bias),
+                             zeros_for(v_norm_weight),
+                             zeros_for(v_norm_bias)};
     return empty_for_undefined(none.list(), k);
   }
   return empty_for_undefined(Twin(in, grad_s, eps, kv_pos_grad, weight_grad).list(), k);

@@ -963,7 +963,7 @@ class KolmogorovDataset(_NormalizedFields):
             w0 = resample_periodic(w0, solve_s)
         # the recorded step keeps the CFL number below 1 on the solver's grid; a finer one
         # needs a proportionally smaller step
-        recorded = par["max_step"] if "max_step" in par else par["dt"]  # (files of 2026-11-24)
+        recorded = par["max_step"] if "max_step" in par else par["dt"]  # (before 2026-11-25)
         max_step = recorded * par["solve_resolution"] / solve_s
         dtype = getattr(torch, par["solve_dtype"])
         times = [k * par["dt_out"] for k in range(1, steps + 1)]
