@@ -3,9 +3,8 @@
 // broadcasts and one loaded vector fill the 16 AVX2 registers. AVX-512 machines run 64-byte
 // vectors in bands of 6-8 rows (up to 24 accumulators of their 32 registers): on one thread
 // of a 2-core Intel Xeon the 32-byte kernels ran at 56-111 GF/s, the 64-byte ones at 75-181,
-// MKL at 106-186
-// (benchmarks/results/cpu_products_xeon*.json). Columns that fill no whole vector are computed
-// as one and stored in part.
+// MKL at 106-186 (benchmarks/results/cpu_products_xeon*.json). Columns that fill no whole
+// vector are computed as one and stored in part.
 #include "gemm_cpu.h"
 
 #include "cpu_clones.h"
@@ -21,28 +20,16 @@
 namespace galerkin_ext::cpu {
 namespace {
 
-// VB-byte vectors of T (GCC ignores vector_size on an alias template of a dependent type, hence
-// the specialisations).
+// VB-byte vectors of T (a member typedef: GCC ignores vector_size on an alias template of a
+// dependent type).
 template <typename T, int VB>
-struct VectorOf;
-template <>
-struct VectorOf<float, 32> {
-  typedef float type __attribute__((vector_size(32)));
-};
-template <>
-struct VectorOf<double, 32> {
-  typedef double type __attribute__((vector_size(32)));
-};
-template <>
-struct VectorOf<float, 64> {
-  typedef float type __attribute__((vector_size(64)));
-};
-template <>
-struct VectorOf<double, 64> {
-  typedef double type __attribute__((vector_size(64)));
+struct VectorOf {
+  typedef T type __attribute__((vector_size(VB)));
 };
 template <typename T, int VB>
 using Vec = typename VectorOf<T, VB>::type;
+static_assert(sizeof(Vec<float, 32>) == 32 && sizeof(Vec<double, 64>) == 64,
+              "the compiler applies vector_size to the member typedef");
 template <typename T, int VB>
 constexpr int64_t kLanes = VB / sizeof(T);
 // Rows of a tile band of NV vectors: with 64-byte vectors 24 accumulators where there are 3 or
