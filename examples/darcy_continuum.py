@@ -34,6 +34,7 @@ import torch
 
 from galerkin_ext._cli import grid_nodes, positive_int
 from galerkin_ext.data import ContinuumDarcyDataset, inspect_h5
+from galerkin_ext.data.darcy import SPEC_COEF
 from galerkin_ext.losses import RelativeLoss
 from galerkin_ext.training import (
     VALIDATION_NORMALISED,
@@ -250,8 +251,7 @@ def main(argv=None):
             parser.error(f"--resolution: --data holds {stored}x{stored} grids, got "
                          f"{args.resolution}")
         cfg["data"]["resolution"] = stored
-        # SPEC.md's own Darcy files record no kind: theirs is piecewise (12 / 3)
-        kind = info["parameters"].get("coef", "piecewise")
+        kind = info["parameters"].get("coef", SPEC_COEF)  # (SPEC.md's files record none)
         if args.coef not in (None, kind):
             parser.error(f"--coef: --data holds {kind} coefficients, got {args.coef}")
         args.coef = args.coef or kind

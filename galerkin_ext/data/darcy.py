@@ -34,12 +34,17 @@ from .random_fields import sample_darcy_coefficient
 from .storage import SolverError
 
 __all__ = [
+    "SPEC_COEF",
     "assemble_darcy_matrix",
     "solve_darcy",
     "darcy_executor",
     "default_workers",
     "sample_and_solve",
 ]
+
+#: The coefficient kind of SPEC.md's Darcy set (12 / 3 by the sign of a GRF), whose files and
+#: parameters record no ``coef``.
+SPEC_COEF = "piecewise"
 
 
 def default_workers() -> int:
@@ -123,7 +128,7 @@ def sample_and_solve(
     seed, index, resolution, p = args
     a = sample_darcy_coefficient(
         1, resolution, seed=seed, start=index, alpha=p["alpha"], tau=p["tau"],
-        high=p["high"], low=p["low"], kind=p.get("coef", "piecewise"), sigma=p.get("sigma", 1.0),
+        high=p["high"], low=p["low"], kind=p.get("coef", SPEC_COEF), sigma=p.get("sigma", 1.0),
     )[0]
     if not (np.isfinite(a).all() and (a > 0).all()):  # exp(g) beyond the float range
         raise SolverError(f"sample {index}: the coefficient exp(g) over- or underflows; sigma "
