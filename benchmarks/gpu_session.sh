@@ -7,8 +7,9 @@
 #   sanitize   compute-sanitizer memcheck over the CUDA test file, racecheck over a subset
 #   bench      benchmarks/attention.py on the GPU: float32 (also the N sweep) and bfloat16
 #   profile    device time per kernel (torch.profiler), and Nsight Compute's counters of ours
-# At most 8 files come back from one device call and all stages take ~1,900 s: choose the
-# stages of each call accordingly (e.g. STAGES="tests table1 sanitize", then "bench profile").
+# At most 8 files come back from one device call and the stages' time limits add up to 1,940 s:
+# choose the stages of each call accordingly (e.g. STAGES="tests table1 sanitize", then
+# "bench profile").
 # Each stage reports its commands' exit status (of the last that failed, if any did).
 # The original package is benchmarked when its wheel is in .whl/ (carry .whl to the device):
 #   python3 -m pip download --no-deps --only-binary=:all: -d .whl galerkin-transformer==0.2.1
