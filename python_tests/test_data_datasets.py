@@ -17,6 +17,7 @@ from galerkin_ext.data.datasets import (
     ODEDataset,
     UnitGaussianNormalizer,
     block_average,
+    central_gradient_1d,
     central_gradient_2d,
 )
 from galerkin_ext.data.storage import DataFileError, read_h5
@@ -169,6 +170,19 @@ def test_central_gradient_2d_periodic_is_the_exact_central_difference_of_a_fouri
     interior = central_gradient_2d(torch.sin(k * x + m * y), h)
     torch.testing.assert_close(interior[1:-1, 1:-1], grad[1:-1, 1:-1])
     assert interior[0].abs().max() == 0 and grad[0].abs().max() > 0
+
+
+def test_central_gradient_1d_is_the_periodic_central_difference():
+    n, k = 11, 3
+    h = 2 * math.pi / n
+    x = torch.arange(n, dtype=torch.float64) * h
+    grad = central_gradient_1d(torch.sin(k * x).expand(2, n), h)
+    torch.testing.assert_close(grad, (math.sin(k * h) / h * torch.cos(k * x)).expand(2, n))
+    for n in (1, 2):  # both neighbours are one point: the difference would be 0 whatever u is
+        with pytest.raises(ValueError, match=r"u: expected shape \(\.\.\., n\) with n >= 3"):
+            central_gradient_1d(torch.rand(4, n), 0.1)
+    with pytest.raises(TypeError, match="u: expected a floating-point tensor"):
+        central_gradient_1d(torch.arange(5), 0.1)
 
 
 def test_block_average():

@@ -175,10 +175,15 @@ class UnitGaussianNormalizer(torch.nn.Module):
 
 
 def central_gradient_1d(u: torch.Tensor, h: float) -> torch.Tensor:
-    """Periodic central difference ``(u[j+1] - u[j-1]) / (2h)`` along the last axis; same shape."""
-    if not isinstance(u, torch.Tensor) or u.ndim < 1:
-        raise TypeError(f"u: expected a tensor with at least one axis, got "
-                        f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
+    """Periodic central difference ``(u[j+1] - u[j-1]) / (2h)`` along the last axis; same shape.
+
+    ``u`` of shape ``(..., n)`` needs ``n >= 3`` (with 1 or 2 points both neighbours are the
+    same point and the difference is 0 whatever ``u`` is).
+    """
+    if not isinstance(u, torch.Tensor):
+        raise TypeError(f"u: expected a tensor of shape (..., n), got {type(u).__name__}")
+    if u.ndim < 1 or u.shape[-1] < 3:
+        raise ValueError(f"u: expected shape (..., n) with n >= 3, got {tuple(u.shape)}")
     if not u.is_floating_point():
         raise TypeError(f"u: expected a floating-point tensor, got {u.dtype}")
     h = check_float(h, "h")
