@@ -123,6 +123,13 @@ def is_tracing(t: Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+def check_holds_values(t: Tensor, name: str, what: str) -> None:
+    """Refuses a meta tensor (shapes without values) where ``what`` needs its values."""
+    if t.device.type == "meta":
+        raise ValueError(f"{name}: {what} from its values, which a meta tensor does not hold; "
+                         "pass a CPU or CUDA tensor")
+
+
 def is_exporting() -> bool:
     """True under ``torch.export`` or ``torch.jit.trace``, whose programs cannot branch on
     tensor values: a branch would be refused or baked in for every later input."""

@@ -27,7 +27,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import check_choice, check_device, check_float, check_float_dtype, check_int
+from ._checks import (
+    check_choice,
+    check_device,
+    check_float,
+    check_float_dtype,
+    check_holds_values,
+    check_int,
+)
 
 __all__ = [
     "curve_weights",
@@ -66,6 +73,7 @@ def trapezoid_weights(x: Tensor) -> Tensor:
         raise ValueError(f"x: expected the points along the last axis, got shape "
                          f"{tuple(x.shape)}, i.e. sets of 1 point each; for a grid of shape "
                          "(n, 1) pass x[..., 0]")
+    check_holds_values(x, "x", "the weights are computed")
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x: expected finite coordinates")
     if x.shape[-1] == 1:
@@ -179,6 +187,7 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
         raise TypeError(f"points: expected a floating-point tensor of shape (V, 2) or (V, 3), "
                         f"got {getattr(points, 'dtype', type(points).__name__)} "
                         f"{tuple(getattr(points, 'shape', ()))}")
+    check_holds_values(points, "points", "the weights are computed")
     delaunay = cells is None
     if delaunay:
         cells = _delaunay(points)
@@ -263,6 +272,7 @@ def curve_weights(points: Tensor, segments: Tensor) -> Tensor:
         raise TypeError(f"segments: expected an integer tensor of shape (S, 2), got "
                         f"{getattr(segments, 'dtype', type(segments).__name__)} "
                         f"{tuple(getattr(segments, 'shape', ()))}")
+    check_holds_values(points, "points", "the weights are computed")
     if not bool(torch.isfinite(points).all()):
         raise ValueError("points: expected finite coordinates")
     n_vertices = points.shape[0]

@@ -10,6 +10,7 @@ import torch
 from scipy.spatial import Delaunay
 
 from galerkin_ext.quadrature import (
+    curve_weights,
     grid_weights,
     mesh_weights,
     monte_carlo_weights,
@@ -88,6 +89,18 @@ def test_trapezoid_weights_errors():
     # never what was meant
     with pytest.raises(ValueError, match=r"shape \(3, 1\).*pass x\[\.\.\., 0\]"):
         trapezoid_weights(torch.tensor([[0.0], [0.5], [1.0]]))
+
+
+def test_weights_from_values_refuse_meta_tensors():
+    # (they were raw "Tensor.item() cannot be called on meta tensors" errors)
+    points = torch.rand(5, 2, device="meta")
+    for call, name in [(lambda: trapezoid_weights(torch.rand(5, device="meta")), "x"),
+                       (lambda: mesh_weights(points), "points"),
+                       (lambda: mesh_weights(points, torch.tensor([[0, 1, 2]])), "points"),
+                       (lambda: curve_weights(points, torch.tensor([[0, 1]])), "points")]:
+        with pytest.raises(ValueError, match=f"{name}: the weights are computed from its "
+                                             "values, which a meta tensor does not hold"):
+            call()
 
 
 def test_grid_weights_volume_order_and_exactness():
