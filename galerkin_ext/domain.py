@@ -411,6 +411,9 @@ class DomainSplit:
         group: the process group, ``None`` for the world group; without an initialised
             process group, one rank holds every point (``counts`` has one entry).
 
+    Constructing it is a collective: every rank of ``group`` does it, with the same
+    ``counts`` (compared across the ranks; a mismatch is refused on every rank).
+
     Attributes: ``counts``, ``n`` (their sum), ``rank``, ``world_size``, ``start``, ``stop``
     and ``local_n`` (this rank's points ``[start, stop)``).
     """
@@ -426,6 +429,12 @@ class DomainSplit:
             raise ValueError(f"counts: expected one int >= 0 per rank of the group "
                              f"({self.world_size} ranks), got {counts!r}")
         self.counts = tuple(int(c) for c in counts)
+        if self.world_size > 1:  # shards from different splits would overlap or miss points
+            every = [None] * self.world_size
+            dist.all_gather_object(every, self.counts, group=self.group)
+            if any(other != self.counts for other in every):
+                raise ValueError("counts: every rank must give the same counts, got "
+                                 + ", ".join(f"{c} on rank {r}" for r, c in enumerate(every)))
         self.n = sum(self.counts)
         self.start = sum(self.counts[:self.rank])
         self.local_n = self.counts[self.rank]

@@ -367,6 +367,21 @@ def _refuses_mixed_weights(rank: int) -> bool:
     return bool(flag)
 
 
+def _refuses_disagreeing_counts(rank: int, world: int) -> bool:
+    """A split whose counts differ between ranks gave overlapping or missing shards, a wrong
+    result without an error; every rank must refuse it."""
+    counts = [2] * world
+    counts[rank] += 1
+    try:
+        DomainSplit(counts)
+        refused = False
+    except ValueError as err:
+        refused = "every rank must give the same counts" in str(err)
+    flag = torch.tensor([float(refused)], dtype=F64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
+
+
 def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> None:
     torch.set_num_threads(1)  # the ranks share the CI machine's cores
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -388,6 +403,7 @@ def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> 
                     "forward_all_reduces": [-float(fewest[0]), float(worst[2])],
                     "backward_all_reduces": [-float(fewest[1]), float(worst[3])]}
         results["refused_mixed_weights"] = _refuses_mixed_weights(rank)
+        results["refused_disagreeing_counts"] = _refuses_disagreeing_counts(rank, world)
         if rank == 0:
             Path(out_file).write_text(json.dumps(results))
     finally:
@@ -420,6 +436,10 @@ def results(request, tmp_path_factory) -> dict[str, dict]:
 
 def test_weights_given_on_some_ranks_only_are_refused(results: dict[str, dict]) -> None:
     assert results["refused_mixed_weights"]
+
+
+def test_counts_differing_between_ranks_are_refused(results: dict[str, dict]) -> None:
+    assert results["refused_disagreeing_counts"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
