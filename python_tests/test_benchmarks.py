@@ -233,6 +233,11 @@ def test_complexity_table(tmp_path: Path) -> None:
         48_084_865)  # SPEC-continuum §2
     for width in (32, 64, 96, 128):  # quadratic attention over 416² points dwarfs the rest
         assert by["TNO", width]["forward_flops"] > 100 * by["ViT NO", width]["forward_flops"]
+        # the paper's Table 4: lift (d_u + d) d, 6 layers of 6 d^2 + 2 d (feed-forward d -> d
+        # -> d), projection d d_z; plus the biases and norms it omits (d_u = d_z = 1, d = 2)
+        d = width
+        table4 = 3 * d + 6 * (6 * d * d + 2 * d) + d
+        assert by["TNO", width]["parameters"] == table4 + d + 6 * (8 * d) + 1
 
 
 def test_data_generation_records_what_it_compared_and_keeps_existing_files(tmp_path: Path):
