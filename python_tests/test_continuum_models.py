@@ -335,6 +335,19 @@ def test_afno_is_tied_to_its_grid(gen):
         afno(torch.randn(1, 16, 16, 1), square_grid(16))
 
 
+def test_afno_is_initialised_as_physicsnemo_s():
+    torch.manual_seed(0)
+    afno = AFNO()
+    linears = [m for m in (*afno.blocks.modules(), afno.head) if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 9  # two a block's MLP, the head
+    for linear in linears:
+        assert abs(linear.weight.std() - 0.02) < 2e-3  # (truncated at +-2: 100 sigma)
+        assert not linear.bias.any()
+    assert {m.eps for m in afno.modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-6}
+    bound = 1 / math.sqrt(3)  # the embedding keeps the default of the convolution it stands for
+    assert afno.embed.weight.abs().max() <= bound and afno.embed.weight.std() > 0.2
+
+
 def test_afno_filter_matches_its_definition(gen):
     """The block-diagonal complex MLP written out per block with complex matrices."""
     filt = AFNOFilter(8, num_blocks=2, sparsity_threshold=0.01).to(F64)

@@ -293,7 +293,12 @@ class AFNO(nn.Module):
     learned positional embedding of shape ``(s₁ s₂, d_model)``, ``num_layers``
     :class:`~galerkin_ext.layers.AFNOBlock`, head ``Linear(d_model, d_z)``. The positional
     embedding ties the model to the ``grid`` it was built for: it is not a neural operator, and
-    other grids raise. 1,088,641 parameters at the defaults (64²).
+    other grids raise. 1,088,641 parameters at the defaults (64²; SPEC-continuum's count, with
+    a head bias, which PhysicsNeMo's head lacks: it starts at 0 here).
+
+    Initialised as PhysicsNeMo's AFNO: the positional embedding and every linear layer of the
+    blocks and head truncated normal with std 0.02 and zero biases, layer norms with eps 1e-6;
+    the embedding keeps PyTorch's default, that of the convolution it stands for.
 
     Args:
         in_dim, out_dim: ``d_u``, ``d_z``.
@@ -316,9 +321,13 @@ class AFNO(nn.Module):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         check_int(num_layers, "num_layers")
         self.blocks = nn.ModuleList(
-            AFNOBlock(d_model, num_blocks, mlp_ratio, sparsity_threshold)
+            AFNOBlock(d_model, num_blocks, mlp_ratio, sparsity_threshold, eps=1e-6)
             for _ in range(num_layers))
         self.head = nn.Linear(d_model, check_int(out_dim, "out_dim"))
+        for linear in (m for m in (*self.blocks.modules(), self.head)
+                       if isinstance(m, nn.Linear)):
+            nn.init.trunc_normal_(linear.weight, std=0.02)
+            nn.init.zeros_(linear.bias)
 
     def forward(self, u: Tensor, x: Tensor) -> Tensor:
         """``u (B, s₁, s₂, d_u)``, ``x (s₁, s₂, 2)`` or ``(B, s₁, s₂, 2)`` →
