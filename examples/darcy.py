@@ -18,7 +18,8 @@ import sys
 import torch
 
 from galerkin_ext._cli import grid_nodes, positive_int
-from galerkin_ext.data import DarcyDataset, check_darcy_grids
+from galerkin_ext.data import DarcyDataset, check_darcy_grids, paired_coarse
+from galerkin_ext.data.datasets import DARCY_COARSE
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.training import (
     TrainConfig,
@@ -81,12 +82,14 @@ def main(argv=None):
                         help="input grid n per axis; (stored - 1) / (n - 1) must be an integer "
                              "(paper: 141, 211)")
     parser.add_argument("--coarse", type=positive_int, default=None,
-                        help="attention grid per axis (paper: 43 for 141, 61 for 211)")
+                        help="attention grid per axis (paper: 43 for 141, 61 for 211; default: the "
+                             "preset's for its --fine, else the paper's for that --fine)")
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="darcy")
+    preset_grids = (cfg["fine"], cfg["coarse"])
     cfg["fine"] = args.fine or cfg["fine"]
-    cfg["coarse"] = args.coarse or cfg["coarse"]
     try:  # found now, not after the data are generated (a file's grid: when it is read)
+        cfg["coarse"] = args.coarse or paired_coarse(cfg["fine"], preset_grids, DARCY_COARSE)
         check_darcy_grids(cfg["fine"], cfg["coarse"],
                           None if args.data else cfg["data"]["resolution"])
     except ValueError as err:

@@ -17,7 +17,13 @@ import sys
 import torch
 
 from galerkin_ext._cli import grid_nodes, nonnegative_float, positive_int
-from galerkin_ext.data import DarcyInverseDataset, UnitGaussianNormalizer, check_darcy_grids
+from galerkin_ext.data import (
+    DarcyInverseDataset,
+    UnitGaussianNormalizer,
+    check_darcy_grids,
+    paired_coarse,
+)
+from galerkin_ext.data.datasets import INVERSE_COARSE
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.training import (
     TrainConfig,
@@ -79,15 +85,17 @@ def main(argv=None):
     parser.add_argument("--fine", type=grid_nodes, default=None,
                         help="input grid n per axis (paper: 141, 211)")
     parser.add_argument("--coarse", type=positive_int, default=None,
-                        help="coefficient grid per axis (paper: 36 for 141, 71 for 211)")
+                        help="coefficient grid per axis (paper: 36 for 141, 71 for 211; default: "
+                             "the preset's for its --fine, else the paper's for that --fine)")
     parser.add_argument("--noise", type=nonnegative_float, default=None,
                         help="std of the static noise on the normalised input (paper: 0, 0.01, "
                              "0.1; default: the preset's, 0)")
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="darcy_inverse")
+    preset_grids = (cfg["fine"], cfg["coarse"])
     cfg["fine"] = args.fine or cfg["fine"]
-    cfg["coarse"] = args.coarse or cfg["coarse"]
     try:  # found now, not after the data are generated (a file's grid: when it is read)
+        cfg["coarse"] = args.coarse or paired_coarse(cfg["fine"], preset_grids, INVERSE_COARSE)
         check_darcy_grids(cfg["fine"], cfg["coarse"],
                           None if args.data else cfg["data"]["resolution"],
                           coarse_divides=True)

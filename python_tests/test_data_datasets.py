@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader
 
 from galerkin_ext.data import generate as gen
 from galerkin_ext.data.datasets import (
+    DARCY_COARSE,
+    INVERSE_COARSE,
     BurgersDataset,
     ContinuumDarcyDataset,
     DarcyDataset,
@@ -19,6 +21,7 @@ from galerkin_ext.data.datasets import (
     block_average,
     central_gradient_1d,
     central_gradient_2d,
+    paired_coarse,
 )
 from galerkin_ext.data.storage import DataFileError, read_h5
 
@@ -183,6 +186,17 @@ def test_central_gradient_1d_is_the_periodic_central_difference():
             central_gradient_1d(torch.rand(4, n), 0.1)
     with pytest.raises(TypeError, match="u: expected a floating-point tensor"):
         central_gradient_1d(torch.arange(5), 0.1)
+
+
+def test_paired_coarse_follows_the_fine_grid():
+    # --preset paper --fine 211 trained 211/43 (the preset's 141 pairing) without a word
+    assert paired_coarse(211, (141, 43), DARCY_COARSE) == 61
+    assert paired_coarse(211, (141, 36), INVERSE_COARSE) == 71
+    assert paired_coarse(141, (141, 36), INVERSE_COARSE) == 36
+    assert paired_coarse(85, (85, 22), INVERSE_COARSE) == 22  # the preset's own pairing
+    with pytest.raises(ValueError, match="coarse_resolution: no default for resolution 85 "
+                                         r"\(the paper pairs 141 with 36, 211 with 71\)"):
+        paired_coarse(85, (141, 36), INVERSE_COARSE)
 
 
 def test_block_average():

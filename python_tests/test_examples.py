@@ -409,7 +409,11 @@ def test_domain_parallel_example_refuses_bad_arguments(tmp_path, darcy_file):
 
 
 @pytest.mark.parametrize("script, flags, message", [
-    ("darcy.py", ["--fine", "44"], "--fine/--coarse: resolution - 1 must divide the stored 85"),
+    ("darcy.py", ["--fine", "44", "--coarse", "15"],
+     "--fine/--coarse: resolution - 1 must divide the stored 85"),
+    # (the quick preset's coarse grid kept for another fine one: no setup of the paper)
+    ("darcy.py", ["--fine", "43"], "--fine/--coarse: coarse_resolution: no default for "
+                                   "resolution 43 (the paper pairs 211 with 61, 141 with 43"),
     ("darcy_inverse.py", ["--coarse", "23"],
      "--fine/--coarse: coarse_resolution - 1 must divide the stored 85"),
     ("domain_parallel.py", ["--resolution", "44"], "--resolution: resolution - 1 must divide")])

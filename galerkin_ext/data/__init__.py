@@ -99,6 +99,7 @@ _EXPORTS = {
     "central_gradient_2d": "datasets",
     "block_average": "datasets",
     "check_darcy_grids": "datasets",
+    "paired_coarse": "datasets",
     "load_mat": "mat",
     "read_burgers_mat": "mat",
     "read_darcy_mat": "mat",

@@ -51,7 +51,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -91,6 +91,7 @@ __all__ = [
     "ODE_TASKS",
     "DARCY_COARSE",
     "INVERSE_COARSE",
+    "paired_coarse",
 ]
 
 #: Coarse (attention) grid for each fine Darcy resolution (SPEC §3, CiNN sizes).
@@ -474,6 +475,20 @@ class _DarcyLayout(NamedTuple):
     stride: int  # from the stored grid to resolution
     resolution: int
     coarse: int
+
+
+def paired_coarse(fine: int, preset: tuple[int, int], pairs: Mapping[int, int]) -> int:
+    """The coarse grid of a script's ``--fine`` given without ``--coarse``: the ``preset``'s
+    ``(fine, coarse)`` for its own fine grid, else the paper's pairing in ``pairs``
+    (:data:`DARCY_COARSE`, :data:`INVERSE_COARSE`); ``ValueError`` for a grid neither pairs
+    (a preset's coarse grid kept for another fine one is no setup of the paper)."""
+    if fine == preset[0]:
+        return preset[1]
+    if fine not in pairs:
+        raise ValueError(f"coarse_resolution: no default for resolution {fine} (the paper "
+                         "pairs " + ", ".join(f"{f} with {c}" for f, c in pairs.items())
+                         + "): give it")
+    return pairs[fine]
 
 
 def check_darcy_grids(resolution: int, coarse_resolution: int, stored: int | None = None, *,
