@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ._checks import (
+    HALF_TYPES,
     check_attention_operands,
     check_bool,
     check_choice,
@@ -47,16 +48,20 @@ def per_head_layer_norm(x: Tensor, norm: Norm, eps: float) -> Tensor:
     if norm is None:
         return x
     weight, bias = norm
+    # Half types in float32, as F.layer_norm and the CUDA rows do: rsqrt's derivative at a
+    # small variance, ~0.5 (var + eps)^-1.5, overflows float16 (NaN gradients at the models'
+    # initialisation).
+    work = x.float() if x.dtype in HALF_TYPES else x
     # As the compiled rows do (csrc/attention/norm_stats.h): rows above 1 in magnitude are
     # divided by their largest |x| first, so that no square overflows (float32 rows of 1e20),
     # with eps scaled to match; exact, since a layer norm ignores its input's scale but for eps.
-    scale = x.detach().abs().amax(dim=-1, keepdim=True).clamp_min(1.0)
-    xs = x / scale
+    scale = work.detach().abs().amax(dim=-1, keepdim=True).clamp_min(1.0)
+    xs = work / scale
     centred = xs - xs.mean(dim=-1, keepdim=True)
     denominator = centred.square().mean(dim=-1, keepdim=True) + eps / scale.square()
     # (0 only for a constant row whose eps / scale² underflowed: its centred values are 0)
     rstd = torch.rsqrt(torch.where(denominator > 0, denominator, torch.ones_like(denominator)))
-    return centred * rstd * weight[:, None] + bias[:, None]
+    return (centred * rstd * weight[:, None] + bias[:, None]).to(x.dtype)
 
 
 def concat_pos(x: Tensor, pos: Tensor | None) -> Tensor:

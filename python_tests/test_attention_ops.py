@@ -551,6 +551,26 @@ def test_quadratic_path_accumulates_in_float32(dtype, gen):
     torch.testing.assert_close(out.double(), want_out, rtol=1e-2, atol=1e-2)  # out is rounded
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_layer_norm_gradients_at_small_variance(dtype, gen):
+    """Rows of variance ~1e-4 (the models' initialisation): rsqrt's derivative there,
+    ~0.5 (var + eps)^-1.5 ~ 1e6, overflowed float16 when the norm ran in half (finite output,
+    NaN gradients of k and v); the statistics run in float32, as in F.layer_norm."""
+    x = make_inputs(Case(1, 2, 16, 8), gen, dtype=torch.float32)
+    small = {key: (1e-2 * x[key]).to(dtype).requires_grad_() for key in ("q", "k", "v")}
+    exact = {key: t.detach().double().requires_grad_() for key, t in small.items()}
+    norms = {"k_norm": x["n1"], "v_norm": x["n2"]}
+    out = ops.galerkin_attention(*small.values(), **norms)
+    want = ops.galerkin_attention(*exact.values(), **{
+        key: tuple(p.double() for p in value) for key, value in norms.items()})
+    torch.autograd.backward(out.float(), torch.ones_like(out, dtype=torch.float32))
+    want.sum().backward()
+    for key in ("q", "k", "v"):
+        grad, expected = small[key].grad.double(), exact[key].grad
+        assert bool(torch.isfinite(grad).all()), key
+        assert float((grad - expected).norm() / expected.norm()) < 5e-2, key
+
+
 @pytest.mark.parametrize("path", ["factored", "quadratic"])
 def test_float32_parameters_beside_half_activations(path, gen):
     """Quadrature weights and norm parameters may stay float32 beside bfloat16 activations (as

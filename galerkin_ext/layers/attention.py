@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .. import domain, ops
 from .._checks import (
+    HALF_TYPES,
     check_bool,
     check_choice,
     check_float,
@@ -243,17 +244,20 @@ def _instance_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
     """Per-head affine instance norm of ``x (B, H, N, D)``: each feature column over the points.
 
     The moments use the quadrature weights when given, so masked points (weight 0) do not leak
-    into the statistics; uniform weights give ``nn.InstanceNorm1d``'s biased moments.
+    into the statistics; uniform weights give ``nn.InstanceNorm1d``'s biased moments. Half
+    types in float32, as :func:`~galerkin_ext.functional.per_head_layer_norm`.
     """
+    work = x.float() if x.dtype in HALF_TYPES else x
     if quadrature is None:
-        mean = x.mean(dim=-2, keepdim=True)
-        var = x.var(dim=-2, unbiased=False, keepdim=True)
+        mean = work.mean(dim=-2, keepdim=True)
+        var = work.var(dim=-2, unbiased=False, keepdim=True)
     else:
-        w = quadrature.expand(x.shape[0], x.shape[-2])
+        w = quadrature.expand(x.shape[0], x.shape[-2]).to(work.dtype)
         w = (w / w.sum(dim=-1, keepdim=True))[:, None, :, None]
-        mean = (w * x).sum(dim=-2, keepdim=True)
-        var = (w * (x - mean).square()).sum(dim=-2, keepdim=True)
-    return (x - mean) * torch.rsqrt(var + eps) * weight[:, None] + bias[:, None]
+        mean = (w * work).sum(dim=-2, keepdim=True)
+        var = (w * (work - mean).square()).sum(dim=-2, keepdim=True)
+    out = (work - mean) * torch.rsqrt(var + eps) * weight[:, None] + bias[:, None]
+    return out.to(x.dtype)
 
 
 def _dropout(attn: Tensor, p: float) -> Tensor:

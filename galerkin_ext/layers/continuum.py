@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .. import ops
 from .._checks import (
+    HALF_TYPES,
     check_bool,
     check_choice,
     check_features,
@@ -213,7 +214,7 @@ class ContinuumAttention(nn.Module):
         if derived:
             assert weight is not None
             # Half-precision tokens take float32 weights (tiny weights stay normal numbers).
-            half = x.dtype in (torch.float16, torch.bfloat16)
+            half = x.dtype in HALF_TYPES
             weight = weight.to(torch.float32 if half else x.dtype)
 
         def heads(t: Tensor, proj: nn.Linear) -> Tensor:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import (
+    HALF_TYPES,
     check_bool,
     check_float,
     check_int,
@@ -170,7 +171,7 @@ class TNO(nn.Module):
         # A point set shared by the batch keeps (N, d): its weights are derived once; from
         # half-precision coordinates in float32 (the ops take float32 weights for half tokens).
         coords = x if x.dim() == 2 else expanded
-        if isinstance(weight, str) and coords.dtype in (torch.float16, torch.bfloat16):
+        if isinstance(weight, str) and coords.dtype in HALF_TYPES:
             coords = coords.float()
         weight = resolve_quadrature_weight(weight, coords, coords_name="x")
         h = self.lift(torch.cat([u, expanded], dim=-1))
