@@ -119,9 +119,11 @@ def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
 
 def is_tracing(t: Tensor) -> bool:
     """True where a data-dependent check cannot run: tracing (compile, export,
-    ``torch.jit.trace``), CUDA-graph capture, or meta tensors (shapes without values, e.g. for
-    counting FLOPs)."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or t.device.type == "meta":
+    ``torch.jit.trace``), ``torch.func`` transforms (``vmap`` refuses a branch on a batched
+    value), CUDA-graph capture, or meta tensors (shapes without values, e.g. for counting
+    FLOPs)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or t.device.type == "meta" or (
+            torch._C._are_functorch_transforms_active()):
         return True
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 

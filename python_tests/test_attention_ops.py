@@ -215,6 +215,18 @@ def test_every_autodiff_mode(case, variant, gen):
     torch.testing.assert_close(grads, expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("op", ["galerkin_attention", "fourier_attention",
+                                "normalized_attention", "continuum_attention"])
+def test_vmap_over_quadrature_weights(op, gen):
+    """An ensemble of quadrature rules through torch.func.vmap: the weights' value checks
+    branched on batched tensors, which vmap refuses; under torch.func they are skipped."""
+    q, k, v = (torch.randn(2, 2, 7, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    weights = torch.rand(3, 7, generator=gen, dtype=torch.float64)
+    fn = getattr(ops, op)
+    out = torch.func.vmap(lambda w: fn(q, k, v, weight=w))(weights)
+    torch.testing.assert_close(out, torch.stack([fn(q, k, v, weight=w) for w in weights]))
+
+
 @pytest.mark.parametrize("quadratic", [False, True])
 def test_gradcheck_through_attention_matrix_and_dropout(quadratic, gen):
     case = Case(2, 2, 5, 3, P=1, weight="batched")
