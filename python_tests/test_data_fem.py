@@ -533,6 +533,15 @@ def test_elasticity_bad_arguments():
     with pytest.raises(ValueError, match="body_force: f"):
         solve_elasticity(mesh, dirichlet=[(bottom, None, 0.0)],
                          body_force=lambda x, y: (np.full_like(x, np.nan), 0 * y))
+    # a roller without a pin (v = 0 on the bottom) leaves the x translation free: SuperLU
+    # returned one of the solutions, a different rigid offset on every mesh, without an error
+    corner = (lambda x, y: bottom(x, y) & (np.abs(x) <= 1e-12), None, 0.0)
+    for free in ([(bottom, 1, 0.0)], [corner]):  # (the pinned corner: rotation free)
+        with pytest.raises(ValueError, match="dirichlet: the fixed DOFs leave a rigid motion"):
+            solve_elasticity(mesh, dirichlet=free, body_force=lambda x, y: (0 * x, -1 + 0 * y))
+    roller = solve_elasticity(mesh, dirichlet=[corner, (bottom, 1, 0.0)],
+                              body_force=lambda x, y: (0 * x, -1 + 0 * y))
+    assert np.isfinite(roller.displacement).all()
     # the same DOF fixed twice to one value is fine
     twice = solve_elasticity(mesh, dirichlet=[(bottom, None, 0.0), (bottom, 0, 0.0)],
                              body_force=lambda x, y: (0 * x, -1 + 0 * y))
@@ -559,3 +568,12 @@ def test_solve_constrained_refuses_what_numpy_would_wrap_truncate_or_spread(fixe
     with pytest.raises(ValueError, match="identify: expected DOF indices"):
         solve_constrained(matrix, np.ones(7), np.array([1]), np.array([1.0]),
                           identify=(np.array([7]), np.array([0])))
+
+
+def test_solve_constrained_names_a_singular_system():
+    # (SuperLU's bare "Factor is exactly singular"): a free pair of DOFs with a zero-energy mode
+    matrix = sp.csr_matrix(np.array([[1.0, -1.0, 0.0], [-1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
+    with pytest.raises(ValueError, match="fixed: the matrix is singular on the 2 DOFs left free"):
+        solve_constrained(matrix, np.zeros(3), np.array([2]), np.array([0.0]))
+    u, _ = solve_constrained(matrix, np.zeros(3), np.array([0, 2]), np.array([1.0, 0.0]))
+    np.testing.assert_allclose(u, [1.0, 1.0, 0.0])

@@ -223,6 +223,22 @@ def _field(value: Value, name: str) -> Callable[[np.ndarray, np.ndarray], np.nda
     return lambda x, y: np.full_like(x, constant)
 
 
+def _check_no_rigid_motion(fixed: np.ndarray, components: Sequence[np.ndarray],
+                           x: np.ndarray, y: np.ndarray) -> None:
+    """The fixed DOFs pin the plane's rigid motions (x and y translation, rotation): else a
+    combination of them changes no fixed DOF, the condensed stiffness is singular and SuperLU
+    returns an arbitrary one of the solutions without an error."""
+    if fixed.size == 0:
+        raise ValueError("dirichlet: no DOF is fixed; the problem would be singular")
+    is_y = np.isin(fixed, components[1])
+    # each fixed DOF's value under the unit rigid motions (1, 0), (0, 1) and (-y, x)
+    motions = np.column_stack([~is_y, is_y, np.where(is_y, x[fixed], -y[fixed])]).astype(float)
+    if np.linalg.matrix_rank(motions, tol=1e-9 * max(1.0, np.abs(motions).max())) < 3:
+        raise ValueError("dirichlet: the fixed DOFs leave a rigid motion free (a translation or "
+                         "rotation moves none of them), so the displacement is not determined; "
+                         "fix both components at one point and one more at another")
+
+
 def solve_elasticity(
     mesh: TriMesh,
     *,
@@ -287,8 +303,7 @@ def solve_elasticity(
                 if not np.isclose(before, now, rtol=1e-9, atol=1e-12):
                     raise ValueError(f"dirichlet[{j}] and dirichlet[{i}]: they fix DOF {dof} "
                                      f"at ({x[dof]:g}, {y[dof]:g}) to {before} and {now}")
-    if not prescribed:
-        raise ValueError("dirichlet: no DOF is fixed; the problem would be singular")
+    _check_no_rigid_motion(np.fromiter(prescribed, dtype=np.int64), components, x, y)
     u, _ = solve_constrained(matrix, rhs, np.fromiter(prescribed, dtype=np.int64),
                              np.array([fixed for _, fixed in prescribed.values()]))
     n_vertices = len(mesh.points)

@@ -627,8 +627,12 @@ def solve_constrained(
     free = ~is_fixed
     if free.any():
         a_ff = a_r[free][:, free].tocsc()
-        lu = spla.splu(a_ff, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
-                       options={"SymmetricMode": True})
+        try:
+            lu = spla.splu(a_ff, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
+                           options={"SymmetricMode": True})
+        except RuntimeError as err:  # SuperLU's "Factor is exactly singular"
+            raise ValueError(f"fixed: the matrix is singular on the {int(free.sum())} DOFs "
+                             "left free (too few DOFs fixed to determine u)") from err
         u_r[free] = lu.solve(b_r[free] - a_r[free][:, is_fixed] @ u_r[is_fixed])
     residual = np.where(is_fixed, b_r - a_r @ u_r, 0.0)
     reactions = np.zeros(n)
