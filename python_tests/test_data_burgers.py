@@ -1,5 +1,7 @@
 """Burgers solver: exact Cole-Hopf solutions, truncated solve, input handling."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -83,6 +85,24 @@ def test_etdrk4_coefficients_limits():
     z = -0.1
     np.testing.assert_allclose(q[2], 0.1 * (np.exp(z / 2) - 1) / z, rtol=1e-13)
     assert torch.isfinite(torch.stack([q, f1, f2, f3])).all() and e[3] == 0
+    # an integer operator came back as integer zeros (computed in float64, cast back)
+    with pytest.raises(TypeError, match="lin: expected a real floating-point 1-D tensor"):
+        etdrk4_coefficients(torch.tensor([-1, -2]), 0.1)
+    with pytest.raises(ValueError, match="lin: expected finite entries"):
+        etdrk4_coefficients(torch.tensor([-1.0, math.nan]), 0.1)
+
+
+@pytest.mark.parametrize("m", [96, 99])
+def test_two_thirds_rule_keeps_no_mode_its_products_alias_onto(m):
+    """cos(2 pi k x) with 3k = m: its square holds the modes 0 and 2k = m - k, which the grid
+    of m points aliases onto k itself. With the mode kept (k <= m/3 was kept) it drove itself;
+    de-aliased, it only decays, exp(-nu (2 pi k)^2 t)."""
+    k, nu, t = m // 3, 0.1, 1e-4
+    x = np.arange(m) / m
+    u0 = 0.01 * np.cos(2 * np.pi * k * x)
+    u = solve_burgers(u0[None], nu, t, n_steps=1)[0]
+    decay = np.exp(-nu * (2 * np.pi * k) ** 2 * t)
+    np.testing.assert_allclose(u, u0 * decay, rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize(

@@ -48,8 +48,12 @@ def etdrk4_coefficients(
     Returns ``(E, E2, Q, f1, f2, f3)``, each of shape ``(M,)`` and ``lin``'s dtype/device, as in
     Kassam & Trefethen (2005), eq. (2.5) with the contour-integral evaluation of their §5.
     """
-    if not isinstance(lin, torch.Tensor) or lin.ndim != 1 or lin.is_complex():
-        raise TypeError("lin must be a real 1-D torch.Tensor of diagonal operator entries")
+    if not isinstance(lin, torch.Tensor) or lin.ndim != 1 or not lin.is_floating_point():
+        raise TypeError("lin: expected a real floating-point 1-D tensor of diagonal operator "
+                        f"entries, got {getattr(lin, 'dtype', type(lin).__name__)} "
+                        f"{tuple(getattr(lin, 'shape', ()))}")
+    if not bool(torch.isfinite(lin).all()):
+        raise ValueError("lin: expected finite entries, got NaN or inf")
     dt = check_float(dt, "dt")
     hl = (dt * lin).to(torch.float64)
     j = torch.arange(1, _CONTOUR_POINTS + 1, dtype=torch.float64, device=lin.device)
@@ -143,12 +147,14 @@ def solve_burgers(
         v = _truncate(v, n, m)
 
     dt = t_end / n_steps
-    wave = 2 * math.pi * torch.arange(m // 2 + 1, dtype=torch.float64, device=u.device)
+    modes = torch.arange(m // 2 + 1, device=u.device)
+    wave = 2 * math.pi * modes.to(torch.float64)
     e, e2, q, f1, f2, f3 = etdrk4_coefficients(-nu * wave**2, dt)
-    # Nonlinear term -(u^2/2)_x = -0.5 i k FFT(u^2); the 2/3 rule removes the aliased modes and
-    # the (sine-less) Nyquist mode of an even grid.
+    # Nonlinear term -(u^2/2)_x = -0.5 i k FFT(u^2); the 2/3 rule keeps the modes 3|k| < m, whose
+    # products alias onto none of them (k = m/3 would alias onto itself), and removes the
+    # (sine-less) Nyquist mode of an even grid.
     g = -0.5j * wave.to(torch.complex128)
-    g[wave > 2 * math.pi * (m / 3)] = 0
+    g[3 * modes >= m] = 0
     if m % 2 == 0:
         g[-1] = 0
 
