@@ -720,3 +720,7 @@ def test_persistence_errors():
     assert persistence_errors(w, w).abs().max() == 0
     with pytest.raises(ValueError, match="w_in, w_out: expected two tensors"):
         persistence_errors(w, w[:, :4])
+    zero = w.clone()
+    zero[1] = 0  # (was inf)
+    with pytest.raises(ValueError, match="w_out: sample 1 is zero everywhere"):
+        persistence_errors(w, zero)

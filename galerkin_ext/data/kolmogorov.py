@@ -297,7 +297,11 @@ def persistence_errors(w_in: Tensor, w_out: Tensor) -> Tensor:
                          f"{getattr(w_in, 'shape', type(w_in).__name__)} and "
                          f"{getattr(w_out, 'shape', type(w_out).__name__)}")
     w_in, w_out = w_in.double().flatten(1), w_out.double().flatten(1)
-    return (w_out - w_in).norm(dim=1) / w_out.norm(dim=1)
+    scale = w_out.norm(dim=1)
+    if bool((scale == 0).any()):
+        raise ValueError(f"w_out: sample {int((scale == 0).nonzero()[0])} is zero everywhere, so "
+                         "an error relative to it is undefined")
+    return (w_out - w_in).norm(dim=1) / scale
 
 
 def cfl_number(omega: Tensor, dt: float) -> Tensor:

@@ -25,6 +25,7 @@ import numpy as np
 import scipy.fft
 
 from .._checks import check_choice, check_float, check_int
+from .storage import SolverError
 
 __all__ = [
     "sample_periodic_grf_1d",
@@ -181,11 +182,21 @@ def sample_darcy_coefficient(
     ``kind="piecewise"``: ``high`` where ``g >= 0``, else ``low`` (the default arguments give
     SPEC.md's coefficient); ``kind="lognormal"``: ``exp(g)`` (``high``/``low`` unused).
     Returns shape ``(n_samples, K, K)``, float64.
+
+    Raises:
+        SolverError: ``exp(g)`` over- or underflows float64 (``sigma`` too large), naming the
+            first such sample.
     """
     check_choice(kind, "kind", DARCY_COEFFICIENTS)
     field = sample_neumann_grf_2d(
         n_samples, resolution, seed=seed, start=start, alpha=alpha, tau=tau, sigma=sigma
     )
-    if kind == "lognormal":
-        return np.exp(field)
-    return threshold_coefficient(field, high, low)
+    if kind == "piecewise":
+        return threshold_coefficient(field, high, low)
+    with np.errstate(over="ignore", under="ignore"):
+        a = np.exp(field)
+    bad = ~(np.isfinite(a) & (a > 0)).reshape(len(a), -1).all(axis=1)
+    if bad.any():
+        raise SolverError(f"sample {start + int(np.argmax(bad))}: the coefficient exp(g) over- "
+                          f"or underflows; sigma = {sigma} is too large")
+    return a

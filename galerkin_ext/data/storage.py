@@ -81,9 +81,9 @@ class DataFileError(RuntimeError):
 
 
 class SolverError(RuntimeError):
-    """A solver's solution became non-finite: its step is too large for the equation and its
-    settings.  The generation stops and removes its partial file, which the same settings would
-    only fail on again."""
+    """A solver's solution (or a sampled coefficient) became non-finite: its step (or the
+    field's amplitude) is too large for the equation and its settings.  The generation stops and
+    removes its partial file, which the same settings would only fail on again."""
 
 
 class InterruptedWhenFinished(KeyboardInterrupt):
