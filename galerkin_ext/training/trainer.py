@@ -85,7 +85,8 @@ _SCHEDULERS = ("onecycle", "plateau")
 # this bound leaves room for both.
 _SEED_LIMIT = 2**63
 # Settings that may change between a run and its resumption: they change neither the model, the
-# data nor the schedule (compile changes the rounding only); keys of the flattened run
+# data nor the schedule (compile and the thread count change the rounding only: the op core's
+# CPU chunking follows the thread count); keys of the flattened run
 # configuration (see Trainer._check_resumable).
 _RESUMABLE_CHANGES = ("train.eval_batch_size", "train.num_workers", "train.progress",
                       "train.tensorboard", "train.compile", "threads")
