@@ -4,6 +4,7 @@ C++ symbol, or the package is imported from a source tree that was never built."
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -11,17 +12,22 @@ import torch
 REBUILD = "pip install --no-build-isolation --no-deps --force-reinstall ."
 
 
-def load_error_message(error: ImportError, built_with: str | None, installed: str) -> str:
-    """Why ``_C`` failed to import, given the torch it was compiled against (``None``: no build
-    record, i.e. never built) and the torch installed now."""
+def load_error_message(error: ImportError, built_with: str | None, installed: str,
+                       folder: Path) -> str:
+    """Why ``_C`` failed to import from the package ``folder``, given the torch it was compiled
+    against (``None``: no build record, i.e. never built there) and the torch installed now."""
     if built_with is None:
-        return ("galerkin_ext: the compiled extension is missing (a source tree that was never "
-                f"built?); build and install it from the source folder: {REBUILD}")
+        return (f"galerkin_ext: the compiled extension is missing from {folder}. If that is "
+                "the source folder of an installed galerkin_ext, Python took it instead "
+                "because it runs in its parent folder (the current folder comes first on "
+                "sys.path): run from another folder. Else build and install it from the "
+                f"source folder: {REBUILD}")
     if built_with != installed:
         return (f"galerkin_ext was compiled against torch {built_with}, but torch {installed} "
                 f"is installed; rebuild it against this torch from the source folder: "
                 f"{REBUILD} ({error})")
-    return f"galerkin_ext: cannot load its compiled extension: {error}"
+    return (f"galerkin_ext: cannot load its compiled extension from {folder} ({error}); "
+            f"rebuild and reinstall it from the source folder: {REBUILD}")
 
 
 def load_extension() -> ModuleType:
@@ -34,5 +40,6 @@ def load_extension() -> ModuleType:
             from ._build_info import TORCH_VERSION as built_with
         except ImportError:
             built_with = None
-        raise ImportError(load_error_message(err, built_with, torch.__version__)) from err
+        raise ImportError(load_error_message(err, built_with, torch.__version__,
+                                             Path(__file__).parent)) from err
     return _C

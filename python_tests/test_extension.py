@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import galerkin_ext
@@ -22,11 +23,17 @@ def test_the_build_records_the_torch_it_was_compiled_against():
 
 def test_messages():
     error = ImportError("undefined symbol: _ZN3c108ListType3get")
-    message = load_error_message(error, "2.11.0", "2.13.0+cpu")
+    folder = Path("/src/galerkin_ext")
+    message = load_error_message(error, "2.11.0", "2.13.0+cpu", folder)
     assert "compiled against torch 2.11.0, but torch 2.13.0+cpu is installed" in message
     assert REBUILD in message and "undefined symbol" in message
-    assert "never built" in load_error_message(error, None, "2.13.0")
-    assert load_error_message(error, "2.13.0", "2.13.0").endswith(str(error))
+    # a source folder taken for the installed package (python -c in its parent folder): the
+    # rebuild alone did not help; each message says what to do
+    missing = load_error_message(error, None, "2.13.0", folder)
+    assert f"missing from {folder}" in missing and "run from another folder" in missing
+    assert REBUILD in missing
+    other = load_error_message(error, "2.13.0", "2.13.0", folder)
+    assert str(error) in other and REBUILD in other
 
 
 def _import_ops_from(package_parent: Path) -> subprocess.CompletedProcess:
@@ -55,3 +62,18 @@ def test_another_torch_or_no_build_is_named_on_import(tmp_path):
     assert proc.returncode != 0, proc.stderr[-2000:]
     assert f"compiled against torch 1.0.0, but torch {torch.__version__}" in proc.stderr, (
         proc.stderr[-2000:])
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake (the build's own)")
+def test_an_unknown_cuda_request_is_refused(tmp_path):
+    """GALERKIN_EXT_CUDA=cpu fell through to 'auto', which builds the CUDA kernels wherever
+    torch has CUDA."""
+    import pybind11
+
+    proc = subprocess.run(
+        ["cmake", "-S", str(Path(__file__).resolve().parents[1]), "-B", str(tmp_path),
+         "-DGALERKIN_EXT_CUDA=cpu", f"-DPython_EXECUTABLE={sys.executable}",
+         f"-Dpybind11_DIR={pybind11.get_cmake_dir()}"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "GALERKIN_EXT_CUDA must be auto, ON or OFF, got 'cpu'" in proc.stderr, proc.stderr
