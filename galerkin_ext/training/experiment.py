@@ -167,7 +167,9 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                    help="CPU threads of torch (default: the preset's 'threads', else torch's)")
     p.add_argument("--workers", type=nonnegative_int, default=0,
                    help="DataLoader workers (default 0)")
-    p.add_argument("--tensorboard", action="store_true", help="log to OUT/tensorboard")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="log to OUT/tensorboard (needs the tensorboard package: pip install "
+                        "tensorboard)")
     if compile_flag:
         p.add_argument("--compile", action="store_true",
                        help="torch.compile the training steps (the first step compiles for "

@@ -158,8 +158,8 @@ def tensorboard_writer_class() -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as err:
-        raise ConfigError("tensorboard=True (--tensorboard) needs the tensorboard package: "
-                          "pip install tensorboard") from err
+        raise ConfigError("tensorboard=True (--tensorboard) needs the tensorboard package (the "
+                          "tensorboard extra): pip install tensorboard") from err
     return SummaryWriter
 
 
