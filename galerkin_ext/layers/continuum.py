@@ -245,9 +245,11 @@ class ContinuumEncoderLayer(nn.Module):
         x ← LN(x + Drop(W_o · heads(x)))
         x ← LN(x + Drop(Lin(GELU(Lin(x)))))
 
-    LN normalises the channels of each point. ``layer_norm=False`` drops both norms (the
-    averaging variant of the paper's §5, eq. 34). At ``d_model = dim_feedforward = 128`` the
-    layer has 99,584 parameters (99,072 without the norms).
+    LN normalises the channels of each point. ``layer_norm=False`` drops both norms: the
+    averaging variant of SPEC-continuum, the paper's §5 layer (eq. 34) with its learned
+    pointwise ``W₁``, ``W₂`` on the residual paths fixed to ``I`` and multi-head attention. At
+    ``d_model = dim_feedforward = 128`` the layer has 99,584 parameters (99,072 without the
+    norms).
 
     Args:
         d_model, n_head, scale, attn_dropout: the attention, see :class:`ContinuumAttention`.

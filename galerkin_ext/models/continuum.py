@@ -98,7 +98,10 @@ class TNO(nn.Module):
 
     **Averaging variant** (paper §5, ``layer_norm=False``): no layer norms; the lift becomes the
     MLP ``R₂ GELU(R₁[u, x] + b) + b̃`` and the projection ``P₂ GELU(P₁[v, x] + b) + b̃`` (hidden
-    width ``d_model``), with which the layers can represent the domain average (Theorem 22).
+    width ``d_model``). Its attention represents the domain average (``Q = K = 0``, ``V = I``,
+    as in the proof of Theorem 22); the layers keep identity residuals where eq. (34) learns
+    ``W₁``, ``W₂`` (the proof takes ``W₂ = 0``), so the theorem's construction is not one of
+    its parameter settings.
 
     Args:
         in_dim: ``d_u``, input channels.
