@@ -303,8 +303,9 @@ def solve_elasticity(
                 if not np.isclose(before, now, rtol=1e-9, atol=1e-12):
                     raise ValueError(f"dirichlet[{j}] and dirichlet[{i}]: they fix DOF {dof} "
                                      f"at ({x[dof]:g}, {y[dof]:g}) to {before} and {now}")
-    _check_no_rigid_motion(np.fromiter(prescribed, dtype=np.int64), components, x, y)
-    u, _ = solve_constrained(matrix, rhs, np.fromiter(prescribed, dtype=np.int64),
+    fixed_dofs = np.fromiter(prescribed, dtype=np.int64)
+    _check_no_rigid_motion(fixed_dofs, components, x, y)
+    u, _ = solve_constrained(matrix, rhs, fixed_dofs,
                              np.array([fixed for _, fixed in prescribed.values()]))
     n_vertices = len(mesh.points)
     nodal = basis.nodal_dofs  # (2, V): the vertex DOFs of x and y
