@@ -1,15 +1,19 @@
 """Plain-PyTorch formulas of the attention family, for layers where no compiled op applies.
 
+Public (``__all__``), each checking its arguments as the ops do:
+
 * :func:`kv_reduce`, :func:`q_apply` — the op core's two halves (``S = K̂ᵀ W V̂``, then ``Q̂ S``
   with or without normalisers), twins of the compiled ops ``torch.ops.galerkin_ext.kv_reduce``
   and ``q_apply`` with the same signatures, so compositions take either;
-* :func:`kernel_attention` — the Galerkin and Fourier types (the op's formula, for the autodiff
-  modes the compiled op lacks and for devices without its kernels);
 * :func:`normalized_attention` — GNOT's normalised linear attention (SPEC §2b, SPEC-gnot §1);
-* :func:`hetero_normalized_attention` — its heterogeneous form over several input functions;
-* :func:`row_map`, :func:`per_head_layer_norm`, :func:`concat_pos` — the row maps they share
-  with the layers; :func:`resolve_kv_pos` and :func:`normalized_core`, the argument handling
-  these forms share with :mod:`galerkin_ext.ops` (the checks themselves are in ``_checks``).
+* :func:`hetero_normalized_attention` — its heterogeneous form over several input functions.
+
+Shared with :mod:`galerkin_ext.ops` and the layers, which call them with arguments they have
+checked (the checks themselves are in ``_checks``): :func:`kernel_attention` (the Galerkin and
+Fourier types' formula, for the autodiff modes the compiled op lacks and for devices without
+its kernels; :func:`galerkin_ext.ops.kernel_attention` is its checked form), the row maps
+:func:`row_map`, :func:`per_head_layer_norm`, :func:`concat_pos`, and :func:`resolve_kv_pos`,
+:func:`normalized_core`.
 
 The factored and normalised forms cost O((N + M) d d_v) per head: the key side is reduced to
 ``S`` first, and no ``N × M`` matrix is formed. Padding is weight 0; a sample never depends on its
@@ -36,8 +40,7 @@ from ._checks import (
     check_quadrature_weight,
 )
 
-__all__ = ["concat_pos", "hetero_normalized_attention", "kernel_attention", "kv_reduce",
-           "normalized_attention", "per_head_layer_norm", "q_apply", "row_map"]
+__all__ = ["hetero_normalized_attention", "kv_reduce", "normalized_attention", "q_apply"]
 
 Norm = tuple[Tensor, Tensor] | None
 

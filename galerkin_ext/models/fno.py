@@ -51,7 +51,8 @@ class FNO2d(nn.Module):
     ``forward(x, grid)``: ``x (B, n1, n2, in_channels)``, ``grid (n1, n2, 2)`` or
     ``(B, n1, n2, 2)`` → ``(B, n1, n2, out_channels)``, de-normalised by
     ``model.denormalizer`` (identity until its statistics are set), with a zero boundary ring
-    for ``boundary='dirichlet'``. Works on any grid with ``n1 >= 2 modes``.
+    for ``boundary='dirichlet'``. Works on any grid with ``n1 >= 2 modes`` and
+    ``n2 >= 2 modes - 2``.
 
     Args:
         in_channels, out_channels, width, modes, num_layers, dim_feedforward, activation: as in
