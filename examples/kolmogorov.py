@@ -73,8 +73,8 @@ from galerkin_ext.training import (
 # 0.163, 5e-3 0.150), 24 epochs (the FANO 15); zero-shot 50 pairs solved at 64^2 and read at
 # 16, 32 and 64 (half, the same and twice the training grid).  Measured on 2 idle cores from an
 # empty cache: ViT NO median 0.153 (persistence 0.187) in 281 s, FANO 0.163 in 292 s, FNO
-# 0.071 in 172 s, AFNO 0.184 in 185 s (146 s before the fused Adam of 35d186a; no better than
-# persistence: see the README).  The generator's presets without their sample count: the data
+# 0.071 in 172 s, AFNO 0.081 in 132 s (on an Intel Xeon, with PhysicsNeMo's initialisation;
+# with PyTorch's default one it was no better than persistence: see the README).  The generator's presets without their sample count: the data
 # hold n_train + n_valid + n_eval samples (the presets' 1300 and 10000), so a smaller run
 # generates no more than it uses.
 DATA = {name: {k: v for k, v in KOLMOGOROV_PRESETS[name].items() if k != "n_samples"}
