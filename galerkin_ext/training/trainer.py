@@ -172,10 +172,17 @@ class TrainConfig:
     """Optimisation settings; defaults are the paper's 2-D protocol (SPEC §5).
 
     Attributes:
-        epochs: passes over the training set (at most, with ``early_stopping``).
+        epochs: passes over the training set (at most, with ``early_stopping``): the full
+            batches of a shuffled pass, as in the original code (``drop_last``); the
+            ``n_train mod batch_size`` samples left over, different ones every epoch, wait for
+            the next.
         batch_size: global batch size, split evenly over the ``torchrun`` processes.
         max_lr, div_factor, final_div_factor, pct_start: the OneCycle schedule (Adam's learning
-            rate starts at ``max_lr / div_factor`` and ends at that over ``final_div_factor``).
+            rate starts at ``max_lr / div_factor``, rises to ``max_lr`` over the first
+            ``pct_start`` of the steps and ends at ``max_lr / div_factor / final_div_factor``).
+            A run of fewer than ``1 / pct_start`` steps in all (a smoke test) has a warm-up
+            shorter than one step: torch's OneCycleLR then starts in its annealing phase, near
+            ``max_lr`` (a warm-up of exactly one step it cannot schedule: refused).
         scheduler: ``'onecycle'`` (above, stepped per batch) or ``'plateau'``
             (``ReduceLROnPlateau`` on the evaluation error, stepped per epoch: the rate starts
             at ``max_lr`` and is multiplied by ``plateau_factor`` after ``plateau_patience``
@@ -847,7 +854,8 @@ class Trainer:
         dicts (``epoch``, ``train_loss``, ``train_rel_l2``, ``train_rel_h1`` (only when the loss
         reports an H¹ part: the seminorm error of :class:`~galerkin_ext.losses.OperatorLoss`,
         the full norm's of ``RelativeLoss('h1')``), ``eval_rel_l2``
-        -- the mean of the ``metric`` --, ``lr`` at the end of the epoch, ``seconds``).
+        -- the mean of the ``metric`` --, ``lr``, the rate of the epoch's last step,
+        ``seconds``).
 
         Before the first step, one batch of ``eval_set`` is evaluated (``forward`` and
         ``metric``), so that they fail now if they cannot work, not after an epoch.  A Trainer
@@ -922,7 +930,6 @@ class Trainer:
                     best_metric, best_epoch = row["eval_rel_l2"], epoch + 1
                 if cfg.scheduler == "plateau":
                     self.scheduler.step(row["eval_rel_l2"])
-                    row["lr"] = self._lr()  # the rate the next epoch trains with
                 rng = self._gather_rng()
                 if ctx.is_main:
                     # best.pt before last.pt: a crash between the two never leaves last.pt
@@ -1008,6 +1015,7 @@ class Trainer:
         self.sampler.set_epoch(epoch)  # the shuffling order depends on (seed, epoch) only
         total = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
         for step, batch in enumerate(self.loader):
+            lr = self._lr()  # (OneCycle steps past it in _step)
             stats = self._step(model, _to(batch, self.ctx.device), epoch, step)
             total += stats
             bar.update(1)
@@ -1022,5 +1030,7 @@ class Trainer:
                             ctx=self.ctx if self.parallel == "data" else None,
                             device=self.ctx.device)
         h1 = {} if math.isnan(mean[2]) else {"train_rel_h1": mean[2]}
+        # lr: the rate of the epoch's last step (after the last one, OneCycle has stepped past
+        # the end of its schedule, to a rate it never uses)
         return {"epoch": epoch + 1, "train_loss": mean[0], "train_rel_l2": mean[1], **h1,
-                "eval_rel_l2": eval_err, "lr": self._lr(), "seconds": time.perf_counter() - t0}
+                "eval_rel_l2": eval_err, "lr": lr, "seconds": time.perf_counter() - t0}
