@@ -245,13 +245,23 @@ def test_auto_weights(gen):
     with torch.no_grad():
         torch.testing.assert_close(tno.double()(u.double(), grid32.double()).float(),
                                    tno.float()(u, grid32), rtol=1e-5, atol=1e-6)
-    # ... else the product of the per-axis trapezoid weights; a batch of different grids
+    # ... else the product of the per-axis cell widths (whole gaps at the ends); a batch of
+    # different grids
     a, c = torch.tensor([0.0, 0.1, 0.5, 1.0], dtype=F64), torch.tensor([0.0, 1.0, 3.0], dtype=F64)
     graded = torch.stack(torch.meshgrid(a, c, indexing="ij"), dim=-1).reshape(-1, 2)
-    expected = torch.outer(trapezoid_weights(a), trapezoid_weights(c)).reshape(-1)
+    widths_a = torch.tensor([0.1, 0.25, 0.45, 0.5], dtype=F64)
+    widths_c = torch.tensor([1.0, 1.5, 2.0], dtype=F64)
+    expected = torch.outer(widths_a, widths_c).reshape(-1)
     torch.testing.assert_close(auto_quadrature_weights(graded), expected)
     both = auto_quadrature_weights(torch.stack([graded, graded.flip(0)]))
     torch.testing.assert_close(both, torch.stack([expected, expected.flip(0)]))
+    # a grid nudged off equispacing changes the weights by the nudge (the trapezoid product,
+    # halving the ends, jumped by the whole gap between the rules: 1e-3 in a TNO's output)
+    nudged = t.double().clone()
+    nudged[1:-1] += 1e-4 * torch.sin(torch.arange(30, dtype=F64))
+    near = torch.stack(torch.meshgrid(nudged, nudged, indexing="ij"), dim=-1).reshape(-1, 2)
+    w = auto_quadrature_weights(near)
+    assert float((w / w.mean() - 1).abs().max()) < 0.02
     # scattered points in 2-D: a clear error that names the cure
     scattered = torch.rand(10, 2, generator=gen)
     with pytest.raises(ValueError, match=r"x: weight='auto'.*scattered.*mesh_weights"):

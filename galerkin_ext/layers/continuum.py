@@ -47,8 +47,13 @@ def auto_quadrature_weights(coords: Tensor, name: str = "coords") -> Tensor:
       repeated point shares its weight with its copy; ``N = 1`` gets weight 1).
     * ``d >= 2``, the points form a tensor grid (every combination of the per-axis coordinate
       values appears exactly once, in any order): uniform weights when every axis is
-      equispaced (to float32 round-off, whatever the dtype); otherwise the product of the
-      per-axis trapezoid weights.
+      equispaced (to float32 round-off, whatever the dtype; SPEC-continuum's rule), otherwise
+      the product of per-axis cell widths: half the distance between a node's neighbours,
+      the whole distance to its one neighbour at an end. That rule is the uniform one on an
+      equispaced axis, so a grid nudged off equispacing changes the weights (and a model's
+      output) by as little as the nudge; the product of trapezoid weights, which halves the
+      ends, jumped by the whole O(h) gap between the two rules. Both are first order in 2-D;
+      pass ``quadrature.grid_weights`` for the second-order trapezoid rule.
     * ``d >= 2``, scattered points: ``ValueError`` (pass e.g.
       :func:`galerkin_ext.quadrature.mesh_weights`).
 
@@ -104,8 +109,16 @@ def _tensor_grid_weights(points: Tensor, name: str) -> Tensor:
     for a, axis in enumerate(axes):
         if len(axis) > 1:
             index = torch.searchsorted(axis, points[:, a].contiguous())
-            weight = weight * trapezoid_weights(axis)[index]
+            weight = weight * _cell_widths(axis)[index]
     return weight
+
+
+def _cell_widths(axis: Tensor) -> Tensor:
+    """Sorted distinct ``axis (n,)``, ``n >= 2``: half the distance between each node's
+    neighbours, the whole distance to the one neighbour at either end (equal on an equispaced
+    axis, as the uniform rule)."""
+    gaps = axis.diff()
+    return torch.cat([gaps[:1], (gaps[1:] + gaps[:-1]) / 2, gaps[-1:]])
 
 
 def _equispaced(axis: Tensor) -> bool:
