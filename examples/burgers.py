@@ -6,8 +6,9 @@
 
 Data: generated once (SPEC §4) and cached, or ``--data burgers_data_R10.mat``.  The model is
 trained at ``--n`` points and, with ``--eval-n``, evaluated zero-shot at other resolutions
-(the same weights: attention and spectral layers do not depend on the grid size).  Writes
-OUT/metrics.json, OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv and
+(the same weights: attention and spectral layers do not depend on the grid size, except
+``--attention linear``, whose attention term shrinks as 1/n: see galerkin_ext.layers.attention).
+Writes OUT/metrics.json, OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv and
 OUT/prediction.png.
 """
 

@@ -8,7 +8,11 @@ Per head ``D = d_model // n_head`` features; with coordinates each head is ``d =
 * ``galerkin`` ``Q̂ (K̂ᵀ W V̂)``, norm on K, V — compiled op.
 * ``softmax``  ``softmax(Q̂ K̂ᵀ / sqrt(d) + log w) V̂``, norm on Q, K — PyTorch SDPA.
 * ``linear``   ``softmax_feat(Q̂) (softmax_pts(K̂)ᵀ W V̂)``, norm on K, V — plain PyTorch; the
-  softmax over the points takes only points with ``w > 0``.
+  softmax over the points takes only points with ``w > 0``. SPEC §2's (and the original
+  code's) formula: the softmax over the points already sums to 1, so ``W`` (``1/N`` by
+  default) is no quadrature weight here and the attention term shrinks as ``1/N``. Unlike the
+  other types it is no discretisation of one operator: a model of it evaluated at another
+  resolution is not the same model.
 """
 
 from __future__ import annotations
