@@ -156,6 +156,8 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
+    if train_set.out_dim != 1:  # e.g. --targets u,v,vm (runs of one target keep their config)
+        cfg["model"]["out_dim"] = train_set.out_dim
     if args.model != "gk":  # GNOT and MIONet take every input function and theta of the data
         cfg["model"]["input_dims"] = list(train_set.input_dims)
         if train_set.theta_dim:  # converted with --rr (runs without it keep their config)

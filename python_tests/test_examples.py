@@ -850,6 +850,22 @@ def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):
     assert proc.returncode == 2 and "--inputs: applies to generated data" in proc.stderr
 
 
+@pytest.mark.parametrize("model", ["gnot", "gk"])
+def test_elasticity_example_learns_several_targets(tmp_path, model):
+    """SPEC-gnot's --targets u,v,vm: the model's out_dim follows the file (it kept the registry's
+    1 and failed at the first evaluation with a normaliser's shape message)."""
+    data = tmp_path / "el.h5"
+    subprocess.run([sys.executable, "-m", "galerkin_ext.data", "generate", "elasticity", "--out",
+                    str(data), "--n-samples", "9", "--preset", "quick", "--targets", "u,v,vm",
+                    "--no-progress"], check=True, capture_output=True, timeout=TIMEOUT, env=ENV,
+                   cwd=tmp_path)
+    out = tmp_path / "run"
+    _run(_cmd("elasticity.py", out, "--model", model, "--data", str(data), "--n-train", "6",
+              "--n-eval", "3", "--epochs", "1", "--batch-size", "3"))
+    m = _metrics(out)
+    assert m["config"]["model"]["out_dim"] == 3 and len(m["test_rel_l2_per_channel"]) == 3
+
+
 def test_gnot_example_refuses_experts_for_mionet(tmp_path):
     proc = subprocess.run(_cmd("heat.py", tmp_path / "run", "--model", "mionet", "--experts",
                                "2"), capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
