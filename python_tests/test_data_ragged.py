@@ -259,6 +259,48 @@ def test_truncated_corrupt_and_foreign_files_are_refused(tmp_path, ragged_file):
         read_ragged(tmp_path / "missing.h5")
 
 
+def _replace(f, name, data):
+    del f[name]
+    f.create_dataset(name, data=data)
+
+
+@pytest.mark.parametrize("damage, match", [
+    # theta of 5 rows for 13 samples: h5py returned fewer rows, the normalisers fitted on them
+    (lambda f: _replace(f, "theta", np.zeros((5, 3))), r"theta has shape \(5, 3\), expected "
+                                                       r"\(13, 3\)"),
+    # a raw IndexError past the end of a short offsets dataset
+    (lambda f: _replace(f, "query/offsets", f["query/offsets"][:8]),
+     r"query/offsets has shape \(8,\), expected \(14\)"),
+    # columns other than the layout's: blamed on the normalisers the dataset had just fitted
+    (lambda f: _replace(f, "query/points", np.zeros((f["query/points"].shape[0], 3))),
+     r"query/points has shape \(\d+, 3\), expected \(rows, 2\)"),
+    (lambda f: _replace(f, "target/values", f["target/values"][:, :1]),
+     r"target/values has shape \(\d+, 1\), expected \(rows, 2\)"),
+    # a deleted optional field read as one the file never had (a model without that input)
+    (lambda f: f.__delitem__("inputs/g/values"), r"do not hold the layout it records \(input "
+                                                 r"'g': 1 channels, weights True vs 0 channels"),
+    (lambda f: f.__delitem__("theta"), "do not hold the layout it records .theta_dim 3 vs 0"),
+])
+def test_a_damaged_layout_is_refused_naming_the_dataset(tmp_path, ragged_file, damage, match):
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(ragged_file.read_bytes())
+    with h5py.File(bad, "r+") as f:
+        damage(f)
+    for read in (lambda: read_ragged(bad), lambda: RaggedDataset(bad, "train", n_train=8)):
+        with pytest.raises(DataFileError, match=match):
+            read()
+
+
+
+def test_files_without_a_recorded_layout_read_as_before(tmp_path, ragged_file):
+    old = tmp_path / "old.h5"  # (written before the layout was recorded: inferred)
+    old.write_bytes(ragged_file.read_bytes())
+    with h5py.File(old, "r+") as f:
+        del f.attrs["layout"]
+    a, b = read_ragged(old), read_ragged(ragged_file)
+    assert a.layout == b.layout and np.array_equal(a.target, b.target)
+
+
 # -------------------------------------------------------------------------------------------------
 
 

@@ -46,7 +46,7 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +140,24 @@ class RaggedLayout:
         """The layout of one sample (checked by :func:`validate_sample`)."""
         return _layout_of(validate_sample(sample, where=where))
 
+    def to_json(self) -> str:
+        """The layout as the JSON a file records (attribute ``layout``)."""
+        fields = asdict(self)
+        fields["inputs"] = [[spec.name, spec.channels, spec.weights] for spec in self.inputs]
+        return json.dumps(fields)
+
+    @classmethod
+    def from_json(cls, text: str) -> RaggedLayout:
+        fields = json.loads(text)
+        fields["target_names"] = tuple(fields["target_names"])
+        fields["inputs"] = tuple(InputSpec(*spec) for spec in fields["inputs"])
+        return cls(**fields)
+
     @classmethod
     def from_file(cls, f: h5py.File, name: str = "file") -> RaggedLayout:
-        """The layout recorded in an open ragged file (``name`` for messages)."""
+        """The layout of an open ragged file (``name`` for messages): the one it records
+        (files written before the record: inferred from its datasets), checked against the
+        datasets it holds, so a deleted field is an error, not a field the file never had."""
         try:
             input_names = json.loads(_attr(f, "input_names"))
             target_names = json.loads(_attr(f, "target_names"))
@@ -152,7 +167,7 @@ class RaggedLayout:
                 group = f[f"inputs/{key}"]
                 channels = group["values"].shape[1] if "values" in group else 0
                 inputs.append(InputSpec(key, int(channels), "weights" in group))
-            return cls(
+            held = cls(
                 space_dim=space_dim,
                 target_names=tuple(target_names),
                 inputs=tuple(inputs),
@@ -161,9 +176,15 @@ class RaggedLayout:
                 query_label="query/label" in f,
                 mesh="mesh/triangles" in f,
             )
+            recorded = cls.from_json(f.attrs["layout"]) if "layout" in f.attrs else held
         except (KeyError, ValueError, TypeError, IndexError) as err:
             raise DataFileError(f"{name} lacks ragged schema fields or records a broken "
                                 f"layout: {err}") from err
+        missing = recorded.differences(held)
+        if missing:
+            raise DataFileError(f"{name}: its datasets do not hold the layout it records "
+                                f"({'; '.join(missing)}, recorded vs held); the file is damaged")
+        return recorded
 
     def differences(self, other: RaggedLayout) -> list[str]:
         """Human-readable differences from ``other`` (empty when equal)."""
@@ -399,6 +420,38 @@ def _create(f: h5py.File, layout: RaggedLayout, n_samples: int) -> None:
     f.attrs["input_names"] = json.dumps(list(layout.input_names))
     f.attrs["target_names"] = json.dumps(list(layout.target_names))
     f.attrs["space_dim"] = layout.space_dim
+    f.attrs["layout"] = layout.to_json()
+
+
+def _check_shapes(f: h5py.File, layout: RaggedLayout, n_samples: int, name: str) -> None:
+    """Every dataset of ``layout`` has the shape ``n_samples`` and the layout give it (the
+    rows of a ragged dataset aside, which its offsets check): ``DataFileError`` naming the
+    first that does not (h5py reads past a short dataset's end without an error)."""
+    expected: dict[str, tuple[int | None, ...]] = {}
+    for offsets, members in _ragged_groups(layout).items():
+        expected[offsets] = (n_samples + 1,)
+        for member in members:
+            leaf = member.rsplit("/", 1)[1]
+            if member == "target/values":
+                expected[member] = (None, layout.out_dim)
+            elif member == "mesh/triangles":
+                expected[member] = (None, 3)
+            elif leaf == "points":
+                expected[member] = (None, layout.space_dim)
+            elif leaf == "values":
+                spec = layout.inputs[layout.input_names.index(member.split("/")[1])]
+                expected[member] = (None, spec.channels)
+            else:  # weights, labels
+                expected[member] = (None,)
+    if layout.theta_dim:
+        expected["theta"] = (n_samples, layout.theta_dim)
+    for key, shape in expected.items():
+        held = f[key].shape
+        if len(held) != len(shape) or any(a is not None and a != b for a, b in zip(
+                shape, held, strict=False)):
+            doc = ", ".join("rows" if a is None else str(a) for a in shape)
+            raise DataFileError(f"{name}: {key} has shape {held}, expected ({doc}) for "
+                                f"{n_samples} samples of its layout; the file is damaged")
 
 
 def _completed_prefix(done: np.ndarray, name: str) -> int:
@@ -772,6 +825,7 @@ def _header(f: h5py.File, p: Path) -> dict[str, Any]:
         done = f["completed"][...]
         chunk = int(_attr(f, "chunk_size"))
         n = int(_attr(f, "n_samples"))
+        _check_shapes(f, layout, n, repr(str(p)))
         return {
             "schema": RAGGED_SCHEMA,
             "generator": _attr(f, "generator"),
