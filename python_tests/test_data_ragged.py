@@ -292,6 +292,19 @@ def test_a_damaged_layout_is_refused_naming_the_dataset(tmp_path, ragged_file, d
 
 
 
+def test_a_non_finite_value_is_named_by_its_sample(tmp_path, ragged_file):
+    bad = tmp_path / "nan.h5"  # (the writer refuses them: only an edited file holds one)
+    bad.write_bytes(ragged_file.read_bytes())
+    with h5py.File(bad, "r+") as f:
+        row = int(f["query/offsets"][3]) + 1  # a point of sample 3
+        values = f["target/values"][...]
+        values[row, 1] = np.nan
+        _replace(f, "target/values", values)
+    # (the normaliser named the point row as a sample)
+    with pytest.raises(DataFileError, match=r"nan.h5': data: target/values of sample 3 has NaN"):
+        RaggedDataset(bad, "train", n_train=8)
+
+
 def test_files_without_a_recorded_layout_read_as_before(tmp_path, ragged_file):
     old = tmp_path / "old.h5"  # (written before the layout was recorded: inferred)
     old.write_bytes(ragged_file.read_bytes())

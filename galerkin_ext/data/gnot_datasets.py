@@ -111,7 +111,13 @@ class RaggedNormalizers(nn.Module):
             raise ValueError(f"data: fitting unbiased statistics needs >= 2 training samples, "
                              f"got {len(data)}")
 
-        def z(values: np.ndarray) -> UnitGaussianNormalizer:
+        def z(values: np.ndarray, offsets: np.ndarray, name: str) -> UnitGaussianNormalizer:
+            # (found here, the point row maps to its sample: the normaliser sees rows only)
+            bad = ~np.isfinite(values).reshape(len(values), -1).all(axis=1)
+            if bad.any():
+                j = int(np.searchsorted(offsets, np.argmax(bad), side="right")) - 1
+                raise ValueError(f"data: {name} of sample {int(data.indices[j])} has NaN or "
+                                 "infinity")
             return UnitGaussianNormalizer(torch.from_numpy(values), eps, correction=1)
 
         inputs = {}
@@ -121,9 +127,11 @@ class RaggedNormalizers(nn.Module):
                     raise ValueError(f"data: the input function {spec.name!r} was not read")
                 fn = data.inputs[spec.name]
                 assert fn.values is not None
-                inputs[spec.name] = z(fn.values)
-        theta = z(data.theta) if data.theta is not None else None
-        return cls(z(data.query_points), z(data.target), inputs, theta, eps)
+                inputs[spec.name] = z(fn.values, fn.offsets, f"inputs/{spec.name}/values")
+        per_sample = np.arange(len(data) + 1)
+        theta = None if data.theta is None else z(data.theta, per_sample, "theta")
+        return cls(z(data.query_points, data.offsets, "query/points"),
+                   z(data.target, data.offsets, "target/values"), inputs, theta, eps)
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Tensor]) -> RaggedNormalizers:
@@ -314,7 +322,10 @@ class RaggedDataset(Dataset):
             assert n_train is not None
             train = data if np.array_equal(idx, np.arange(n_train)) else read_ragged(
                 path, np.arange(n_train), fields=("query", "target", "inputs", "theta"))
-            normalizers = RaggedNormalizers.fit(train)
+            try:
+                normalizers = RaggedNormalizers.fit(train)
+            except ValueError as err:  # non-finite values, which only an edited file holds
+                raise DataFileError(f"path {str(path)!r}: {err}") from err
         elif isinstance(normalizers, Mapping):
             normalizers = RaggedNormalizers.from_state_dict(normalizers)
         elif not isinstance(normalizers, RaggedNormalizers):
