@@ -142,6 +142,17 @@ def test_burgers_example_evaluates_a_separate_file(tmp_path, burgers_file):
     eval_set = BurgersDataset(eval_file, "test", 128, n_train=0, n_test=2,
                               target_normalizer=norm)
     assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
+    # a file of the training file's generator and seed holds its draws: refused, not scored
+    same = generate_burgers(tmp_path / "same.h5", n_samples=2, resolution=2048,
+                            solve_resolution=256, progress=False)
+    proc = subprocess.run(_cmd("burgers.py", tmp_path / "same", "--data", str(burgers_file),
+                               "--eval-data", str(same), "--n-train", "8", "--n-eval", "2",
+                               "--n", "128", "--epochs", "1"),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert ("--eval-data: its samples 0 to 1 are training samples of --data: both come from "
+            "the burgers generator with seed 0") in proc.stderr
+    assert not (tmp_path / "same" / "last.pt").exists()
 
 
 def test_darcy_example(tmp_path, darcy_file):

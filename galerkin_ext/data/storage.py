@@ -41,7 +41,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -574,6 +574,18 @@ def data_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError:
         pass
     return {"name": p.name, "bytes": p.stat().st_size}
+
+
+def same_draws(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether the files of two :func:`data_identity` records hold the same random draws at
+    each index: files of one of the package's generators with one seed, whose sample ``i``
+    depends on ``(seed, i)`` alone, whatever their other parameters (a finer grid of the same
+    coefficients or geometries); converted files (their parameters name a source) never."""
+    if "seed" not in a or "seed" not in b or (a["generator"], a["seed"]) != (b["generator"],
+                                                                             b["seed"]):
+        return False
+    parameters = [_json_object(record["parameters"]) for record in (a, b)]
+    return all(p is not None and "source" not in p for p in parameters)
 
 
 def _attr(f: h5py.File | h5py.Dataset, key: str) -> Any:

@@ -30,7 +30,7 @@ import torch
 from .._checks import check_bool, check_int, check_path, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
-from ..data.storage import DataFileError, data_identity
+from ..data.storage import DataFileError, DataMismatchError, data_identity, same_draws
 from ..layers import ATTENTION_TYPES
 from ..models import build_model
 from .checkpoint import (
@@ -326,6 +326,17 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
             raise FileNotFoundError(f"{flag}: no such file {str(path)!r}")
     config["data_files"] = {k: str(v.resolve()) for k, v in files.items()}
     config["data_identity"] = {k: data_identity(v) for k, v in files.items()}
+    train, evaluation = config["data_identity"]["train"], config["data_identity"]["eval"]
+    if eval_data is not None and same_draws(train, evaluation):
+        # the evaluation split is the last n_eval samples of its file
+        used = config["n_train"] + config.get("n_valid", 0)
+        first = evaluation["n_samples"] - config["n_eval"]
+        if first < used:
+            raise DataMismatchError(
+                f"--eval-data: its samples {first} to {min(used, evaluation['n_samples']) - 1} "
+                f"are training samples of --data: both come from the {train['generator']} "
+                f"generator with seed {train['seed']}, whose sample i depends on (seed, i) "
+                "alone (the same draws, whatever the grid); generate it with another --seed")
 
 
 def build_run_model(config: dict[str, Any], name: str, **arguments: Any) -> torch.nn.Module:
