@@ -17,7 +17,9 @@ Schema ``galerkin_ext.ragged/1``.  The samples are concatenated: sample ``b`` ow
 * attributes as :mod:`.storage`'s files -- ``schema``, ``generator``, ``parameters`` (JSON),
   ``seed``, ``n_samples``, ``chunk_size``, ``package_version``, ``complete`` -- plus
   ``input_names`` and ``target_names`` (JSON lists; ``input_names`` is the models' input
-  order) and ``space_dim``.
+  order), ``space_dim`` and ``layout`` (the :class:`RaggedLayout`, JSON; every read checks the
+  datasets against it, so a deleted optional field is an error; files written before it was
+  recorded are read by their datasets).
 
 Every sample has the same layout (:class:`RaggedLayout`: which fields exist, their channel
 counts); only the sizes ``N``, ``M_l``, ``T`` vary.  Ragged datasets are resizable and appended
