@@ -272,7 +272,8 @@ def main(argv=None):
     data = args.data or cached_data("kolmogorov", args.data_dir, ctx, **cfg["data"])
     zero_shot_data = args.eval_data or cached_data("kolmogorov", args.data_dir, ctx,
                                                    **cfg["zero_shot"]["data"])
-    record_data_files(cfg, data, zero_shot_data)  # a resumed run must read the same files
+    # (a resumed run must read the same files; every zero-shot sample is evaluated)
+    record_data_files(cfg, data, zero_shot_data, evaluated=n_zero_shot)
     split = {"n_train": cfg["n_train"], "n_valid": cfg["n_valid"], "n_test": cfg["n_eval"]}
     train_set = KolmogorovDataset(data, "train", **split)
     norms = {"input_normalizer": train_set.input_normalizer,

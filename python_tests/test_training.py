@@ -1044,3 +1044,25 @@ def test_cached_data_names_a_cache_dir_it_cannot_use(tmp_path):
         cached_data("burgers", blocker / "x", n_samples=2, resolution=16)
     with pytest.raises(TypeError, match="cache_dir: expected a path"):
         cached_data("burgers", 5)
+
+
+def test_an_evaluation_file_of_the_training_draws_is_refused(tmp_path):
+    """Sample i of the package's generators depends on (seed, i) alone: a separate evaluation
+    file of the training file's generator and seed holds training draws at those indices."""
+    from galerkin_ext.data import generate
+    from galerkin_ext.data.storage import DataMismatchError
+    from galerkin_ext.training import record_data_files
+
+    train = generate.generate_cde(tmp_path / "train.h5", 12, dt=0.5, progress=False)
+    again = generate.generate_cde(tmp_path / "again.h5", 12, dt=0.25, progress=False)
+    small = generate.generate_cde(tmp_path / "small.h5", 3, dt=0.5, progress=False)
+    other = generate.generate_cde(tmp_path / "other.h5", 12, seed=1, dt=0.5, progress=False)
+    config = {"n_train": 6, "n_valid": 2, "n_eval": 4}
+    record_data_files(dict(config), train, again)  # its last 4 samples were never trained on
+    record_data_files(dict(config), train, other, evaluated=12)  # other draws
+    with pytest.raises(DataMismatchError, match=r"--eval-data: its samples 0 to 7 are training "
+                                                 r"samples of --data: both come from the cde "
+                                                 r"generator with seed 0"):
+        record_data_files(dict(config), train, again, evaluated=12)  # (kolmogorov's zero-shot)
+    with pytest.raises(DataMismatchError, match="its samples 0 to 2 are training samples"):
+        record_data_files(dict(config), train, small)  # (it named samples -1 to 2)

@@ -315,11 +315,17 @@ def run_main(main: Callable[[], object]) -> int:
 
 
 def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
-                      eval_data: str | os.PathLike[str] | None) -> None:
+                      eval_data: str | os.PathLike[str] | None, *,
+                      evaluated: int | None = None) -> None:
     """Store in ``config`` the training and evaluation data files: ``data_files``, their
     absolute paths (a record: a resumed run may find them elsewhere, e.g. in another cache), and
     ``data_identity``, what a resumed run must find again in them (another file is other data;
-    :func:`~galerkin_ext.data.storage.data_identity`)."""
+    :func:`~galerkin_ext.data.storage.data_identity`).
+
+    A separate ``eval_data`` whose last ``evaluated`` samples (default ``config['n_eval']``)
+    include the draws of training samples (``config['n_train']`` and ``n_valid``: the same
+    generator and seed, :func:`~galerkin_ext.data.storage.same_draws`) is refused.
+    """
     files = {"train": Path(data), "eval": Path(eval_data or data)}
     for flag, path in (("--data", files["train"]), ("--eval-data", files["eval"])):
         if not path.is_file():
@@ -328,9 +334,9 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
     config["data_identity"] = {k: data_identity(v) for k, v in files.items()}
     train, evaluation = config["data_identity"]["train"], config["data_identity"]["eval"]
     if eval_data is not None and same_draws(train, evaluation):
-        # the evaluation split is the last n_eval samples of its file
         used = config["n_train"] + config.get("n_valid", 0)
-        first = evaluation["n_samples"] - config["n_eval"]
+        count = config["n_eval"] if evaluated is None else evaluated
+        first = max(0, evaluation["n_samples"] - count)  # the evaluated samples are the last
         if first < used:
             raise DataMismatchError(
                 f"--eval-data: its samples {first} to {min(used, evaluation['n_samples']) - 1} "
