@@ -1,6 +1,8 @@
 """GNOT finite-element data (SPEC-gnot §4): checks V1-V3 (heat), E1-E3 (elasticity), the sample
 dicts, curve weights and argument errors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -542,6 +544,15 @@ def test_elasticity_bad_arguments():
     roller = solve_elasticity(mesh, dirichlet=[corner, (bottom, 1, 0.0)],
                               body_force=lambda x, y: (0 * x, -1 + 0 * y))
     assert np.isfinite(roller.displacement).all()
+    # the same problem on the plate moved to 1e5 (the rank test measured the rotation about
+    # the origin there, and refused it)
+    far = dataclasses.replace(mesh, points=mesh.points + 1e5)
+    shifted = solve_elasticity(far, dirichlet=[
+        (lambda x, y: (np.abs(y - 1e5) <= 1e-9) & (np.abs(x - 1e5) <= 1e-9), None, 0.0),
+        (lambda x, y: np.abs(y - 1e5) <= 1e-9, 1, 0.0)],
+        body_force=lambda x, y: (0 * x, -1 + 0 * y))
+    np.testing.assert_allclose(shifted.displacement, roller.displacement, rtol=1e-6,
+                               atol=1e-9 * np.abs(roller.displacement).max())
     # the same DOF fixed twice to one value is fine
     twice = solve_elasticity(mesh, dirichlet=[(bottom, None, 0.0), (bottom, 0, 0.0)],
                              body_force=lambda x, y: (0 * x, -1 + 0 * y))

@@ -231,9 +231,14 @@ def _check_no_rigid_motion(fixed: np.ndarray, components: Sequence[np.ndarray],
     if fixed.size == 0:
         raise ValueError("dirichlet: no DOF is fixed; the problem would be singular")
     is_y = np.isin(fixed, components[1])
-    # each fixed DOF's value under the unit rigid motions (1, 0), (0, 1) and (-y, x)
-    motions = np.column_stack([~is_y, is_y, np.where(is_y, x[fixed], -y[fixed])]).astype(float)
-    if np.linalg.matrix_rank(motions, tol=1e-9 * max(1.0, np.abs(motions).max())) < 3:
+    # each fixed DOF's value under the unit rigid motions (1, 0), (0, 1) and the rotation
+    # (-y, x) about the fixed DOFs' centroid, in units of the mesh's size: a rank test that a
+    # shift or scale of the domain does not change (about the origin, a 1 mm part at x = 1000
+    # had its rotation column 1e6 times the others)
+    size = max(np.ptp(x), np.ptp(y))
+    dx, dy = (x[fixed] - x[fixed].mean()) / size, (y[fixed] - y[fixed].mean()) / size
+    motions = np.column_stack([~is_y, is_y, np.where(is_y, dx, -dy)]).astype(float)
+    if np.linalg.matrix_rank(motions, tol=1e-9) < 3:
         raise ValueError("dirichlet: the fixed DOFs leave a rigid motion free (a translation or "
                          "rotation moves none of them), so the displacement is not determined; "
                          "fix both components at one point and one more at another")
