@@ -422,19 +422,22 @@ class DomainSplit:
         self.group = _world(group)
         self.world_size = 1 if self.group is None else dist.get_world_size(self.group)
         self.rank = 0 if self.group is None else dist.get_rank(self.group)
-        if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence) or len(
-            counts
-        ) != self.world_size or not all(isinstance(c, numbers.Integral) and not isinstance(
-            c, bool) and c >= 0 for c in counts):
-            raise ValueError(f"counts: expected one int >= 0 per rank of the group "
-                             f"({self.world_size} ranks), got {counts!r}")
-        self.counts = tuple(int(c) for c in counts)
+        valid = not isinstance(counts, (str, bytes)) and isinstance(counts, Sequence) and len(
+            counts) == self.world_size and all(isinstance(c, numbers.Integral) and not isinstance(
+                c, bool) and c >= 0 for c in counts)
+        self.counts = tuple(int(c) for c in counts) if valid else None
+        # Every rank reaches the comparison, valid counts or not: a rank refusing its own
+        # before it would leave the others waiting in the collective.
+        every = [self.counts]
         if self.world_size > 1:  # shards from different splits would overlap or miss points
             every = [None] * self.world_size
             dist.all_gather_object(every, self.counts, group=self.group)
-            if any(other != self.counts for other in every):
-                raise ValueError("counts: every rank must give the same counts, got "
-                                 + ", ".join(f"{c} on rank {r}" for r, c in enumerate(every)))
+        if not valid:
+            raise ValueError(f"counts: expected one int >= 0 per rank of the group "
+                             f"({self.world_size} ranks), got {counts!r}")
+        if any(other != self.counts for other in every):
+            raise ValueError("counts: every rank must give the same valid counts, got "
+                             + ", ".join(f"{c} on rank {r}" for r, c in enumerate(every)))
         self.n = sum(self.counts)
         self.start = sum(self.counts[:self.rank])
         self.local_n = self.counts[self.rank]

@@ -370,14 +370,19 @@ def _refuses_mixed_weights(rank: int) -> bool:
 def _refuses_disagreeing_counts(rank: int, world: int) -> bool:
     """A split whose counts differ between ranks gave overlapping or missing shards, a wrong
     result without an error; every rank must refuse it."""
-    counts = [2] * world
-    counts[rank] += 1
-    try:
-        DomainSplit(counts)
-        refused = False
-    except ValueError as err:
-        refused = "every rank must give the same counts" in str(err)
-    flag = torch.tensor([float(refused)], dtype=F64)
+    differing = [2] * world
+    differing[rank] += 1
+    refused = []
+    # (and a rank whose own counts are invalid: it refused them before the collective, and
+    # left the others waiting in it)
+    for counts in (differing, [2] * world if rank else [-1] * world):
+        try:
+            DomainSplit(counts)
+            refused.append(False)
+        except ValueError as err:
+            refused.append("every rank must give the same valid counts" in str(err)
+                           or (rank == 0 and "expected one int >= 0" in str(err)))
+    flag = torch.tensor([float(all(refused))], dtype=F64)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag)
 
