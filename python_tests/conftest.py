@@ -31,3 +31,17 @@ def gen(request) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(SEED ^ zlib.crc32(request.node.nodeid.encode()))
     return g
+
+
+class InterruptAt:
+    """``real`` wrapped to raise KeyboardInterrupt, as Ctrl-C would, at its ``at``-th call (the
+    generators' tests patch a solver with it to stop a run mid-way); ``calls`` counts them."""
+
+    def __init__(self, real, at: int) -> None:
+        self.real, self.at, self.calls = real, at, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.real(*args, **kwargs)

@@ -8,6 +8,7 @@ import warnings
 import h5py
 import numpy as np
 import pytest
+from conftest import InterruptAt
 from test_data_storage import _attrs
 
 from galerkin_ext.data import generate as gen
@@ -157,17 +158,8 @@ def test_defaults_per_kind(tmp_path):
 
 def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
     reference = darcy(tmp_path / "ref.h5", "lognormal")
-    real = gen._darcy_task
-    calls = {"n": 0}
-
-    def flaky(args):
-        calls["n"] += 1
-        if calls["n"] == 3:  # the first sample of the second chunk
-            raise KeyboardInterrupt
-        return real(args)
-
-    out = tmp_path / "x.h5"
-    monkeypatch.setattr(gen, "_darcy_task", flaky)
+    out = tmp_path / "x.h5"  # (interrupted at the first sample of the second chunk)
+    monkeypatch.setattr(gen, "_darcy_task", InterruptAt(gen._darcy_task, 3))
     with pytest.raises(KeyboardInterrupt):
         darcy(out, "lognormal")
     monkeypatch.undo()

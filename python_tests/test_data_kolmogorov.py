@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import InterruptAt
 from test_data_storage import _attrs
 
 from galerkin_ext.data import generate as gen_mod
@@ -476,17 +477,8 @@ def test_generated_file_and_resampled_file(tmp_path):
 
 def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
     reference = kolmo(tmp_path / "ref.h5", n=5, chunk=2)
-    real = gen_mod.solve_kolmogorov
-    calls = {"n": 0}
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:  # the second chunk
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    out = tmp_path / "x.h5"
-    monkeypatch.setattr(gen_mod, "solve_kolmogorov", flaky)
+    out = tmp_path / "x.h5"  # (interrupted in the second chunk)
+    monkeypatch.setattr(gen_mod, "solve_kolmogorov", InterruptAt(gen_mod.solve_kolmogorov, 2))
     with pytest.raises(KeyboardInterrupt):
         kolmo(out, n=5, chunk=2)
     monkeypatch.undo()

@@ -7,6 +7,7 @@ from fractions import Fraction
 import h5py
 import numpy as np
 import pytest
+from conftest import InterruptAt
 from scipy.integrate import solve_ivp
 from test_data_storage import _attrs
 
@@ -197,17 +198,8 @@ def test_determinism_independent_of_chunking(tmp_path, make):
 def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch, make, solver,
                                                        changed):
     reference = make(tmp_path / "ref.h5")
-    real = getattr(gen, solver)
-    calls = {"n": 0}
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
     out = tmp_path / "x.h5"
-    monkeypatch.setattr(gen, solver, flaky)
+    monkeypatch.setattr(gen, solver, InterruptAt(getattr(gen, solver), 2))
     with pytest.raises(KeyboardInterrupt):
         make(out)
     monkeypatch.undo()

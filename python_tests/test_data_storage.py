@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import InterruptAt
 
 from galerkin_ext.data import generate as gen
 from galerkin_ext.data.__main__ import main
@@ -71,16 +72,8 @@ def _attrs(path):
 
 def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
     reference = burgers(tmp_path / "ref.h5")
-    calls = {"n": 0}
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return solve_burgers(*args, **kwargs)
-
     out = tmp_path / "x.h5"
-    monkeypatch.setattr(gen, "solve_burgers", flaky)
+    monkeypatch.setattr(gen, "solve_burgers", InterruptAt(solve_burgers, 2))
     with pytest.raises(KeyboardInterrupt):
         burgers(out)
     monkeypatch.undo()
@@ -138,15 +131,7 @@ def test_an_interrupted_overwrite_is_resumed(tmp_path, monkeypatch, capsys):
     """An interrupted --overwrite leaves the old file and the new run's partial one: the CLI
     said the file was complete (it was the old one), and --resume refused the finished file."""
     out = burgers(tmp_path / "b.h5", n=2, chunk=2)
-    calls = {"n": 0}
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return solve_burgers(*args, **kwargs)
-
-    monkeypatch.setattr(gen, "solve_burgers", interrupted)
+    monkeypatch.setattr(gen, "solve_burgers", InterruptAt(solve_burgers, 2))
     command = ["generate", "burgers", "--out", str(out), "--n-samples", "10", "--chunk-size",
                "4", "--resolution", str(SMALL["resolution"]), "--solve-resolution",
                str(SMALL["solve_resolution"]), "--n-steps", str(SMALL["n_steps"]),
