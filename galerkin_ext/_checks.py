@@ -19,9 +19,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-#: The 16-bit floating-point types, whose statistics and FFTs run in float32.
-HALF_TYPES = (torch.float16, torch.bfloat16)
-
 
 @contextmanager
 def arguments_named(**names: str) -> Iterator[None]:
@@ -184,7 +181,7 @@ def check_param_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -
     dtype, or float32 for float16/bfloat16 ``like``, which keeps weights below 2^-14 from going
     subnormal and an autocast model's norm parameters in full precision (as the compiled ops'
     check_param in csrc/attention/core.cpp)."""
-    if like.dtype in HALF_TYPES and t.dtype == torch.float32:
+    if like.dtype in (torch.float16, torch.bfloat16) and t.dtype == torch.float32:
         if t.device != like.device:
             raise ValueError(f"{name}: expected a tensor on {like.device} like {like_name}, "
                              f"got one on {t.device}")

@@ -30,7 +30,6 @@ import torch
 from torch import Tensor
 
 from ._checks import (
-    HALF_TYPES,
     check_attention_operands,
     check_bool,
     check_choice,
@@ -54,7 +53,7 @@ def per_head_layer_norm(x: Tensor, norm: Norm, eps: float) -> Tensor:
     # Half types in float32, as F.layer_norm and the CUDA rows do: rsqrt's derivative at a
     # small variance, ~0.5 (var + eps)^-1.5, overflows float16 (NaN gradients at the models'
     # initialisation).
-    work = x.float() if x.dtype in HALF_TYPES else x
+    work = _opmath(x)
     # As the compiled rows do (csrc/attention/norm_stats.h): rows above 1 in magnitude are
     # divided by their largest |x| first, so that no square overflows (float32 rows of 1e20),
     # with eps scaled to match; exact, since a layer norm ignores its input's scale but for eps.

@@ -27,7 +27,6 @@ from torch import Tensor, nn
 
 from .. import domain, ops
 from .._checks import (
-    HALF_TYPES,
     check_bool,
     check_choice,
     check_float,
@@ -38,7 +37,7 @@ from .._checks import (
     check_quadrature_weight,
     check_tensor,
 )
-from ..functional import concat_pos, log_weight_bias, per_head_layer_norm
+from ..functional import concat_pos, log_weight_bias, opmath_dtype, per_head_layer_norm
 
 ATTENTION_TYPES = ("fourier", "galerkin", "softmax", "linear")
 NORM_SCHEMES = ("attn", "layer", "instance", None)
@@ -251,7 +250,7 @@ def _instance_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float,
     into the statistics; uniform weights give ``nn.InstanceNorm1d``'s biased moments. Half
     types in float32, as :func:`~galerkin_ext.functional.per_head_layer_norm`.
     """
-    work = x.float() if x.dtype in HALF_TYPES else x
+    work = x.to(opmath_dtype(x))
     if quadrature is None:
         mean = work.mean(dim=-2, keepdim=True)
         var = work.var(dim=-2, unbiased=False, keepdim=True)

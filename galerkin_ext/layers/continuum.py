@@ -20,7 +20,6 @@ from torch import Tensor, nn
 
 from .. import ops
 from .._checks import (
-    HALF_TYPES,
     check_bool,
     check_choice,
     check_features,
@@ -33,6 +32,7 @@ from .._checks import (
     expand_grid,
     is_exporting,
 )
+from ..functional import opmath_dtype
 from ..quadrature import trapezoid_weights
 from .activation import make_activation
 
@@ -227,8 +227,7 @@ class ContinuumAttention(nn.Module):
         if derived:
             assert weight is not None
             # Half-precision tokens take float32 weights (tiny weights stay normal numbers).
-            half = x.dtype in HALF_TYPES
-            weight = weight.to(torch.float32 if half else x.dtype)
+            weight = weight.to(opmath_dtype(x))
 
         def heads(t: Tensor, proj: nn.Linear) -> Tensor:
             return proj(t).view(batch, t.shape[1], self.n_head, self.d_head).transpose(1, 2)

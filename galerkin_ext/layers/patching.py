@@ -25,7 +25,6 @@ from torch import Tensor, nn
 
 from .. import ops
 from .._checks import (
-    HALF_TYPES,
     check_choice,
     check_float,
     check_int,
@@ -34,6 +33,7 @@ from .._checks import (
     check_scale,
     check_tensor,
 )
+from ..functional import opmath_dtype
 from .activation import make_activation
 from .fourier import SpectralConv
 
@@ -163,7 +163,7 @@ class SpectralSmoothing(nn.Module):
         if batch == 0 or 0 in x.shape[1:]:  # MKL's FFT refuses empty tensors
             return x
         # Half types: FFTs in float32 (half-precision FFTs need power-of-two sizes on CUDA).
-        work = x.float() if x.dtype in HALF_TYPES else x
+        work = x.to(opmath_dtype(x))
         spectrum = torch.fft.rfft2(work, dim=(1, 2))
         factor = self.multiplier(s1, s2, x.device).to(work.dtype)[None, :, :, None]
         return torch.fft.irfft2(spectrum * factor, s=(s1, s2), dim=(1, 2)).to(x.dtype)

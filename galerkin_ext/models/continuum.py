@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import (
-    HALF_TYPES,
     check_bool,
     check_float,
     check_int,
@@ -38,6 +37,7 @@ from .._checks import (
     check_tensor,
     expand_grid,
 )
+from ..functional import opmath_dtype
 from ..layers.continuum import ContinuumEncoderLayer, resolve_quadrature_weight
 from ..layers.encoder import EncoderLayer
 from ..layers.fourier import AFNOBlock, SpectralConv
@@ -174,8 +174,8 @@ class TNO(nn.Module):
         # A point set shared by the batch keeps (N, d): its weights are derived once; from
         # half-precision coordinates in float32 (the ops take float32 weights for half tokens).
         coords = x if x.dim() == 2 else expanded
-        if isinstance(weight, str) and coords.dtype in HALF_TYPES:
-            coords = coords.float()
+        if isinstance(weight, str):
+            coords = coords.to(opmath_dtype(coords))
         weight = resolve_quadrature_weight(weight, coords, coords_name="x")
         h = self.lift(torch.cat([u, expanded], dim=-1))
         h = self._insert_token0(h, u, expanded, weight, token0)
