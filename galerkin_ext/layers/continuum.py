@@ -109,16 +109,11 @@ def _tensor_grid_weights(points: Tensor, name: str) -> Tensor:
     for a, axis in enumerate(axes):
         if len(axis) > 1:
             index = torch.searchsorted(axis, points[:, a].contiguous())
-            weight = weight * _cell_widths(axis)[index]
+            # cell widths: the trapezoid weights with whole gaps at the ends
+            widths = trapezoid_weights(axis)
+            widths[[0, -1]] *= 2
+            weight = weight * widths[index]
     return weight
-
-
-def _cell_widths(axis: Tensor) -> Tensor:
-    """Sorted distinct ``axis (n,)``, ``n >= 2``: half the distance between each node's
-    neighbours, the whole distance to the one neighbour at either end (equal on an equispaced
-    axis, as the uniform rule)."""
-    gaps = axis.diff()
-    return torch.cat([gaps[:1], (gaps[1:] + gaps[:-1]) / 2, gaps[-1:]])
 
 
 def _equispaced(axis: Tensor) -> bool:
