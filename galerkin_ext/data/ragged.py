@@ -388,34 +388,33 @@ def _ragged_groups(layout: RaggedLayout) -> dict[str, list[str]]:
     return groups
 
 
+def _member(layout: RaggedLayout, name: str) -> tuple[int | None, str]:
+    """The columns (``None``: a 1-D dataset) and dtype of the ragged dataset ``name``."""
+    leaf = name.rsplit("/", 1)[1]
+    if name == "target/values":
+        return layout.out_dim, "f8"
+    if name == "query/label":
+        return None, "i1"
+    if name == "mesh/triangles":
+        return 3, "i4"
+    if leaf == "points":
+        return layout.space_dim, "f8"
+    if leaf == "values":
+        return layout.inputs[layout.input_names.index(name.split("/")[1])].channels, "f8"
+    return None, "f8"  # weights
+
+
 def _create(f: h5py.File, layout: RaggedLayout, n_samples: int) -> None:
     """The datasets of an empty file of ``layout``."""
-
-    def ragged(name: str, cols: int | None, dtype: str) -> None:
-        shape = (0,) if cols is None else (0, cols)
-        rows = max(256, _CHUNK_BYTES // (np.dtype(dtype).itemsize * (cols or 1)))
-        f.create_dataset(name, shape=shape, maxshape=(None, *shape[1:]), dtype=dtype,
-                         chunks=(rows, *shape[1:]), fletcher32=True)
-
-    d = layout.space_dim
     for offsets, members in _ragged_groups(layout).items():
         f.create_dataset(offsets, shape=(n_samples + 1,), dtype="i8",
                          chunks=(min(n_samples + 1, 8192),), fletcher32=True, fillvalue=0)
         for name in members:
-            leaf = name.rsplit("/", 1)[1]
-            if name == "target/values":
-                ragged(name, layout.out_dim, "f8")
-            elif name == "query/label":
-                ragged(name, None, "i1")
-            elif name == "mesh/triangles":
-                ragged(name, 3, "i4")
-            elif leaf == "points":
-                ragged(name, d, "f8")
-            elif leaf == "values":
-                spec = layout.inputs[layout.input_names.index(name.split("/")[1])]
-                ragged(name, spec.channels, "f8")
-            else:  # weights
-                ragged(name, None, "f8")
+            cols, dtype = _member(layout, name)
+            shape = (0,) if cols is None else (0, cols)
+            rows = max(256, _CHUNK_BYTES // (np.dtype(dtype).itemsize * (cols or 1)))
+            f.create_dataset(name, shape=shape, maxshape=(None, *shape[1:]), dtype=dtype,
+                             chunks=(rows, *shape[1:]), fletcher32=True)
     if layout.theta_dim:
         f.create_dataset("theta", shape=(n_samples, layout.theta_dim), dtype="f8",
                          chunks=(min(n_samples, 4096), layout.theta_dim), fletcher32=True)
@@ -433,18 +432,8 @@ def _check_shapes(f: h5py.File, layout: RaggedLayout, n_samples: int, name: str)
     for offsets, members in _ragged_groups(layout).items():
         expected[offsets] = (n_samples + 1,)
         for member in members:
-            leaf = member.rsplit("/", 1)[1]
-            if member == "target/values":
-                expected[member] = (None, layout.out_dim)
-            elif member == "mesh/triangles":
-                expected[member] = (None, 3)
-            elif leaf == "points":
-                expected[member] = (None, layout.space_dim)
-            elif leaf == "values":
-                spec = layout.inputs[layout.input_names.index(member.split("/")[1])]
-                expected[member] = (None, spec.channels)
-            else:  # weights, labels
-                expected[member] = (None,)
+            cols = _member(layout, member)[0]
+            expected[member] = (None,) if cols is None else (None, cols)
     if layout.theta_dim:
         expected["theta"] = (n_samples, layout.theta_dim)
     for key, shape in expected.items():
