@@ -272,7 +272,8 @@ def test_attention_cpu_smoke(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert {"device", "command", "rows"} <= set(result) and "attention.py" in result["command"]
     assert sorted((r["op"], r["impl"]) for r in result["rows"]) == [
-        (op, impl) for op in ("fourier", "galerkin", "normalized") for impl in ("eager", "ours")]
+        (op, impl) for op in ("fourier", "galerkin", "galerkin_no_norm", "normalized")
+        for impl in ("eager", "ours")]
     for r in result["rows"]:
         assert (r["B"], r["H"], r["N"], r["D"]) == (1, 1, 16, 8)
         assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("fwd_ms", "fwd_bwd_ms")), r

@@ -79,7 +79,7 @@ SHAPES = [
     (3, 2, 37, 29, 5, 4, 2, "batched", "batched", True),
     (1, 2, 300, 211, 7, 6, 1, "shared", None, True),  # several chunks, off the chunk size
     # The CPU products' column blocks (widths of several vectors, uneven, a partial last
-    # vector) and their 64-row blocks; P = 0 with identity maps is the direct path (q as is).
+    # vector) and their 64-row blocks; P = 0 with identity maps is the direct path (matmuls).
     (2, 2, 200, 70, 24, 40, 0, None, None, False),
     (1, 3, 131, 67, 17, 33, 1, "batched", None, True),
     (2, 3, 130, 41, 9, 9, 2, "batched", "batched", True),  # D_k = D_v: the skip term too
@@ -335,10 +335,15 @@ def test_no_points(n, m, maps, gen):
     torch.library.opcheck(torch.ops.galerkin_ext.q_apply, apply_args(x, s, int(ones_column)))
 
 
-def test_repeatable_bit_for_bit(gen):
-    x = core_inputs((2, 4, 3000, 2500, 16, 16, 2, "batched", "batched", True),
-                    ("layer_norm", "layer_norm"), gen, dtype=torch.float32)
-    leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "pos", "weight")]
+@pytest.mark.parametrize("direct", [False, True], ids=["chunked", "direct"])
+def test_repeatable_bit_for_bit(direct, gen):
+    """Two runs, the same bits: the chunked products, and the direct ones (identity maps
+    without coordinates or weights: ATen's matmuls)."""
+    maps = ("identity", "identity") if direct else ("layer_norm", "layer_norm")
+    x = core_inputs((2, 4, 3000, 2500, 13, 13, 0 if direct else 2, None if direct else "batched",
+                     None if direct else "batched", True), maps, gen, dtype=torch.float32)
+    names = ("q", "k", "v") if direct else ("q", "k", "v", "pos", "weight")
+    leaves = [x[n].requires_grad_() for n in names]
 
     def run():
         out = ops.galerkin_attention(x["q"], x["k"], x["v"], pos=x["pos"], kv_pos=x["kv_pos"],

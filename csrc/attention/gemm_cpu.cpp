@@ -277,7 +277,7 @@ GALERKIN_EXT_INSTANTIATE(double)
 
 namespace {
 // Unit stride along the columns; a single column may have any stride (the stride of a size-1
-// dimension is arbitrary, and contiguous() leaves it so: s_t of a query width D = 1).
+// dimension is arbitrary, and contiguous() leaves it so).
 bool unit_columns(const at::Tensor& t) { return t.size(1) <= 1 || t.stride(1) == 1; }
 }  // namespace
 

@@ -4,6 +4,9 @@
 // The chunk owning points [m0, m1) owns their rows of the kv_pos and weight gradients for every
 // batch element and head, so no two threads add to one element; norm-parameter gradients are
 // summed per chunk, then over chunks in order.
+// Identity maps without coordinates, given weights or a ones column have nothing to prepare:
+// K̂ = k, V̂ = v, W = I / M, and the products are ATen's batched matmuls (MKL), as in
+// q_apply_cpu.cpp.
 #include "chunks_cpu.h"
 #include "core.h"
 #include "gemm_cpu.h"
@@ -25,6 +28,21 @@ void set_ones(Tensor& chunk, int64_t m, int64_t col) {
   scalar_t* data = chunk.mutable_data_ptr<scalar_t>();
   const int64_t ld = chunk.size(1);
   for (int64_t i = 0; i < m; ++i) data[i * ld + col] = scalar_t(1);
+}
+
+// Whether S is the plain product kᵀ v / M.
+bool direct(const KvReduceInputs& in) {
+  return in.k_map == RowMap::kIdentity && in.v_map == RowMap::kIdentity && in.P == 0 &&
+         !in.weight.has_value() && !in.ones_column;
+}
+
+// dk = v dSᵀ / M and dv = k dS / M.
+KvReduceGrads direct_backward(const KvReduceInputs& in, const Tensor& grad_s) {
+  const Tensor ds = grad_s.to(in.k.scalar_type()) / in.M;
+  KvReduceGrads grads;
+  grads.k = at::matmul(in.v, ds.transpose(2, 3));
+  grads.v = at::matmul(in.k, ds);
+  return grads;
 }
 
 template <typename scalar_t>
@@ -134,6 +152,7 @@ KvReduceGrads backward_impl(const KvReduceInputs& in, const Tensor& grad_s, doub
 }  // namespace
 
 Tensor kv_reduce_cpu(const KvReduceInputs& in, double eps) {
+  if (direct(in)) return at::matmul(in.k.transpose(2, 3), in.v).div_(in.M);
   return AT_DISPATCH_FLOATING_TYPES(in.k.scalar_type(), "galerkin_ext_kv_reduce_cpu", [&] {
     return forward_impl<scalar_t>(in, eps);
   });
@@ -141,6 +160,7 @@ Tensor kv_reduce_cpu(const KvReduceInputs& in, double eps) {
 
 KvReduceGrads kv_reduce_backward_cpu(const KvReduceInputs& in, const Tensor& grad_s, double eps,
                                      bool kv_pos_grad, bool weight_grad) {
+  if (direct(in)) return direct_backward(in, grad_s);
   return AT_DISPATCH_FLOATING_TYPES(in.k.scalar_type(), "galerkin_ext_kv_reduce_backward_cpu",
                                     [&] {
     return backward_impl<scalar_t>(in, grad_s, eps, kv_pos_grad, weight_grad);

@@ -8,10 +8,11 @@
 // ∂/∂δ = -⟨g, y⟩ / δ, so G' is [g / δ | -⟨g, n⟩ / δ²] per block and both products keep the
 // forward's shapes.
 // δ = 0 (a sample whose keys all have weight 0) gives 0 and zero gradients: 0/0 := 0.
-// The identity map without coordinates or normalisers (Galerkin's queries on a mesh given no
-// coordinates) has nothing to prepare: Q̂ = q, and the products run on views of q's rows, chunk
-// by chunk (direct_forward, direct_backward), so the backward's two products share one read of
-// each chunk of q and grad_out from cache.
+// The identity map without coordinates, normalisers or skip (Galerkin's queries on a mesh given
+// no coordinates) has nothing to prepare: Q̂ = q, so nothing is left to fuse, and the three
+// products are ATen's batched matmuls (MKL), the minimum of work. Our chunked path ran them
+// 1.5-7x slower on one thread of an Intel Xeon, most at head widths below 8 or not multiples of
+// 8, whose rows it pads (benchmarks/attention.py, op galerkin_no_norm).
 #include "chunks_cpu.h"
 #include "core.h"
 #include "gemm_cpu.h"
@@ -94,62 +95,16 @@ void add_rows(const scalar_t* src, int64_t lds, int64_t m, int64_t cols, scalar_
   }
 }
 
-// Whether Q̂ S is the plain product q S (and grad_out's rows, of W columns, can be loaded as
-// whole vectors in place).
+// Whether Q̂ S is the plain product q S.
 bool direct(const QApplyInputs& in) {
-  return in.q_map == RowMap::kIdentity && in.P == 0 && in.normalizers == 0 && !in.skip &&
-         in.W == cpu::vector_width(in.W);
+  return in.q_map == RowMap::kIdentity && in.P == 0 && in.normalizers == 0 && !in.skip;
 }
 
-// q's rows as (B·H, N, D), contiguous, and the chunking of the direct products.
-struct DirectRows {
-  Tensor q;
-  Chunking ch;
-  explicit DirectRows(const QApplyInputs& in)
-      : q(in.q.contiguous().view({in.B * in.H, in.N, in.D})),
-        ch(in.N, std::max(in.D, in.W), in.q.element_size()) {}
-  Tensor rows(const Tensor& t, int64_t bh, int64_t c) const {
-    return t[bh].narrow(0, ch.first(c), ch.size(c, t.size(1)));
-  }
-};
-
-Tensor direct_forward(const QApplyInputs& in) {
-  const DirectRows d(in);
-  const Tensor s = in.s.view({in.B * in.H, in.D, in.W});
-  Tensor out = at::empty({in.B * in.H, in.N, in.W}, d.q.options());
-  at::parallel_for(0, d.ch.count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      for (int64_t bh = 0; bh < in.B * in.H; ++bh) {
-        Tensor y = d.rows(out, bh, c);
-        cpu::rows_times_matrix(y, d.rows(d.q, bh, c), s[bh]);
-      }
-    }
-  });
-  return out.view({in.B, in.H, in.N, in.W});
-}
-
-// grad_q = g Sᵀ and grad_S = Σ_chunks q_cᵀ g_c, summed in chunk order.
+// grad_q = g Sᵀ and grad_S = qᵀ g.
 QApplyGrads direct_backward(const QApplyInputs& in, const Tensor& grad_out) {
-  const DirectRows d(in);
-  const int64_t BH = in.B * in.H;
-  const Tensor s = in.s.view({BH, in.D, in.W});
-  const Tensor s_t = s.transpose(1, 2).contiguous();
-  const Tensor g = grad_out.contiguous().view({BH, in.N, in.W});
-  Tensor grad_q = at::empty({BH, in.N, in.D}, d.q.options());
-  Tensor partial = at::empty({d.ch.count, BH, in.D, in.W}, s.options());
-  at::parallel_for(0, d.ch.count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      for (int64_t bh = 0; bh < BH; ++bh) {
-        const Tensor gc = d.rows(g, bh, c);
-        Tensor slot = partial[c][bh], dq = d.rows(grad_q, bh, c);
-        cpu::rows_transposed_times_rows(slot, d.rows(d.q, bh, c), gc);
-        cpu::rows_times_matrix(dq, gc, s_t[bh]);
-      }
-    }
-  });
   QApplyGrads grads;
-  grads.q = grad_q.view({in.B, in.H, in.N, in.D});
-  grads.s = cpu::sum_chunks(partial).view({in.B, in.H, in.D, in.W});
+  grads.q = at::matmul(grad_out, in.s.transpose(2, 3));
+  grads.s = at::matmul(in.q.transpose(2, 3), grad_out);
   return grads;
 }
 
@@ -276,7 +231,7 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
 }  // namespace
 
 Tensor q_apply_cpu(const QApplyInputs& in, double eps) {
-  if (direct(in)) return direct_forward(in);
+  if (direct(in)) return at::matmul(in.q, in.s);
   return AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "galerkin_ext_q_apply_cpu", [&] {
     return forward_impl<scalar_t>(in, eps);
   });
