@@ -185,6 +185,37 @@ def test_relative_loss(gen):
         RelativeLoss("l2", weight=-w)
 
 
+# Scales whose squares underflow or overflow the dtype, though the values and ratios do not.
+_EXTREME_SCALES = [(torch.float32, 1e-24), (torch.float32, 1e19), (torch.float64, 1e-162),
+                   (torch.float64, 1e155)]
+
+
+@pytest.mark.parametrize(("dtype", "scale"), _EXTREME_SCALES, ids=str)
+def test_relative_errors_at_extreme_scales(dtype, scale, gen):
+    """Relative errors are scale-free: each equals its value at scale 1, computed in float64
+    (the sums of squares were taken as they are: 0/0, inf/inf or 47 % off)."""
+    n, h = 9, 1 / 8
+    pred, target = (torch.randn(3, n, n, 1, generator=gen, dtype=torch.float64)
+                    for _ in range(2))
+    grad = central_gradient_2d(target[..., 0], h)
+    mask = torch.ones(3, n * n, dtype=torch.bool)
+    mask[0, :5] = False
+    weight = torch.rand(n, n, generator=gen, dtype=torch.float64) + 0.1
+    calls = [
+        lambda p, t, g: relative_l2(p, t, "none"),
+        lambda p, t, g: relative_l2(p, t, "none", weight=weight.to(p.dtype)),
+        lambda p, t, g: masked_relative_l2(p.flatten(1, 2), t.flatten(1, 2), mask,
+                                           reduction="none"),
+        lambda p, t, g: relative_h1_error(p, g, h, reduction="none"),
+        lambda p, t, g: relative_h1(p, t, h, reduction="none"),
+        lambda p, t, g: relative_h1(p, t, h, reduction="none", form="sum"),
+    ]
+    for call in calls:
+        expected = call(pred, target, grad)
+        got = call(*((x * scale).to(dtype) for x in (pred, target, grad)))
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=0)
+
+
 def test_half_precision_prediction_is_promoted(gen):
     target = torch.randn(2, 32, 1, generator=gen)
     err = relative_l2(target.bfloat16(), target)

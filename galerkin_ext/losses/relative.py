@@ -63,6 +63,15 @@ def _float32_at_least(x: Tensor) -> Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
+def _divided_by_max(ref: Tensor, dims: tuple[int, ...], *tensors: Tensor) -> tuple[Tensor, ...]:
+    """``tensors`` divided by ``max |ref|`` over ``dims`` (detached; 1 where it is 0). A
+    relative error is the same for any such scale, but its squares are not: values of 1e-22 in
+    float32 square to 0 and of 1e20 to inf, where the ratio itself is representable."""
+    scale = ref.detach().abs().amax(dim=dims, keepdim=True)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return tuple(t / scale for t in tensors)
+
+
 def _reduce(per_sample: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
         return per_sample.mean()
@@ -129,12 +138,13 @@ def _relative_l2(pred: Tensor, target: Tensor, reduction: str, weight: Tensor | 
                          f"got {tuple(target.shape)}")
     reduction = _check_reduction(reduction)
     pred, target = _float32_at_least(pred), _float32_at_least(target)
+    diff, target = _divided_by_max(target, tuple(range(1, target.ndim)), pred - target, target)
     if weight is None:
-        err = (pred - target).flatten(1).square().sum(1)
+        err = diff.flatten(1).square().sum(1)
         ref = target.flatten(1).square().sum(1)
     else:
         w = _check_point_weight(weight, pred, check_weight_values).to(pred.dtype)
-        err = ((pred - target).square().sum(-1) * w).flatten(1).sum(1)
+        err = (diff.square().sum(-1) * w).flatten(1).sum(1)
         ref = (target.square().sum(-1) * w).flatten(1).sum(1)
     return _reduce((err / ref).sqrt(), reduction)
 
@@ -176,8 +186,9 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
     pred, target = _float32_at_least(pred), _float32_at_least(target)
     valid = mask.unsqueeze(-1)
     zero = pred.new_zeros(())
-    err = torch.where(valid, pred - target, zero).square()
-    ref = torch.where(valid, target, zero).square()
+    diff, target = torch.where(valid, pred - target, zero), torch.where(valid, target, zero)
+    diff, target = _divided_by_max(target, (1,), diff, target)  # per sample and channel
+    err, ref = diff.square(), target.square()
     if weight is not None:
         if not isinstance(weight, Tensor) or not weight.is_floating_point() or (
             weight.shape != mask.shape
@@ -289,8 +300,9 @@ def relative_h1_error(
     else:
         raise ValueError(f"pred: expected (B, n, C) in 1-D or (B, n, n, 1) in 2-D, "
                          f"got {tuple(pred.shape)}")
-    err = (grad - target_grad).square()
-    ref = target_grad.square()
+    diff, target_grad = _divided_by_max(target_grad, tuple(range(1, target_grad.ndim)),
+                                        grad - target_grad, target_grad)
+    err, ref = diff.square(), target_grad.square()
     if weight is not None:
         err, ref = err * weight, ref * weight
     return _reduce((err.flatten(1).sum(1) / ref.flatten(1).sum(1)).sqrt(), reduction)
@@ -336,7 +348,7 @@ def relative_h1(
     reduction = _check_reduction(reduction)
     check_choice(form, "form", _H1_FORMS)
     pred, target = _float32_at_least(pred), _float32_at_least(target)
-    err, ref = pred - target, target
+    err, ref = _divided_by_max(target, tuple(range(1, target.ndim)), pred - target, target)
 
     def squares(f: Tensor) -> tuple[Tensor, Tensor]:
         grad = central_gradient_2d(f.movedim(-1, 1), h, periodic=periodic)  # (B,C,s1,s2,2)
