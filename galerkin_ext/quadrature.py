@@ -179,7 +179,8 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
         ValueError: for an index out of range, a repeated vertex or a given cell of zero
             measure (up to round-off at the cell's size), naming the first such cell. Flat
             simplices of a Delaunay triangulation (from co-circular or co-spherical points,
-            e.g. a regular grid) are dropped instead: they carry no weight.
+            e.g. a regular grid) are dropped instead: they carry no weight. Also for weights
+            that ``points``' dtype cannot hold (0 or inf where cells have a measure).
     """
     if not isinstance(points, Tensor) or not points.is_floating_point() or points.ndim != 2 or (
         points.shape[1] not in (2, 3)
@@ -216,18 +217,24 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
         c = int(repeated.nonzero()[0])
         raise ValueError(f"cells: cell {c} = {cells[c].tolist()} repeats a vertex")
     # Measures in float64 whatever the points' dtype: a small cell of a float32 or half mesh is
-    # still resolved, and only cells flat in the given coordinates are degenerate.
+    # still resolved, and only cells flat in the given coordinates are degenerate. Each cell is
+    # measured on its edges divided by their largest component, then scaled back, so that the
+    # products neither underflow nor overflow where the measure itself is representable.
     corner = points[cells].double()  # (C, corners, dim)
     edges = corner[:, 1:] - corner[:, :1]
+    size = edges.abs().amax(dim=(1, 2))
+    unit = edges / torch.where(size > 0, size, 1.0)[:, None, None]
     if corners == 3 and dim == 2:
-        measure = (edges[:, 0, 0] * edges[:, 1, 1] - edges[:, 0, 1] * edges[:, 1, 0]).abs() / 2
+        measure = (unit[:, 0, 0] * unit[:, 1, 1] - unit[:, 0, 1] * unit[:, 1, 0]).abs() / 2
     elif corners == 3:
-        measure = torch.linalg.cross(edges[:, 0], edges[:, 1]).norm(dim=1) / 2
+        measure = torch.linalg.cross(unit[:, 0], unit[:, 1]).norm(dim=1) / 2
     else:
-        measure = torch.linalg.det(edges).abs() / 6
+        measure = torch.linalg.det(unit).abs() / 6
     # Zero up to round-off at the cell's own scale (its longest edge from the first vertex).
-    scale = edges.norm(dim=2).amax(dim=1)
-    degenerate = measure <= 16 * torch.finfo(torch.float64).eps * scale ** (corners - 1)
+    longest = unit.norm(dim=2).amax(dim=1)
+    degenerate = (measure <= 16 * torch.finfo(torch.float64).eps * longest ** (corners - 1)) | (
+        size == 0)
+    measure = measure * size ** (corners - 1)
     if delaunay:  # flat simplices of co-circular/co-spherical points carry no weight: dropped
         cells, measure = cells[~degenerate], measure[~degenerate]
     elif bool(degenerate.any()):
@@ -237,7 +244,16 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
                          "vertices are collinear or coplanar)")
     share = (measure / corners).repeat_interleave(corners)
     weights = torch.zeros(n_vertices, dtype=torch.float64, device=points.device)
-    return weights.index_add_(0, cells.reshape(-1), share).to(points.dtype)
+    weights.index_add_(0, cells.reshape(-1), share)
+    cast = weights.to(points.dtype)
+    in_a_cell = torch.zeros(n_vertices, dtype=torch.bool, device=points.device)
+    in_a_cell[cells.reshape(-1)] = True
+    if not bool((torch.isfinite(cast) & ((cast > 0) | ~in_a_cell)).all()):
+        hint = "" if points.dtype == torch.float64 else " or pass float64 points"
+        raise ValueError(f"points: the cells' measures ({float(measure.min()):.3g} to "
+                         f"{float(measure.max()):.3g}) give vertex weights that {points.dtype} "
+                         f"cannot hold; scale the coordinates{hint}")
+    return cast
 
 
 def curve_weights(points: Tensor, segments: Tensor) -> Tensor:
@@ -287,7 +303,11 @@ def curve_weights(points: Tensor, segments: Tensor) -> Tensor:
         s = int(loop.nonzero()[0])
         raise ValueError(f"segments: segment {s} = {segments[s].tolist()} joins a vertex to "
                          "itself")
-    half = (points[segments[:, 1]] - points[segments[:, 0]]).norm(dim=1) / 2
+    # Lengths from the segments divided by their largest component: squares of 1e-23 float32
+    # components underflow (and of 1e20 overflow) where the lengths are representable.
+    step = points[segments[:, 1]] - points[segments[:, 0]]
+    size = step.abs().amax(dim=1, keepdim=True)
+    half = (step / torch.where(size > 0, size, 1.0)).norm(dim=1) * size[:, 0] / 2
     return points.new_zeros(n_vertices).index_add_(0, segments.reshape(-1),
                                                    half.repeat_interleave(2))
 
@@ -298,8 +318,14 @@ def _delaunay(points: Tensor) -> Tensor:
 
     if not bool(torch.isfinite(points).all()):
         raise ValueError("points: expected finite coordinates")
+    # Delaunay triangulations do not change under translation and scaling: Qhull gets the points
+    # centred in [-1/2, 1/2]^d (at coordinates of 1e110 it crashed the process).
+    centred = points.detach().cpu().double()
+    low, high = centred.amin(dim=0), centred.amax(dim=0)
+    extent = float((high - low).max())
+    centred = (centred - (low + high) / 2) / (extent if extent > 0 else 1.0)
     try:
-        triangulation = Delaunay(points.detach().cpu().double().numpy())
+        triangulation = Delaunay(centred.numpy())
     except (QhullError, ValueError) as error:
         raise ValueError(f"points: no Delaunay triangulation of these {points.shape[0]} points "
                          f"(fewer than {points.shape[1] + 1}, or all on a line or plane); "

@@ -264,6 +264,43 @@ def test_mesh_weights_drop_flat_delaunay_simplices():
     assert empty.shape == (0,)
 
 
+@pytest.mark.parametrize("scale", [1e-100, 1e100])
+def test_mesh_weights_at_extreme_scales(scale):
+    """Weights scale as the coordinates do, given cells or Delaunay, in 2-D and 3-D (Qhull got
+    the coordinates as they are and failed at 1e100, crashing the process at 1e110)."""
+    for dim in (2, 3):
+        points, cells, _ = _random_mesh(dim, 20, seed=5)
+        for got, expected in ((mesh_weights(points * scale), mesh_weights(points)),
+                              (mesh_weights(points * scale, cells), mesh_weights(points, cells))):
+            torch.testing.assert_close(got / scale**dim, expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float32, 1e-23), (torch.float32, 1e20),
+                                           (torch.float64, 1e-162), (torch.float64, 1e155)],
+                         ids=str)
+def test_curve_weights_at_extreme_scales(dtype, scale):
+    """Lengths are taken on the segments divided by their largest component: the squares of
+    1e-23 float32 components underflowed (every weight 0) and of 1e20 overflowed."""
+    points = torch.rand(6, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    segments = torch.tensor([[0, 1], [1, 2], [2, 3], [4, 5]])
+    for mesh in (points[:, :2], points):
+        got = curve_weights((mesh * scale).to(dtype), segments)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double() / scale, curve_weights(mesh, segments),
+                                   rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float32, 1e-23), (torch.float32, 1e20),
+                                           (torch.float64, 1e-162), (torch.float64, 1e155)],
+                         ids=str)
+def test_mesh_weights_refuse_what_the_dtype_cannot_hold(dtype, scale):
+    """Cell areas beyond the dtype's range are named, not returned as 0 or inf (the cells are
+    not flat: they were called so)."""
+    points, cells, _ = _random_mesh(2, 20, seed=5)
+    with pytest.raises(ValueError, match=f"measures .* give vertex weights that {dtype} cannot"):
+        mesh_weights((points * scale).to(dtype), cells)
+
+
 @pytest.mark.parametrize(("points", "cells", "error", "match"), [
     (torch.zeros(4, 1), torch.zeros(1, 3, dtype=torch.long), TypeError, r"points: expected"),
     (torch.zeros(4, 2, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long), TypeError,
