@@ -245,7 +245,8 @@ def test_auto_weights(gen):
     with torch.no_grad():
         torch.testing.assert_close(tno.double()(u.double(), grid32.double()).float(),
                                    tno.float()(u, grid32), rtol=1e-5, atol=1e-6)
-    # ... else the product of the per-axis cell widths (whole gaps at the ends); a batch of
+    # ... else the product of the per-axis cell widths (whole gaps at the ends), wherever the
+    # grid lies (at 1e5 the tolerance for float32 round-off once called it uniform); a batch of
     # different grids
     a, c = torch.tensor([0.0, 0.1, 0.5, 1.0], dtype=F64), torch.tensor([0.0, 1.0, 3.0], dtype=F64)
     graded = torch.stack(torch.meshgrid(a, c, indexing="ij"), dim=-1).reshape(-1, 2)
@@ -253,6 +254,13 @@ def test_auto_weights(gen):
     widths_c = torch.tensor([1.0, 1.5, 2.0], dtype=F64)
     expected = torch.outer(widths_a, widths_c).reshape(-1)
     torch.testing.assert_close(auto_quadrature_weights(graded), expected)
+    torch.testing.assert_close(auto_quadrature_weights(graded + 1e5), expected)
+    # float32 grids far from the origin are still uniform
+    for offset in (1e3, 1e5):
+        steps = offset + torch.arange(64, dtype=torch.float32) * 0.5
+        far = torch.stack(torch.meshgrid(steps, torch.linspace(offset, offset + 1, 17),
+                                         indexing="ij"), dim=-1).reshape(-1, 2)
+        torch.testing.assert_close(auto_quadrature_weights(far), torch.ones(64 * 17))
     both = auto_quadrature_weights(torch.stack([graded, graded.flip(0)]))
     torch.testing.assert_close(both, torch.stack([expected, expected.flip(0)]))
     # a grid nudged off equispacing changes the weights by the nudge (the trapezoid product,

@@ -119,12 +119,15 @@ def _tensor_grid_weights(points: Tensor, name: str) -> Tensor:
 def _equispaced(axis: Tensor) -> bool:
     """Whether the sorted distinct values ``axis`` are equally spaced, up to float32 round-off
     (or the dtype's, if coarser): a float32 grid cast to float64 is the same grid, and must get
-    the same weights (at float64's round-off it would get the trapezoid rule's instead)."""
+    the same weights (at float64's round-off it would get the cell widths instead). The gaps of
+    float32 grids built by linspace, arange times a step or cast from float64 deviate from
+    their mean by at most 1.6 eps·max|axis| (offsets 0 to 1e5, 3 to 8192 points); 4 keeps a
+    margin without calling a grid at 1e5 with gaps 0.1, 0.2, 0.7 uniform."""
     if len(axis) < 3:
         return True
     gaps = axis.diff()
     eps = max(torch.finfo(axis.dtype).eps, torch.finfo(torch.float32).eps)
-    tolerance = 64 * eps * float(axis.abs().max())
+    tolerance = 4 * eps * float(axis.abs().max())
     return float((gaps - gaps.mean()).abs().max()) <= tolerance
 
 
