@@ -261,6 +261,18 @@ def test_normalizer_validation():
         UnitGaussianNormalizer(data)
 
 
+@pytest.mark.parametrize("scale", [1e-160, 1e160])
+def test_normalizer_statistics_at_extreme_scales(scale, gen):
+    """The std is taken on the data over its largest magnitude: squares of 1e160 overflowed
+    float64 (std inf, every encoded value 0)."""
+    data = torch.randn(50, 3, generator=gen, dtype=torch.float64)
+    data[:, 2] = 1.0  # a constant channel keeps std 0
+    norm, scaled = UnitGaussianNormalizer(data), UnitGaussianNormalizer(data * scale)
+    torch.testing.assert_close(scaled.std / scale, norm.std, rtol=1e-14, atol=0)
+    torch.testing.assert_close(scaled.mean / scale, norm.mean, rtol=1e-14, atol=0)
+    torch.testing.assert_close(scaled.decode(scaled.encode(data * scale)), data * scale)
+
+
 def test_datasets_from_generated_files(tmp_path):
     b = gen.generate_burgers(tmp_path / "b.h5", 6, 128, solve_resolution=64, n_steps=40,
                              chunk_size=3, progress=False)

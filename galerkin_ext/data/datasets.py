@@ -134,8 +134,13 @@ class UnitGaussianNormalizer(torch.nn.Module):
             bad = (~torch.isfinite(x)).reshape(x.shape[0], -1).any(dim=1).nonzero()
             raise ValueError(f"data: expected finite values, sample {int(bad[0])} has NaN or "
                              "infinity")
+        # The std of x over its largest magnitude, scaled back: squares of values beyond 1e154
+        # overflow float64 (std inf, every encoded value 0).
+        size = x.abs().amax(dim=0)
+        size = torch.where(size > 0, size, torch.ones_like(size))
+        std = (x / size).std(dim=0, correction=correction) * size
         self.register_buffer("mean", x.mean(dim=0))
-        self.register_buffer("std", x.std(dim=0, correction=correction))
+        self.register_buffer("std", std)
 
     @classmethod
     def from_statistics(cls, mean: torch.Tensor, std: torch.Tensor,
