@@ -264,6 +264,11 @@ def test_half_precision_prediction_is_promoted(gen):
                                    coeff=torch.cat([torch.ones(1, 8, 8, 1),
                                                     torch.zeros(1, 8, 8, 1)])),
          "coeff: sample 1 has no positive value"),
+        # positive on the boundary ring only, where the differences are 0: NaN for every sample
+        (lambda: relative_h1_error(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
+                                   coeff=torch.nn.functional.pad(torch.zeros(2, 6, 6, 1),
+                                                                 (0, 0, 1, 1, 1, 1), value=1.0)),
+         "coeff: sample 0 has no positive value at an interior node"),
         # an empty grid gave NaN; the operands on two devices, torch's own message
         (lambda: relative_l2(torch.ones(2, 0, 1), torch.ones(2, 0, 1)),
          r"pred: expected shape \(B, ...\) .* none empty"),
