@@ -110,7 +110,7 @@ def test_round_trip_schema_and_inspection(ragged_file):
         assert f["query/offsets"].shape == (14,) and f["completed"][...].tolist() == [1] * 4
         assert f["query/label"].dtype == np.int8 and f["mesh/triangles"].dtype == np.int32
         for name in ("query/points", "target/values", "inputs/g/values", "theta",
-                     "query/offsets", "mesh/triangles"):
+                     "query/offsets", "mesh/triangles", "completed"):
             assert f[name].fletcher32
     info = inspect_ragged(ragged_file)
     n = np.array([synthetic(i)["target"].shape[0] for i in range(13)])

@@ -543,7 +543,7 @@ class RaggedWriter:
             f.attrs["complete"] = False
             _create(f, layout, n_samples)
             f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
-                             fillvalue=0)
+                             fillvalue=0, fletcher32=True)
             f.flush()
         except BaseException:  # nothing is in it yet: a file left would block the next run
             f.close()

@@ -74,6 +74,9 @@ SCHEMA = "galerkin_ext.data/1"
 #: The schema of the ragged files (:mod:`.ragged`), named here so each reader can refuse the other.
 RAGGED_SCHEMA = "galerkin_ext.ragged/1"
 _SUFFIXES = (".h5", ".hdf5")
+# The generators' arguments as messages name them, for Python callers and the command line.
+_OVERWRITE = "overwrite=True (--overwrite)"
+_RESUME = "resume=True (--resume)"
 
 
 class DataFileError(RuntimeError):
@@ -145,13 +148,13 @@ def check_output(out: object, *, resume: bool, overwrite: bool,
         if resume:
             raise FileExistsError(
                 f"{str(final)!r} already exists and is finished; nothing to resume "
-                "(use overwrite to regenerate it)"
+                f"({_OVERWRITE} regenerates it)"
             )
-        raise FileExistsError(f"{str(final)!r} already exists (use overwrite to replace it)")
+        raise FileExistsError(f"{str(final)!r} already exists ({_OVERWRITE} replaces it)")
     if part.exists() and not (resume or overwrite):
         raise FileExistsError(
-            f"an interrupted generation exists at {str(part)!r}; use resume to continue it "
-            "or overwrite to start again"
+            f"an interrupted generation exists at {str(part)!r}; {_RESUME} continues it, "
+            f"{_OVERWRITE} starts again"
         )
     return final, part
 
@@ -208,10 +211,10 @@ def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) 
             raise DataFileError(
                 f"cannot resume {str(part)!r}: its parameters {names} are "
                 f"{ {k: old.get(k) for k in names} }, but this run asks for "
-                f"{ {k: new.get(k) for k in names} } (use overwrite to start again)")
+                f"{ {k: new.get(k) for k in names} } ({_OVERWRITE} starts again)")
         raise DataFileError(
             f"cannot resume {str(part)!r}: its {key} is {stored!r}, but this run asks "
-            f"for {value!r} (use overwrite to start again)"
+            f"for {value!r} ({_OVERWRITE} starts again)"
         )
     if "completed" not in f or "chunk_size" not in f.attrs:
         raise DataFileError(f"cannot resume {str(part)!r}: it has no completed-chunk record")
@@ -496,7 +499,7 @@ class ChunkedWriter:
                 f[name][...], value
             ):
                 raise DataFileError(f"cannot resume {str(part)!r}: its {name!r} differs from "
-                                    "this run's (use overwrite to start again)")
+                                    f"this run's ({_OVERWRITE} starts again)")
         stored = json.loads(_attr(f["statistics"], "names")) if "statistics" in f else []
         if stored != statistics:
             raise DataFileError(f"cannot resume {str(part)!r}: it records the statistics "
