@@ -37,13 +37,17 @@ do on its own; mathematically the same, since the ratios are unchanged).
 Requirements: every rank of the group calls every attention layer in the same order (also with
 no points of its own) and runs the backward of a loss that depends on each layer's output (sum
 the ranks' losses: a mean over an empty shard is NaN); every key point lives on exactly one
-rank. The ranks' calls agree in everything but their own points: batch, heads and widths,
-``dropout_p``, and whether ``weight`` is ``None`` (on every rank or on none) — the all-reduce
-is sized by them, and a rank whose call differs stops the group (gloo and NCCL abort without
-a message of ours). As in the single-process ops, ``kv_pos=None`` with ``pos`` given takes
-``pos`` for the keys where a shard has as many keys as queries, and is refused where it has
-not: pass ``kv_pos`` on every rank for cross-attention. Without an initialised process group,
-or with a group of one process, the functions are exactly the single-process ops.
+rank. The ranks' calls agree in everything but their own points: batch, heads, widths and
+``dropout_p`` size the all-reduce, and a rank whose call differs stops the group (gloo and
+NCCL abort, or wait until the group's timeout, without a message of ours); whether ``weight``
+is ``None`` travels in the all-reduce, and a mix is refused on every rank. An argument that
+one rank refuses on its own (a negative weight, a missing ``kv_pos``) raises there before the
+all-reduce: under torchrun that process's exit ends the others, but a process that catches
+the error leaves them waiting until the group's timeout. As in the single-process ops,
+``kv_pos=None`` with ``pos`` given takes ``pos`` for the keys where a shard has as many keys
+as queries, and is refused where it has not: pass ``kv_pos`` on every rank for
+cross-attention. Without an initialised process group, or with a group of one process, the
+functions are exactly the single-process ops.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ Norm = tuple[Tensor, Tensor] | None
 def _world(group: object) -> dist.ProcessGroup | None:
     """The checked ``group`` (``None``: the world group), or ``None`` where there is no
     initialised process group."""
+    if dist.is_available() and group is dist.GroupMember.NON_GROUP_MEMBER:
+        # (what torch.distributed.new_group returns to the processes it leaves out)
+        raise ValueError("group: this process is not a member of the group")
     if group is not None and not (dist.is_available()
                                   and isinstance(group, dist.ProcessGroup)):
         raise TypeError(f"group: expected a torch.distributed ProcessGroup or None (the world "
@@ -132,8 +139,9 @@ def sum_over_ranks(x: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
 
     A loss built from such sums is the whole batch's loss on every rank; give each rank's
     backward that loss divided by the number of ranks (the ranks' shares then add up to it,
-    and the backward of the sum adds up the ranks' gradients). Without a process group of more
-    than one process, ``x`` itself.
+    and the backward of the sum adds up the ranks' gradients). ``x`` has one shape and dtype on
+    every rank (they size the all-reduce; not compared, which would cost a second collective).
+    Without a process group of more than one process, ``x`` itself.
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
@@ -307,9 +315,10 @@ def kernel_attention(
     s = _shard_kv_reduce(k, v, kv_pos=kv_pos, weight=weight, k_map=functional.norm_map(k_norm),
                          k_norm=k_norm, v_map=functional.norm_map(v_norm), v_norm=v_norm,
                          eps=eps, ones_column=False)
-    extra = []
-    if weight is None:  # the shard's count: S is divided by the whole sample's
-        extra.append(s.new_full((1,), float(a.m)))
+    # The shard's key count (S is divided by the whole sample's where weight is None) and
+    # whether it has weights, on every rank whatever its weight: the all-reduce keeps one size,
+    # and a rank's None among other ranks' weights is refused on every rank.
+    extra = [s.new_tensor([float(a.m), float(weight is not None)])]
     mask_shape = a.attn_shape
     if dropout_p > 0.0:
         # One mask for the whole sample, drawn as the single-process op draws it; the other
@@ -318,7 +327,12 @@ def kernel_attention(
         mask = torch.empty(mask_shape, dtype=s.dtype, device=s.device)
         mask = mask.bernoulli_(keep).div_(keep) if dist.get_rank(world) == 0 else mask.zero_()
         extra.append(mask.reshape(-1))
-    attn, extra_total = _group_sum(s, torch.cat(extra) if extra else None, world)
+    attn, extra_total = _group_sum(s, torch.cat(extra), world)
+    size = dist.get_world_size(world)
+    given = int(extra_total[1])
+    if given not in (0, size):  # (the same sums on every rank: each raises)
+        raise ValueError(f"weight: given on {given} of the {size} ranks and None on the "
+                         "others; pass weight on every rank or on none")
     if weight is None:
         # (a sample without keys on any rank sums to 0, and gets 0 like one whose weights are)
         attn = attn / extra_total[0].clamp_min(1.0)
@@ -446,11 +460,22 @@ class DomainSplit:
     @classmethod
     def even(cls, n: int, group: dist.ProcessGroup | None = None) -> DomainSplit:
         """``n`` points in shards as even as they can be: the first ``n mod world_size`` ranks
-        hold one point more."""
-        check_int(n, "n", 0)
+        hold one point more. A collective, as the constructor (a rank's invalid ``n`` is
+        refused on every rank)."""
+        problem = None
+        try:
+            check_int(n, "n", 0)
+        except (TypeError, ValueError) as error:
+            problem = error
         world = _world(group)
         size = 1 if world is None else dist.get_world_size(world)
-        return cls([n // size + (r < n % size) for r in range(size)], group)
+        counts = None if problem else [n // size + (r < n % size) for r in range(size)]
+        try:
+            return cls(counts, group)  # every rank reaches its collective
+        except ValueError:
+            if problem is not None:
+                raise problem from None
+            raise
 
     def __repr__(self) -> str:
         return (f"DomainSplit(counts={self.counts}, rank={self.rank}, "
@@ -489,17 +514,35 @@ class DomainSplit:
 
     def gather(self, x: Tensor, dim: int = 1) -> Tensor:
         """Every rank's shard of ``x`` (``local_n`` points on axis ``dim``) put together, on
-        every rank: ``n`` points on axis ``dim``. A collective (every rank calls it); not
-        differentiable (for metrics and plots)."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
-        _check_axis(dim, x)
-        if x.shape[dim] != self.local_n:
-            raise ValueError(f"x: expected this rank's local_n = {self.local_n} points on axis "
-                             f"{dim}, got shape {tuple(x.shape)}")
+        every rank: ``n`` points on axis ``dim``. A collective (every rank calls it, with
+        shards of one dtype and equal sizes but on ``dim``: compared first, and a rank's
+        invalid ``x`` is refused on every rank); not differentiable (for metrics and plots)."""
+        problem = None
+        try:
+            if not isinstance(x, Tensor):
+                raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
+            _check_axis(dim, x)
+            if x.shape[dim] != self.local_n:
+                raise ValueError(f"x: expected this rank's local_n = {self.local_n} points on "
+                                 f"axis {dim}, got shape {tuple(x.shape)}")
+        except (TypeError, ValueError) as error:
+            problem = error
         if self.world_size == 1:
+            if problem is not None:
+                raise problem
             return x.detach()
-        dim = dim % x.dim()
+        # What every rank holds (the shape with None on dim), compared before the gather, which
+        # would mix shards of other shapes: garbage on one rank, an abort on another.
+        dim = None if problem else dim % x.dim()
+        layout = None if problem else (str(x.dtype), (*x.shape[:dim], None, *x.shape[dim + 1:]))
+        every = [None] * self.world_size
+        dist.all_gather_object(every, layout, group=self.group)
+        if problem is not None:
+            raise problem
+        if any(other != layout for other in every):
+            held = ("an invalid x" if o is None else f"{o[0]} of shape {o[1]}" for o in every)
+            raise ValueError("x: every rank must give one dtype and shape but on dim, got "
+                             + ", ".join(f"{h} on rank {r}" for r, h in enumerate(held)))
         # gloo gathers equal sizes only: every shard padded to the largest, then cut back
         longest = max(self.counts)
         pad = list(x.shape)

@@ -356,7 +356,11 @@ def _refuses_mixed_weights(rank: int) -> bool:
     refused = []
     for call in (lambda: domain.normalized_attention(q, k, v, weight=weight),
                  lambda: domain.hetero_normalized_attention(q, [k, k], [v, v],
-                                                            weights=[None, weight])):
+                                                            weights=[None, weight]),
+                 # (the kernel forms' all-reduce was one number longer where weight was None:
+                 # one rank went on with a result, the other waited or aborted)
+                 lambda: domain.galerkin_attention(q, k, v, weight=weight),
+                 lambda: domain.fourier_attention(q, k, v, weight=weight)):
         try:
             call()
             refused.append(False)
@@ -375,14 +379,64 @@ def _refuses_disagreeing_counts(rank: int, world: int) -> bool:
     refused = []
     # (and a rank whose own counts are invalid: it refused them before the collective, and
     # left the others waiting in it)
-    for counts in (differing, [2] * world if rank else [-1] * world):
+    for counts in (differing, [2] * world if rank else [-1] * world, "even"):
         try:
-            DomainSplit(counts)
+            if counts == "even":  # an invalid n on one rank: refused there before, alone
+                DomainSplit.even(4 if rank else -1)
+            else:
+                DomainSplit(counts)
             refused.append(False)
         except ValueError as err:
             refused.append("every rank must give the same valid counts" in str(err)
-                           or (rank == 0 and "expected one int >= 0" in str(err)))
+                           or (rank == 0 and ("expected one int >= 0" in str(err)
+                                              or "n: expected an int >= 0" in str(err))))
     flag = torch.tensor([float(all(refused))], dtype=F64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
+
+
+def _refuses_disagreeing_shards(rank: int, world: int) -> bool:
+    """gather of shards whose shapes differ between ranks, or of a wrong size on one rank:
+    garbage on one rank and an abort or a wait on another. Every rank must refuse."""
+    split = DomainSplit.even(2 * world)
+    refused = []
+    for x in (torch.zeros(1, 2, 2 if rank else 3), torch.zeros(1, 2 if rank else 5, 2)):
+        try:
+            split.gather(x)
+            refused.append(False)
+        except ValueError as err:
+            refused.append("every rank must give one dtype and shape" in str(err)
+                           or (rank == 0 and "expected this rank's local_n" in str(err)))
+    flag = torch.tensor([float(all(refused))], dtype=F64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag)
+
+
+def _contexts_follow_the_group(rank: int, world: int) -> bool:
+    """A DistributedContext that disagrees with the process group split the evaluation's
+    samples wrongly without an error; setup_distributed, given a group initialised without
+    torchrun's variables, returned a single-process context on every process (each then wrote
+    the run's files); a process left out of a group got a message about an int."""
+    from galerkin_ext.training import DistributedContext, setup_distributed
+
+    ok = []
+    for kwargs in ({"rank": (rank + 1) % world, "world_size": world},
+                   {"rank": rank, "world_size": world + 1}):
+        try:
+            DistributedContext(**kwargs)
+            ok.append(False)
+        except ValueError as err:
+            ok.append(f"this process is rank {rank} of {world}" in str(err))
+    ctx = setup_distributed("cpu")
+    ok.append((ctx.rank, ctx.world_size) == (rank, world))
+    first = dist.new_group([0])  # a collective: every rank creates it
+    if rank:
+        try:
+            DomainSplit([3], group=first)
+            ok.append(False)
+        except ValueError as err:
+            ok.append("not a member of the group" in str(err))
+    flag = torch.tensor([float(all(ok))], dtype=F64)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag)
 
@@ -409,6 +463,8 @@ def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> 
                     "backward_all_reduces": [-float(fewest[1]), float(worst[3])]}
         results["refused_mixed_weights"] = _refuses_mixed_weights(rank)
         results["refused_disagreeing_counts"] = _refuses_disagreeing_counts(rank, world)
+        results["refused_disagreeing_shards"] = _refuses_disagreeing_shards(rank, world)
+        results["contexts_follow_the_group"] = _contexts_follow_the_group(rank, world)
         if rank == 0:
             Path(out_file).write_text(json.dumps(results))
     finally:
@@ -445,6 +501,14 @@ def test_weights_given_on_some_ranks_only_are_refused(results: dict[str, dict]) 
 
 def test_counts_differing_between_ranks_are_refused(results: dict[str, dict]) -> None:
     assert results["refused_disagreeing_counts"]
+
+
+def test_shards_differing_between_ranks_are_refused(results: dict[str, dict]) -> None:
+    assert results["refused_disagreeing_shards"]
+
+
+def test_contexts_follow_the_process_group(results: dict[str, dict]) -> None:
+    assert results["contexts_follow_the_group"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

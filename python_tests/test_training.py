@@ -463,6 +463,13 @@ def test_trainer_argument_errors(tmp_path):
     with pytest.raises(ConfigError, match="parallel='domain' needs a model prepared with"):
         Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), **ok, parallel="domain",
                 ctx=DistributedContext(rank=0, world_size=2))
+    # the default metric scored each process's own points: errors differing between the
+    # processes, whose early stopping then parted ways until a collective timed out
+    prepared = _PointMLP()
+    prepared.domain_parallel = True
+    with pytest.raises(ConfigError, match="metric: parallel='domain' gives each process"):
+        Trainer(prepared, OperatorLoss(), _Linear1d(8), _Linear1d(4), **ok, parallel="domain",
+                ctx=DistributedContext(rank=0, world_size=2))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     for out_dir in (blocker, blocker / "sub"):  # found at construction, not after an epoch

@@ -36,6 +36,14 @@ class DistributedContext:
         if self.rank >= self.world_size:
             raise ValueError(f"rank: expected an int < world_size = {self.world_size}, "
                              f"got {self.rank}")
+        # A context that disagrees with the process group it runs in splits the samples wrongly
+        # (shares missing or counted twice) without an error.
+        if self.world_size > 1 and dist.is_initialized():
+            group = (dist.get_rank(), dist.get_world_size())
+            if (self.rank, self.world_size) != group:
+                raise ValueError(f"rank, world_size: this process is rank {group[0]} of "
+                                 f"{group[1]} in the process group, got rank {self.rank} of "
+                                 f"{self.world_size}")
         if not isinstance(self.device, str | torch.device):
             raise TypeError(f"device: expected a torch.device or a str such as 'cpu', got "
                             f"{type(self.device).__name__}")
@@ -78,13 +86,18 @@ def setup_distributed(device: str | torch.device | None = None) -> DistributedCo
     """Join the ``torchrun`` process group if there is one and pick this process's device.
 
     ``device`` as in :func:`resolve_device`; under torchrun a CUDA device becomes
-    ``cuda:LOCAL_RANK``.  Call :func:`cleanup_distributed` at the end of the script.
+    ``cuda:LOCAL_RANK``.  A process group initialised before the call is taken as it is (its
+    rank and size; ``LOCAL_RANK``, if unset, is the rank).  Call :func:`cleanup_distributed` at
+    the end of the script.
     """
     dev = resolve_device(device)
-    world = _env_int("WORLD_SIZE", 1)
+    if dist.is_initialized():  # a group joined beforehand (e.g. by torch.multiprocessing.spawn)
+        world, rank = dist.get_world_size(), dist.get_rank()
+    else:
+        world, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
     if world <= 1:
         return DistributedContext(device=dev)
-    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", rank)
     if dev.type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "

@@ -677,6 +677,13 @@ class Trainer:
             # its attention would attend within each process's points only: wrong, no error
             raise ConfigError("model: parallel='domain' needs a model prepared with "
                               "galerkin_ext.domain.make_domain_parallel")
+        if parallel == "domain" and self.ctx.world_size > 1 and metric is _default_metric:
+            # it would score each process's own points: a different error on every process,
+            # whose early stopping and plateau schedules would then part ways (and deadlock)
+            raise ConfigError("metric: parallel='domain' gives each process a part of every "
+                              "sample's points; pass a metric of the whole samples (e.g. sums "
+                              "over the points through galerkin_ext.domain.sum_over_ranks, as "
+                              "examples/domain_parallel.py does)")
         # how many processes the samples are split over, and this process's place among them
         sample_ranks, sample_rank = ((1, 0) if parallel == "domain"
                                      else (self.ctx.world_size, self.ctx.rank))
