@@ -55,6 +55,8 @@ def check_float(value: object, name: str, *, low: float = 0.0, low_inclusive: bo
 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(expected())
+    if torch.compiler.is_compiling():  # a symbolic float (dynamic=True) has no value to check
+        return value  # type: ignore[return-value]
     number = float(value)
     above = number >= low if low_inclusive else number > low
     if not (math.isfinite(number) and above and number <= high):
@@ -102,6 +104,8 @@ def check_scale(value: object, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"scale: expected a finite float or None, got {value!r}")
+    if torch.compiler.is_compiling():  # as in check_float
+        return value  # type: ignore[return-value]
     if not math.isfinite(value):
         raise ValueError(f"scale: expected a finite float or None, got {value!r}")
     return float(value)
@@ -325,28 +329,32 @@ def check_cell_weight(cell_weight: object, n: int, like: Tensor) -> float | Tens
     same cell volume at every point), or a tensor of shape ``(n,)``, finite and non-negative, on
     ``like``'s device (dtype: :func:`check_param_like`). The value check of a tensor is skipped
     while tracing (data-dependent)."""
-    expected = f"cell_weight: expected a finite float > 0 or a tensor of shape (n,) = ({n},)"
+    def expected() -> str:  # built on failure only: n is symbolic under torch.compile
+        return f"cell_weight: expected a finite float > 0 or a tensor of shape (n,) = ({n},)"
+
     if isinstance(cell_weight, Tensor) and cell_weight.dim() == 0:
         # One volume as a 0-d tensor: what 1 / (number of points) becomes under torch.jit.trace.
         if not cell_weight.is_floating_point():
-            raise TypeError(f"{expected}, got a {cell_weight.dtype} tensor")
+            raise TypeError(f"{expected()}, got a {cell_weight.dtype} tensor")
         if not is_tracing(cell_weight) and not bool(
             torch.isfinite(cell_weight) & (cell_weight > 0)
         ):
-            raise ValueError(f"{expected}, got {cell_weight.item()!r}")
+            raise ValueError(f"{expected()}, got {cell_weight.item()!r}")
         return cell_weight
     if isinstance(cell_weight, Tensor):
         check_param_like(cell_weight, "cell_weight", like)
         if cell_weight.shape != (n,):
-            raise ValueError(f"{expected}, got shape {tuple(cell_weight.shape)}")
+            raise ValueError(f"{expected()}, got shape {tuple(cell_weight.shape)}")
         check_nonnegative(cell_weight, "cell_weight", "cell volumes")
         return cell_weight
     if isinstance(cell_weight, torch.SymFloat):  # 1 / (number of points) of symbolic sizes
         return cell_weight  # (torch.export with dynamic shapes): no value to check
     if isinstance(cell_weight, bool) or not isinstance(cell_weight, numbers.Real):
-        raise TypeError(f"{expected}, got {type(cell_weight).__name__}")
+        raise TypeError(f"{expected()}, got {type(cell_weight).__name__}")
+    if torch.compiler.is_compiling():  # the same, as torch.compile traces it
+        return cell_weight
     if not (math.isfinite(cell_weight) and cell_weight > 0):
-        raise ValueError(f"{expected}, got {cell_weight!r}")
+        raise ValueError(f"{expected()}, got {cell_weight!r}")
     return float(cell_weight)
 
 

@@ -330,7 +330,7 @@ def test_l63_initial_condition_token(gen):
                                atol=1e-12)
     with pytest.raises(ValueError, match="token0: expected a tensor of shape"):
         model(u, x)
-    with pytest.raises(ValueError, match=r"token0: expected shape \(B, token0_dim\) = \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"token0: expected shape \(2, 4\), got \(2, 3\)"):
         model(u, x, token0=token0[:, :3])
     with pytest.raises(ValueError, match="token0: expected None"):
         small_tno(gen)(u, x, token0=token0)

@@ -284,6 +284,35 @@ def test_torch_compile_with_dynamic_sizes_runs_at_two_resolutions():
     torch._dynamo.reset()
 
 
+def test_compiled_layers_take_new_resolutions_in_one_graph():
+    """Under symbolic sizes the attention's coordinate check built its message first: dynamo
+    took the valid shape for a failing one (fullgraph=True raised, else the layer ran eagerly)
+    and formatting the sizes pinned them, a recompilation at every new resolution. The
+    patched layer's default cell weight, a symbolic float, broke the graph in its value check."""
+    from torch._dynamo.testing import CompileCounter
+
+    from galerkin_ext.layers import PatchedAttention, SimpleAttention
+
+    for attention_type in ("galerkin", "softmax"):
+        torch._dynamo.reset()
+        layer = SimpleAttention(8, 2, attention_type=attention_type, pos_dim=1)
+        compiled = torch.compile(layer, backend="eager", dynamic=True, fullgraph=True)
+        x, pos = torch.randn(2, 5, 8), torch.rand(5, 1)
+        torch.testing.assert_close(compiled(x, pos), layer(x, pos))
+    torch._dynamo.reset()
+    compiled = torch.compile(PatchedAttention(8, 2), backend="eager", fullgraph=True)
+    for s in (5, 6, 7):
+        compiled(torch.randn(2, 4, s, s, 8))
+    torch._dynamo.reset()
+    model, _ = _small("burgers")
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    for n in (32, 40, 48, 56):
+        compiled(torch.randn(2, n, 1), grid_1d(n))
+    assert counter.frame_count == 2  # the first size static, then one graph for every size
+    torch._dynamo.reset()
+
+
 @pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex")
 def test_compiled_spectral_layers_give_eager_gradients():
     """Inductor (torch 2.13) got the AFNO filter's second weight wrong through complex einsums

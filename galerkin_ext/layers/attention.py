@@ -222,19 +222,25 @@ class SimpleAttention(nn.Module):
 
     def _check_pos(self, pos: Tensor | None, x: Tensor) -> None:
         batch, n, _ = x.shape
-        doc = f"({batch}, {n}, {self.pos_dim}) or ({n}, {self.pos_dim})"
+
+        # Built on failure only: formatting symbolic sizes under torch.compile pins them (a
+        # recompilation at every new N) and made dynamo take the valid shape for a failing one.
+        def doc() -> str:
+            return f"({batch}, {n}, {self.pos_dim}) or ({n}, {self.pos_dim})"
+
         if self.pos_dim == 0:
             if pos is not None:
                 raise ValueError("pos: expected None because pos_dim = 0; build the attention "
                                  "with pos_dim > 0 to use coordinates")
             return
         if pos is None:
-            raise ValueError(f"pos: expected coordinates of shape {doc} (pos_dim = "
+            raise ValueError(f"pos: expected coordinates of shape {doc()} (pos_dim = "
                              f"{self.pos_dim}), got None")
         if not isinstance(pos, Tensor):
-            raise TypeError(f"pos: expected a tensor of shape {doc}, got {type(pos).__name__}")
+            raise TypeError(f"pos: expected a tensor of shape {doc()}, got "
+                            f"{type(pos).__name__}")
         if tuple(pos.shape) not in ((batch, n, self.pos_dim), (n, self.pos_dim)):
-            raise ValueError(f"pos: expected shape {doc}, got {tuple(pos.shape)}")
+            raise ValueError(f"pos: expected shape {doc()}, got {tuple(pos.shape)}")
         # (under autocast the op casts both: float32 coordinates meet bfloat16 activations)
         if pos.device != x.device or (pos.dtype != x.dtype and not (
                 pos.is_floating_point() and ops.under_autocast(x))):

@@ -195,14 +195,16 @@ class TNO(nn.Module):
                                  "initial-condition token (token0_dim = None)")
             return h
         batch, n, _ = h.shape
-        doc = f"(B, token0_dim) = ({batch}, {self.token0_dim})"
+        # (no sizes in it: formatting symbolic ones under torch.compile pins them)
+        doc = f"(B, token0_dim) with token0_dim = {self.token0_dim}"
         if token0 is None:
             raise ValueError(f"token0: expected a tensor of shape {doc} (the model has "
                              f"token0_dim = {self.token0_dim}), got None")
         check_tensor(token0, "token0", 2, doc)
         check_like(token0, "token0", u, "u")
         if tuple(token0.shape) != (batch, self.token0_dim):
-            raise ValueError(f"token0: expected shape {doc}, got {tuple(token0.shape)}")
+            raise ValueError(f"token0: expected shape {(batch, self.token0_dim)}, got "
+                             f"{tuple(token0.shape)}")
         times = x[..., 0]
         if weight is not None:
             times = times.masked_fill(weight.expand(batch, n) == 0, torch.inf)

@@ -228,13 +228,14 @@ class GNOT(nn.Module):
                 raise ValueError("expert_probs: expected None (only gate='given' with "
                                  "n_experts > 1 takes the expert probabilities)")
             return None
-        doc = f"(B, N, K) = ({batch}, {n}, {self.n_experts})"
+        # (no sizes in it: formatting symbolic ones under torch.compile pins them)
+        doc = f"(B, N, K) with K = {self.n_experts}"
         check_tensor(expert_probs, "expert_probs", 3, doc)
         assert isinstance(expert_probs, Tensor)
         check_like(expert_probs, "expert_probs", x, "x")
         if tuple(expert_probs.shape) != (batch, n, self.n_experts):
-            raise ValueError(f"expert_probs: expected shape {doc}, got "
-                             f"{tuple(expert_probs.shape)}")
+            raise ValueError(f"expert_probs: expected shape {(batch, n, self.n_experts)}, "
+                             f"got {tuple(expert_probs.shape)}")
         check_nonnegative(expert_probs, "expert_probs", "probabilities")
         return expert_probs
 
