@@ -11,8 +11,8 @@ whole sample; GNOT's normalised attention with its skip), every rank holds an ev
 (``--warmup`` untimed, then ``--repeats`` timed; medians reported):
 
 * ``bytes_per_layer``: the bytes handed to ``all_reduce`` in one forward + backward (the
-  ``B·H·d·d_v`` partial sums each way, plus one count for Galerkin's ``weight=None`` or, for
-  the normalised form, one flag for whether this rank's keys have weights); a ring all-reduce
+  ``B·H·d·d_v`` partial sums each way, plus, for Galerkin, its key count and, for both, a
+  flag for whether this rank's keys have weights); a ring all-reduce
   sends ``2 (W − 1) / W`` times that over each link. Independent of ``N`` by construction:
   the record says so when it measured the same at every ``N``;
 * ``comm_ms``: the time inside ``all_reduce`` (with the wait for the slower rank);

@@ -262,7 +262,10 @@ def normalized_attention(
     coordinates join the features before the softmax, as GNOT does with its per-head features),
     ``v̂ = [kv_pos | v]``, ``σ = 1`` if ``skip``. The normaliser comes from the same reduction
     (a column of ones appended to ``V̂``). Only the weights' ratios matter; ``w_j = 0`` removes
-    key ``j``; a sample without keys gets 0, with zero gradients. Arguments and result as
+    key ``j``; a sample without keys gets 0, with zero gradients. So does a query whose every
+    product ``q̃_t·k̃_j`` underflows to 0, which takes features whose logits within a row differ
+    by more than about 87 (float32; 708 in float64): the formula's 0/0 (the original codes give
+    NaN) has no value without log-space sums. Arguments and result as
     :func:`galerkin_ext.functional.normalized_attention`: ``(B, H, N, P + D_v)``.
     """
     if under_autocast(q):

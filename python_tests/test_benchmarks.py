@@ -110,9 +110,9 @@ def test_domain_parallel_smoke(tmp_path: Path) -> None:
     records = result["records"]
     assert [(r["op"], r["N"], r["world_size"]) for r in records] == [
         ("galerkin", 8, 2), ("normalized", 8, 2), ("galerkin", 32, 2), ("normalized", 32, 2)]
-    # (B H d d_v numbers each way, float64; plus the point count for Galerkin's weight=None,
-    # and the normalised form's flag for whether this rank's keys have weights)
-    assert [r["bytes_per_layer"] for r in records] == [2 * 9 * 8 + 8, 2 * 12 * 8 + 8] * 2
+    # (B H d d_v numbers each way, float64; plus Galerkin's point count and each form's flag
+    # for whether this rank's keys have weights)
+    assert [r["bytes_per_layer"] for r in records] == [2 * 9 * 8 + 16, 2 * 12 * 8 + 8] * 2
     for r in records:
         assert r["bytes_independent_of_N"] and r["comm_ms"] >= 0 and r["compute_ms"] > 0
         assert r["max_abs_diff_out"] <= 1e-12 and r["max_abs_diff_grad"] <= 1e-12
