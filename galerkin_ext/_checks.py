@@ -44,6 +44,13 @@ def check_int(value: object, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def _finite(value: float) -> bool:
+    """Whether ``value`` is finite: ``value - value`` is 0, or NaN for inf and NaN. Unlike
+    ``math.isfinite`` this traces on the symbolic floats of torch.compile (a size-derived cell
+    volume, or a module's float under ``dynamic=True``), where isfinite broke the graph."""
+    return value - value == 0
+
+
 def check_float(value: object, name: str, *, low: float = 0.0, low_inclusive: bool = False,
                 high: float = math.inf) -> float:
     """``value`` as a finite float above ``low`` (or equal to it if ``low_inclusive``) and at
@@ -55,11 +62,10 @@ def check_float(value: object, name: str, *, low: float = 0.0, low_inclusive: bo
 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(expected())
-    if torch.compiler.is_compiling():  # a symbolic float (dynamic=True) has no value to check
-        return value  # type: ignore[return-value]
-    number = float(value)
+    # (float() of a symbolic float would pin it under torch.compile: plain floats pass as such)
+    number = value if type(value) is float else float(value)
     above = number >= low if low_inclusive else number > low
-    if not (math.isfinite(number) and above and number <= high):
+    if not (_finite(number) and above and number <= high):
         raise ValueError(expected())
     return number
 
@@ -104,11 +110,9 @@ def check_scale(value: object, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"scale: expected a finite float or None, got {value!r}")
-    if torch.compiler.is_compiling():  # as in check_float
-        return value  # type: ignore[return-value]
-    if not math.isfinite(value):
+    if not _finite(value):
         raise ValueError(f"scale: expected a finite float or None, got {value!r}")
-    return float(value)
+    return value if type(value) is float else float(value)
 
 
 def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
@@ -351,9 +355,7 @@ def check_cell_weight(cell_weight: object, n: int, like: Tensor) -> float | Tens
         return cell_weight  # (torch.export with dynamic shapes): no value to check
     if isinstance(cell_weight, bool) or not isinstance(cell_weight, numbers.Real):
         raise TypeError(f"{expected()}, got {type(cell_weight).__name__}")
-    if torch.compiler.is_compiling():  # the same, as torch.compile traces it
-        return cell_weight
-    if not (math.isfinite(cell_weight) and cell_weight > 0):
+    if not (_finite(cell_weight) and cell_weight > 0):
         raise ValueError(f"{expected()}, got {cell_weight!r}")
     return float(cell_weight)
 

@@ -21,6 +21,7 @@ keep the ops' default scale (weights ``1/M``, summing to 1).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -318,14 +319,15 @@ def _delaunay(points: Tensor) -> Tensor:
 
     if not bool(torch.isfinite(points).all()):
         raise ValueError("points: expected finite coordinates")
-    # Delaunay triangulations do not change under translation and scaling: Qhull gets the points
-    # centred in [-1/2, 1/2]^d (at coordinates of 1e110 it crashed the process).
-    centred = points.detach().cpu().double()
-    low, high = centred.amin(dim=0), centred.amax(dim=0)
-    extent = float((high - low).max())
-    centred = (centred - (low + high) / 2) / (extent if extent > 0 else 1.0)
+    # Qhull gets the coordinates scaled by a power of 2 to magnitudes near 1 (at 1e110 it
+    # crashed the process): exact, so the triangulation, ties between the diagonals of a
+    # regular grid's squares included, is the one of the points as given.
+    coords = points.detach().cpu().double()
+    top = float(coords.abs().max()) if coords.numel() else 0.0
+    if top > 0:
+        coords = torch.ldexp(coords, torch.tensor(-math.frexp(top)[1]))
     try:
-        triangulation = Delaunay(centred.numpy())
+        triangulation = Delaunay(coords.numpy())
     except (QhullError, ValueError) as error:
         raise ValueError(f"points: no Delaunay triangulation of these {points.shape[0]} points "
                          f"(fewer than {points.shape[1] + 1}, or all on a line or plane); "

@@ -216,6 +216,20 @@ def test_relative_errors_at_extreme_scales(dtype, scale, gen):
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=0)
 
 
+def test_relative_l2_scale_ignores_points_that_do_not_count():
+    """The per-sample scale comes from the points with weight > 0 (and valid ones): a value of
+    1e15 at a weight-0 point shrank the others' squares to 0 (NaN)."""
+    target = 1e-10 * torch.arange(1.0, 7.0).view(1, 6, 1)
+    pred = 1.1 * target
+    target[0, 0], pred[0, 0] = 1e15, 1e15
+    weight = torch.tensor([0.0, 1, 1, 1, 1, 1])
+    torch.testing.assert_close(relative_l2(pred, target, "none", weight=weight),
+                               torch.tensor([0.1]))
+    torch.testing.assert_close(masked_relative_l2(pred, target, torch.ones(1, 6, dtype=torch.bool),
+                                                  weight=weight[None], reduction="none"),
+                               torch.tensor([[0.1]]))
+
+
 def test_half_precision_prediction_is_promoted(gen):
     target = torch.randn(2, 32, 1, generator=gen)
     err = relative_l2(target.bfloat16(), target)

@@ -313,6 +313,25 @@ def test_compiled_layers_take_new_resolutions_in_one_graph():
     torch._dynamo.reset()
 
 
+def test_compiled_calls_still_check_their_float_arguments():
+    """The checks of float arguments trace (no math.isfinite) instead of being skipped while
+    compiling: a skip let an infinite h, a NaN scale or a negative cell volume through."""
+    from galerkin_ext import ops
+    from galerkin_ext.losses import relative_h1
+
+    p, t = torch.randn(2, 5, 5, 1), torch.randn(2, 5, 5, 1)
+    q = torch.randn(1, 2, 3, 4, 4)  # (B, H, O, n, D): 3 patches of 4 points
+    calls = [(lambda: relative_h1(p, t, float("inf")), "h: expected a finite float"),
+             (lambda: ops.kernel_attention(q[:, :, 0], q[:, :, 0], q[:, :, 0],
+                                           scale=float("nan")), "scale: expected a finite"),
+             (lambda: ops.patched_attention(q, q, q, -0.5), "cell_weight: expected a finite")]
+    for call, match in calls:
+        torch._dynamo.reset()
+        with pytest.raises(ValueError, match=match):
+            torch.compile(call, backend="eager")()
+    torch._dynamo.reset()
+
+
 @pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex")
 def test_compiled_spectral_layers_give_eager_gradients():
     """Inductor (torch 2.13) got the AFNO filter's second weight wrong through complex einsums

@@ -151,19 +151,20 @@ KvReduceGrads backward_impl(const KvReduceInputs& in, const Tensor& grad_s, doub
 
 }  // namespace
 
+// (The direct products inside the dispatch too: one rule for the dtypes the CPU ops take.)
 Tensor kv_reduce_cpu(const KvReduceInputs& in, double eps) {
-  if (direct(in)) return at::matmul(in.k.transpose(2, 3), in.v).div_(in.M);
   return AT_DISPATCH_FLOATING_TYPES(in.k.scalar_type(), "galerkin_ext_kv_reduce_cpu", [&] {
-    return forward_impl<scalar_t>(in, eps);
+    return direct(in) ? at::matmul(in.k.transpose(2, 3), in.v).div_(in.M)
+                      : forward_impl<scalar_t>(in, eps);
   });
 }
 
 KvReduceGrads kv_reduce_backward_cpu(const KvReduceInputs& in, const Tensor& grad_s, double eps,
                                      bool kv_pos_grad, bool weight_grad) {
-  if (direct(in)) return direct_backward(in, grad_s);
   return AT_DISPATCH_FLOATING_TYPES(in.k.scalar_type(), "galerkin_ext_kv_reduce_backward_cpu",
                                     [&] {
-    return backward_impl<scalar_t>(in, grad_s, eps, kv_pos_grad, weight_grad);
+    return direct(in) ? direct_backward(in, grad_s)
+                      : backward_impl<scalar_t>(in, grad_s, eps, kv_pos_grad, weight_grad);
   });
 }
 

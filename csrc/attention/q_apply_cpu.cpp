@@ -230,18 +230,18 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
 
 }  // namespace
 
+// (The direct products inside the dispatch too: one rule for the dtypes the CPU ops take.)
 Tensor q_apply_cpu(const QApplyInputs& in, double eps) {
-  if (direct(in)) return at::matmul(in.q, in.s);
   return AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "galerkin_ext_q_apply_cpu", [&] {
-    return forward_impl<scalar_t>(in, eps);
+    return direct(in) ? at::matmul(in.q, in.s) : forward_impl<scalar_t>(in, eps);
   });
 }
 
 QApplyGrads q_apply_backward_cpu(const QApplyInputs& in, const Tensor& grad_out, double eps,
                                  bool pos_grad) {
-  if (direct(in)) return direct_backward(in, grad_out);
   return AT_DISPATCH_FLOATING_TYPES(in.q.scalar_type(), "galerkin_ext_q_apply_backward_cpu", [&] {
-    return backward_impl<scalar_t>(in, grad_out, eps, pos_grad);
+    return direct(in) ? direct_backward(in, grad_out)
+                      : backward_impl<scalar_t>(in, grad_out, eps, pos_grad);
   });
 }
 

@@ -123,7 +123,8 @@ def relative_l2(pred: Tensor, target: Tensor, reduction: str = "mean",
         weight: optional quadrature weights of the points, for norms on non-uniform point
             sets: ``pred`` is then read as ``(B, *grid, C)`` (the last axis holds components)
             and ``weight`` has shape ``grid`` or ``(B, *grid)``; both norms become
-            ``(sum_i w_i |f_i|^2)^(1/2)``.  Only ratios of weights matter.
+            ``(sum_i w_i |f_i|^2)^(1/2)``.  Only ratios of weights matter; points of weight 0
+            do not count, whatever their values.
     """
     return _relative_l2(pred, target, reduction, weight)
 
@@ -138,12 +139,19 @@ def _relative_l2(pred: Tensor, target: Tensor, reduction: str, weight: Tensor | 
                          f"got {tuple(target.shape)}")
     reduction = _check_reduction(reduction)
     pred, target = _float32_at_least(pred), _float32_at_least(target)
-    diff, target = _divided_by_max(target, tuple(range(1, target.ndim)), pred - target, target)
+    dims = tuple(range(1, target.ndim))
     if weight is None:
+        diff, target = _divided_by_max(target, dims, pred - target, target)
         err = diff.flatten(1).square().sum(1)
         ref = target.flatten(1).square().sum(1)
     else:
         w = _check_point_weight(weight, pred, check_weight_values).to(pred.dtype)
+        # Points of weight 0 do not count, whatever they hold: not in the sums, not in the
+        # scale (a huge value there shrank the others' squares to 0, or overflowed to inf · 0).
+        counts = (w > 0).unsqueeze(-1)
+        counted = torch.where(counts, target, 0.0)
+        diff, target = _divided_by_max(counted, dims, torch.where(counts, pred - target, 0.0),
+                                       counted)
         err = (diff.square().sum(-1) * w).flatten(1).sum(1)
         ref = (target.square().sum(-1) * w).flatten(1).sum(1)
     return _reduce((err / ref).sqrt(), reduction)
@@ -186,9 +194,7 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
     pred, target = _float32_at_least(pred), _float32_at_least(target)
     valid = mask.unsqueeze(-1)
     zero = pred.new_zeros(())
-    diff, target = torch.where(valid, pred - target, zero), torch.where(valid, target, zero)
-    diff, target = _divided_by_max(target, (1,), diff, target)  # per sample and channel
-    err, ref = diff.square(), target.square()
+    w = None
     if weight is not None:
         if not isinstance(weight, Tensor) or not weight.is_floating_point() or (
             weight.shape != mask.shape
@@ -199,6 +205,11 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
         w = torch.where(mask, weight.to(device=pred.device, dtype=pred.dtype), zero)
         check_nonnegative(w, "weight", "weights at valid points")
         _check_some_weight(w)
+        valid = valid & (w > 0).unsqueeze(-1)  # the points that count, for the scale
+    diff, target = torch.where(valid, pred - target, zero), torch.where(valid, target, zero)
+    diff, target = _divided_by_max(target, (1,), diff, target)  # per sample and channel
+    err, ref = diff.square(), target.square()
+    if w is not None:
         err, ref = err * w.unsqueeze(-1), ref * w.unsqueeze(-1)
     per = (err.sum(1) / ref.sum(1)).sqrt()  # (B, C)
     if reduction == "mean":
