@@ -119,9 +119,11 @@ def main(argv=None):
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"], "noise": cfg["noise"],
              "noise_seed": NOISE_SEED, "n_train": cfg["n_train"], "n_test": cfg["n_eval"]}
     train_set = DarcyInverseDataset(data, "train", **grids)
-    eval_set = DarcyInverseDataset(args.eval_data or data, "test",
-                                   **(evaluation_only(grids) if args.eval_data
-                                      else grids),
+    # Another file's samples draw their noise from another seed: the draws depend on the index
+    # alone, so its sample k would carry training sample k's noise.
+    eval_grids = ({**evaluation_only(grids), "noise_seed": NOISE_SEED + 1} if args.eval_data
+                  else grids)
+    eval_set = DarcyInverseDataset(args.eval_data or data, "test", **eval_grids,
                                    input_normalizer=train_set.input_normalizer)
     # in checkpoints: per grid point, flattened (fine x fine row-major)
     cfg["normalizers"] = normalizer_config(input=train_set.input_normalizer)

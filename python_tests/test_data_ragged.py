@@ -552,6 +552,11 @@ def test_size_bucket_sampler_covers_every_index_and_cuts_padding():
     assert epochs[0] != epochs[1]
     sampler.set_epoch(1)
     assert list(sampler) == epochs[1]  # (seed, epoch) alone fix the order
+    # a DataLoader with workers makes an iterator, drops it and makes another: the epoch
+    # advanced twice, so each epoch ran the next one's order
+    sampler.set_epoch(0)
+    iter(sampler)
+    assert list(iter(sampler)) == epochs[0] and list(sampler) == epochs[1]
     randomly = [list(c) for c in np.array_split(rng.permutation(1003), 251)]
     # N spread over 50..3000: random batches pad about 40 %, sorted buckets about 1 %
     assert sampler.last_padding_fraction < 0.05

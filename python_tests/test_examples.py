@@ -178,18 +178,23 @@ def _recorded_normalizers(checkpoint: dict, shape: tuple[int, ...]) -> dict:
 
 
 def test_darcy_inverse_example(tmp_path, darcy_file):
+    """With --eval-data: the evaluation file's samples draw their static noise from a seed of
+    their own (with the training seed, its sample k carried training sample k's noise)."""
     out = tmp_path / "run"
+    eval_file = generate_darcy(tmp_path / "eval.h5", n_samples=2, resolution=85, seed=1,
+                               workers=1, progress=False)
     _run(_cmd("darcy_inverse.py", out, "--data", str(darcy_file), "--fine", "43", "--coarse",
               "15", "--n-train", "16", "--n-eval", "2", "--epochs", "2", "--noise", "0.01",
-              "--norm", "layer"))
+              "--norm", "layer", "--eval-data", str(eval_file)))
     m = _check_outputs(out, 2)
     assert m["config"]["noise"] == 0.01 and m["config"]["model"]["norm"] == "layer"
     model, best = load_trained_model(out / "best.pt")
-    eval_set = DarcyInverseDataset(darcy_file, "test", 43, coarse_resolution=15, noise=0.01,
-                                   noise_seed=_load_example("darcy_inverse").NOISE_SEED,
-                                   n_train=16, n_test=2,
-                                   **_recorded_normalizers(best, (43, 43)))
-    assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
+    seed = _load_example("darcy_inverse").NOISE_SEED
+    sets = [DarcyInverseDataset(eval_file, "test", 43, coarse_resolution=15, noise=0.01,
+                                noise_seed=s, n_train=0, n_test=2,
+                                **_recorded_normalizers(best, (43, 43))) for s in (seed + 1, seed)]
+    assert evaluate(model, sets[0]) == pytest.approx(m["test_rel_l2"], rel=1e-5)
+    assert evaluate(model, sets[1]) != pytest.approx(m["test_rel_l2"], rel=1e-5)
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, burgers_file):

@@ -44,6 +44,11 @@ keep the two apart, with a ``"valid"`` split between.  The
 normalisers are fitted on the training samples of the same source unless given.  A source is a
 file written by :mod:`.generate` (``.h5``), an original ``.mat`` file, or a pair ``(a, u)`` of
 arrays.
+
+Every dataset reads its split into memory when it is built (from ``.h5`` files 64 samples at a
+time, keeping only the points it uses) and closes the file: items are then views of tensors,
+and DataLoader workers open nothing. Workers started by spawn (the default on macOS and
+Windows) each get a pickled copy of the split; fork shares it.
 """
 
 from __future__ import annotations
@@ -347,7 +352,9 @@ def _load(
             sel = indices[lo : lo + 64]
             block = read_h5(source, sel, keys=tuple(reduce))  # type: ignore[arg-type]
             for key, fn in reduce.items():
-                out[key].append(fn(block[key].astype(np.float64)))
+                # a copy of what is kept: a strided view (x[:, ::s]) would keep the whole
+                # block alive, and every block together is the full resolution
+                out[key].append(np.ascontiguousarray(fn(block[key].astype(np.float64))))
         return {k: np.concatenate(v) for k, v in out.items()}
     if kind == "mat":
         a, u = _read_mat(source, mat_keys)  # type: ignore[arg-type]
@@ -599,7 +606,9 @@ class DarcyDataset(Dataset):
 
 
 class DarcyInverseDataset(Dataset):
-    """Inverse problem ``u + noise -> a`` (coarse), see module doc; noise is fixed per sample."""
+    """Inverse problem ``u + noise -> a`` (coarse), see module doc; noise is fixed per sample,
+    drawn from ``(noise_seed, the sample's index in the file)`` alone: give the samples of
+    another file another ``noise_seed``, or its sample ``k`` carries this file's noise of ``k``."""
 
     def __init__(
         self,

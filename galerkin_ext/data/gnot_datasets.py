@@ -612,7 +612,8 @@ class SizeBucketSampler(Sampler[list[int]]):
     cut it into batches, shuffle the batches.  Every index appears exactly once per epoch
     (with ``drop_last``, the one incomplete batch is left out).  The order depends on
     ``(seed, epoch)`` only: :meth:`set_epoch` before each epoch reproduces a run (without it
-    the epoch counter advances by one per iteration).  The padding fraction of the last epoch
+    the epoch counter advances by one per pass gone through to its end).  The padding fraction
+    of the last epoch
     (:func:`padding_fraction`) is kept in ``last_padding_fraction`` and logged at INFO.
     """
 
@@ -653,12 +654,17 @@ class SizeBucketSampler(Sampler[list[int]]):
         return [out[i] for i in order]
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.batches(self.epoch)
+        # The epoch advances at the end of a pass, not when an iterator is made: a DataLoader
+        # with workers makes two on its first pass and drops the first (which had advanced it,
+        # so every epoch ran the next one's order).
+        epoch = self.epoch
+        batches = self.batches(epoch)
         self.last_padding_fraction = padding_fraction(self.lengths, batches)
-        log.info("SizeBucketSampler epoch %d: padding fraction %.3f", self.epoch,
+        log.info("SizeBucketSampler epoch %d: padding fraction %.3f", epoch,
                  self.last_padding_fraction)
-        self.epoch += 1
-        return iter(batches)
+        yield from batches
+        if self.epoch == epoch:  # (unless set_epoch chose another meanwhile)
+            self.epoch = epoch + 1
 
     def __len__(self) -> int:
         full, rest = divmod(self.lengths.size, self.batch_size)
