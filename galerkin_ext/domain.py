@@ -409,9 +409,15 @@ def hetero_normalized_attention(
 # The split of a sample's points
 
 
-def _check_axis(dim: object, x: Tensor) -> None:
+def _check_points(x: object, dim: object, n: int, what: str) -> None:
+    """``x`` a tensor with ``n`` points (``what`` names them) on its axis ``dim``."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
     if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim: expected an axis of x, which has {x.dim()}, got {dim!r}")
+    if x.shape[dim] != n:
+        raise ValueError(f"x: expected {what} = {n} points on axis {dim}, got shape "
+                         f"{tuple(x.shape)}")
 
 
 class DomainSplit:
@@ -484,12 +490,7 @@ class DomainSplit:
     def shard(self, x: Tensor, dim: int = 1) -> Tensor:
         """This rank's points of ``x``, whose axis ``dim`` holds all ``n`` (e.g. ``(B, n, C)``
         with ``dim=1``, ``(n, P)`` coordinates with ``dim=0``): a view with ``local_n`` there."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
-        _check_axis(dim, x)
-        if x.shape[dim] != self.n:
-            raise ValueError(f"x: expected the split's n = {self.n} points on axis {dim}, got "
-                             f"shape {tuple(x.shape)}")
+        _check_points(x, dim, self.n, "the split's n")
         return x.narrow(dim, self.start, self.local_n)
 
     def local_weight(self, weight: Tensor | None = None, *, dtype: torch.dtype = torch.float32,
@@ -519,12 +520,7 @@ class DomainSplit:
         invalid ``x`` is refused on every rank); not differentiable (for metrics and plots)."""
         problem = None
         try:
-            if not isinstance(x, Tensor):
-                raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
-            _check_axis(dim, x)
-            if x.shape[dim] != self.local_n:
-                raise ValueError(f"x: expected this rank's local_n = {self.local_n} points on "
-                                 f"axis {dim}, got shape {tuple(x.shape)}")
+            _check_points(x, dim, self.local_n, "this rank's local_n")
         except (TypeError, ValueError) as error:
             problem = error
         if self.world_size == 1:

@@ -347,69 +347,61 @@ def _case_whole_sample_loss(g: torch.Generator, kind: str, world: int) -> dict[s
             "forward_all_reduces": forward.calls, "backward_all_reduces": backward.calls}
 
 
-def _refuses_mixed_weights(rank: int) -> bool:
-    """Weights on some ranks and None on others: the normalised forms summed a None shard's
-    weight-1 points with the others' weights, a wrong result without an error. Every rank
-    must refuse (the counts travel in the same all-reduce, so none is left waiting)."""
-    q, k, v = (torch.rand(1, 1, 3, 4, dtype=F64) for _ in range(3))
-    weight = None if rank == 0 else torch.rand(3, dtype=F64)
-    refused = []
-    for call in (lambda: domain.normalized_attention(q, k, v, weight=weight),
-                 lambda: domain.hetero_normalized_attention(q, [k, k], [v, v],
-                                                            weights=[None, weight]),
-                 # (the kernel forms' all-reduce was one number longer where weight was None:
-                 # one rank went on with a result, the other waited or aborted)
-                 lambda: domain.galerkin_attention(q, k, v, weight=weight),
-                 lambda: domain.fourier_attention(q, k, v, weight=weight)):
-        try:
-            call()
-            refused.append(False)
-        except ValueError as err:
-            refused.append("None on the others" in str(err))
-    flag = torch.tensor([float(all(refused))], dtype=F64)
+def _refused(call: Callable[[], object], *messages: str) -> bool:
+    """Whether ``call()`` raises a ValueError holding one of ``messages``."""
+    try:
+        call()
+    except ValueError as err:
+        return any(message in str(err) for message in messages)
+    return False
+
+
+def _on_every_rank(ok: list[bool]) -> bool:
+    """Whether every check held on every rank (a collective)."""
+    flag = torch.tensor([float(all(ok))], dtype=F64)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag)
+
+
+def _refuses_mixed_weights(rank: int) -> bool:
+    """Weights on some ranks and None on others: the normalised forms summed a None shard's
+    weight-1 points with the others' weights, a wrong result without an error; the kernel
+    forms' all-reduce was one number longer where weight was None (one rank went on with a
+    result, the other waited or aborted). Every rank must refuse (the flags travel in the same
+    all-reduce, so none is left waiting)."""
+    q, k, v = (torch.rand(1, 1, 3, 4, dtype=F64) for _ in range(3))
+    weight = None if rank == 0 else torch.rand(3, dtype=F64)
+    calls = (lambda: domain.normalized_attention(q, k, v, weight=weight),
+             lambda: domain.hetero_normalized_attention(q, [k, k], [v, v],
+                                                        weights=[None, weight]),
+             lambda: domain.galerkin_attention(q, k, v, weight=weight),
+             lambda: domain.fourier_attention(q, k, v, weight=weight))
+    return _on_every_rank([_refused(call, "None on the others") for call in calls])
 
 
 def _refuses_disagreeing_counts(rank: int, world: int) -> bool:
     """A split whose counts differ between ranks gave overlapping or missing shards, a wrong
-    result without an error; every rank must refuse it."""
+    result without an error; every rank must refuse it. So must they a rank's own invalid
+    counts or n, which it refused before the collective, leaving the others waiting in it."""
     differing = [2] * world
     differing[rank] += 1
-    refused = []
-    # (and a rank whose own counts are invalid: it refused them before the collective, and
-    # left the others waiting in it)
-    for counts in (differing, [2] * world if rank else [-1] * world, "even"):
-        try:
-            if counts == "even":  # an invalid n on one rank: refused there before, alone
-                DomainSplit.even(4 if rank else -1)
-            else:
-                DomainSplit(counts)
-            refused.append(False)
-        except ValueError as err:
-            refused.append("every rank must give the same valid counts" in str(err)
-                           or (rank == 0 and ("expected one int >= 0" in str(err)
-                                              or "n: expected an int >= 0" in str(err))))
-    flag = torch.tensor([float(all(refused))], dtype=F64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag)
+    agreed = "every rank must give the same valid counts"
+    own = ("expected one int >= 0", "n: expected an int >= 0") if rank == 0 else ()
+    return _on_every_rank([
+        _refused(lambda: DomainSplit(differing), agreed),
+        _refused(lambda: DomainSplit([2] * world if rank else [-1] * world), agreed, *own),
+        _refused(lambda: DomainSplit.even(4 if rank else -1), agreed, *own)])
 
 
 def _refuses_disagreeing_shards(rank: int, world: int) -> bool:
     """gather of shards whose shapes differ between ranks, or of a wrong size on one rank:
     garbage on one rank and an abort or a wait on another. Every rank must refuse."""
     split = DomainSplit.even(2 * world)
-    refused = []
-    for x in (torch.zeros(1, 2, 2 if rank else 3), torch.zeros(1, 2 if rank else 5, 2)):
-        try:
-            split.gather(x)
-            refused.append(False)
-        except ValueError as err:
-            refused.append("every rank must give one dtype and shape" in str(err)
-                           or (rank == 0 and "expected this rank's local_n" in str(err)))
-    flag = torch.tensor([float(all(refused))], dtype=F64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag)
+    agreed = "every rank must give one dtype and shape"
+    own = ("expected this rank's local_n",) if rank == 0 else ()
+    return _on_every_rank([
+        _refused(lambda: split.gather(torch.zeros(1, 2, 2 if rank else 3)), agreed),
+        _refused(lambda: split.gather(torch.zeros(1, 2 if rank else 5, 2)), agreed, *own)])
 
 
 def _contexts_follow_the_group(rank: int, world: int) -> bool:
@@ -419,26 +411,15 @@ def _contexts_follow_the_group(rank: int, world: int) -> bool:
     the run's files); a process left out of a group got a message about an int."""
     from galerkin_ext.training import DistributedContext, setup_distributed
 
-    ok = []
-    for kwargs in ({"rank": (rank + 1) % world, "world_size": world},
-                   {"rank": rank, "world_size": world + 1}):
-        try:
-            DistributedContext(**kwargs)
-            ok.append(False)
-        except ValueError as err:
-            ok.append(f"this process is rank {rank} of {world}" in str(err))
+    mine = f"this process is rank {rank} of {world}"
+    ok = [_refused(lambda: DistributedContext(rank=(rank + 1) % world, world_size=world), mine),
+          _refused(lambda: DistributedContext(rank=rank, world_size=world + 1), mine)]
     ctx = setup_distributed("cpu")
     ok.append((ctx.rank, ctx.world_size) == (rank, world))
     first = dist.new_group([0])  # a collective: every rank creates it
     if rank:
-        try:
-            DomainSplit([3], group=first)
-            ok.append(False)
-        except ValueError as err:
-            ok.append("not a member of the group" in str(err))
-    flag = torch.tensor([float(all(ok))], dtype=F64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag)
+        ok.append(_refused(lambda: DomainSplit([3], group=first), "not a member of the group"))
+    return _on_every_rank(ok)
 
 
 def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> None:
