@@ -285,10 +285,13 @@ void prepare_row_backward(const Rows<scalar_t>& r, int64_t b, int64_t h, int64_t
   const scalar_t* gam = norm ? r.gamma + h * r.D : nullptr;
   const scalar_t* bet = norm ? r.beta + h * r.D : nullptr;
   const acc_t s = r.template scale<acc_t>(b, n);
-  // x̂ (the normalised row, or the row itself without a norm) and dy = s · grad.
-  r.load(b, h, n, xhat);
-  if (norm) {
-    for (int64_t j = 0; j < r.D; ++j) xhat[j] = (xhat[j] - st.mean) * st.rstd;
+  // x̂ (the normalised row, or the row itself without a norm; read only where needed: an
+  // identity row without a weight gradient is a scaled copy) and dy = s · grad.
+  if (norm || sums.grad_weight) {
+    r.load(b, h, n, xhat);
+    if (norm) {
+      for (int64_t j = 0; j < r.D; ++j) xhat[j] = (xhat[j] - st.mean) * st.rstd;
+    }
   }
   for (int64_t j = 0; j < r.D; ++j) dy[j] = s * acc_t(grad[r.P + j]);
   if (sums.grad_pos) {
