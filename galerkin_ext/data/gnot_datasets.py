@@ -613,8 +613,8 @@ class SizeBucketSampler(Sampler[list[int]]):
     (with ``drop_last``, the one incomplete batch is left out).  The order depends on
     ``(seed, epoch)`` only: :meth:`set_epoch` before each epoch reproduces a run (without it
     the epoch counter advances by one per pass gone through to its end).  The padding fraction
-    of the last epoch
-    (:func:`padding_fraction`) is kept in ``last_padding_fraction`` and logged at INFO.
+    of the last epoch (:func:`padding_fraction`) is kept in ``last_padding_fraction`` and
+    logged at INFO.
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_size: int,
