@@ -296,6 +296,17 @@ def _writer(path, **kw):
                                                   "b": ArraySpec((), "f8")}, **kw})
 
 
+def test_a_file_whose_data_writes_were_lost_is_not_published(tmp_path):
+    """On a full disk HDF5 reports refused writes only while closing, and h5py drops that: the
+    file was published complete with zeros (the fill value) for the lost chunks, which no
+    checksum covers. Here the chunks' flags are set without their data."""
+    w = _writer(tmp_path / "w.h5")
+    w.file["completed"][...] = 1
+    with pytest.raises(DataFileError, match=r"data sets \['a', 'b'\] were not all written"):
+        w.finish()
+    assert not (tmp_path / "w.h5").exists() and partial_path(tmp_path / "w.h5").exists()
+
+
 def test_chunked_writer_refuses_what_it_would_store_wrongly(tmp_path):
     w = _writer(tmp_path / "w.h5")
     try:

@@ -238,10 +238,29 @@ def _n_written(completed: np.ndarray, chunk_size: int, n_samples: int) -> int:
 
 def publish(file: h5py.File, final: Path) -> Path:
     """Mark the open partial ``file`` complete, close it and atomically rename it to ``final``
-    (so ``final`` never exists half-written)."""
+    (so ``final`` never exists half-written): only once every chunk of every data set is
+    stored and the file is on disk.
+
+    A write the disk refused (full, a file-size limit) does not always raise: HDF5 reports it
+    while closing, and h5py does not pass that on. The unwritten chunks would then read back
+    as the fill value, zeros, which no checksum covers; so the chunks are counted."""
     file.attrs["complete"] = True
     part = Path(file.filename)
+    file.flush()
     file.close()
+    with h5py.File(part, "r") as f:
+        missing: list[str] = []
+        f.visititems(lambda name, obj: missing.append(name) if isinstance(obj, h5py.Dataset) and (
+            obj.chunks is not None) and obj.id.get_num_chunks() != np.prod(
+                [-(-n // c) for n, c in zip(obj.shape, obj.chunks, strict=True)]) else None)
+    if missing:
+        raise DataFileError(f"{str(part)!r}: data sets {missing} were not all written (a full "
+                            "disk or a file-size limit?); the file is kept unpublished")
+    fd = os.open(part, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(part, final)
     return final
 
