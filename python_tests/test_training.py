@@ -1032,6 +1032,24 @@ def test_distributed_context_is_checked(kwargs, error, match):
         DistributedContext(**kwargs)
 
 
+def test_a_folder_in_use_by_another_run_is_refused(tmp_path):
+    """Two runs writing one folder at once mixed their checkpoints (the reported metric was the
+    other run's model) and a starting run deleted the live one's temporary files. A run holds
+    an advisory lock on its folder; here another holder stands in for a live run."""
+    import fcntl
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                      TrainConfig(epochs=1, progress=False), tmp_path)
+    with open(tmp_path / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="out_dir: another run is writing to"):
+            trainer.fit()
+        assert not (tmp_path / "last.pt").exists()
+    again = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                    TrainConfig(epochs=1, progress=False), tmp_path)
+    assert again.fit()["epochs"] == 1  # released: the folder is free
+
+
 def test_a_distributed_context_takes_a_device_name(tmp_path):
     """device='cpu' failed inside the Trainer ('str' has no attribute 'type')."""
     ctx = DistributedContext(device="cpu")
