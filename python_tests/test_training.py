@@ -520,6 +520,27 @@ def test_resume_removes_stray_temporary_files(tmp_path):
     assert not any(stray.exists() for stray in strays) and keep.exists()
 
 
+def test_a_gpu_checkpoint_kept_on_its_device_names_map_location(tmp_path, monkeypatch):
+    """map_location=None on a machine without CUDA called a GPU-saved checkpoint corrupt."""
+    path = save_checkpoint(tmp_path / "b.pt", "best", epoch=1, model={}, config={}, metric=1.0)
+
+    def load_on_a_cpu_machine(*args, **kwargs):  # torch.load's words for a CUDA-saved file
+        raise RuntimeError("Attempting to deserialize object on a CUDA device but "
+                           "torch.cuda.is_available() is False.")
+
+    monkeypatch.setattr(torch, "load", load_on_a_cpu_machine)
+    with pytest.raises(ValueError, match="map_location: None keeps the checkpoint's CUDA"):
+        load_checkpoint(path, map_location=None)
+
+
+def test_predict_keeps_a_float64_models_precision():
+    """predict cast every prediction to float32 (5e-8 off for a float64 model)."""
+    model, data = _PointMLP().double(), _Linear1d(8)
+    data.x, data.target, data.grid = data.x.double(), data.target.double(), data.grid.double()
+    pred, _ = predict(model, data, [0, 1])
+    assert pred.dtype == torch.float64
+
+
 def test_checkpoint_checksum_finds_a_flipped_bit(tmp_path):
     """torch.load reads a checkpoint with a flipped bit in a tensor without complaint; the
     stored content digest does not let it through."""

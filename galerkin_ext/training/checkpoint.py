@@ -284,6 +284,9 @@ def load_checkpoint(
     try:
         state = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for damaged files (zip, pickle, EOF)
+        if map_location is None and "on a CUDA device" in str(err):  # (saved on a GPU)
+            raise ValueError("map_location: None keeps the checkpoint's CUDA devices, but CUDA "
+                             "is not available here; load with map_location='cpu'") from err
         raise CheckpointError(
             f"{str(p)!r} is not a readable checkpoint (corrupt or truncated?): "
             f"{str(err) or type(err).__name__}"

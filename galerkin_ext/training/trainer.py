@@ -541,9 +541,10 @@ def predict(
 ) -> tuple[Tensor, Batch]:
     """Predictions for ``dataset[indices]`` (e.g. for plots): ``(pred, batch)`` on the CPU.
 
-    ``pred`` is what ``forward`` returns, in the units the model works in: physical for the
-    Galerkin Transformer models (they de-normalise inside), normalised for the ragged GNOT
-    models and their batches' targets (``dataset.decode_target`` gives physical units).
+    ``pred`` is what ``forward`` returns (half types as float32), in the units the model works
+    in: physical for the Galerkin Transformer models (they de-normalise inside), normalised
+    for the ragged GNOT models and their batches' targets (``dataset.decode_target`` gives
+    physical units).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -565,7 +566,9 @@ def predict(
     if not isinstance(pred, Tensor):
         raise TypeError(f"forward: expected it to return the prediction tensor, got "
                         f"{type(pred).__name__}")
-    return pred.float().cpu(), _to(batch, torch.device("cpu"))
+    # (half types as float32, for numpy and plots; float64 stays float64)
+    keep = pred.dtype in (torch.float32, torch.float64)
+    return (pred if keep else pred.float()).cpu(), _to(batch, torch.device("cpu"))
 
 
 def _data_cause(batch: Batch) -> str:
