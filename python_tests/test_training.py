@@ -1092,6 +1092,34 @@ def test_cached_data_names_a_cache_dir_it_cannot_use(tmp_path):
         cached_data("burgers", 5)
 
 
+def test_cached_data_waits_for_a_process_generating_the_same_file(tmp_path, capsys):
+    """Two example runs needing one uncached file wrote into one partial file, or the second
+    called it corrupt. The second now waits for the first's lock, then reuses its file."""
+    import shutil
+    import threading
+
+    from galerkin_ext.training.checkpoint import file_lock
+
+    params = {"n_samples": 2, "resolution": 16, "solve_resolution": 16, "n_steps": 4,
+              "progress": False}
+    made = cached_data("burgers", tmp_path / "elsewhere", **params)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    found = []
+    with file_lock(folder / f".{made.name}.lock", wait=False) as held:  # the other process
+        assert held
+        waiter = threading.Thread(target=lambda: found.append(
+            cached_data("burgers", folder, **params)))
+        waiter.start()
+        waiter.join(timeout=2)
+        assert waiter.is_alive()  # waiting, not generating
+        shutil.copy(made, folder / made.name)  # the other process's file, published
+    waiter.join(timeout=60)
+    assert found == [folder / made.name]
+    assert (folder / made.name).read_bytes() == made.read_bytes()  # reused, not regenerated
+    assert "waiting for another process to finish generating" in capsys.readouterr().out
+
+
 def test_an_evaluation_file_of_the_training_draws_is_refused(tmp_path):
     """Sample i of the package's generators depends on (seed, i) alone: a separate evaluation
     file of the training file's generator and seed holds training draws at those indices."""

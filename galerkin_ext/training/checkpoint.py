@@ -29,7 +29,8 @@ import stat
 import tempfile
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -95,6 +96,26 @@ def _umask() -> int:
     mask = os.umask(0o022)  # reading the umask means setting it; set it straight back
     os.umask(mask)
     return mask
+
+
+@contextmanager
+def file_lock(path: Path, *, wait: bool) -> Iterator[bool]:
+    """An advisory lock on the file ``path`` (created if missing) while the block runs,
+    released by the system however the process ends. Yields whether it is held: ``False``
+    where ``wait`` is off and another process holds it. Without ``fcntl`` (Windows) nothing is
+    locked and it yields ``True``."""
+    try:
+        import fcntl
+    except ImportError:
+        yield True
+        return
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
 
 
 def stray_temporary_files(path: str | os.PathLike[str]) -> list[Path]:

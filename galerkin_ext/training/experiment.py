@@ -22,6 +22,7 @@ import platform
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from .checkpoint import (
     CheckpointError,
     _load_weights,
     atomic_write,
+    file_lock,
     load_checkpoint,
     write_json,
 )
@@ -685,9 +687,18 @@ def cached_data(
                               f"({err.strerror})") from None
         if not os.access(folder, os.W_OK):
             raise ConfigError(f"cache_dir: the folder {str(folder)!r} is not writable")
-        print(f"generating {problem} data into {path} (once; later runs reuse it)", flush=True)
-        partial = path.with_name(path.name + ".partial")
-        fn(path, resume=partial.is_file(), **params)
+        # One process generates a cached file; another that needs it waits, then reuses it
+        # (two at once both wrote into the one partial file, or one called it corrupt).
+        lock = folder / f".{path.name}.lock"
+        with file_lock(lock, wait=False) as free:
+            if not free:
+                print(f"waiting for another process to finish generating {path}", flush=True)
+            with nullcontext() if free else file_lock(lock, wait=True):
+                if not path.is_file():
+                    print(f"generating {problem} data into {path} (once; later runs reuse "
+                          "it)", flush=True)
+                    partial = path.with_name(path.name + ".partial")
+                    fn(path, resume=partial.is_file(), **params)
     ctx.barrier()
     return path
 

@@ -35,8 +35,8 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from .checkpoint import (
     CheckpointError,
     _check_loadable,
     _load_weights,
+    file_lock,
     load_checkpoint,
     save_checkpoint,
     stray_temporary_files,
@@ -375,26 +376,6 @@ def _check_callables(**functions: object) -> None:
 def _loader(dataset: Dataset, batch_size: int, device: torch.device, **kwargs: Any) -> DataLoader:
     return DataLoader(dataset, batch_size=batch_size, pin_memory=device.type == "cuda",
                       collate_fn=_collate(dataset), **kwargs)
-
-
-@contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
-    """An advisory lock on ``folder/.lock`` for a run's life (released by the system if the
-    process dies): two runs writing one folder at once mixed their checkpoints and metrics,
-    and a starting run deleted the temporary files a live one was writing. Without ``fcntl``
-    (Windows) there is no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(folder / ".lock", "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"out_dir: another run is writing to {str(folder)!r} (it holds "
-                              "its .lock); wait for it to end, or give another folder") from None
-        yield
 
 
 def _default_metric(pred: Tensor, batch: Batch) -> Tensor:
@@ -903,7 +884,15 @@ class Trainer:
             raise RuntimeError("fit: this Trainer has run fit() already, and its model, "
                                "optimiser and schedule hold that run's state; build a new "
                                "Trainer (with resume=True to continue from last.pt)")
-        with _folder_lock(self.out_dir) if self.ctx.is_main else nullcontext():
+        if not self.ctx.is_main:
+            return self._fit(resume)
+        # Two runs writing one folder at once mixed their checkpoints and metrics, and a
+        # starting run deleted the temporary files a live one was writing.
+        with file_lock(self.out_dir / ".lock", wait=False) as held:
+            if not held:
+                raise ConfigError(f"out_dir: another run is writing to {str(self.out_dir)!r} "
+                                  "(it holds its .lock); wait for it to end, or give another "
+                                  "folder")
             return self._fit(resume)
 
     def _fit(self, resume: bool) -> dict[str, Any]:
