@@ -4,8 +4,8 @@
 // The chunk owning points [m0, m1) owns their rows of the kv_pos and weight gradients for every
 // batch element and head, so no two threads add to one element; norm-parameter gradients are
 // summed per chunk, then over chunks in order.
-// Identity maps without coordinates, given weights or a ones column have nothing to prepare:
-// K̂ = k, V̂ = v, W = I / M, and the products are ATen's batched matmuls (MKL), as in
+// Identity maps with no coordinates, no weights given and no ones column have nothing to
+// prepare: K̂ = k, V̂ = v, W = I / M, and the products are ATen's batched matmuls (MKL), as in
 // q_apply_cpu.cpp.
 #include "chunks_cpu.h"
 #include "core.h"
