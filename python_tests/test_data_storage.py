@@ -296,6 +296,29 @@ def _writer(path, **kw):
                                                   "b": ArraySpec((), "f8")}, **kw})
 
 
+def test_a_generation_in_progress_elsewhere_is_named(tmp_path):
+    """A second generation into a file another process is writing was told of an
+    "interrupted generation" (and --overwrite then unlinked the live one's partial file), or,
+    resuming, that the file was corrupt."""
+    import subprocess
+    import sys
+
+    part = partial_path(tmp_path / "d.h5")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'w'); "
+         "print('open', flush=True); time.sleep(60)", str(part)],
+        stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        for flags in ({}, {"overwrite": True}, {"resume": True}):
+            with pytest.raises(FileExistsError, match="is being written by another process"):
+                _writer(tmp_path / "d.h5", **flags)
+        assert part.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_file_whose_data_writes_were_lost_is_not_published(tmp_path):
     """On a full disk HDF5 reports refused writes only while closing, and h5py drops that: the
     file was published complete with zeros (the fill value) for the lost chunks, which no

@@ -120,13 +120,31 @@ def check_output_path(path: object) -> Path:
     return p
 
 
+def _locked(err: OSError) -> bool:
+    """Whether h5py could not open a file because another process holds HDF5's lock on it
+    (EAGAIN; a file system without locks gives another errno)."""
+    return "unable to lock file, errno = 11" in str(err)
+
+
 def _open(path: Path, mode: str) -> h5py.File:
     try:
         return h5py.File(path, mode)
     except OSError as err:
+        if _locked(err):
+            raise DataFileError(f"{str(path)!r} is in use by another process (it holds the "
+                                "file's lock): wait for it to end") from err
         raise DataFileError(
             f"{str(path)!r} is not a readable HDF5 file (corrupt or truncated?): {err}"
         ) from err
+
+
+def _in_use(path: Path) -> bool:
+    """Whether another process holds ``path`` open for writing (HDF5's lock)."""
+    try:
+        h5py.File(path, "r").close()
+    except OSError as err:
+        return _locked(err)
+    return False
 
 
 def check_output(out: object, *, resume: bool, overwrite: bool,
@@ -136,7 +154,9 @@ def check_output(out: object, *, resume: bool, overwrite: bool,
 
     Raises ``FileExistsError`` if ``out`` or its partial file exists and neither ``resume``
     nor ``overwrite`` is set (or ``out`` is finished, without a partial file, and ``resume`` is
-    set: an interrupted ``overwrite`` leaves both, and ``resume`` continues it).
+    set: an interrupted ``overwrite`` leaves both, and ``resume`` continues it), and whatever
+    the flags if another process is writing the partial file (it holds HDF5's lock: the
+    partial file is opened to see, not changed).
     """
     for name, flag in (("resume", resume), ("overwrite", overwrite), ("progress", progress)):
         check_bool(flag, name)
@@ -151,6 +171,9 @@ def check_output(out: object, *, resume: bool, overwrite: bool,
                 f"({_OVERWRITE} regenerates it)"
             )
         raise FileExistsError(f"{str(final)!r} already exists ({_OVERWRITE} replaces it)")
+    if part.exists() and _in_use(part):  # a live generation, not an interrupted one
+        raise FileExistsError(f"{str(part)!r} is being written by another process: wait for "
+                              "it to end")
     if part.exists() and not (resume or overwrite):
         raise FileExistsError(
             f"an interrupted generation exists at {str(part)!r}; {_RESUME} continues it, "
