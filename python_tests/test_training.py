@@ -301,6 +301,13 @@ def test_run_main_says_which_process_a_line_comes_from(monkeypatch, capsys):
     assert run_main(missing) == 1
     assert capsys.readouterr().err == "error (rank 1 of 2): path: no such file 'eval.h5'\n"
 
+    def read_only():  # a folder made read-only mid-run: a traceback before
+        raise OSError(30, "Read-only file system", "runs/x/.best.pt.ab12.tmp")
+
+    assert run_main(read_only) == 1
+    assert capsys.readouterr().err == ("error (rank 1 of 2): [Errno 30] Read-only file "
+                                       "system: 'runs/x/.best.pt.ab12.tmp'\n")
+
 
 def test_corrupt_checkpoint_gives_clear_error(tmp_path):
     trainer = _trainer(tmp_path, epochs=1)

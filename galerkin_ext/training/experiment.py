@@ -294,7 +294,8 @@ def run_main(main: Callable[[], object]) -> int:
     ``last.pt``, the last finished epoch, are kept for ``--resume``), or 1 when a preset's
     accuracy threshold was missed (:class:`ThresholdError`; the outputs are written) or on a
     :class:`DataFileError`, :class:`CheckpointError`, :class:`ConfigError`,
-    :class:`NonFiniteLossError` or a missing file.
+    :class:`NonFiniteLossError` or an error of the operating system (a missing file, a full
+    disk, a folder made read-only: the run's files stay those of its last finished epoch).
     """
     # Under torchrun every process prints its own line: say whose it is.
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -310,7 +311,7 @@ def run_main(main: Callable[[], object]) -> int:
         print(f"threshold not met{who}: {err}", file=sys.stderr)
         return 1
     except (DataFileError, CheckpointError, ConfigError, NonFiniteLossError,
-            FileNotFoundError) as err:  # the package's FileNotFoundErrors name the file
+            OSError) as err:  # (the package's FileNotFoundErrors name the file; errno's do)
         print(f"error{who}: {err}", file=sys.stderr)
         return 1
     return 0
