@@ -36,6 +36,7 @@ from ._checks import (
     check_holds_values,
     check_int,
 )
+from ._scaling import largest_magnitude
 
 __all__ = [
     "curve_weights",
@@ -159,15 +160,6 @@ def monte_carlo_weights(
     return torch.full((n,), volume / n, dtype=dtype, device=check_device(device))
 
 
-def _over_largest(v: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-    """``(v / size, size)``, ``size`` the largest ``|v|`` over ``dims`` (kept as size-1 axes;
-    where it is 0, ``v`` itself stands for the quotient). Lengths and measures taken on the
-    quotient and scaled back by powers of ``size`` neither underflow nor overflow where they
-    are representable (squares of 1e-23 float32 components are 0, of 1e20 inf)."""
-    size = v.abs().amax(dim=dims, keepdim=True)
-    return v / torch.where(size > 0, size, 1.0), size
-
-
 def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
     """Lumped vertex weights of a simplicial mesh: each cell's measure split equally among
     its vertices.
@@ -228,10 +220,11 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
         raise ValueError(f"cells: cell {c} = {cells[c].tolist()} repeats a vertex")
     # Measures in float64 whatever the points' dtype: a small cell of a float32 or half mesh is
     # still resolved, and only cells flat in the given coordinates are degenerate. Each cell is
-    # measured on its edges over their largest component, then scaled back.
+    # measured on its edges over their largest component, then scaled back (_scaling).
     corner = points[cells].double()  # (C, corners, dim)
-    unit, size = _over_largest(corner[:, 1:] - corner[:, :1], (1, 2))
-    size = size[:, 0, 0]
+    edges = corner[:, 1:] - corner[:, :1]
+    size = largest_magnitude(edges, (1, 2))
+    unit, size = edges / size, size[:, 0, 0]
     if corners == 3 and dim == 2:
         measure = (unit[:, 0, 0] * unit[:, 1, 1] - unit[:, 0, 1] * unit[:, 1, 0]).abs() / 2
     elif corners == 3:
@@ -240,8 +233,7 @@ def mesh_weights(points: Tensor, cells: Tensor | None = None) -> Tensor:
         measure = torch.linalg.det(unit).abs() / 6
     # Zero up to round-off at the cell's own scale (its longest edge from the first vertex).
     longest = unit.norm(dim=2).amax(dim=1)
-    degenerate = (measure <= 16 * torch.finfo(torch.float64).eps * longest ** (corners - 1)) | (
-        size == 0)
+    degenerate = measure <= 16 * torch.finfo(torch.float64).eps * longest ** (corners - 1)
     measure = measure * size ** (corners - 1)
     if delaunay:  # flat simplices of co-circular/co-spherical points carry no weight: dropped
         cells, measure = cells[~degenerate], measure[~degenerate]
@@ -311,8 +303,9 @@ def curve_weights(points: Tensor, segments: Tensor) -> Tensor:
         s = int(loop.nonzero()[0])
         raise ValueError(f"segments: segment {s} = {segments[s].tolist()} joins a vertex to "
                          "itself")
-    unit, size = _over_largest(points[segments[:, 1]] - points[segments[:, 0]], (1,))
-    half = unit.norm(dim=1) * size[:, 0] / 2
+    step = points[segments[:, 1]] - points[segments[:, 0]]
+    size = largest_magnitude(step, 1)  # (_scaling: squares of 1e-23 float32 components are 0)
+    half = (step / size).norm(dim=1) * size[:, 0] / 2
     return points.new_zeros(n_vertices).index_add_(0, segments.reshape(-1),
                                                    half.repeat_interleave(2))
 

@@ -74,6 +74,7 @@ from .._checks import (
     check_int,
     check_statistics,
 )
+from .._scaling import largest_magnitude
 from . import mat as _mat
 from .random_fields import sample_rng
 from .storage import DataFileError, DataMismatchError, inspect_h5, read_h5
@@ -139,11 +140,10 @@ class UnitGaussianNormalizer(torch.nn.Module):
             bad = (~torch.isfinite(x)).reshape(x.shape[0], -1).any(dim=1).nonzero()
             raise ValueError(f"data: expected finite values, sample {int(bad[0])} has NaN or "
                              "infinity")
-        # The std of x over its largest magnitude, scaled back: squares of values beyond 1e154
-        # overflow float64 (std inf, every encoded value 0).
-        size = x.abs().amax(dim=0)
-        size = torch.where(size > 0, size, torch.ones_like(size))
-        std = (x / size).std(dim=0, correction=correction) * size
+        # The std of x over its largest magnitude, scaled back (_scaling): squares of values
+        # beyond 1e154 overflow float64 (std inf, every encoded value 0).
+        size = largest_magnitude(x, 0)
+        std = ((x / size).std(dim=0, correction=correction) * size)[0]
         self.register_buffer("mean", x.mean(dim=0))
         self.register_buffer("std", std)
 

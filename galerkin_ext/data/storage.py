@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import numbers
 import os
 import shutil
@@ -259,6 +260,21 @@ def _n_written(completed: np.ndarray, chunk_size: int, n_samples: int) -> int:
                    for i in np.flatnonzero(completed)))
 
 
+def _unwritten_datasets(path: Path) -> list[str]:
+    """The chunked data sets of the file ``path`` that lack some of their chunks."""
+    missing: list[str] = []
+
+    def check(name: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset) and obj.chunks is not None:
+            chunks = math.prod(-(-n // c) for n, c in zip(obj.shape, obj.chunks, strict=True))
+            if obj.id.get_num_chunks() != chunks:
+                missing.append(name)
+
+    with h5py.File(path, "r") as f:
+        f.visititems(check)
+    return missing
+
+
 def publish(file: h5py.File, final: Path) -> Path:
     """Mark the open partial ``file`` complete, close it and atomically rename it to ``final``
     (so ``final`` never exists half-written): only once every chunk of every data set is
@@ -271,11 +287,7 @@ def publish(file: h5py.File, final: Path) -> Path:
     part = Path(file.filename)
     file.flush()
     file.close()
-    with h5py.File(part, "r") as f:
-        missing: list[str] = []
-        f.visititems(lambda name, obj: missing.append(name) if isinstance(obj, h5py.Dataset) and (
-            obj.chunks is not None) and obj.id.get_num_chunks() != np.prod(
-                [-(-n // c) for n, c in zip(obj.shape, obj.chunks, strict=True)]) else None)
+    missing = _unwritten_datasets(part)
     if missing:
         raise DataFileError(f"{str(part)!r}: data sets {missing} were not all written (a full "
                             "disk or a file-size limit?); the file is kept unpublished")

@@ -26,6 +26,7 @@ from .._checks import (
     first_without_weight,
     is_tracing,
 )
+from .._scaling import largest_magnitude
 from ..data.datasets import central_gradient_1d, central_gradient_2d
 
 __all__ = ["MaskedRelativeLoss", "OperatorLoss", "RelativeLoss", "masked_relative_l2",
@@ -64,11 +65,9 @@ def _float32_at_least(x: Tensor) -> Tensor:
 
 
 def _divided_by_max(ref: Tensor, dims: tuple[int, ...], *tensors: Tensor) -> tuple[Tensor, ...]:
-    """``tensors`` divided by ``max |ref|`` over ``dims`` (detached; 1 where it is 0). A
-    relative error is the same for any such scale, but its squares are not: values of 1e-22 in
-    float32 square to 0 and of 1e20 to inf, where the ratio itself is representable."""
-    scale = ref.detach().abs().amax(dim=dims, keepdim=True)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    """``tensors`` divided by :func:`~galerkin_ext._scaling.largest_magnitude` of ``ref``: a
+    relative error is the same for any such scale, but its squares are not."""
+    scale = largest_magnitude(ref, dims)
     return tuple(t / scale for t in tensors)
 
 
