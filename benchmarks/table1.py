@@ -11,6 +11,8 @@ and Galerkin (GT) attention, and the Darcy model 141/43 (batch 4) with Galerkin 
 attention, each for
 
   ours      galerkin_ext.models.build_model("burgers" | "darcy", attention_type=...)
+  ours_fft  the same with its spectral convolutions on FFTs (layers.fourier.ffts_only): what
+            ours ran on the CPU before those took DFT-matrix products where these are faster
   original  the original package (galerkin-transformer 0.2.1): SimpleTransformer (1-D) and
             FourierTransformer2D (2-D) with the paper's configs (benchmarks/original.py),
             including its always-on F.dropout(p=0.5) on every attention matrix (noted in the
@@ -55,6 +57,7 @@ from torch import Tensor, nn
 from galerkin_ext._checks import check_choice, check_int
 from galerkin_ext._cli import writable_file
 from galerkin_ext.layers import cinn_sizes
+from galerkin_ext.layers.fourier import ffts_only
 from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.models import build_model
 from galerkin_ext.training import command_line, describe_device, write_json
@@ -65,7 +68,7 @@ BATCH = 4
 BURGERS_N = 8192
 DARCY_FINE, DARCY_COARSE = 141, 43
 MODELS = ("burgers", "darcy")
-IMPLS = ("ours", "original")
+IMPLS = ("ours", "ours_fft", "original")
 ATTENTION = {  # the rows of each model when --attention is not given
     "burgers": ("softmax", "fourier", "linear", "galerkin"),
     "darcy": ("galerkin", "fourier"),
@@ -212,12 +215,14 @@ class Workload:
         d = self.data
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.precision == "bf16"
                     else nullcontext())
-        with autocast:
+        spectral = ffts_only if self.impl == "ours_fft" else nullcontext
+        with spectral(), autocast:
             pred = self.forward()
         if self.output_shape is None:
             self.output_shape = tuple(pred.shape)
         loss, _ = self.loss_fn(pred, d["target"], d["target_grad"], d.get("coeff"))
-        loss.backward()
+        with spectral():
+            loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
         self.optimizer.step()
         self.scheduler.step()
@@ -231,7 +236,7 @@ def make_workload(model_name: str, attention: str, impl: str, data: dict[str, Te
     torch.manual_seed(0)  # the same initial weights on every run
     if model_name == "burgers":
         loss_fn = OperatorLoss(gamma=GAMMA["burgers"], h=1.0 / args.n)
-        if impl == "ours":
+        if impl != "original":
             model = build_model("burgers", attention_type=attention)
 
             def forward() -> Tensor:
@@ -247,7 +252,7 @@ def make_workload(model_name: str, attention: str, impl: str, data: dict[str, Te
         fine, coarse = args.darcy_fine, args.darcy_coarse
         loss_fn = OperatorLoss(gamma=GAMMA["darcy"], h=1.0 / (fine - 1),
                                coefficient_weighted=True)
-        if impl == "ours":
+        if impl != "original":
             model = build_model("darcy", fine=fine, coarse=coarse, attention_type=attention)
             model.denormalizer.set_statistics(data["mean"], data["std"])
 

@@ -23,6 +23,7 @@ FLOPs).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -33,6 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from . import ops  # noqa: F401  (registers the compiled ops with their fake kernels: meta runs)
 from ._checks import check_bool, check_int
+from .layers.fourier import ffts_only
 
 __all__ = ["flop_counter_mode", "flop_formulas", "forward_flops", "parameter_count"]
 
@@ -140,6 +142,22 @@ def flop_formulas() -> dict[Any, Any]:
     }
 
 
+class _FlopCounterMode(FlopCounterMode):
+    """Counts with the spectral products on their FFTs (``layers.fourier.ffts_only``): the CPU
+    runs them as DFT-matrix products where that is faster, which would count differently."""
+
+    def __enter__(self):
+        self._spectral_paths = contextlib.ExitStack()
+        self._spectral_paths.enter_context(ffts_only())
+        return super().__enter__()
+
+    def __exit__(self, *exc_info):
+        try:
+            return super().__exit__(*exc_info)
+        finally:
+            self._spectral_paths.close()
+
+
 def flop_counter_mode(display: bool = False, depth: int = 2) -> FlopCounterMode:
     """A :class:`~torch.utils.flop_counter.FlopCounterMode` that also counts the package's ops
     and FFTs (:func:`flop_formulas`), for counts by module or of a backward pass::
@@ -150,7 +168,7 @@ def flop_counter_mode(display: bool = False, depth: int = 2) -> FlopCounterMode:
     """
     check_bool(display, "display")
     check_int(depth, "depth", 0)
-    return FlopCounterMode(display=display, depth=depth, custom_mapping=flop_formulas())
+    return _FlopCounterMode(display=display, depth=depth, custom_mapping=flop_formulas())
 
 
 def forward_flops(model: nn.Module, *args: Any, **kwargs: Any) -> int:

@@ -34,7 +34,8 @@ def test_an_unwritable_out_is_refused_before_any_measurement(tmp_path: Path, scr
 def test_table1_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "table1.json"
     # Smallest grids the spectral decoders take; one thread, so 2 CI cores are not oversubscribed.
-    cmd = [sys.executable, str(BENCHMARKS / "table1.py"), "--device", "cpu", "--impls", "ours",
+    cmd = [sys.executable, str(BENCHMARKS / "table1.py"), "--device", "cpu", "--impls",
+           "ours,ours_fft",
            "--attention", "galerkin,fourier", "--n", "32", "--darcy-fine", "24",
            "--darcy-coarse", "4", "--batch", "2", "--steps", "1", "--warmup", "1",
            "--repeats", "1", "--out", str(out)]
@@ -45,18 +46,39 @@ def test_table1_cpu_smoke(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert {"device", "torch", "command", "records"} <= set(result)
     records = result["records"]
-    assert [(r["model"], r["attention"]) for r in records] == [
-        ("burgers", "galerkin"), ("burgers", "fourier"), ("darcy", "galerkin"),
-        ("darcy", "fourier")]
+    rows = [("burgers", "galerkin"), ("burgers", "fourier"), ("darcy", "galerkin"),
+            ("darcy", "fourier")]
+    assert [(r["model"], r["attention"], r["impl"]) for r in records] == [
+        (*row, impl) for row in rows for impl in ("ours", "ours_fft")]
     for r in records:
         assert RECORD_KEYS <= set(r), RECORD_KEYS - set(r)
-        assert r["impl"] == "ours" and r["batch"] == 2 and "note" not in r
+        assert r["batch"] == 2 and "note" not in r
         assert math.isfinite(r["it_per_s"]) and r["it_per_s"] > 0
         assert r["peak_mem_mb"] is None  # measured on CUDA only
         assert r["command"] == result["command"] and "table1.py" in r["command"]
-    assert [r["n"] for r in records] == [32, 32, 24 * 24, 24 * 24]
-    assert [r["output_shape"] for r in records] == [[2, 32, 1]] * 2 + [[2, 24, 24, 1]] * 2
+    assert [r["n"] for r in records] == [32] * 4 + [24 * 24] * 4
+    assert [r["output_shape"] for r in records] == [[2, 32, 1]] * 4 + [[2, 24, 24, 1]] * 4
     assert "ours" in proc.stdout and "it/s" in proc.stdout  # the printed table
+
+
+def test_spectral_cpu_smoke(tmp_path: Path) -> None:
+    """Both paths timed on a small square grid and a line; each row names the rule's pick."""
+    out = tmp_path / "spectral.json"
+    cmd = [sys.executable, str(BENCHMARKS / "spectral_cpu.py"), "--sizes", "12",
+           "--lines", "40", "--reps", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    rows = json.loads(out.read_text())["rows"]
+    # 12²: modes 4 (K = 4) and the 6 it resolves at most; the line: K = 16
+    assert [(r["p1"], r["p2"], r["K"]) for r in rows] == [(12, 12, 4), (12, 12, 6), (1, 40, 16)]
+    assert [r["rule"] for r in rows] == ["matmul", "fft", "fft"]
+    for r in rows:
+        assert all(r[f"{path}_{t}_ms"] > 0 for path in ("fft", "matmul")
+                   for t in ("fwd", "fwd_bwd"))
+    bad = subprocess.run([sys.executable, str(BENCHMARKS / "spectral_cpu.py"), "--sizes", "0",
+                          "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--sizes" in bad.stderr
 
 
 def test_burgers_stability_smoke(tmp_path: Path) -> None:

@@ -119,6 +119,18 @@ def test_meta_device_counts_what_the_cpu_computes(name, shape, kwargs, gen):
     assert on_cpu == on_meta > 0
 
 
+def test_counting_holds_spectral_products_to_ffts_only_while_it_counts():
+    """The CPU runs spectral products as DFT-matrix products where that is faster; a counter
+    counts their FFTs (the convention), and leaves the choice as it was, after an error too."""
+    from galerkin_ext.layers import fourier
+
+    with flop_counter_mode():
+        assert fourier._ffts_only
+    with pytest.raises(RuntimeError, match="inside"), flop_counter_mode():
+        raise RuntimeError("inside")
+    assert not fourier._ffts_only
+
+
 def test_tno_on_meta_with_explicit_weights(gen):
     """Meta tensors hold no values: the weights' value checks are skipped there, so a TNO with
     explicit weights counts as on the CPU; weight='auto' (derived from coordinate values) is

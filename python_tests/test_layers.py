@@ -382,6 +382,83 @@ def test_spectral_conv2d_matches_explicit_dft(gen):
     torch.testing.assert_close(conv(x), y + conv.linear(x))
 
 
+def _explicit_spectral_product(x, weight, n_pos, norm):
+    """spectral_product written out: the kept modes of the DFT as sums over the grid, each
+    mixed by its matrix, then the real series Σ_k c_k Re(Y_k e^{ik·x}) (c = 2 for the modes
+    that stand for their conjugates too, 1 for k₂ = 0 and the Nyquist column)."""
+    _, p1, p2, _ = x.shape
+    rows, cols = weight.shape[2:]
+    k1 = torch.tensor(list(range(n_pos)) + list(range(n_pos - rows, 0)), dtype=torch.float64)
+    k2 = torch.arange(cols, dtype=torch.float64)
+    j1, j2 = torch.arange(p1, dtype=torch.float64), torch.arange(p2, dtype=torch.float64)
+    e1 = torch.exp(-2j * math.pi * j1[:, None] * k1[None] / p1)  # (p1, R)
+    e2 = torch.exp(-2j * math.pi * j2[:, None] * k2[None] / p2)  # (p2, K)
+    forward = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1.0
+    inverse = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1 / (p1 * p2)
+    x_hat = torch.einsum("bxyc,xk,yl->bckl", x.to(torch.complex128), e1, e2) * forward
+    out_hat = torch.einsum("bikl,iokl->bokl", x_hat, weight.to(torch.complex128))
+    c = torch.where((k2 == 0) | (2 * k2 == p2), 1.0, 2.0).to(torch.float64)
+    y = torch.einsum("bokl,xk,yl->bxyo", out_hat * c, e1.conj(), e2.conj()).real
+    return y * inverse
+
+
+# (p1, p2, n_pos, n_neg, K): odd sizes and primes, one row (the 1-D layer), no negative rows,
+# the Nyquist column (p2 = 2K - 2), every column kept (the FFT's side of the rule)
+SPECTRAL_GRIDS = [(7, 11, 2, 2, 3), (1, 17, 1, 0, 5), (13, 9, 3, 0, 3), (24, 22, 12, 12, 12),
+                  (6, 10, 3, 2, 6), (1, 1, 1, 0, 1), (1, 12, 1, 0, 5), (29, 31, 4, 3, 8)]
+
+
+@pytest.mark.parametrize("grid", SPECTRAL_GRIDS)
+@pytest.mark.parametrize("norm", ["ortho", "backward"])
+def test_spectral_product_paths_match_explicit_sums(gen, grid, norm):
+    """Both paths of layers.fourier.spectral_product (FFTs; products with the DFT matrices, the
+    CPU's where 3 K <= p2) against the written-out sums: float64 to 1e-12, float32 to its
+    tolerance, on a permuted (non-contiguous) input; the dispatcher returns its path's bits.
+    On one row, spectral_product_1d (the 1-D layer's) gives the same: through the matrices at
+    n = 17, K = 5, through rfft and irfft at n = 12 and n = 1."""
+    from galerkin_ext.layers import fourier
+
+    p1, p2, n_pos, n_neg, cols = grid
+    x64 = torch.randn(3, p2, p1, 4, generator=gen, dtype=torch.float64).transpose(1, 2)
+    w64 = torch.randn(4, 5, n_pos + n_neg, cols, generator=gen, dtype=torch.complex128)
+    expected = _explicit_spectral_product(x64, w64, n_pos, norm)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
+        x, w = x64.to(dtype), w64.to(torch.promote_types(dtype, torch.complex64))
+        for path in (fourier._spectral_product_fft, fourier._spectral_product_matmul):
+            out = path(x, w, n_pos, norm)
+            assert out.dtype == dtype
+            torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+        chosen = (fourier._spectral_product_matmul if 3 * cols <= p2
+                  else fourier._spectral_product_fft)
+        assert torch.equal(fourier.spectral_product(x, w, n_pos, norm), chosen(x, w, n_pos, norm))
+        if p1 == 1:
+            line = fourier.spectral_product_1d(x[:, 0], w[:, :, 0], norm)
+            torch.testing.assert_close(line.double(), expected[:, 0], rtol=tol, atol=tol)
+
+
+def test_spectral_product_matmul_path_gradients_autocast_and_vmap(gen):
+    """The matrix-product path: gradcheck in float64 for the input and the weights; under
+    bfloat16 autocast it stays float32 (as the FFTs do); torch.func.vmap over stacked weights."""
+    from galerkin_ext.layers import fourier
+
+    x = torch.randn(2, 5, 9, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 4, 3, generator=gen, dtype=torch.complex128, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x, w: fourier._spectral_product_matmul(x, w, 2, "ortho"), (x, w))
+    x32 = torch.randn(2, 20, 18, 3, generator=gen)
+    w32 = torch.randn(3, 2, 6, 5, generator=gen, dtype=torch.complex64)
+    plain = fourier.spectral_product(x32, w32, 3, "backward")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = fourier.spectral_product(x32, w32, 3, "backward")
+    assert cast.dtype == torch.float32
+    torch.testing.assert_close(cast, plain, rtol=0, atol=0)
+    stacked = torch.randn(4, 3, 2, 6, 5, generator=gen, dtype=torch.complex64)
+    outs = torch.func.vmap(lambda w: fourier.spectral_product(x32, w, 3, "ortho"))(stacked)
+    for out, member in zip(outs, stacked, strict=True):
+        torch.testing.assert_close(out, fourier.spectral_product(x32, member, 3, "ortho"),
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_spectral_shapes_resolutions_and_errors(gen):
     conv1 = SpectralConv1d(2, 5, modes=4)
     for n in (6, 7, 64):

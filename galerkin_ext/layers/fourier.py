@@ -6,11 +6,16 @@
   with mode skipping so that one set of weights runs on any grid.
 * :class:`AFNOFilter`, :class:`AFNOBlock` — the Adaptive Fourier Neural Operator's token mixer
   (a block-diagonal complex MLP on every mode) and its pre-norm block.
+
+:func:`spectral_product` is the product of every spectral convolution of the package (these and
+:class:`~galerkin_ext.layers.SpectralConv1d`, :class:`~galerkin_ext.layers.SpectralConv2d`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import math
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +36,143 @@ def spectral_dtypes(x: Tensor) -> tuple[torch.dtype, torch.dtype]:
     work = opmath_dtype(x)
     autocast = x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type)
     return work, work if autocast else x.dtype
+
+
+def spectral_product(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor:
+    """``irfft2(W(k) · rfft2(x)(k))`` over the kept modes ``k``, every other mode zero: each kept
+    mode's coefficients are mixed by its own complex ``(c_in, c_out)`` matrix.
+
+    Args:
+        x: ``(B, p₁, p₂, c_in)`` real, in the dtype to compute in (``B >= 1``).
+        weight: ``(c_in, c_out, R, K)`` complex (taken at ``x``'s precision), one matrix per
+            kept mode: rows ``k₁ = 0 … n_pos - 1``, then ``k₁ = -(R - n_pos) … -1``; columns
+            ``k₂ = 0 … K - 1`` (``R <= p₁``, ``K <= p₂ // 2 + 1``).
+        n_pos: how many rows have ``k₁ >= 0``.
+        norm: ``torch.fft``'s ``'backward'`` or ``'ortho'``.
+
+    Returns ``(B, p₁, p₂, c_out)`` in ``x``'s dtype.
+
+    On the CPU, where the kept columns are few (``3 K <= p₂``), the two transforms are products
+    with the kept rows of the DFT matrices instead of FFTs: they compute only the kept modes,
+    and MKL's matrix products run near peak where the FFTs of sides such as 85, 141 or 211
+    points (factors 17, 47, 211) do not (1.15–9.3× faster forward+backward wherever this rule
+    picks them; ``benchmarks/spectral_cpu.py``, the README's benchmarks). Other devices run the
+    FFTs, and so do programs being compiled, exported or traced (one program for every size
+    and device, without a guard on the sizes) and FLOP counts (:func:`ffts_only`).
+    """
+    weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
+    if _matmuls_pay(x, weight.shape[3], x.shape[2]):
+        with torch.autocast("cpu", enabled=False):  # autocast would run the products in bf16
+            return _spectral_product_matmul(x, weight, n_pos, norm)
+    return _spectral_product_fft(x, weight, n_pos, norm)
+
+
+def spectral_product_1d(x: Tensor, weight: Tensor, norm: str) -> Tensor:
+    """``irfft(W(k) · rfft(x)(k))`` over the modes ``k = 0 … K - 1``: :func:`spectral_product`
+    on a line. ``x (B, n, c_in)`` real, ``weight (c_in, c_out, K)`` complex
+    (``K <= n // 2 + 1``) → ``(B, n, c_out)``; the same choice of path."""
+    weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
+    if _matmuls_pay(x, weight.shape[2], x.shape[1]):
+        with torch.autocast("cpu", enabled=False):
+            # a grid of one row, k₁ = 0
+            return _spectral_product_matmul(x[:, None], weight[:, :, None], 1, norm)[:, 0]
+    x_ft = torch.fft.rfft(x.transpose(1, 2), norm=norm)[..., : weight.shape[2]]
+    # irfft zero-pads the spectrum beyond the kept modes up to n // 2 + 1.
+    out_ft = torch.einsum("bix,iox->box", x_ft, weight)
+    return torch.fft.irfft(out_ft, n=x.shape[1], norm=norm).transpose(1, 2)
+
+
+def _matmuls_pay(x: Tensor, cols: int, length: int) -> bool:
+    """Whether the spectral products run as DFT-matrix products: on the CPU, with ``cols``
+    kept columns of the real FFT's axis of ``length`` points, ``3 cols <= length``; never while
+    a program is compiled, exported or traced or FLOPs are counted."""
+    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
+    return x.device.type == "cpu" and not (tracing or _ffts_only) and 3 * cols <= length
+
+
+_ffts_only = False  # set by ffts_only()
+
+
+@contextlib.contextmanager
+def ffts_only() -> Iterator[None]:
+    """Inside, :func:`spectral_product` runs its FFTs on every device: the FLOP counts of
+    :mod:`galerkin_ext.complexity` count FFTs by the paper's convention, and so count the same
+    on the CPU as on the meta device."""
+    global _ffts_only
+    previous, _ffts_only = _ffts_only, True
+    try:
+        yield
+    finally:
+        _ffts_only = previous
+
+
+def _spectral_product_fft(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor:
+    """:func:`spectral_product` through ``rfft2`` and ``irfft2``."""
+    batch, p1, p2, _ = x.shape
+    _, c_out, rows, cols = weight.shape
+    x_ft = torch.fft.rfft2(x, dim=(1, 2), norm=norm)
+    # The spectrum is assembled out of place (no writes into a zero tensor), so that
+    # torch.func.vmap over the weights alone (ensembles) works.
+    pos = torch.einsum("bxyi,ioxy->bxyo", x_ft[:, :n_pos, :cols], weight[:, :, :n_pos])
+    neg = torch.einsum("bxyi,ioxy->bxyo", x_ft[:, p1 - (rows - n_pos):, :cols],
+                       weight[:, :, n_pos:])
+    middle = pos.new_zeros(batch, p1 - rows, cols, c_out)
+    # zeros concatenated, not F.pad: inductor's backward of a padded complex spectrum failed
+    # a stride assertion at dynamic sizes (torch 2.13)
+    high = pos.new_zeros(batch, p1, p2 // 2 + 1 - cols, c_out)
+    out_ft = torch.cat([torch.cat([pos, middle, neg], dim=1), high], dim=2)
+    return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2), norm=norm)
+
+
+def _dft_rows(freqs: Tensor, n: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of ``2π k j / n`` for the wavenumbers ``k`` of ``freqs`` (rows) and
+    ``j < n`` (columns), in ``dtype``: the angles come from the integers ``k j mod n`` and are
+    taken in float64, so every entry is correctly rounded whatever ``n``."""
+    j = torch.arange(n, device=freqs.device)
+    angle = ((freqs[:, None] * j) % n).to(torch.float64) * (2 * math.pi / n)
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def _spectral_product_matmul(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor:
+    """:func:`spectral_product` with the transforms as products with the kept rows of the DFT
+    matrices; real arithmetic throughout, each complex product as the blocks of a real one."""
+    batch, p1, p2, c_in = x.shape
+    _, c_out, rows, cols = weight.shape
+    device, dtype = x.device, x.dtype
+    k1 = torch.cat([torch.arange(n_pos, device=device),
+                    torch.arange(p1 - (rows - n_pos), p1, device=device)])
+    k2 = torch.arange(cols, device=device)
+    cos1, sin1 = _dft_rows(k1, p1, dtype)  # (R, p₁)
+    cos2, sin2 = _dft_rows(k2, p2, dtype)  # (K, p₂)
+    forward_scale = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1.0
+    inverse_scale = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1 / (p1 * p2)
+
+    # Forward. Along p₂, real: Z = [Zr | Zi] with Zr = Σ x cos, Zi = -Σ x sin.
+    z = x.permute(0, 3, 1, 2) @ (torch.cat([cos2, -sin2]) * forward_scale).mT  # (B, c, p₁, 2K)
+    # Along p₁, complex: Σ (c - i s)(Zr + i Zi) = Σ (c Zr + s Zi) + i (c Zi - s Zr), from the
+    # four blocks of [c; -s] Z.
+    blocks = torch.cat([cos1, -sin1]) @ z  # (B, c_in, 2R, 2K)
+    re = blocks[..., :rows, :cols] - blocks[..., rows:, cols:]
+    im = blocks[..., :rows, cols:] + blocks[..., rows:, :cols]
+
+    # Each mode's mixing: [re; im] (2B rows) times [Wr | Wi] holds the four real products.
+    spectrum = torch.cat([re, im]).permute(2, 3, 0, 1).reshape(rows * cols, 2 * batch, c_in)
+    w = torch.view_as_real(weight).permute(2, 3, 0, 4, 1).reshape(rows * cols, c_in, 2 * c_out)
+    mixed = torch.bmm(spectrum, w).view(rows, cols, 2 * batch, 2 * c_out)
+    out_re = (mixed[:, :, :batch, :c_out] - mixed[:, :, batch:, c_out:]).permute(2, 3, 0, 1)
+    out_im = (mixed[:, :, :batch, c_out:] + mixed[:, :, batch:, :c_out]).permute(2, 3, 0, 1)
+
+    # Inverse. Along p₁, complex: Σ (c + i s)(Yr + i Yi) = [c | -s] [[Yr, Yi], [Yi, -Yr]].
+    stacked = torch.cat([torch.cat([out_re, out_im], dim=-1),
+                         torch.cat([out_im, -out_re], dim=-1)], dim=-2)  # (B, c_out, 2R, 2K)
+    w1 = torch.cat([cos1.mT, -sin1.mT], dim=1) @ stacked  # (B, c_out, p₁, 2K)
+    # Along p₂, to real values: Σ_k c_k (Re cos - Im sin), c_k = 2 for the modes that stand for
+    # their conjugates too, 1 for k₂ = 0 and the Nyquist mode (whose imaginary parts drop out,
+    # as irfft drops them).
+    twice = ((k2 != 0) & (2 * k2 != p2)).to(dtype) + 1
+    factor = (twice * inverse_scale)[:, None]
+    y = w1 @ torch.cat([cos2 * factor, -sin2 * factor])  # (B, c_out, p₁, p₂)
+    return y.permute(0, 2, 3, 1)
 
 
 def _apply_to_complex(fn: Callable[[Tensor], Tensor], t: Tensor) -> Tensor:
@@ -146,22 +288,10 @@ class SpectralConv(_ComplexParametersModule):
         n_neg = _at_most(self.modes, (p1 - 1) // 2)  # k₁ = -n_neg .. -1
         n_last = _at_most(self.last_modes, (p2 - 1) // 2 + 1)
         work, result = spectral_dtypes(x)
-        x_ft = torch.fft.rfft2(x.to(work), dim=(1, 2))
-        weight_pos = self.weight_pos.to(x_ft.dtype)
-        weight_neg = self.weight_neg.to(x_ft.dtype)
-        # The spectrum is assembled out of place (no writes into a zero tensor), so that
-        # torch.func.vmap over the weights alone (ensembles) works.
-        pos = torch.einsum("bxyi,ioxy->bxyo", x_ft[:, :n_pos, :n_last],
-                           weight_pos[:, :, :n_pos, :n_last])
         # weight_neg[..., j, :] holds k₁ = j - m: the last n_neg rows are k₁ = -n_neg .. -1
-        neg = torch.einsum("bxyi,ioxy->bxyo", x_ft[:, p1 - n_neg:, :n_last],
-                           weight_neg[:, :, self.modes - n_neg:, :n_last])
-        middle = pos.new_zeros(batch, p1 - n_pos - n_neg, n_last, self.out_channels)
-        # zeros concatenated, not F.pad: inductor's backward of a padded complex spectrum failed
-        # a stride assertion at dynamic sizes (torch 2.13)
-        high = pos.new_zeros(batch, p1, p2 // 2 + 1 - n_last, self.out_channels)
-        out_ft = torch.cat([torch.cat([pos, middle, neg], dim=1), high], dim=2)
-        return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2)).to(result)
+        weight = torch.cat([self.weight_pos[:, :, :n_pos, :n_last],
+                            self.weight_neg[:, :, self.modes - n_neg:, :n_last]], dim=2)
+        return spectral_product(x.to(work), weight, n_pos, "backward").to(result)
 
 
 class AFNOFilter(nn.Module):

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .._checks import check_int, check_probability, check_tensor
 from .activation import make_activation
-from .fourier import spectral_dtypes
+from .fourier import spectral_dtypes, spectral_product, spectral_product_1d
 
 
 def _activation_or_identity(activation: str | None) -> nn.Module:
@@ -61,12 +61,8 @@ class SpectralConv1d(nn.Module):
         if x.shape[0] == 0:  # an empty batch (MKL's FFT refuses a zero-size batch)
             return self.activation(residual)
         work, result = spectral_dtypes(x)
-        x_ft = torch.fft.rfft(self.dropout(x).to(work).transpose(1, 2), norm="ortho")
-        x_ft = x_ft[..., : self.modes]
-        out_ft = torch.einsum("bix,iox->box", x_ft,
-                              torch.view_as_complex(self.weight.to(work)))
-        # irfft zero-pads the spectrum beyond the kept modes up to n // 2 + 1.
-        y = torch.fft.irfft(out_ft, n=n, norm="ortho").transpose(1, 2)
+        y = spectral_product_1d(self.dropout(x).to(work),
+                                torch.view_as_complex(self.weight.to(work)), "ortho")
         return self.activation(y.to(result) + residual)
 
 
@@ -110,13 +106,7 @@ class SpectralConv2d(nn.Module):
         if batch == 0:  # an empty batch (MKL's FFT refuses a zero-size batch)
             return self.activation(residual)
         work, result = spectral_dtypes(x)
-        x_ft = torch.fft.rfft2(self.dropout(x).to(work).permute(0, 3, 1, 2), norm="ortho")
-        low = torch.einsum("bixy,ioxy->boxy", x_ft[:, :, :m, :m],
-                           torch.view_as_complex(self.weight_pos.to(work)))
-        high = torch.einsum("bixy,ioxy->boxy", x_ft[:, :, -m:, :m],
-                            torch.view_as_complex(self.weight_neg.to(work)))
-        gap = low.new_zeros(batch, low.shape[1], n1 - 2 * m, m)
-        # irfft2 zero-pads the last axis up to n2 // 2 + 1; the first axis is laid out in full.
-        out_ft = torch.cat([low, gap, high], dim=2)
-        y = torch.fft.irfft2(out_ft, s=(n1, n2), norm="ortho").permute(0, 2, 3, 1)
+        weight = torch.cat([torch.view_as_complex(self.weight_pos.to(work)),
+                            torch.view_as_complex(self.weight_neg.to(work))], dim=2)  # k₁ ≥ 0, < 0
+        y = spectral_product(self.dropout(x).to(work), weight, m, "ortho")
         return self.activation(y.to(result) + residual)

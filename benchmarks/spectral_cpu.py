@@ -1,0 +1,121 @@
+"""The two paths of the spectral convolutions' product on the CPU, and the rule between them.
+
+    python benchmarks/spectral_cpu.py --out benchmarks/results/spectral_cpu.json
+
+``layers.fourier.spectral_product`` (the product of SpectralConv, SpectralConv1d and
+SpectralConv2d: ``irfft2(W(k) · rfft2(x)(k))`` over the kept modes) runs on the CPU either
+through ``torch.fft`` (``fft``) or as products with the kept rows of the DFT matrices
+(``matmul``), the latter where ``3 K <= p₂`` (K kept columns of the real FFT's axis). This
+times both, forward and forward+backward (gradients of the input and the weights), medians of
+``--reps`` repetitions interleaved over the paths, at 32 channels on square grids with the
+modes SpectralConv keeps (``m`` per sign along the first axis, ``m`` along the second, fewer
+where the grid does not resolve them), with batches of about 40,000 points, and on the 1-D
+grids of the Burgers decoder (``p₁ = 1``). Each row records the path the rule picks and
+whether it was the faster one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from galerkin_ext._cli import writable_file
+from galerkin_ext.layers import fourier
+from galerkin_ext.training import command_line, describe_device, write_json
+
+SIZES = (8, 16, 29, 32, 36, 43, 64, 85, 104, 128, 141, 211, 256, 416)
+MODES = (4, 8, 12, 16, 24)
+LINES = (512, 2048, 8192)  # the 1-D cases, 16 modes
+POINTS = 40_000  # per batch, about
+CHANNELS = 32
+PATHS = {"fft": fourier._spectral_product_fft, "matmul": fourier._spectral_product_matmul}
+
+
+def cases(sizes: list[int], lines: list[int]) -> list[tuple[int, int, int, int, int, int]]:
+    """(batch, p1, p2, n_pos, n_neg, K) of every measured case."""
+    out = []
+    for p in sizes:
+        kept = {(min(m, (p - 1) // 2 + 1), min(m, (p - 1) // 2)) for m in MODES}
+        for n_pos, n_neg in sorted(kept):  # a grid that resolves fewer modes: once
+            out.append((max(1, POINTS // (p * p)), p, p, n_pos, n_neg, n_pos))
+    out += [(max(1, min(8, POINTS // n)), 1, n, 1, 0, min(16, n // 2 + 1)) for n in lines]
+    return out
+
+
+def _sides(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        values = [0]
+    if not all(v >= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive ints, got {text!r}")
+    return values
+
+
+def time_paths(batch: int, p1: int, p2: int, n_pos: int, n_neg: int, cols: int,
+               reps: int) -> dict[str, tuple[float, float]]:
+    """Median forward and forward+backward milliseconds of each path."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, p1, p2, CHANNELS, generator=gen, requires_grad=True)
+    w = torch.randn(CHANNELS, CHANNELS, n_pos + n_neg, cols, generator=gen,
+                    dtype=torch.complex64, requires_grad=True)
+    grad = torch.randn(batch, p1, p2, CHANNELS, generator=gen)
+    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in PATHS}
+    for rep in range(reps + 2):  # two warm-up rounds
+        for name, path in PATHS.items():
+            start = time.perf_counter()
+            with torch.no_grad():
+                path(x, w, n_pos, "ortho")
+            middle = time.perf_counter()
+            torch.autograd.grad(path(x, w, n_pos, "ortho"), (x, w), grad)
+            end = time.perf_counter()
+            if rep >= 2:
+                times[name][0].append((middle - start) * 1e3)
+                times[name][1].append((end - middle) * 1e3)
+    return {name: (statistics.median(f), statistics.median(fb))
+            for name, (f, fb) in times.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
+    p.add_argument("--reps", type=int, default=8, help="timed repetitions per measurement")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--sizes", type=_sides, default=list(SIZES),
+                   help="comma list of the square grids' sides (default: %(default)s)")
+    p.add_argument("--lines", type=_sides, default=list(LINES),
+                   help="comma list of the 1-D grids' points (default: %(default)s)")
+    args = p.parse_args()
+    if args.reps < 1:
+        p.error("--reps: expected at least 1")
+    if args.threads < 1:
+        p.error("--threads: expected at least 1")
+    torch.set_num_threads(args.threads)
+    rows = []
+    print(f"{'B':>3} {'p1':>4} {'p2':>5} {'R':>3} {'K':>3}   fwd+bwd ms fft / matmul   "
+          "fft/matmul  rule    rule's pick faster")
+    for batch, p1, p2, n_pos, n_neg, cols in cases(args.sizes, args.lines):
+        t = time_paths(batch, p1, p2, n_pos, n_neg, cols, args.reps)
+        rule = "matmul" if 3 * cols <= p2 else "fft"
+        other = "fft" if rule == "matmul" else "matmul"
+        faster = t[rule][1] <= t[other][1]
+        rows.append({"batch": batch, "p1": p1, "p2": p2, "R": n_pos + n_neg, "K": cols,
+                     "channels": CHANNELS, "fft_fwd_ms": t["fft"][0],
+                     "fft_fwd_bwd_ms": t["fft"][1], "matmul_fwd_ms": t["matmul"][0],
+                     "matmul_fwd_bwd_ms": t["matmul"][1], "rule": rule,
+                     "rule_is_faster": faster})
+        print(f"{batch:3d} {p1:4d} {p2:5d} {n_pos + n_neg:3d} {cols:3d}   "
+              f"{t['fft'][1]:9.2f} / {t['matmul'][1]:8.2f}     "
+              f"{t['fft'][1] / t['matmul'][1]:6.2f}x   {rule:6s}  {faster}")
+    write_json(args.out, {"command": command_line(), "device": describe_device("cpu"),
+                          "torch": torch.__version__, "threads": args.threads,
+                          "reps": args.reps, "rows": rows})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
