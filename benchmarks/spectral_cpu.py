@@ -5,7 +5,8 @@
 ``layers.fourier.spectral_product`` (the product of SpectralConv, SpectralConv1d and
 SpectralConv2d: ``irfft2(W(k) · rfft2(x)(k))`` over the kept modes) runs on the CPU either
 through ``torch.fft`` (``fft``) or as products with the kept rows of the DFT matrices
-(``matmul``), the latter where ``3 K <= p₂`` (K kept columns of the real FFT's axis). This
+(``matmul``), the latter where ``K <= 24`` and ``3 K <= p₂`` (K kept columns of the real
+FFT's axis). This
 times both, forward and forward+backward (gradients of the input and the weights), medians of
 ``--reps`` repetitions interleaved over the paths, at 32 channels on square grids with the
 modes SpectralConv keeps (``m`` per sign along the first axis, ``m`` along the second, fewer
@@ -100,7 +101,7 @@ def main() -> None:
           "fft/matmul  rule    rule's pick faster")
     for batch, p1, p2, n_pos, n_neg, cols in cases(args.sizes, args.lines):
         t = time_paths(batch, p1, p2, n_pos, n_neg, cols, args.reps)
-        rule = "matmul" if 3 * cols <= p2 else "fft"
+        rule = "matmul" if fourier._matmuls_pay(torch.empty(0), cols, p2) else "fft"
         other = "fft" if rule == "matmul" else "matmul"
         faster = t[rule][1] <= t[other][1]
         rows.append({"batch": batch, "p1": p1, "p2": p2, "R": n_pos + n_neg, "K": cols,

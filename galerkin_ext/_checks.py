@@ -399,6 +399,37 @@ def check_tensor(x: object, name: str, ndim: int, shape_doc: str,
     return x
 
 
+def check_spectral_product(x: object, weight: object, n_pos: object, norm: object,
+                           line: bool = False) -> None:
+    """The arguments of ``layers.fourier.spectral_product`` (``line``: of
+    ``spectral_product_1d``, one axis of ``n`` points and no ``n_pos``): ``x (B, p₁, p₂, c_in)``
+    real, ``weight (c_in, c_out, R, K)`` complex with ``R <= p₁`` rows, ``0 <= n_pos <= R`` of
+    them for ``k₁ >= 0``, ``1 <= K <= p₂ // 2 + 1`` columns; ``norm`` one of torch.fft's
+    ``'backward'``, ``'ortho'``."""
+    x_doc, w_doc = (("(B, n, c_in)", "(c_in, c_out, K)") if line
+                    else ("(B, p1, p2, c_in)", "(c_in, c_out, R, K)"))
+    check_tensor(x, "x", 3 if line else 4, x_doc)
+    if not isinstance(weight, Tensor) or not weight.is_complex():
+        raise TypeError(f"weight: expected a complex tensor of shape {w_doc}, got "
+                        f"{weight.dtype if isinstance(weight, Tensor) else type(weight).__name__}")
+    check_choice(norm, "norm", ("backward", "ortho"))
+    if weight.dim() != (3 if line else 4) or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight: expected shape {w_doc} with c_in = {x.shape[-1]}, got "
+                         f"{tuple(weight.shape)}")
+    rows = 1 if line else weight.shape[2]
+    length = x.shape[-2]
+    if not (1 <= weight.shape[-1] <= length // 2 + 1 and rows <= (1 if line else x.shape[1])):
+        raise ValueError(f"weight: expected at most {'' if line else 'p1 rows and '}"
+                         f"{length // 2 + 1} columns (p2 // 2 + 1) for x of shape "
+                         f"{tuple(x.shape)}, got {tuple(weight.shape)}")
+    # (sizes are SymInts while compiling, 0-d tensors under torch.jit.trace)
+    if not line and (isinstance(n_pos, bool)
+                     or not isinstance(n_pos, (int, torch.SymInt, Tensor))
+                     or not 0 <= n_pos <= rows):
+        raise ValueError(f"n_pos: expected an int from 0 to the weight's {rows} rows, "
+                         f"got {n_pos!r}")
+
+
 def check_features(x: object, name: str, width: int, module: torch.nn.Module) -> Tensor:
     """``x (..., width)``, a floating-point tensor for the pointwise layer ``module`` (its
     parameters' device and dtype, :func:`check_model_input`)."""

@@ -121,14 +121,53 @@ def test_meta_device_counts_what_the_cpu_computes(name, shape, kwargs, gen):
 
 def test_counting_holds_spectral_products_to_ffts_only_while_it_counts():
     """The CPU runs spectral products as DFT-matrix products where that is faster; a counter
-    counts their FFTs (the convention), and leaves the choice as it was, after an error too."""
+    counts their FFTs (the convention) in its own thread only, and leaves the choice as it
+    was, after an error too, and whatever order two threads' counters close in."""
+    import threading
+
     from galerkin_ext.layers import fourier
 
+    x = torch.empty(0)
+
+    def products() -> bool:
+        return fourier._matmuls_pay(x, 4, 64)
+
+    assert products()
     with flop_counter_mode():
-        assert fourier._ffts_only
+        assert not products()
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(products()))
+        other.start()
+        other.join()
+        assert seen == [True]
     with pytest.raises(RuntimeError, match="inside"), flop_counter_mode():
         raise RuntimeError("inside")
-    assert not fourier._ffts_only
+    assert products()
+    # thread A opens, B opens, A closes, B counts (the order that left a shared flag wrong)
+    steps = [threading.Event() for _ in range(3)]
+    counted = []
+
+    def thread_a():
+        with flop_counter_mode():
+            steps[0].set()
+            steps[1].wait()
+        steps[2].set()
+
+    def thread_b():
+        steps[0].wait()
+        with flop_counter_mode():
+            steps[1].set()
+            steps[2].wait()
+            counted.append(products())
+        counted.append(products())
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert counted == [False, True]
+    assert products()
 
 
 def test_tno_on_meta_with_explicit_weights(gen):

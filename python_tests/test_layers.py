@@ -428,7 +428,7 @@ def test_spectral_product_paths_match_explicit_sums(gen, grid, norm):
             out = path(x, w, n_pos, norm)
             assert out.dtype == dtype
             torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
-        chosen = (fourier._spectral_product_matmul if 3 * cols <= p2
+        chosen = (fourier._spectral_product_matmul if 3 * cols <= p2  # and cols <= 24
                   else fourier._spectral_product_fft)
         assert torch.equal(fourier.spectral_product(x, w, n_pos, norm), chosen(x, w, n_pos, norm))
         if p1 == 1:
@@ -457,6 +457,35 @@ def test_spectral_product_matmul_path_gradients_autocast_and_vmap(gen):
     for out, member in zip(outs, stacked, strict=True):
         torch.testing.assert_close(out, fourier.spectral_product(x32, member, 3, "ortho"),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_spectral_product_rule_and_argument_errors():
+    """The DFT-matrix products take at most 24 kept columns (their work grows with them, the
+    FFTs' does not), and a third of the axis; every argument is checked by name."""
+    from galerkin_ext.layers import fourier
+
+    cpu = torch.empty(0)
+    assert fourier._matmuls_pay(cpu, 24, 72) and not fourier._matmuls_pay(cpu, 24, 71)
+    assert not fourier._matmuls_pay(cpu, 25, 10_000)
+    assert not fourier._matmuls_pay(torch.empty(0, device="meta"), 4, 64)
+    x, w = torch.randn(2, 16, 16, 3), torch.randn(3, 2, 4, 4, dtype=torch.complex64)
+    product, line = fourier.spectral_product, fourier.spectral_product_1d
+    for call, error, match in [
+        (lambda: product(x, w, 2, "orth"), ValueError, "norm: expected one of"),
+        (lambda: product(x, w.real, 2, "ortho"), TypeError, "weight: expected a complex"),
+        (lambda: product(x, w[:2], 2, "ortho"), ValueError, "c_in = 3"),
+        (lambda: product(x, torch.randn(3, 2, 17, 4, dtype=torch.complex64), 2, "ortho"),
+         ValueError, "at most p1 rows and 9 columns"),
+        (lambda: product(x, torch.randn(3, 2, 4, 10, dtype=torch.complex64), 2, "ortho"),
+         ValueError, "at most p1 rows and 9 columns"),
+        (lambda: product(x, w, 5, "ortho"), ValueError, "n_pos: expected an int from 0"),
+        (lambda: product(x[0], w, 2, "ortho"), ValueError, r"x: expected shape \(B, p1"),
+        (lambda: line(x[:, 0], torch.randn(3, 2, 10, dtype=torch.complex64), "backward"),
+         ValueError, "at most 9 columns"),
+        (lambda: line(x[:, 0], w, "ortho"), ValueError, r"\(c_in, c_out, K\)"),
+    ]:
+        with pytest.raises(error, match=match):
+            call()
 
 
 def test_spectral_shapes_resolutions_and_errors(gen):

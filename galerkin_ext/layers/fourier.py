@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_float, check_int, check_tensor
+from .._checks import check_float, check_int, check_spectral_product, check_tensor
 from ..functional import opmath_dtype
 from .activation import make_activation
 
@@ -52,14 +53,16 @@ def spectral_product(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor
 
     Returns ``(B, p₁, p₂, c_out)`` in ``x``'s dtype.
 
-    On the CPU, where the kept columns are few (``3 K <= p₂``), the two transforms are products
-    with the kept rows of the DFT matrices instead of FFTs: they compute only the kept modes,
-    and MKL's matrix products run near peak where the FFTs of sides such as 85, 141 or 211
-    points (factors 17, 47, 211) do not (1.15–9.3× faster forward+backward wherever this rule
-    picks them; ``benchmarks/spectral_cpu.py``, the README's benchmarks). Other devices run the
-    FFTs, and so do programs being compiled, exported or traced (one program for every size
-    and device, without a guard on the sizes) and FLOP counts (:func:`ffts_only`).
+    On the CPU, where the kept columns are few (``K <= 24`` and ``3 K <= p₂``), the transforms
+    are products with the kept rows of the DFT matrices instead of FFTs: they compute only the
+    kept modes, and MKL's matrix products run near peak where the FFTs of sides such as 85, 141
+    or 211 points (factors 17, 47, 211) do not (forward+backward 1.15–9.3× faster, the forward
+    alone 0.92–7.5×, at the sizes measured where this rule picks them;
+    ``benchmarks/spectral_cpu.py``, the README's benchmarks). Other devices run the FFTs, and so
+    do programs being compiled, exported or traced (one program for every size and device,
+    without a guard on the sizes) and FLOP counts (:func:`ffts_only`).
     """
+    check_spectral_product(x, weight, n_pos, norm)
     weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
     if _matmuls_pay(x, weight.shape[3], x.shape[2]):
         with torch.autocast("cpu", enabled=False):  # autocast would run the products in bf16
@@ -71,6 +74,7 @@ def spectral_product_1d(x: Tensor, weight: Tensor, norm: str) -> Tensor:
     """``irfft(W(k) · rfft(x)(k))`` over the modes ``k = 0 … K - 1``: :func:`spectral_product`
     on a line. ``x (B, n, c_in)`` real, ``weight (c_in, c_out, K)`` complex
     (``K <= n // 2 + 1``) → ``(B, n, c_out)``; the same choice of path."""
+    check_spectral_product(x, weight, None, norm, line=True)
     weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
     if _matmuls_pay(x, weight.shape[2], x.shape[1]):
         with torch.autocast("cpu", enabled=False):
@@ -82,28 +86,38 @@ def spectral_product_1d(x: Tensor, weight: Tensor, norm: str) -> Tensor:
     return torch.fft.irfft(out_ft, n=x.shape[1], norm=norm).transpose(1, 2)
 
 
+# The most kept columns the DFT-matrix products take: their work grows with the columns and the
+# FFTs' does not (one Xeon thread, a line of 8192 points: forward+backward 2.05x faster at
+# K = 24, 1.46x at 32 with the forward alone 0.86x, 0.65x at 48; benchmarks/spectral_cpu.py
+# measures up to 24).
+_MATMUL_MAX_COLUMNS = 24
+
+# ffts_only()'s flag, per thread as the FLOP counters (torch dispatch modes) are.
+_fft_state = threading.local()
+
+
 def _matmuls_pay(x: Tensor, cols: int, length: int) -> bool:
     """Whether the spectral products run as DFT-matrix products: on the CPU, with ``cols``
-    kept columns of the real FFT's axis of ``length`` points, ``3 cols <= length``; never while
-    a program is compiled, exported or traced or FLOPs are counted."""
-    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
-    return x.device.type == "cpu" and not (tracing or _ffts_only) and 3 * cols <= length
-
-
-_ffts_only = False  # set by ffts_only()
+    kept columns of the real FFT's axis of ``length`` points, ``cols <= 24`` and
+    ``3 cols <= length``; never while a program is compiled, exported or traced or while
+    this thread counts FLOPs."""
+    if x.device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    return (not getattr(_fft_state, "only", False) and cols <= _MATMUL_MAX_COLUMNS
+            and 3 * cols <= length)
 
 
 @contextlib.contextmanager
 def ffts_only() -> Iterator[None]:
-    """Inside, :func:`spectral_product` runs its FFTs on every device: the FLOP counts of
-    :mod:`galerkin_ext.complexity` count FFTs by the paper's convention, and so count the same
-    on the CPU as on the meta device."""
-    global _ffts_only
-    previous, _ffts_only = _ffts_only, True
+    """Inside, in this thread, :func:`spectral_product` runs its FFTs on every device: the FLOP
+    counts of :mod:`galerkin_ext.complexity` count FFTs by the paper's convention, and so count
+    the same on the CPU as on the meta device."""
+    previous = getattr(_fft_state, "only", False)
+    _fft_state.only = True
     try:
         yield
     finally:
-        _ffts_only = previous
+        _fft_state.only = previous
 
 
 def _spectral_product_fft(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor:
