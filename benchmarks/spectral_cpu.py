@@ -1,18 +1,17 @@
 """The two paths of the spectral convolutions' product on the CPU, and the rule between them.
 
-    python benchmarks/spectral_cpu.py --out benchmarks/results/spectral_cpu.json
+    python benchmarks/spectral_cpu.py --out benchmarks/results/spectral_cpu_xeon.json
 
 ``layers.fourier.spectral_product`` (the product of SpectralConv, SpectralConv1d and
 SpectralConv2d: ``irfft2(W(k) · rfft2(x)(k))`` over the kept modes) runs on the CPU either
 through ``torch.fft`` (``fft``) or as products with the kept rows of the DFT matrices
 (``matmul``), the latter where ``K <= 24`` and ``3 K <= p₂`` (K kept columns of the real
-FFT's axis). This
-times both, forward and forward+backward (gradients of the input and the weights), medians of
-``--reps`` repetitions interleaved over the paths, at 32 channels on square grids with the
-modes SpectralConv keeps (``m`` per sign along the first axis, ``m`` along the second, fewer
-where the grid does not resolve them), with batches of about 40,000 points, and on the 1-D
-grids of the Burgers decoder (``p₁ = 1``). Each row records the path the rule picks and
-whether it was the faster one.
+FFT's axis). This times both, forward and forward+backward (gradients of the input and the
+weights), medians of ``--reps`` repetitions interleaved over the paths, at 32 channels on
+square grids with the modes SpectralConv keeps (``m`` per sign along the first axis, ``m``
+along the second, fewer where the grid does not resolve them), with batches of about 40,000
+points, and on the 1-D grids of the Burgers decoder (``p₁ = 1``). Each row records the path
+the rule picks and whether it was the faster one.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import time
 
 import torch
 
-from galerkin_ext._cli import writable_file
+from galerkin_ext._cli import positive_int, writable_file
 from galerkin_ext.layers import fourier
 from galerkin_ext.training import command_line, describe_device, write_json
 
@@ -44,16 +43,6 @@ def cases(sizes: list[int], lines: list[int]) -> list[tuple[int, int, int, int, 
             out.append((max(1, POINTS // (p * p)), p, p, n_pos, n_neg, n_pos))
     out += [(max(1, min(8, POINTS // n)), 1, n, 1, 0, min(16, n // 2 + 1)) for n in lines]
     return out
-
-
-def _sides(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v]
-    except ValueError:
-        values = [0]
-    if not all(v >= 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected a comma list of positive ints, got {text!r}")
-    return values
 
 
 def time_paths(batch: int, p1: int, p2: int, n_pos: int, n_neg: int, cols: int,
@@ -84,17 +73,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
-    p.add_argument("--reps", type=int, default=8, help="timed repetitions per measurement")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--sizes", type=_sides, default=list(SIZES),
-                   help="comma list of the square grids' sides (default: %(default)s)")
-    p.add_argument("--lines", type=_sides, default=list(LINES),
-                   help="comma list of the 1-D grids' points (default: %(default)s)")
+    p.add_argument("--reps", type=positive_int, default=8,
+                   help="timed repetitions per measurement")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(SIZES),
+                   help="the square grids' sides (default: %(default)s)")
+    p.add_argument("--lines", type=positive_int, nargs="+", default=list(LINES),
+                   help="the 1-D grids' points (default: %(default)s)")
     args = p.parse_args()
-    if args.reps < 1:
-        p.error("--reps: expected at least 1")
-    if args.threads < 1:
-        p.error("--threads: expected at least 1")
     torch.set_num_threads(args.threads)
     rows = []
     print(f"{'B':>3} {'p1':>4} {'p2':>5} {'R':>3} {'K':>3}   fwd+bwd ms fft / matmul   "

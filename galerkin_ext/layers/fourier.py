@@ -56,11 +56,10 @@ def spectral_product(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor
     On the CPU, where the kept columns are few (``K <= 24`` and ``3 K <= p₂``), the transforms
     are products with the kept rows of the DFT matrices instead of FFTs: they compute only the
     kept modes, and MKL's matrix products run near peak where the FFTs of sides such as 85, 141
-    or 211 points (factors 17, 47, 211) do not (forward+backward 1.15–9.3× faster, the forward
-    alone 0.92–7.5×, at the sizes measured where this rule picks them;
-    ``benchmarks/spectral_cpu.py``, the README's benchmarks). Other devices run the FFTs, and so
-    do programs being compiled, exported or traced (one program for every size and device,
-    without a guard on the sizes) and FLOP counts (:func:`ffts_only`).
+    or 211 points (factors 17, 47, 211) do not (measured by ``benchmarks/spectral_cpu.py``:
+    the README's benchmarks). Other devices run the FFTs, and so do programs being compiled,
+    exported or traced (one program for every size and device, without a guard on the sizes)
+    and FLOP counts (:func:`ffts_only`).
     """
     check_spectral_product(x, weight, n_pos, norm)
     weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
@@ -75,11 +74,9 @@ def spectral_product_1d(x: Tensor, weight: Tensor, norm: str) -> Tensor:
     on a line. ``x (B, n, c_in)`` real, ``weight (c_in, c_out, K)`` complex
     (``K <= n // 2 + 1``) → ``(B, n, c_out)``; the same choice of path."""
     check_spectral_product(x, weight, None, norm, line=True)
+    if _matmuls_pay(x, weight.shape[2], x.shape[1]):  # as a grid of one row, k₁ = 0
+        return spectral_product(x[:, None], weight[:, :, None], 1, norm)[:, 0]
     weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
-    if _matmuls_pay(x, weight.shape[2], x.shape[1]):
-        with torch.autocast("cpu", enabled=False):
-            # a grid of one row, k₁ = 0
-            return _spectral_product_matmul(x[:, None], weight[:, :, None], 1, norm)[:, 0]
     x_ft = torch.fft.rfft(x.transpose(1, 2), norm=norm)[..., : weight.shape[2]]
     # irfft zero-pads the spectrum beyond the kept modes up to n // 2 + 1.
     out_ft = torch.einsum("bix,iox->box", x_ft, weight)

@@ -99,11 +99,13 @@ def _umask() -> int:
 
 
 @contextmanager
-def file_lock(path: Path, *, wait: bool) -> Iterator[bool]:
+def file_lock(path: Path, *, wait: bool,
+              on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
     """An advisory lock on the file ``path`` (created if missing) while the block runs,
     released by the system however the process ends. Yields whether it is held: ``False``
-    where ``wait`` is off and another process holds it. Without ``fcntl`` (Windows) nothing is
-    locked and it yields ``True``."""
+    where ``wait`` is off and another process holds it; with ``wait`` on, ``on_wait`` is called
+    before waiting for another process's lock. Without ``fcntl`` (Windows) nothing is locked
+    and it yields ``True``."""
     try:
         import fcntl
     except ImportError:
@@ -111,10 +113,14 @@ def file_lock(path: Path, *, wait: bool) -> Iterator[bool]:
         return
     with open(path, "a") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield False
-            return
+            if not wait:
+                yield False
+                return
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield True
 
 

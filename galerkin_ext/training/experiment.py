@@ -22,7 +22,6 @@ import platform
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -690,16 +689,15 @@ def cached_data(
             raise ConfigError(f"cache_dir: the folder {str(folder)!r} is not writable")
         # One process generates a cached file; another that needs it waits, then reuses it
         # (two at once both wrote into the one partial file, or one called it corrupt).
-        lock = folder / f".{path.name}.lock"
-        with file_lock(lock, wait=False) as free:
-            if not free:
-                print(f"waiting for another process to finish generating {path}", flush=True)
-            with nullcontext() if free else file_lock(lock, wait=True):
-                if not path.is_file():
-                    print(f"generating {problem} data into {path} (once; later runs reuse "
-                          "it)", flush=True)
-                    partial = path.with_name(path.name + ".partial")
-                    fn(path, resume=partial.is_file(), **params)
+        def waiting() -> None:
+            print(f"waiting for another process to finish generating {path}", flush=True)
+
+        with file_lock(folder / f".{path.name}.lock", wait=True, on_wait=waiting):
+            if not path.is_file():
+                print(f"generating {problem} data into {path} (once; later runs reuse it)",
+                      flush=True)
+                partial = path.with_name(path.name + ".partial")
+                fn(path, resume=partial.is_file(), **params)
     ctx.barrier()
     return path
 
