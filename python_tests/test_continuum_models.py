@@ -153,6 +153,15 @@ def test_tno_permutation_equivariance(gen):
     x = torch.linspace(0, 1, 9, dtype=F64)[:, None] ** 3
     u = torch.randn(1, 9, 1, generator=gen, dtype=F64)
     assert (model(u, x) - model(u, x, None)).abs().max() > 1e-6
+    # 2-D tensor grids, uniform (5 × 4) and graded (4 × 3), given in a shuffled order
+    model = small_tno(gen, domain_dim=2)
+    for a, b in ((torch.linspace(0, 1, 5), torch.linspace(0, 2, 4)),
+                 (torch.linspace(0, 1, 4) ** 2, torch.tensor([0.0, 0.3, 1.0]))):
+        x = torch.cartesian_prod(a.to(F64), b.to(F64))
+        u = torch.randn(2, len(x), 1, generator=gen, dtype=F64)
+        perm = torch.randperm(len(x), generator=gen)
+        torch.testing.assert_close(model(u[:, perm], x[perm]), model(u, x)[:, perm], rtol=0,
+                                   atol=1e-12)
 
 
 def test_duplicated_key_with_half_weight_changes_nothing(gen):
@@ -491,28 +500,29 @@ def test_complex_parameters_move_to_and_from_meta_and_vmap_over_weights(gen):
 
 
 # ---------------------------------------------------------------------------------------------
-# Quadrature orders of cross-attention, M != N (§6.6; the self-attention case on a graded grid
-# is in test_continuum_attention.py)
+# Quadrature orders (§6.6): self-attention, whose queries are the mesh's own points, and
+# cross-attention at M = 7 fixed points (M != N)
 
 
-def _cross_attention_setup():
+def _attention_setup():
+    """``attend(queries (M,), y (B, N), weight)`` and the 2¹⁴-point trapezoid reference
+    ``exact(queries)``."""
     g = torch.Generator().manual_seed(17)
     wq, wk, wv = (torch.randn(3, 4, generator=g, dtype=F64) for _ in range(3))
 
     def features(y: torch.Tensor) -> torch.Tensor:  # a smooth u: [0, 1] → R³
         return torch.stack([torch.sin(2 * math.pi * y), torch.cos(3 * y), y * y], dim=-1)
 
-    queries = torch.linspace(0.05, 0.95, 7, dtype=F64)  # M = 7 query points
-    q = (features(queries) @ wq)[None, None]
-
-    def attend(y: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    def attend(queries: torch.Tensor, y: torch.Tensor,
+               weight: torch.Tensor | None) -> torch.Tensor:
         """Keys and values at points ``y (B, N)``."""
+        q = (features(queries) @ wq)[None, None].expand(y.shape[0], 1, len(queries), 4)
         f = features(y)
-        return ops.continuum_attention(q.expand(y.shape[0], 1, 7, 4), (f @ wk)[:, None],
-                                       (f @ wv)[:, None], weight=weight)[:, 0]
+        return ops.continuum_attention(q, (f @ wk)[:, None], (f @ wv)[:, None],
+                                       weight=weight)[:, 0]
 
     fine = torch.linspace(0, 1, 2**14 + 1, dtype=F64)[None]
-    return attend, attend(fine, trapezoid_weights(fine))
+    return attend, lambda queries: attend(queries, fine, trapezoid_weights(fine))
 
 
 def _slope(ns, errors) -> float:
@@ -521,29 +531,37 @@ def _slope(ns, errors) -> float:
     return float((centred * (logs[1] - logs[1].mean())).sum() / (centred**2).sum())
 
 
+@pytest.mark.parametrize("queries", ["self", "cross"])
 @pytest.mark.parametrize("mesh", ["uniform", "graded"])
-def test_cross_attention_trapezoid_is_second_order(mesh):
-    attend, exact = _cross_attention_setup()
+def test_trapezoid_is_second_order(mesh, queries):
+    """Order 2 ± 0.2 on the uniform and the graded mesh x = ξ + 0.15 sin 2πξ, N = 2⁵…2¹⁰;
+    unweighted softmax on the graded mesh plateaus more than 10× above."""
+    attend, exact = _attention_setup()
+    fixed = torch.linspace(0.05, 0.95, 7, dtype=F64)
     ns = [2**p for p in range(5, 11)]
     errors, plain = [], []
     for n in ns:
         xi = torch.linspace(0, 1, n, dtype=F64)
         y = (xi + 0.15 * torch.sin(2 * math.pi * xi) if mesh == "graded" else xi)[None]
-        errors.append(float((attend(y, trapezoid_weights(y)) - exact).abs().max()))
-        plain.append(float((attend(y, None) - exact).abs().max()))
+        at = y[0] if queries == "self" else fixed
+        reference = exact(at)
+        errors.append(float((attend(at, y, trapezoid_weights(y)) - reference).abs().max()))
+        plain.append(float((attend(at, y, None) - reference).abs().max()))
     assert abs(_slope(ns, errors) + 2) < 0.2
     if mesh == "graded":  # unweighted softmax converges to another operator
         assert min(plain) > 10 * errors[-1] and plain[-1] > 0.5 * plain[-2]
 
 
 def test_cross_attention_monte_carlo_is_half_order():
-    attend, exact = _cross_attention_setup()
+    attend, exact = _attention_setup()
+    queries = torch.linspace(0.05, 0.95, 7, dtype=F64)
+    reference = exact(queries)
     g = torch.Generator().manual_seed(3)
     ns = [2**p for p in range(5, 11)]
     rms = []
     for n in ns:
         y = torch.rand(64, n, generator=g, dtype=F64)  # 64 seeds, weights volume / n
-        err = attend(y, torch.full((n,), 1.0 / n, dtype=F64)) - exact
+        err = attend(queries, y, torch.full((n,), 1.0 / n, dtype=F64)) - reference
         rms.append(float(err.square().mean().sqrt()))
     assert abs(_slope(ns, rms) + 0.5) < 0.1
 

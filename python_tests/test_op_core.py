@@ -461,6 +461,45 @@ def test_padding_keys_and_batch_mates_change_nothing(fn, gen):
                                    rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("fn", ["galerkin", "fourier", "fourier_quadratic", "normalized"])
+def test_keys_permuted_or_split_and_queries_permuted(fn, gen):
+    """SPEC §2b: permuting the keys together with their coordinates and weights leaves the
+    output unchanged, splitting a key into two copies of half its weight too, and permuting the
+    queries with their coordinates permutes it (float64, 1e-12; also at M = 1 and N = 1)."""
+    b, h, d, p = 2, 2, 3, 2
+    norm = norm_pair(h, d, gen)
+
+    def call(q, k, v, pos, kv_pos, w):
+        if fn == "galerkin":
+            return ops.galerkin_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=w,
+                                          k_norm=norm, v_norm=norm)
+        if fn.startswith("fourier"):
+            return ops.fourier_attention(
+                q, k, v, pos=pos, kv_pos=kv_pos, weight=w, q_norm=norm, k_norm=norm,
+                path="quadratic" if fn == "fourier_quadratic" else "factored")
+        return ops.normalized_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=w, skip=True)
+
+    for n, m in ((9, 7), (1, 7), (9, 1)):
+        q, k, v = rand(b, h, n, d, gen=gen), rand(b, h, m, d, gen=gen), rand(b, h, m, d, gen=gen)
+        pos, kv_pos = rand(b, n, p, gen=gen), rand(b, m, p, gen=gen)
+        w = torch.rand(b, m, generator=gen, dtype=F64) + 0.1
+        out = call(q, k, v, pos, kv_pos, w)
+        keys = torch.randperm(m, generator=gen)
+        torch.testing.assert_close(call(q, k[:, :, keys], v[:, :, keys], pos, kv_pos[:, keys],
+                                        w[:, keys]), out, rtol=1e-12, atol=1e-12)
+        queries = torch.randperm(n, generator=gen)
+        torch.testing.assert_close(call(q[:, :, queries], k, v, pos[:, queries], kv_pos, w),
+                                   out[:, :, queries], rtol=1e-12, atol=1e-12)
+        split = torch.cat([torch.arange(m), torch.tensor([m - 1])])  # the last key twice
+        halved = w[:, split].clone()
+        halved[:, [m - 1, m]] /= 2
+        torch.testing.assert_close(call(q, k[:, :, split], v[:, :, split], pos,
+                                        kv_pos[:, split], halved), out, rtol=1e-12, atol=1e-12)
+        if fn != "normalized" or m > 1:  # (one key alone is the whole of a normalised sum)
+            assert not torch.allclose(call(q, k[:, :, split], v[:, :, split], pos,
+                                           kv_pos[:, split], w[:, split]), out)  # not halved
+
+
 def test_compiled_core_agrees_with_the_formulas_and_compiles(gen):
     x = core_inputs((2, 2, 40, 31, 6, 6, 2, "shared", "batched", True),
                     ("layer_norm", "layer_norm"), gen, dtype=torch.float32)
