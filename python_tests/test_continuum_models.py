@@ -430,6 +430,16 @@ def test_spectral_conv_mode_skipping_agrees_across_grids(gen):
     big = SpectralConv(3, 2, 12)
     for shape in ((8, 8), (7, 5), (1, 1), (2, 3)):
         assert big(torch.randn(2, *shape, 3, generator=gen)).shape == (2, *shape, 2)
+    # and skip the unpaired Nyquist row and column of an even grid: (-1)^j along either axis
+    # (times any function of the other) gives 0, while the next-lower modes pass
+    big = big.double()
+    j1, j2 = torch.arange(8, dtype=F64)[:, None], torch.arange(6, dtype=F64)
+    a = torch.randn(3, generator=gen, dtype=F64)
+    for field in ((-1) ** j1 * torch.cos(2 * math.pi * j2 / 6), (-1) ** j2 * torch.sin(
+            2 * math.pi * j1 / 8)):
+        assert big((field[..., None] * a)[None]).abs().max() < 1e-13
+    lower = torch.cos(3 * 2 * math.pi * j1 / 8) + torch.cos(2 * 2 * math.pi * j2 / 6)
+    assert big((lower[..., None] * a)[None]).abs().max() > 1e-3
 
 
 def test_spectral_conv_against_explicit_modes(gen):

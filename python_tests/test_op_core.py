@@ -185,6 +185,17 @@ def test_softmax_rows_across_the_range(dtype, gen):
         torch.testing.assert_close(s_nan, s, rtol=0, atol=0)
 
 
+def test_float32_softmax_rows_are_accurate_element_by_element(gen):
+    """Each float32 softmax entry within 1e-6 relative of float64's, at logits of size O(1)
+    (the exp's polynomial truncates below half an ulp; a degree too low read 3e-6): the rows
+    through q_apply against an identity S, which hands them back one by one."""
+    q = rand(2, 2, 300, 64, gen=gen, dtype=torch.float32)
+    s = torch.eye(64).expand(2, 2, 64, 64).contiguous()
+    rows = torch.ops.galerkin_ext.q_apply(q, None, "softmax", None, None, s, 0.0, 0, False)
+    expected = torch.softmax(q.double(), dim=-1)
+    assert ((rows.double() - expected).abs() / expected).max() < 1e-6
+
+
 def test_several_normalizers_and_a_block_without_keys(gen):
     x = core_inputs((2, 2, 6, 5, 3, 4, 1, "batched", "batched", False), ("softmax", "identity"),
                     gen)
@@ -237,6 +248,31 @@ def test_gradcheck_every_input(maps, gen):
     x["weight"] = x["weight"] + 0.1
     assert torch.autograd.gradcheck(core_fn(x, maps[0] == "softmax", skip=True),
                                     core_leaves(x))
+
+
+def test_constant_rows_under_layer_norm_have_the_formulas_gradients(gen):
+    """A constant row (variance exactly 0, D >= 2) normalises to β; its gradient is rstd = 1/√eps
+    times the centred γ·dy, not 0: gradcheck, and autograd through the explicit formula."""
+    x = core_inputs((2, 2, 5, 4, 3, 3, 1, "batched", "batched", False),
+                    ("layer_norm", "layer_norm"), gen)
+    x["weight"] = x["weight"] + 0.1
+    x["q"][:, :, 1] = 0.5
+    x["k"][:, :, 2] = -1.25
+    x["k"][0, 1, 0] = 0.0
+    x["v"][1, 0, 3] = 2.0
+    leaves = core_leaves(x)
+    f = core_fn(x, False)
+    assert torch.autograd.gradcheck(f, leaves)
+    grad = rand(*f(*leaves).shape, gen=gen)
+    got = torch.autograd.grad(f(*leaves), leaves[:3], grad)
+    q, k, v = (t.detach().requires_grad_() for t in leaves[:3])
+    s = explicit_s(k, v, x["kv_pos"], x["weight"], "layer_norm", x["k_norm"], "layer_norm",
+                   x["v_norm"], False)
+    expected = torch.autograd.grad(explicit_apply(q, x["pos"], "layer_norm", x["q_norm"], s, 0),
+                                   (q, k, v), grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert got[0][:, :, 1].abs().max() > 1.0  # (the constant rows' gradients are not 0)
 
 
 @pytest.mark.parametrize("wanted, pos_kind", [
