@@ -5,7 +5,7 @@
 ``layers.fourier.spectral_product`` (the product of SpectralConv, SpectralConv1d and
 SpectralConv2d: ``irfft2(W(k) · rfft2(x)(k))`` over the kept modes) runs on the CPU either
 through ``torch.fft`` (``fft``) or as products with the kept rows of the DFT matrices
-(``matmul``), the latter where ``K <= 24`` and ``3 K <= p₂`` (K kept columns of the real
+(``matmul``), the latter where ``K <= 24`` and ``2 K < p₂`` (K kept columns of the real
 FFT's axis). This times both, forward and forward+backward (gradients of the input and the
 weights), medians of ``--reps`` repetitions interleaved over the paths, at 32 channels on
 square grids with the modes SpectralConv keeps (``m`` per sign along the first axis, ``m``

@@ -53,7 +53,7 @@ def spectral_product(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor
 
     Returns ``(B, p₁, p₂, c_out)`` in ``x``'s dtype.
 
-    On the CPU, where the kept columns are few (``K <= 24`` and ``3 K <= p₂``), the transforms
+    On the CPU, where the kept columns are few (``K <= 24`` and ``2 K < p₂``), the transforms
     are products with the kept rows of the DFT matrices instead of FFTs: they compute only the
     kept modes, and MKL's matrix products run near peak where the FFTs of sides such as 85, 141
     or 211 points (factors 17, 47, 211) do not (measured by ``benchmarks/spectral_cpu.py``:
@@ -84,9 +84,8 @@ def spectral_product_1d(x: Tensor, weight: Tensor, norm: str) -> Tensor:
 
 
 # The most kept columns the DFT-matrix products take: their work grows with the columns and the
-# FFTs' does not (one Xeon thread, a line of 8192 points: forward+backward 2.05x faster at
-# K = 24, 1.46x at 32 with the forward alone 0.86x, 0.65x at 48; benchmarks/spectral_cpu.py
-# measures up to 24).
+# FFTs' does not (one Xeon thread, 2-D grids at K = 32: forward 0.96x the FFTs' at 66², 1.15x at
+# 128²; K <= 24 won everywhere benchmarks/spectral_cpu.py measures, with 2 K < p₂).
 _MATMUL_MAX_COLUMNS = 24
 
 # ffts_only()'s flag, per thread as the FLOP counters (torch dispatch modes) are.
@@ -96,12 +95,12 @@ _fft_state = threading.local()
 def _matmuls_pay(x: Tensor, cols: int, length: int) -> bool:
     """Whether the spectral products run as DFT-matrix products: on the CPU, with ``cols``
     kept columns of the real FFT's axis of ``length`` points, ``cols <= 24`` and
-    ``3 cols <= length``; never while a program is compiled, exported or traced or while
+    ``2 cols < length``; never while a program is compiled, exported or traced or while
     this thread counts FLOPs."""
     if x.device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     return (not getattr(_fft_state, "only", False) and cols <= _MATMUL_MAX_COLUMNS
-            and 3 * cols <= length)
+            and 2 * cols < length)
 
 
 @contextlib.contextmanager
@@ -146,7 +145,16 @@ def _dft_rows(freqs: Tensor, n: int, dtype: torch.dtype) -> tuple[Tensor, Tensor
 
 def _spectral_product_matmul(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor:
     """:func:`spectral_product` with the transforms as products with the kept rows of the DFT
-    matrices; real arithmetic throughout, each complex product as the blocks of a real one."""
+    matrices; real arithmetic throughout, each complex product as the blocks of a real one.
+
+    Every tensor of the grid's size stays channels-last and contiguous, as are ``x`` and the
+    result, and so is ``x``'s gradient: products along ``p₂`` are batched over ``(B, p₁)``,
+    products along ``p₁`` take ``(p₂, c)`` as one axis; only the spectrum is permuted.
+    Transforms over ``(B, c, p₁, p₂)`` had handed back a channel-major gradient, which every
+    layer before took on (in the Burgers model's backward, the encoder's residual stream: each
+    of its additions strided, each of its Linear layers copying); benchmarks/table1.py
+    ``--impls ours,ours_fft`` times whole training steps.
+    """
     batch, p1, p2, c_in = x.shape
     _, c_out, rows, cols = weight.shape
     device, dtype = x.device, x.dtype
@@ -158,32 +166,33 @@ def _spectral_product_matmul(x: Tensor, weight: Tensor, n_pos: int, norm: str) -
     forward_scale = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1.0
     inverse_scale = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1 / (p1 * p2)
 
-    # Forward. Along p₂, real: Z = [Zr | Zi] with Zr = Σ x cos, Zi = -Σ x sin.
-    z = x.permute(0, 3, 1, 2) @ (torch.cat([cos2, -sin2]) * forward_scale).mT  # (B, c, p₁, 2K)
+    # Forward. Along p₂, real: Z = [Zr; Zi] with Zr = Σ cos x, Zi = -Σ sin x.
+    z = (torch.cat([cos2, -sin2]) * forward_scale) @ x  # (B, p₁, 2K, c)
     # Along p₁, complex: Σ (c - i s)(Zr + i Zi) = Σ (c Zr + s Zi) + i (c Zi - s Zr), from the
     # four blocks of [c; -s] Z.
-    blocks = torch.cat([cos1, -sin1]) @ z  # (B, c_in, 2R, 2K)
-    re = blocks[..., :rows, :cols] - blocks[..., rows:, cols:]
-    im = blocks[..., :rows, cols:] + blocks[..., rows:, :cols]
+    blocks = (torch.cat([cos1, -sin1]) @ z.reshape(batch, p1, 2 * cols * c_in)).view(
+        batch, 2 * rows, 2 * cols, c_in)
+    re = blocks[:, :rows, :cols] - blocks[:, rows:, cols:]  # (B, R, K, c)
+    im = blocks[:, :rows, cols:] + blocks[:, rows:, :cols]
 
     # Each mode's mixing: [re; im] (2B rows) times [Wr | Wi] holds the four real products.
-    spectrum = torch.cat([re, im]).permute(2, 3, 0, 1).reshape(rows * cols, 2 * batch, c_in)
+    spectrum = torch.cat([re, im]).permute(1, 2, 0, 3).reshape(rows * cols, 2 * batch, c_in)
     w = torch.view_as_real(weight).permute(2, 3, 0, 4, 1).reshape(rows * cols, c_in, 2 * c_out)
     mixed = torch.bmm(spectrum, w).view(rows, cols, 2 * batch, 2 * c_out)
-    out_re = (mixed[:, :, :batch, :c_out] - mixed[:, :, batch:, c_out:]).permute(2, 3, 0, 1)
-    out_im = (mixed[:, :, :batch, c_out:] + mixed[:, :, batch:, :c_out]).permute(2, 3, 0, 1)
+    out_re = (mixed[:, :, :batch, :c_out] - mixed[:, :, batch:, c_out:]).permute(2, 0, 1, 3)
+    out_im = (mixed[:, :, :batch, c_out:] + mixed[:, :, batch:, :c_out]).permute(2, 0, 1, 3)
 
     # Inverse. Along p₁, complex: Σ (c + i s)(Yr + i Yi) = [c | -s] [[Yr, Yi], [Yi, -Yr]].
-    stacked = torch.cat([torch.cat([out_re, out_im], dim=-1),
-                         torch.cat([out_im, -out_re], dim=-1)], dim=-2)  # (B, c_out, 2R, 2K)
-    w1 = torch.cat([cos1.mT, -sin1.mT], dim=1) @ stacked  # (B, c_out, p₁, 2K)
+    stacked = torch.cat([torch.cat([out_re, out_im], dim=2),
+                         torch.cat([out_im, -out_re], dim=2)], dim=1)  # (B, 2R, 2K, c_out)
+    w1 = torch.cat([cos1.mT, -sin1.mT], dim=1) @ stacked.reshape(batch, 2 * rows,
+                                                                 2 * cols * c_out)
     # Along p₂, to real values: Σ_k c_k (Re cos - Im sin), c_k = 2 for the modes that stand for
     # their conjugates too, 1 for k₂ = 0 and the Nyquist mode (whose imaginary parts drop out,
     # as irfft drops them).
     twice = ((k2 != 0) & (2 * k2 != p2)).to(dtype) + 1
     factor = (twice * inverse_scale)[:, None]
-    y = w1 @ torch.cat([cos2 * factor, -sin2 * factor])  # (B, c_out, p₁, p₂)
-    return y.permute(0, 2, 3, 1)
+    return torch.cat([cos2 * factor, -sin2 * factor]).mT @ w1.view(batch, p1, 2 * cols, c_out)
 
 
 def _apply_to_complex(fn: Callable[[Tensor], Tensor], t: Tensor) -> Tensor:
