@@ -65,14 +65,15 @@ def test_spectral_cpu_smoke(tmp_path: Path) -> None:
     """Both paths timed on a small square grid and a line; each row names the rule's pick."""
     out = tmp_path / "spectral.json"
     cmd = [sys.executable, str(BENCHMARKS / "spectral_cpu.py"), "--sizes", "12",
-           "--lines", "40", "--reps", "1", "--out", str(out)]
+           "--lines", "30", "40", "--reps", "1", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
     rows = json.loads(out.read_text())["rows"]
-    # 12²: modes 4 (K = 4) and the 6 it resolves at most; the line: K = 16
-    assert [(r["p1"], r["p2"], r["K"]) for r in rows] == [(12, 12, 4), (12, 12, 6), (1, 40, 16)]
-    assert [r["rule"] for r in rows] == ["matmul", "fft", "fft"]
+    # 12²: modes 4 (K = 4) and the 6 it resolves at most; the lines: K = 16 (2 K < p2 at 40 only)
+    assert [(r["p1"], r["p2"], r["K"]) for r in rows] == [(12, 12, 4), (12, 12, 6), (1, 30, 16),
+                                                          (1, 40, 16)]
+    assert [r["rule"] for r in rows] == ["matmul", "fft", "fft", "matmul"]
     for r in rows:
         assert all(r[f"{path}_{t}_ms"] > 0 for path in ("fft", "matmul")
                    for t in ("fwd", "fwd_bwd"))
