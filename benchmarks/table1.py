@@ -13,6 +13,8 @@ attention, each for
   ours      galerkin_ext.models.build_model("burgers" | "darcy", attention_type=...)
   ours_fft  the same with its spectral convolutions on FFTs (layers.fourier.ffts_only): what
             ours ran on the CPU before those took DFT-matrix products where these are faster
+  ours_compiled  ours through torch.compile, as the trainer's --compile takes it (the warm-up
+            steps compile it)
   original  the original package (galerkin-transformer 0.2.1): SimpleTransformer (1-D) and
             FourierTransformer2D (2-D) with the paper's configs (benchmarks/original.py),
             including its always-on F.dropout(p=0.5) on every attention matrix (noted in the
@@ -68,7 +70,7 @@ BATCH = 4
 BURGERS_N = 8192
 DARCY_FINE, DARCY_COARSE = 141, 43
 MODELS = ("burgers", "darcy")
-IMPLS = ("ours", "ours_fft", "original")
+IMPLS = ("ours", "ours_fft", "ours_compiled", "original")
 ATTENTION = {  # the rows of each model when --attention is not given
     "burgers": ("softmax", "fourier", "linear", "galerkin"),
     "darcy": ("galerkin", "fourier"),
@@ -238,9 +240,10 @@ def make_workload(model_name: str, attention: str, impl: str, data: dict[str, Te
         loss_fn = OperatorLoss(gamma=GAMMA["burgers"], h=1.0 / args.n)
         if impl != "original":
             model = build_model("burgers", attention_type=attention)
+            net = _compiled(model) if impl == "ours_compiled" else model
 
             def forward() -> Tensor:
-                return model(data["x"], data["grid"])
+                return net(data["x"], data["grid"])
         else:
             model = original.burgers_model(attention)
             # The original takes per-sample coordinates, as its data loader gives them.
@@ -255,9 +258,10 @@ def make_workload(model_name: str, attention: str, impl: str, data: dict[str, Te
         if impl != "original":
             model = build_model("darcy", fine=fine, coarse=coarse, attention_type=attention)
             model.denormalizer.set_statistics(data["mean"], data["std"])
+            net = _compiled(model) if impl == "ours_compiled" else model
 
             def forward() -> Tensor:
-                return model(data["x"], data["grid"])
+                return net(data["x"], data["grid"])
         else:
             sizes = cinn_sizes(fine, coarse)  # the CiNN sizes ours uses: both on the same grids
             model = original.darcy_model(
@@ -273,6 +277,11 @@ def make_workload(model_name: str, attention: str, impl: str, data: dict[str, Te
                 return model(data["x"], None, pos, grid)["preds"]
     model.to(data["x"].device).train()
     return Workload(impl, model, forward, loss_fn, data, args.precision)
+
+
+def _compiled(model: nn.Module) -> nn.Module:
+    """``model`` through ``torch.compile`` as the trainer's ``compile`` option takes it."""
+    return torch.compile(model, options={"fallback_random": True})
 
 
 def prepare(model_name: str, attention: str, impl: str, data: dict[str, Tensor],
@@ -409,7 +418,7 @@ def bench_row(model_name: str, attention: str, args: argparse.Namespace) -> list
 
 
 def print_table(records: list[dict[str, Any]]) -> None:
-    print(f"{'model':8s} {'attention':12s} {'impl':9s} {'it/s':>9s} {'peak MiB':>10s} "
+    print(f"{'model':8s} {'attention':12s} {'impl':13s} {'it/s':>9s} {'peak MiB':>10s} "
           f"{'ours/original':>14s}  note")
     for r in records:
         speedup = f"{r['speedup_vs_original']:.2f}x" if "speedup_vs_original" in r else ""
@@ -417,7 +426,7 @@ def print_table(records: list[dict[str, Any]]) -> None:
         mem = f"{r['peak_mem_mb']:.1f}" if r["peak_mem_mb"] is not None else "-"
         note = r.get("note", "").replace(ORIGINAL_NOTE, "always-on attention dropout")
         print(f"{r['model']:8s} {LABEL[r['attention']] + ' ' + r['attention']:12s} "
-              f"{r['impl']:9s} {its:>9s} {mem:>10s} {speedup:>14s}  {note}")
+              f"{r['impl']:13s} {its:>9s} {mem:>10s} {speedup:>14s}  {note}")
     print("it/s: training steps per second (forward, loss, backward, clip, Adam); peak MiB: "
           "CUDA memory above the resident model, optimiser and inputs during the steps")
 

@@ -61,6 +61,20 @@ def test_table1_cpu_smoke(tmp_path: Path) -> None:
     assert "ours" in proc.stdout and "it/s" in proc.stdout  # the printed table
 
 
+def test_table1_compiled_smoke(tmp_path: Path) -> None:
+    """ours_compiled: the model through torch.compile (compiled in the warm-up step)."""
+    out = tmp_path / "table1.json"
+    cmd = [sys.executable, str(BENCHMARKS / "table1.py"), "--device", "cpu", "--impls",
+           "ours_compiled", "--models", "burgers", "--attention", "galerkin", "--n", "32",
+           "--batch", "2", "--steps", "1", "--warmup", "1", "--repeats", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    (record,) = json.loads(out.read_text())["records"]
+    assert record["impl"] == "ours_compiled" and record["it_per_s"] > 0
+    assert record["output_shape"] == [2, 32, 1]
+
+
 def test_spectral_cpu_smoke(tmp_path: Path) -> None:
     """Both paths timed on a small square grid and a line; each row names the rule's pick."""
     out = tmp_path / "spectral.json"

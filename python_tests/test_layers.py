@@ -469,6 +469,40 @@ def test_spectral_product_matmul_path_gradients_layout_autocast_and_vmap(gen):
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_compiled_spectral_products_follow_the_rule(gen, monkeypatch):
+    """torch.compile takes the CPU's rule as a guard on the sizes: a compiled SpectralConv2d
+    traces the DFT-matrix products where eager runs them (30², K = 6) and the FFTs where it
+    does not (12², K = 6), with eager's values and gradients at both."""
+    from galerkin_ext.layers import fourier
+
+    traced: list[str] = []
+
+    def spy(name: str):
+        path = getattr(fourier, name)
+
+        def run(*args):
+            traced.append(name)
+            return path(*args)
+        return run
+
+    for name in ("_spectral_product_matmul", "_spectral_product_fft"):
+        monkeypatch.setattr(fourier, name, spy(name))
+    layer = SpectralConv2d(3, 4, 6)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager")
+    for side, path in ((30, "_spectral_product_matmul"), (12, "_spectral_product_fft")):
+        x = torch.randn(2, side, side, 3, generator=gen, requires_grad=True)
+        traced.clear()
+        out = compiled(x)
+        assert traced == [path]
+        grad = torch.randn(out.shape, generator=gen)
+        got = torch.autograd.grad(out, [x, *layer.parameters()], grad)
+        expected = torch.autograd.grad(layer(x), [x, *layer.parameters()], grad)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
 def test_spectral_product_rule_and_argument_errors():
     """The DFT-matrix products take at most 24 kept columns (their work grows with them, the
     FFTs' does not), and fewer than half the axis; every argument is checked by name."""

@@ -22,7 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_float, check_int, check_spectral_product, check_tensor
+from .._checks import (
+    check_float,
+    check_int,
+    check_spectral_product,
+    check_tensor,
+    is_exporting,
+)
 from ..functional import opmath_dtype
 from .activation import make_activation
 
@@ -57,9 +63,9 @@ def spectral_product(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor
     are products with the kept rows of the DFT matrices instead of FFTs: they compute only the
     kept modes, and MKL's matrix products run near peak where the FFTs of sides such as 85, 141
     or 211 points (factors 17, 47, 211) do not (measured by ``benchmarks/spectral_cpu.py``:
-    the README's benchmarks). Other devices run the FFTs, and so do programs being compiled,
-    exported or traced (one program for every size and device, without a guard on the sizes)
-    and FLOP counts (:func:`ffts_only`).
+    the README's benchmarks). Other devices run the FFTs, and so do programs being exported or
+    traced (one program for every size and device, without a guard on the sizes) and FLOP
+    counts (:func:`ffts_only`); ``torch.compile`` takes the rule as a guard on the sizes.
     """
     check_spectral_product(x, weight, n_pos, norm)
     weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
@@ -95,9 +101,9 @@ _fft_state = threading.local()
 def _matmuls_pay(x: Tensor, cols: int, length: int) -> bool:
     """Whether the spectral products run as DFT-matrix products: on the CPU, with ``cols``
     kept columns of the real FFT's axis of ``length`` points, ``cols <= 24`` and
-    ``2 cols < length``; never while a program is compiled, exported or traced or while
-    this thread counts FLOPs."""
-    if x.device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
+    ``2 cols < length``; never while a program is exported or traced or while this thread
+    counts FLOPs."""
+    if x.device.type != "cpu" or is_exporting():
         return False
     return (not getattr(_fft_state, "only", False) and cols <= _MATMUL_MAX_COLUMNS
             and 2 * cols < length)

@@ -211,7 +211,8 @@ class TrainConfig:
             the checkpoints use the plain module; the numbers agree with an uncompiled run to
             round-off, not bit for bit (dropout included: its masks come from torch's
             generator, as in the plain run). On the CPU it did not pay: the Burgers quick model ran
-            13.5 steps/s compiled against 16.7 plain (one thread).
+            14.2 steps/s compiled against 16.0 plain, the Darcy quick model 1.44 against 1.96
+            (one thread; benchmarks/table1.py --impls ours,ours_compiled).
     """
 
     epochs: int = 100
