@@ -34,11 +34,12 @@ CHANNELS = 32
 PATHS = {"fft": fourier._spectral_product_fft, "matmul": fourier._spectral_product_matmul}
 
 
-def cases(sizes: list[int], lines: list[int]) -> list[tuple[int, int, int, int, int, int]]:
+def cases(sizes: list[int], modes: list[int],
+          lines: list[int]) -> list[tuple[int, int, int, int, int, int]]:
     """(batch, p1, p2, n_pos, n_neg, K) of every measured case."""
     out = []
     for p in sizes:
-        kept = {(min(m, (p - 1) // 2 + 1), min(m, (p - 1) // 2)) for m in MODES}
+        kept = {(min(m, (p - 1) // 2 + 1), min(m, (p - 1) // 2)) for m in modes}
         for n_pos, n_neg in sorted(kept):  # a grid that resolves fewer modes: once
             out.append((max(1, POINTS // (p * p)), p, p, n_pos, n_neg, n_pos))
     out += [(max(1, min(8, POINTS // n)), 1, n, 1, 0, min(16, n // 2 + 1)) for n in lines]
@@ -78,6 +79,8 @@ def main() -> None:
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     p.add_argument("--sizes", type=positive_int, nargs="+", default=list(SIZES),
                    help="the square grids' sides (default: %(default)s)")
+    p.add_argument("--modes", type=positive_int, nargs="+", default=list(MODES),
+                   help="the modes m kept on the square grids (default: %(default)s)")
     p.add_argument("--lines", type=positive_int, nargs="+", default=list(LINES),
                    help="the 1-D grids' points (default: %(default)s)")
     args = p.parse_args()
@@ -85,7 +88,7 @@ def main() -> None:
     rows = []
     print(f"{'B':>3} {'p1':>4} {'p2':>5} {'R':>3} {'K':>3}   fwd+bwd ms fft / matmul   "
           "fft/matmul  rule    rule's pick faster")
-    for batch, p1, p2, n_pos, n_neg, cols in cases(args.sizes, args.lines):
+    for batch, p1, p2, n_pos, n_neg, cols in cases(args.sizes, args.modes, args.lines):
         t = time_paths(batch, p1, p2, n_pos, n_neg, cols, args.reps)
         rule = "matmul" if fourier._matmuls_pay(torch.empty(0), cols, p2) else "fft"
         other = "fft" if rule == "matmul" else "matmul"

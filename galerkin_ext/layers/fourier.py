@@ -90,8 +90,9 @@ def spectral_product_1d(x: Tensor, weight: Tensor, norm: str) -> Tensor:
 
 
 # The most kept columns the DFT-matrix products take: their work grows with the columns and the
-# FFTs' does not (one Xeon thread, 2-D grids at K = 32: forward 0.96x the FFTs' at 66², 1.15x at
-# 128²; K <= 24 won everywhere benchmarks/spectral_cpu.py measures, with 2 K < p₂).
+# FFTs' does not (one Xeon thread, 2-D grids of 66-128 points a side: forward 1.01-1.18x the
+# FFTs' at K = 32, 0.58-0.89x at K = 48, benchmarks/results/spectral_cpu_k32_xeon.json; with
+# 2 K < p₂ they won at every K <= 24 of spectral_cpu_xeon.json).
 _MATMUL_MAX_COLUMNS = 24
 
 # ffts_only()'s flag, per thread as the FLOP counters (torch dispatch modes) are.
