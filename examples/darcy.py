@@ -49,8 +49,8 @@ from galerkin_ext.training import (
 # 2,220,829-parameter model, Adam + OneCycle(max_lr 1e-3, div 1e4, final div 1e4,
 # pct_start 0.3), 100 epochs, batch 4, clip 0.999.  "quick": a small model at 85/29 on data
 # solved directly on the 85 x 85 grid, for a laptop CPU: measured 3.8e-2 evaluation rel. L2 in
-# 131-330 s wall on 2 idle CPU cores (VMs differ), data generation included.  A run of the
-# quick preset as written (README) fails if it misses its threshold.
+# 118-330 s wall on 2 idle CPU cores (VMs and versions differ), data generation included.  A
+# run of the quick preset as written (README) fails if it misses its threshold.
 PRESETS = {
     "quick": {
         "threads": 1,  # small ops: one thread is faster than OpenMP syncs on a busy 2-core CPU
