@@ -441,8 +441,8 @@ def test_spectral_product_paths_match_explicit_sums(gen, grid, norm):
 def test_spectral_product_matmul_path_gradients_layout_autocast_and_vmap(gen):
     """The matrix-product path: gradcheck in float64 for the input and the weights; the result
     and the input's gradient are contiguous channels-last, as the input is (the layers before
-    take that gradient on); under bfloat16 autocast it stays float32 (as the FFTs do);
-    torch.func.vmap over stacked weights."""
+    take that gradient on), on the FFTs' path too; under bfloat16 autocast it stays float32
+    (as the FFTs do); torch.func.vmap over stacked weights."""
     from galerkin_ext.layers import fourier
 
     x = torch.randn(2, 5, 9, 3, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -450,11 +450,13 @@ def test_spectral_product_matmul_path_gradients_layout_autocast_and_vmap(gen):
     assert torch.autograd.gradcheck(
         lambda x, w: fourier._spectral_product_matmul(x, w, 2, "ortho"), (x, w))
     for shape in ((2, 5, 9, 3), (2, 1, 9, 3)):  # a grid; a line (the 1-D layer's)
-        x = torch.randn(*shape, generator=gen, requires_grad=True)
-        out = fourier._spectral_product_matmul(x, w[:, :, : shape[1]].to(torch.complex64), 1,
-                                               "ortho")
-        out.backward(torch.randn(out.shape, generator=gen))
-        assert out.is_contiguous() and x.grad.is_contiguous()
+        for path in (fourier._spectral_product_matmul, fourier._spectral_product_fft):
+            x = torch.randn(*shape, generator=gen, requires_grad=True)
+            out = path(x, w[:, :, : shape[1]].to(torch.complex64), 1, "ortho")
+            out.backward(torch.randn(out.shape, generator=gen))
+            assert out.is_contiguous() and x.grad.is_contiguous()
+    line = fourier.spectral_product_1d(torch.randn(2, 6, 3, generator=gen), w[:, :, 0], "ortho")
+    assert line.is_contiguous()  # (6 points, 3 columns: the FFTs)
     x32 = torch.randn(2, 20, 18, 3, generator=gen)
     w32 = torch.randn(3, 2, 6, 5, generator=gen, dtype=torch.complex64)
     plain = fourier.spectral_product(x32, w32, 3, "backward")

@@ -86,7 +86,8 @@ def spectral_product_1d(x: Tensor, weight: Tensor, norm: str) -> Tensor:
     x_ft = torch.fft.rfft(x.transpose(1, 2), norm=norm)[..., : weight.shape[2]]
     # irfft zero-pads the spectrum beyond the kept modes up to n // 2 + 1.
     out_ft = torch.einsum("bix,iox->box", x_ft, weight)
-    return torch.fft.irfft(out_ft, n=x.shape[1], norm=norm).transpose(1, 2)
+    # contiguous channels-last, as the matrix path's: the layers after would run strided
+    return torch.fft.irfft(out_ft, n=x.shape[1], norm=norm).transpose(1, 2).contiguous()
 
 
 # The most kept columns the DFT-matrix products take: their work grows with the columns and the
@@ -138,7 +139,8 @@ def _spectral_product_fft(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> T
     # a stride assertion at dynamic sizes (torch 2.13)
     high = pos.new_zeros(batch, p1, p2 // 2 + 1 - cols, c_out)
     out_ft = torch.cat([torch.cat([pos, middle, neg], dim=1), high], dim=2)
-    return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2), norm=norm)
+    # contiguous channels-last, as the matrix path's: the layers after would run strided
+    return torch.fft.irfft2(out_ft, s=(p1, p2), dim=(1, 2), norm=norm).contiguous()
 
 
 def _dft_rows(freqs: Tensor, n: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
