@@ -403,12 +403,14 @@ def check_spectral_product(x: object, weight: object, n_pos: object, norm: objec
                            line: bool = False) -> None:
     """The arguments of ``layers.fourier.spectral_product`` (``line``: of
     ``spectral_product_1d``, one axis of ``n`` points and no ``n_pos``): ``x (B, p₁, p₂, c_in)``
-    real, ``weight (c_in, c_out, R, K)`` complex with ``R <= p₁`` rows, ``0 <= n_pos <= R`` of
-    them for ``k₁ >= 0``, ``1 <= K <= p₂ // 2 + 1`` columns; ``norm`` one of torch.fft's
-    ``'backward'``, ``'ortho'``."""
+    float32 or float64, ``weight (c_in, c_out, R, K)`` complex with ``R <= p₁`` rows,
+    ``0 <= n_pos <= R`` of them for ``k₁ >= 0``, ``1 <= K <= p₂ // 2 + 1`` columns; ``norm``
+    one of torch.fft's ``'backward'``, ``'ortho'``."""
     x_doc, w_doc = (("(B, n, c_in)", "(c_in, c_out, K)") if line
                     else ("(B, p1, p2, c_in)", "(c_in, c_out, R, K)"))
     check_tensor(x, "x", 3 if line else 4, x_doc)
+    if x.dtype not in (torch.float32, torch.float64):  # (the layers compute half types in float32)
+        raise TypeError(f"x: expected float32 or float64, the dtype to compute in, got {x.dtype}")
     if not isinstance(weight, Tensor) or not weight.is_complex():
         raise TypeError(f"weight: expected a complex tensor of shape {w_doc}, got "
                         f"{weight.dtype if isinstance(weight, Tensor) else type(weight).__name__}")

@@ -436,6 +436,11 @@ def test_spectral_product_paths_match_explicit_sums(gen, grid, norm):
         if p1 == 1:
             line = fourier.spectral_product_1d(x[:, 0], w[:, :, 0], norm)
             torch.testing.assert_close(line.double(), expected[:, 0], rtol=tol, atol=tol)
+    # weights conjugated lazily (torch's conj bit, as w.conj() gives them) on both paths
+    conj = _explicit_spectral_product(x64, w64.conj().resolve_conj(), n_pos, norm)
+    for path in (fourier._spectral_product_fft, fourier._spectral_product_matmul):
+        torch.testing.assert_close(path(x64, w64.conj(), n_pos, norm), conj, rtol=1e-12,
+                                   atol=1e-12)
 
 
 def test_spectral_product_matmul_path_gradients_layout_autocast_and_vmap(gen):
@@ -474,7 +479,8 @@ def test_spectral_product_matmul_path_gradients_layout_autocast_and_vmap(gen):
 def test_compiled_spectral_products_follow_the_rule(gen, monkeypatch):
     """torch.compile takes the CPU's rule as a guard on the sizes: a compiled SpectralConv2d
     traces the DFT-matrix products where eager runs them (30², K = 6) and the FFTs where it
-    does not (12², K = 6), with eager's values and gradients at both."""
+    does not (12², K = 6), with eager's values and gradients at both; with torch < 2.7 the
+    FFTs."""
     from galerkin_ext.layers import fourier
 
     traced: list[str] = []
@@ -502,6 +508,13 @@ def test_compiled_spectral_products_follow_the_rule(gen, monkeypatch):
         expected = torch.autograd.grad(layer(x), [x, *layer.parameters()], grad)
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # torch < 2.7 cannot tell an export (which takes no guard on sizes) from a compile: there
+    # every compiled program keeps the FFTs
+    monkeypatch.setattr(fourier, "_EXPORT_DETECTABLE", False)
+    torch._dynamo.reset()
+    traced.clear()
+    torch.compile(layer, backend="aot_eager")(torch.randn(2, 30, 30, 3, generator=gen))
+    assert traced == ["_spectral_product_fft"]
     torch._dynamo.reset()
 
 
@@ -518,6 +531,7 @@ def test_spectral_product_rule_and_argument_errors():
     product, line = fourier.spectral_product, fourier.spectral_product_1d
     for call, error, match in [
         (lambda: product(x, w, 2, "orth"), ValueError, "norm: expected one of"),
+        (lambda: product(x.half(), w, 2, "ortho"), TypeError, "x: expected float32 or float64"),
         (lambda: product(x, w.real, 2, "ortho"), TypeError, "weight: expected a complex"),
         (lambda: product(x, w[:2], 2, "ortho"), ValueError, "c_in = 3"),
         (lambda: product(x, torch.randn(3, 2, 17, 4, dtype=torch.complex64), 2, "ortho"),

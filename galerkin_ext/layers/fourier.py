@@ -50,7 +50,7 @@ def spectral_product(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor
     mode's coefficients are mixed by its own complex ``(c_in, c_out)`` matrix.
 
     Args:
-        x: ``(B, p₁, p₂, c_in)`` real, in the dtype to compute in (``B >= 1``).
+        x: ``(B, p₁, p₂, c_in)`` float32 or float64, the dtype to compute in (``B >= 1``).
         weight: ``(c_in, c_out, R, K)`` complex (taken at ``x``'s precision), one matrix per
             kept mode: rows ``k₁ = 0 … n_pos - 1``, then ``k₁ = -(R - n_pos) … -1``; columns
             ``k₂ = 0 … K - 1`` (``R <= p₁``, ``K <= p₂ // 2 + 1``).
@@ -99,13 +99,18 @@ _MATMUL_MAX_COLUMNS = 24
 # ffts_only()'s flag, per thread as the FLOP counters (torch dispatch modes) are.
 _fft_state = threading.local()
 
+# torch 2.5 and 2.6 cannot tell torch.export from torch.compile (no torch.compiler.is_exporting):
+# there every compiled program keeps the FFTs.
+_EXPORT_DETECTABLE = hasattr(torch.compiler, "is_exporting")
+
 
 def _matmuls_pay(x: Tensor, cols: int, length: int) -> bool:
     """Whether the spectral products run as DFT-matrix products: on the CPU, with ``cols``
     kept columns of the real FFT's axis of ``length`` points, ``cols <= 24`` and
-    ``2 cols < length``; never while a program is exported or traced or while this thread
-    counts FLOPs."""
-    if x.device.type != "cpu" or is_exporting():
+    ``2 cols < length``; never while a program without guards on its sizes is built (exported
+    or traced; with torch < 2.7 any compiled one) or while this thread counts FLOPs."""
+    if x.device.type != "cpu" or is_exporting() or (
+            torch.compiler.is_compiling() and not _EXPORT_DETECTABLE):
         return False
     return (not getattr(_fft_state, "only", False) and cols <= _MATMUL_MAX_COLUMNS
             and 2 * cols < length)
@@ -174,6 +179,7 @@ def _spectral_product_matmul(x: Tensor, weight: Tensor, n_pos: int, norm: str) -
     cos2, sin2 = _dft_rows(k2, p2, dtype)  # (K, p₂)
     forward_scale = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1.0
     inverse_scale = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1 / (p1 * p2)
+    weight = weight.resolve_conj().resolve_neg()  # (view_as_real refuses lazy ones)
 
     # Forward. Along p₂, real: Z = [Zr; Zi] with Zr = Σ cos x, Zi = -Σ sin x.
     z = (torch.cat([cos2, -sin2]) * forward_scale) @ x  # (B, p₁, 2K, c)
