@@ -65,7 +65,8 @@ def spectral_product(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor
     or 211 points (factors 17, 47, 211) do not (measured by ``benchmarks/spectral_cpu.py``:
     the README's benchmarks). Other devices run the FFTs, and so do programs being exported or
     traced (one program for every size and device, without a guard on the sizes) and FLOP
-    counts (:func:`ffts_only`); ``torch.compile`` takes the rule as a guard on the sizes.
+    counts (:func:`ffts_only`); ``torch.compile`` takes the rule as a guard on the sizes
+    (from torch 2.7: :data:`_EXPORT_DETECTABLE`).
     """
     check_spectral_product(x, weight, n_pos, norm)
     weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
