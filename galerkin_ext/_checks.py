@@ -140,11 +140,21 @@ def check_holds_values(t: Tensor, name: str, what: str) -> None:
                          "pass a CPU or CUDA tensor")
 
 
+# torch 2.5 and 2.6 have no torch.compiler.is_exporting: there an export looks like a compile.
+EXPORT_DETECTABLE = hasattr(torch.compiler, "is_exporting")
+
+
 def is_exporting() -> bool:
     """True under ``torch.export`` or ``torch.jit.trace``, whose programs cannot branch on
     tensor values: a branch would be refused or baked in for every later input."""
-    exporting = getattr(torch.compiler, "is_exporting", None)  # not in torch 2.5, 2.6
-    return torch.jit.is_tracing() or (exporting is not None and exporting())
+    return torch.jit.is_tracing() or (EXPORT_DETECTABLE and torch.compiler.is_exporting())
+
+
+def without_size_guards() -> bool:
+    """True while a program that takes no guard on its sizes is built: under ``torch.export``
+    and ``torch.jit.trace``, and with torch < 2.7 (no ``EXPORT_DETECTABLE``) under any
+    compile, which there may be an export."""
+    return is_exporting() or (torch.compiler.is_compiling() and not EXPORT_DETECTABLE)
 
 
 def check_index(i: object, n: int) -> int:

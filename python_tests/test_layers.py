@@ -481,6 +481,7 @@ def test_compiled_spectral_products_follow_the_rule(gen, monkeypatch):
     traces the DFT-matrix products where eager runs them (30², K = 6) and the FFTs where it
     does not (12², K = 6), with eager's values and gradients at both; with torch < 2.7 the
     FFTs."""
+    from galerkin_ext import _checks
     from galerkin_ext.layers import fourier
 
     traced: list[str] = []
@@ -510,7 +511,7 @@ def test_compiled_spectral_products_follow_the_rule(gen, monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # torch < 2.7 cannot tell an export (which takes no guard on sizes) from a compile: there
     # every compiled program keeps the FFTs
-    monkeypatch.setattr(fourier, "_EXPORT_DETECTABLE", False)
+    monkeypatch.setattr(_checks, "EXPORT_DETECTABLE", False)
     torch._dynamo.reset()
     traced.clear()
     torch.compile(layer, backend="aot_eager")(torch.randn(2, 30, 30, 3, generator=gen))

@@ -27,7 +27,7 @@ from .._checks import (
     check_int,
     check_spectral_product,
     check_tensor,
-    is_exporting,
+    without_size_guards,
 )
 from ..functional import opmath_dtype
 from .activation import make_activation
@@ -66,7 +66,7 @@ def spectral_product(x: Tensor, weight: Tensor, n_pos: int, norm: str) -> Tensor
     the README's benchmarks). Other devices run the FFTs, and so do programs being exported or
     traced (one program for every size and device, without a guard on the sizes) and FLOP
     counts (:func:`ffts_only`); ``torch.compile`` takes the rule as a guard on the sizes
-    (from torch 2.7: :data:`_EXPORT_DETECTABLE`).
+    (from torch 2.7: ``_checks.without_size_guards``).
     """
     check_spectral_product(x, weight, n_pos, norm)
     weight = weight.to(torch.promote_types(x.dtype, torch.complex64))
@@ -100,18 +100,13 @@ _MATMUL_MAX_COLUMNS = 24
 # ffts_only()'s flag, per thread as the FLOP counters (torch dispatch modes) are.
 _fft_state = threading.local()
 
-# torch 2.5 and 2.6 cannot tell torch.export from torch.compile (no torch.compiler.is_exporting):
-# there every compiled program keeps the FFTs.
-_EXPORT_DETECTABLE = hasattr(torch.compiler, "is_exporting")
-
 
 def _matmuls_pay(x: Tensor, cols: int, length: int) -> bool:
     """Whether the spectral products run as DFT-matrix products: on the CPU, with ``cols``
     kept columns of the real FFT's axis of ``length`` points, ``cols <= 24`` and
     ``2 cols < length``; never while a program without guards on its sizes is built (exported
     or traced; with torch < 2.7 any compiled one) or while this thread counts FLOPs."""
-    if x.device.type != "cpu" or is_exporting() or (
-            torch.compiler.is_compiling() and not _EXPORT_DETECTABLE):
+    if x.device.type != "cpu" or without_size_guards():
         return False
     return (not getattr(_fft_state, "only", False) and cols <= _MATMUL_MAX_COLUMNS
             and 2 * cols < length)
