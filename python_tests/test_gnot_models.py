@@ -256,7 +256,7 @@ def test_given_gate_takes_the_callers_probabilities():
     (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], weight=torch.rand(1, 4)),
      "weight: expected shape"),
     (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], input_weights=[torch.rand(5)]),
-     "input_weights\\[0\\]: expected shape \\(B, 4\\) = \\(1, 4\\) or \\(4,\\), got \\(5,\\)"),
+     "input_weights\\[0\\]: expected shape \\(B, M_0\\) = \\(1, 4\\) or \\(4,\\), got \\(5,\\)"),
     (lambda m: m(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], expert_probs=torch.rand(1, 5, 1)),
      "expert_probs: expected None"),
     # named as the caller named them, not as the ops' "weights[0]"
@@ -296,6 +296,32 @@ def test_gnot_layers_check_their_inputs(call, match):
               GNOTBlock(8, 2, 2, 16))
     with pytest.raises((ValueError, TypeError), match=match):
         call(*layers)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_compiled_models_take_every_padded_size_after_one_recompile(name):
+    """Ragged batches change B, N and every M_l between steps: after the first size changes,
+    torch.compile's automatic dynamic shapes trace them symbolically and one graph serves
+    every later size. The shape checks formatted the sizes into their messages before
+    checking, which pinned them: a compile for every new padded size (25-30 s on a CPU)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch.manual_seed(0)
+    model, dims, theta_dim = model_inputs(name)
+    gen = torch.Generator().manual_seed(2)
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    # batch, N, M_l: the second batch changes every size at once, the later ones again
+    for batch, n, ms in ((2, 9, [6, 4]), (3, 12, [8, 5]), (4, 7, [5, 7]), (2, 15, [9, 3])):
+        samples = [sample(gen, n - i, [m - i for m in ms[:len(dims)]], dims, theta_dim)
+                   for i in range(batch)]
+        x, inputs, theta, weight, input_weights = pad_batch(samples)
+        torch.testing.assert_close(
+            compiled(x, inputs, theta, weight=weight, input_weights=input_weights),
+            model(x, inputs, theta, weight=weight, input_weights=input_weights),
+            rtol=1e-12, atol=1e-12)
+    assert counter.frame_count == 2
+    torch._dynamo.reset()
 
 
 def test_hetero_attention_weights_default_to_uniform():

@@ -42,19 +42,22 @@ THETA_MODES = ("query", "branch")
 GATES = ("mlp", "given")
 
 
-def _check_weight(weight: object, name: str, batch: int, n: int, like: Tensor) -> Tensor | None:
+def _check_weight(weight: object, name: str, batch: int, n: int, points: str,
+                  like: Tensor) -> Tensor | None:
     """``weight (B, n)``, or ``(n,)`` shared by the batch (returned expanded), like ``like``,
     finite and non-negative, or None (checked here, under the caller's name for it: MIONet uses
-    no op that would check the values, and the ops' messages name their own arguments)."""
+    no op that would check the values, and the ops' messages name their own arguments).
+    ``points`` names ``n`` (``"N"``, ``"M_0"``, …); the sizes themselves are formatted only
+    into an error, since formatting a symbolic size would pin it under ``torch.compile``."""
     if weight is None:
         return None
     shared = isinstance(weight, Tensor) and weight.dim() == 1
-    check_tensor(weight, name, 1 if shared else 2, f"(B, {n}) = ({batch}, {n}) or ({n},)")
+    check_tensor(weight, name, 1 if shared else 2, f"(B, {points}) or ({points},)")
     assert isinstance(weight, Tensor)
     check_like(weight, name, like, "x")
     if tuple(weight.shape) != ((n,) if shared else (batch, n)):
-        raise ValueError(f"{name}: expected shape (B, {n}) = ({batch}, {n}) or ({n},), got "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(f"{name}: expected shape (B, {points}) = ({batch}, {n}) or ({n},), "
+                         f"got {tuple(weight.shape)}")
     check_nonnegative(weight, name)
     return weight.expand(batch, n) if shared else weight
 
@@ -82,10 +85,10 @@ def _check_batch(model: nn.Module, x: object, inputs: object, theta: object, wei
     if not isinstance(input_weights, (list, tuple)) or len(input_weights) != len(dims):
         raise ValueError(f"input_weights: expected None or a list of {len(dims)} weights "
                          f"(B, M_l) or None")
-    input_weights = [_check_weight(w, f"input_weights[{i}]", batch, y.shape[1], x)
+    input_weights = [_check_weight(w, f"input_weights[{i}]", batch, y.shape[1], f"M_{i}", x)
                      for i, (w, y) in enumerate(zip(input_weights, inputs, strict=True))]
     if model.theta_dim:
-        check_tensor(theta, "theta", 2, f"(B, theta_dim) = ({batch}, {model.theta_dim})")
+        check_tensor(theta, "theta", 2, f"(B, theta_dim = {model.theta_dim})")
         assert isinstance(theta, Tensor)
         check_like(theta, "theta", x, "x")
         if tuple(theta.shape) != (batch, model.theta_dim):
@@ -116,7 +119,7 @@ def _check_query(model: nn.Module, x: object, weight: object) -> tuple[Tensor, T
     if width != model.query_dim:
         raise ValueError(f"x: expected shape (B, N, query_dim = {model.query_dim}), got "
                          f"{tuple(x.shape)}")
-    return x, _check_weight(weight, "weight", batch, n, x)
+    return x, _check_weight(weight, "weight", batch, n, "N", x)
 
 
 class GNOT(nn.Module):
