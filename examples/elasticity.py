@@ -118,7 +118,7 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 
 def main(argv=None):
-    parser = experiment_parser(__doc__, PRESETS, attention_flags=False, compile_flag=False)
+    parser = experiment_parser(__doc__, PRESETS, attention_flags=False)
     parser.add_argument("--model", choices=list(MODELS), default="gnot",
                         help="GNOT or a baseline of SPEC-gnot §6 (default: %(default)s)")
     parser.add_argument("--weights", choices=("mesh", "uniform"), default="mesh",

@@ -280,7 +280,6 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
     ("darcy.py", ("--precision", "bf16"), 1, "error: precision: 'bf16' needs a CUDA device"),
     ("darcy.py", ("--batch-size", "16", "--n-train", "8"), 1,
      "error: batch_size: the batch of 16 is larger than the 8 training samples"),
-    ("heat.py", ("--compile",), 2, "unrecognized arguments: --compile"),  # ragged batches
     ("controlled_ode.py", ("--dt", "3"), 2, "argument --dt: dt: expected a step <= t_end = 2.0"),
     ("domain_parallel.py", ("--resolution", "2"), 2, "argument --resolution: expected at least 3"),
     ("darcy_inverse.py", ("--noise", "-0.1"), 2, "argument --noise: expected a finite number >= 0"),

@@ -400,9 +400,6 @@ def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):
     resumed = _trainer(tmp_path / "compiled", epochs=2).fit(resume=True)  # accepted
     assert resumed["history"] == compiled["history"]
 
-    class Padded(_Linear1d):  # a dataset that pads its samples, as the ragged ones do
-        collate_fn = staticmethod(torch.utils.data.default_collate)
-
     class MSE(nn.Module):  # a user's loss without the logged relative error
         def forward(self, pred, target, *args):
             loss = (pred - target).square().mean()
@@ -419,9 +416,6 @@ def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):
     history = _trainer(tmp_path / "l2", epochs=1, loss=L2Only()).fit()["history"]
     assert "train_rel_h1" not in history[0] and history[0]["train_rel_l2"] > 0
     assert "train_rel_h1" not in (tmp_path / "l2" / "metrics.csv").read_text()
-    with pytest.raises(ValueError, match="compile: this train_set pads its samples"):
-        Trainer(_PointMLP(), OperatorLoss(), Padded(32), _Linear1d(8, seed=1),
-                TrainConfig(compile=True, progress=False), tmp_path / "padded")
 
 
 @pytest.mark.parametrize(

@@ -99,8 +99,7 @@ class ThresholdError(RuntimeError):
 
 
 def experiment_parser(description: str, presets: Mapping[str, Any], *,
-                      attention_flags: bool = True, compile_flag: bool = True,
-                      mat_files: bool = False,
+                      attention_flags: bool = True, mat_files: bool = False,
                       eval_data_help: str | None = None) -> argparse.ArgumentParser:
     """The command line every example shares; scripts add their own resolution flags.
 
@@ -108,16 +107,13 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
     ``--precision``) default to ``None``: "keep the preset's value".  ``attention_flags``:
     whether the Galerkin Transformer's ``--attention``, ``--norm`` and
     ``--reference-dropout`` exist (the continuum-attention scripts have none of them);
-    ``compile_flag``: whether ``--compile`` does (not for padded ragged batches, which
-    ``torch.compile`` would compile again at every new size); ``mat_files``: whether
-    ``--data`` and ``--eval-data`` take the original code's ``.mat`` files too;
-    ``eval_data_help``: the help of ``--eval-data`` where it is not a file of evaluation
-    samples that replaces ``--data``'s.
+    ``mat_files``: whether ``--data`` and ``--eval-data`` take the original code's ``.mat``
+    files too; ``eval_data_help``: the help of ``--eval-data`` where it is not a file of
+    evaluation samples that replaces ``--data``'s.
     """
     if not isinstance(presets, Mapping) or not presets:
         raise ValueError("presets: expected a non-empty dict of preset name -> config")
-    for name, flag in (("attention_flags", attention_flags), ("compile_flag", compile_flag),
-                       ("mat_files", mat_files)):
+    for name, flag in (("attention_flags", attention_flags), ("mat_files", mat_files)):
         check_bool(flag, name)
     if eval_data_help is not None and not isinstance(eval_data_help, str):
         raise TypeError(f"eval_data_help: expected a str or None, got {eval_data_help!r}")
@@ -171,10 +167,9 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
     p.add_argument("--tensorboard", action="store_true",
                    help="log to OUT/tensorboard (needs the tensorboard package: pip install "
                         "tensorboard)")
-    if compile_flag:
-        p.add_argument("--compile", action="store_true",
-                       help="torch.compile the training steps (the first step compiles for "
-                            "10-30 s)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the training steps (the first step compiles for "
+                        "10-30 s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -223,7 +218,7 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
         if getattr(args, name) is not None:
             train[key] = getattr(args, name)
     train.update(num_workers=args.workers, progress=not args.no_progress,
-                 tensorboard=args.tensorboard, compile=getattr(args, "compile", False))
+                 tensorboard=args.tensorboard, compile=args.compile)
     # settings that need no data are checked before any is generated
     _check_out(args.out)
     batch_size = TrainConfig(**train).batch_size  # its own checks, and the default
