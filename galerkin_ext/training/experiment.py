@@ -169,7 +169,7 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                         "tensorboard)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the training steps (the first step compiles for "
-                        "10-30 s)")
+                        "10-40 s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
