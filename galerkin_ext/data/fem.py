@@ -178,6 +178,10 @@ def triangulate(
         The :class:`TriMesh`; ``labels`` is ``None`` without ``regions``.
     """
     vertices = _float_array(vertices, "vertices", "(P, 2)", 2)
+    # (Triangle itself crashes the process on vertices that are all one point)
+    if len(vertices) < 3 or np.linalg.matrix_rank(vertices - vertices.mean(axis=0)) < 2:
+        raise ValueError(f"vertices: expected at least 3 points not all on one line, got "
+                         f"{len(vertices)} points spanning no area")
     segments = _index_array(segments, "segments", "(S, 2)", 2, len(vertices))
     h = check_float(h, "h")
     min_angle = check_float(min_angle, "min_angle", high=34.0)
@@ -275,17 +279,18 @@ def refine_near(
     """
     mesh = _check_mesh(mesh)
     distance = check_float(distance, "distance")
-    if isinstance(curves, np.ndarray) or not isinstance(curves, Sequence) or not curves:
+    if isinstance(curves, (np.ndarray, str)) or not isinstance(curves, Sequence) or not curves:
         raise TypeError("curves: expected a non-empty sequence of (K, 2) polylines")
+    curves = [_float_array(curve, f"curves[{i}]", "(K, 2)", 2) for i, curve in enumerate(curves)]
+    for i, curve in enumerate(curves):
+        if not len(curve):
+            raise ValueError(f"curves[{i}]: expected at least one point")
     check_bool(boundary_steiner, "boundary_steiner")
     min_angle = check_float(min_angle, "min_angle", high=34.0)
     centroids = mesh.points[mesh.triangles].mean(axis=1)
     near = np.zeros(len(mesh.triangles), dtype=bool)
-    for i, curve in enumerate(curves):
-        dist = distance_to_polyline(centroids, np.asarray(curve))
-        if not np.isfinite(dist).all():
-            raise ValueError(f"curves[{i}]: expected finite coordinates")
-        near |= dist <= distance
+    for curve in curves:
+        near |= distance_to_polyline(centroids, curve) <= distance
     # Triangle reads a bound <= 0 as "no bound".
     bound = np.where(near, triangle_areas(mesh.points, mesh.triangles) / 4.0, -1.0)
     data: dict[str, np.ndarray] = {

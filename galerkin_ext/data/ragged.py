@@ -55,7 +55,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .._checks import check_int, check_path
+from .._checks import check_bool, check_int, check_path
 from .storage import (
     RAGGED_SCHEMA,
     DataFileError,
@@ -107,6 +107,11 @@ class InputSpec:
     channels: int
     weights: bool
 
+    def __post_init__(self) -> None:
+        _check_names([self.name], "InputSpec.name")
+        check_int(self.channels, f"InputSpec({self.name!r}).channels", 0)
+        check_bool(self.weights, f"InputSpec({self.name!r}).weights")
+
 
 @dataclass(frozen=True)
 class RaggedLayout:
@@ -128,6 +133,21 @@ class RaggedLayout:
     query_weights: bool
     query_label: bool
     mesh: bool
+
+    def __post_init__(self) -> None:
+        # the rules validate_sample applies, for a layout given to RaggedWriter.open or read
+        # from a file's record
+        check_int(self.space_dim, "layout.space_dim")
+        if not _check_names(self.target_names, "layout.target_names"):
+            raise ValueError("layout.target_names: expected at least one target channel")
+        if isinstance(self.inputs, str) or not isinstance(self.inputs, Sequence) or not all(
+                isinstance(spec, InputSpec) for spec in self.inputs):
+            raise TypeError(f"layout.inputs: expected a sequence of InputSpec, got "
+                            f"{self.inputs!r}")
+        _check_names([spec.name for spec in self.inputs], "layout.inputs")
+        check_int(self.theta_dim, "layout.theta_dim", 0)
+        for key in ("query_weights", "query_label", "mesh"):
+            check_bool(getattr(self, key), f"layout.{key}")
 
     @property
     def input_names(self) -> tuple[str, ...]:

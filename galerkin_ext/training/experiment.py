@@ -743,6 +743,11 @@ def plot_1d(
     ``xlabel`` names the grid's variable (e.g. ``'t'``).
     """
     _check_fields([pred, target], "pred, target")
+    if not isinstance(grid, torch.Tensor):
+        raise TypeError(f"grid: expected a tensor of shape (n,) or (n, 1), got "
+                        f"{type(grid).__name__}")
+    if grid.dim() not in (1, 2) or grid.dim() == 2 and grid.shape[1] != 1:
+        raise ValueError(f"grid: expected shape (n,) or (n, 1), got {tuple(grid.shape)}")
     grid = grid.reshape(-1).cpu()
     if grid.numel() != pred.shape[1]:
         raise ValueError(f"grid: expected {pred.shape[1]} points, got {grid.numel()}")

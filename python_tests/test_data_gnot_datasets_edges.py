@@ -1,0 +1,166 @@
+"""data/gnot_datasets.py's argument checks and rarely taken branches: each check reached through the
+public API, each branch with its result checked."""
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from test_data_ragged import synthetic, write
+
+from galerkin_ext.data.datasets import UnitGaussianNormalizer
+from galerkin_ext.data.gnot_datasets import (
+    RaggedDataset,
+    RaggedNormalizers,
+    SizeBucketSampler,
+    batch_to,
+    collate_ragged,
+)
+from galerkin_ext.data.ragged import RaggedWriter, read_ragged
+from galerkin_ext.data.storage import DataFileError, partial_path
+
+
+@pytest.fixture(scope="module")
+def rfile(tmp_path_factory):
+    return write(tmp_path_factory.mktemp("gd") / "r.h5", n=6, chunk=3)
+
+
+@pytest.fixture(scope="module")
+def train(rfile):
+    return RaggedDataset(rfile, "train", n_train=4, dtype=torch.float64)
+
+
+def test_normalizer_constructor_checks():
+    z = UnitGaussianNormalizer(torch.randn(5, 2, dtype=torch.float64))
+    with pytest.raises(TypeError, match="target: expected a UnitGaussianNormalizer, got Linear"):
+        RaggedNormalizers(z, torch.nn.Linear(1, 1), {}, None)
+    scalar = UnitGaussianNormalizer.from_statistics(torch.tensor(0.0), torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"theta: expected per-channel statistics of shape "
+                                         r"\(c,\), got \(\)"):
+        RaggedNormalizers(z, z, {}, scalar)
+
+
+def test_fit_checks(rfile):
+    with pytest.raises(TypeError, match="data: expected RaggedArrays, got dict"):
+        RaggedNormalizers.fit({})
+    with pytest.raises(ValueError, match="data: the query points and targets must have been read"):
+        RaggedNormalizers.fit(read_ragged(rfile, fields=("query",)))
+    with pytest.raises(ValueError, match="needs >= 2 training samples, got 1"):
+        RaggedNormalizers.fit(read_ragged(rfile, [0]))
+    with pytest.raises(ValueError, match="data: the input function 'g' was not read"):
+        RaggedNormalizers.fit(read_ragged(rfile, fields=("query", "target")))
+
+
+def test_state_dict_round_trip_and_checks(train):
+    norm = train.normalizers
+    state = dict(norm.state_dict())
+    state["eps"] = float(state["eps"])  # a plain float (not a tensor) is taken as it is
+    back = RaggedNormalizers.from_state_dict(state)
+    assert back.named().keys() == norm.named().keys()
+    for name, z in back.named().items():
+        assert torch.equal(z.mean, norm.named()[name].mean) and z.eps == norm.named()[name].eps
+    with pytest.raises(TypeError, match="state: expected a state dict, got list"):
+        RaggedNormalizers.from_state_dict([])
+    with pytest.raises(KeyError, match="state: missing 'target.std'; not a RaggedNormalizers"):
+        RaggedNormalizers.from_state_dict({k: v for k, v in state.items() if k != "target.std"})
+    with pytest.raises(KeyError, match="state: missing 'theta.std'"):
+        RaggedNormalizers.from_state_dict({k: v for k, v in state.items() if k != "theta.std"})
+    with pytest.raises(TypeError, match="config: expected a dict of statistics, got list"):
+        RaggedNormalizers.from_config([])
+
+
+def test_normalizers_of_other_data_are_refused(rfile, train, tmp_path):
+    other = write(tmp_path / "o.h5", n=3, chunk=3, fn=lambda i: {
+        **synthetic(i), "target": synthetic(i)["target"][:, :1], "target_names": ["u"],
+        "query": {**synthetic(i)["query"], "points": np.c_[synthetic(i)["query"]["points"],
+                                                           np.zeros(len(synthetic(i)["target"]))]},
+        "inputs": {"g": {**synthetic(i)["inputs"]["g"],
+                         "points": np.c_[synthetic(i)["inputs"]["g"]["points"],
+                                         np.zeros(len(synthetic(i)["inputs"]["g"]["points"]))],
+                         "values": None},
+                   "cavity": {**synthetic(i)["inputs"]["cavity"],
+                              "points": np.c_[synthetic(i)["inputs"]["cavity"]["points"],
+                                              np.zeros(len(synthetic(i)["inputs"]["cavity"]
+                                                           ["points"]))]}}})
+    with pytest.raises(ValueError, match=r"fitted on other data than this file holds "
+                                         r"\(coordinates: 2 vs 3; target channels: 2 vs 1; "
+                                         r"input values \{'g': 1\} vs \{\}"):
+        RaggedDataset(other, "test", n_test=1, normalizers=train.normalizers)
+
+
+def test_dataset_checks(rfile, train, tmp_path):
+    with pytest.raises(TypeError, match="path: expected the path of a ragged .h5 file, got int"):
+        RaggedDataset(3, n_train=4)
+    with pytest.raises(ValueError, match="n_test: the file has 6 samples, fewer than 7"):
+        RaggedDataset(rfile, "test", n_test=7, normalizers=train.normalizers)
+    with pytest.raises(ValueError, match="n_train: fitting the normalisers needs >= 2 training "
+                                         "samples, got 1"):
+        RaggedDataset(rfile, "train", n_train=1)
+    with pytest.raises(ValueError, match="n_test: needed for split='test'"):
+        RaggedDataset(rfile, "test", normalizers=train.normalizers)
+    for split in ({"a": 1}, [], [[0, 1]], [0.5]):
+        with pytest.raises(ValueError, match="split: expected 'train', 'test' or a non-empty "
+                                             "sequence of sample indices"):
+            RaggedDataset(rfile, split, normalizers=train.normalizers)
+
+
+def test_an_incomplete_file_is_refused(tmp_path):
+    out = tmp_path / "p.h5"
+    from galerkin_ext.data.ragged import RaggedLayout
+    w = RaggedWriter.open(out, generator="synthetic", parameters={}, seed=0, n_samples=4,
+                          chunk_size=2, layout=RaggedLayout.from_sample(synthetic(0)))
+    w.write_chunk(0, [synthetic(0), synthetic(1)])
+    w.close()
+    with pytest.raises(DataFileError, match=r"is incomplete \(2 of 4 samples\); finish it"):
+        RaggedDataset(partial_path(out), n_train=2)
+
+
+def test_mesh_weights_that_sum_to_zero_are_refused(rfile, tmp_path):
+    bad = tmp_path / "w.h5"
+    bad.write_bytes(rfile.read_bytes())
+    with h5py.File(bad, "r+") as f:  # sample 1's query weights, zeroed (only an edit does it)
+        a, b = f["query/offsets"][1:3]
+        f["query/weights"][a:b] = 0.0
+    with pytest.raises(DataFileError, match="query/weights: sample 1 has weights that do not sum "
+                                            "to a positive number"):
+        RaggedDataset(bad, "train", n_train=4, weights="mesh")
+
+
+def test_size_properties(train):
+    assert train.space_dim == train.query_dim == 2
+
+
+def test_collation_item_checks(train):
+    a, b = train[0], train[1]
+    with pytest.raises(TypeError, match=r"items\[1\]: expected a dict of RaggedDataset, got list"):
+        collate_ragged([a, []])
+    with pytest.raises(TypeError, match=r"items\[0\]: weight: expected a floating tensor of rank "
+                                        r"1, got torch.int64"):
+        collate_ragged([{**a, "weight": a["weight"].long()}])
+    with pytest.raises(TypeError, match=r"items\[0\]: inputs and input_weights: expected lists "
+                                        "of equal length"):
+        collate_ragged([{**a, "input_weights": a["input_weights"][:1]}])
+    with pytest.raises(ValueError, match=r"items\[0\]: inputs\[0\]: expected \(M, b\) with M >= 1"):
+        collate_ragged([{**a, "input_weights": [a["input_weights"][0][:-1],
+                                                a["input_weights"][1]]}])
+    with pytest.raises(TypeError, match=r"items\[0\]: weight, target: expected x's dtype "
+                                        "torch.float64, got torch.float32"):
+        collate_ragged([{**a, "weight": a["weight"].float()}])
+    with pytest.raises(ValueError, match=r"items\[1\]: theta differs in presence or shape"):
+        collate_ragged([a, {**b, "theta": None}])
+    with pytest.raises(ValueError, match=r"items\[1\]: has a label where items\[0\] has none"):
+        collate_ragged([a, {k: v for k, v in b.items() if k != "label"}])
+    with pytest.raises(TypeError, match="batch: expected a dict from collate_ragged, got list"):
+        batch_to([], "cpu")
+
+
+def test_sampler_checks_and_set_epoch_during_a_pass():
+    with pytest.raises(ValueError, match="lengths: expected a non-empty 1-D sequence of ints"):
+        SizeBucketSampler([], 2)
+    s = SizeBucketSampler([3, 5, 2, 7, 1], 2, seed=1)
+    it = iter(s)
+    first = next(it)
+    s.set_epoch(5)  # chosen meanwhile: the pass's end does not advance it to 1
+    rest = list(it)
+    assert sorted(sum([first, *rest], [])) == [0, 1, 2, 3, 4]
+    assert [first, *rest] == s.batches(0) and s.epoch == 5
+    assert list(s) == s.batches(5) and s.epoch == 6

@@ -1,0 +1,311 @@
+"""data/ragged.py's argument checks and rarely taken branches: each check reached through the
+public API, each branch with its result checked."""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import h5py
+import numpy as np
+import pytest
+from test_data_ragged import synthetic, write
+
+from galerkin_ext.data.ragged import (
+    InputSpec,
+    RaggedLayout,
+    RaggedWriter,
+    inspect_ragged,
+    is_ragged_file,
+    read_header,
+    read_ragged,
+    validate_sample,
+)
+from galerkin_ext.data.storage import DataFileError, partial_path
+
+KW = dict(generator="synthetic", parameters={"kind": "test"}, seed=0)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return write(tmp_path_factory.mktemp("cov") / "s.h5", n=5, chunk=2)
+
+
+def _copy(src, dst):
+    dst.write_bytes(src.read_bytes())
+    return dst
+
+
+def _flip(path, dataset, chunk=0):
+    with h5py.File(path) as f:
+        offset = f[dataset].id.get_chunk_info(chunk).byte_offset
+    data = bytearray(path.read_bytes())
+    data[offset + 3] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("edit, err, match", [
+    (lambda s: s["query"].__setitem__("points", None), TypeError,
+     r"query.points: expected a real array of shape \(N, d\), got NoneType"),
+    (lambda s: s.__setitem__("target", np.array(["a", "b"])), TypeError,
+     r"target: expected a real array of shape \(N, o\), got <U1"),
+    (lambda s: s.__setitem__("target", s["target"][:, 0]), ValueError,
+     r"target: expected shape \(N, o\), got \(\d+,\)"),
+    (lambda s: s["query"].__setitem__("label", s["query"]["label"].astype(float)), TypeError,
+     r"query.label: expected an integer array"),
+    (lambda s: s.__setitem__("target_names", "uv"), TypeError,
+     "target_names: expected a list of names, got 'uv'"),
+    (lambda s: s.__setitem__("target_names", ["u", "u"]), ValueError,
+     r"target_names: names must be unique, got \['u', 'u'\]"),
+    (lambda s: s["query"].__setitem__("weights", s["query"]["weights"][:-1]), ValueError,
+     r"query.weights: expected shape \(\d+,\), got \(\d+,\)"),
+    (lambda s: s.__setitem__("query", [1, 2]), TypeError,
+     "query: expected a dict with points, weights, label"),
+    (lambda s: s["query"].__setitem__("label", s["query"]["label"][:-1]), ValueError,
+     r"query.label: expected shape \(\d+,\), got"),
+    (lambda s: s.__setitem__("inputs", [1]), TypeError,
+     "inputs: expected a dict .name: .points, values, weights.., got list"),
+    (lambda s: s["inputs"].__setitem__("g", 5), TypeError,
+     r"inputs\['g'\]: expected a dict with points, values, weights"),
+    (lambda s: s.__setitem__("triangles", s["triangles"][:, :2]), ValueError,
+     r"triangles: expected shape \(T, 3\) with T >= 1, got \(\d+, 2\)"),
+    (lambda s: s.__setitem__("triangles", np.zeros((0, 3), np.int32)), ValueError,
+     r"triangles: expected shape \(T, 3\) with T >= 1, got \(0, 3\)"),
+])
+def test_sample_checks(edit, err, match):
+    sample = synthetic(2)
+    edit(sample)
+    with pytest.raises(err, match=match):
+        validate_sample(sample, where="s2")
+
+
+def test_zero_column_values_and_empty_theta_become_none():
+    sample = synthetic(3)
+    sample["inputs"]["g"]["values"] = np.zeros((len(sample["inputs"]["g"]["points"]), 0))
+    sample["theta"] = np.zeros(0)
+    checked = validate_sample(sample)
+    assert checked["inputs"]["g"]["values"] is None and checked["theta"] is None
+    layout = RaggedLayout.from_sample(sample)
+    assert layout.theta_dim == 0 and layout.inputs[0] == InputSpec("g", 0, True)
+
+
+def _open(path, **kw):
+    args = dict(KW, n_samples=4, chunk_size=2, layout=RaggedLayout.from_sample(synthetic(0)))
+    args.update(kw)
+    return RaggedWriter.open(path, **args)
+
+
+def test_writer_open_argument_checks(tmp_path):
+    out = tmp_path / "w.h5"
+    with pytest.raises(TypeError, match="generator: expected a non-empty str, got ''"):
+        _open(out, generator="")
+    with pytest.raises(TypeError, match="layout: expected a RaggedLayout or a function "
+                                        "returning one, got int"):
+        _open(out, layout=5)
+    with pytest.raises(TypeError, match="layout: the function returned dict, not a RaggedLayout"):
+        _open(out, layout=lambda: {})
+    assert not partial_path(out).exists()
+
+
+def test_writer_with_a_given_layout_orders_and_finishes(tmp_path):
+    out = tmp_path / "w.h5"
+    w = _open(out)  # a RaggedLayout given directly (not a function)
+    assert w.pending_chunks() == [(0, 0, 2), (1, 2, 4)]
+    with pytest.raises(ValueError, match="chunks are appended in order; the next is 0, got 1"):
+        w.write_chunk(1, [synthetic(2), synthetic(3)])
+    with pytest.raises(ValueError, match=r"samples: chunk 0 needs a list of 2 samples \(0 to 1\)"):
+        w.write_chunk(0, [synthetic(0)])
+    w.write_chunk(0, [synthetic(0), synthetic(1)])
+    with pytest.raises(DataFileError, match="cannot finish: some chunks have not been written"):
+        w.finish()
+    w.write_chunk(1, [synthetic(2), synthetic(3)])
+    with pytest.raises(ValueError, match="the next is None, got 2"):
+        w.write_chunk(2, [])
+    assert w.finish() == out
+    data = read_ragged(out)
+    assert len(data) == 4 and np.array_equal(data.sample(3)["target"], synthetic(3)["target"])
+
+
+def test_a_failure_while_creating_leaves_no_partial_file(tmp_path, monkeypatch):
+    from galerkin_ext.data import ragged
+
+    def broken(*args):
+        raise OSError("disk full")
+
+    out = tmp_path / "dup.h5"
+    monkeypatch.setattr(ragged, "_create", broken)  # after the partial file was created
+    with pytest.raises(OSError, match="disk full"):
+        _open(out)
+    assert not partial_path(out).exists() and not out.exists()
+
+
+@pytest.mark.parametrize("fields, error, match", [
+    ({"space_dim": -1}, ValueError, r"layout.space_dim: expected an int >= 1, got -1"),
+    ({"space_dim": "x"}, TypeError, "layout.space_dim: expected an int"),
+    ({"target_names": ()}, ValueError, "layout.target_names: expected at least one"),
+    ({"target_names": ("u", "u")}, ValueError, "layout.target_names: names must be unique"),
+    ({"inputs": (InputSpec("g", 1, True), InputSpec("g", 0, False))}, ValueError,
+     r"layout.inputs: names must be unique, got \['g', 'g'\]"),
+    ({"inputs": ("g",)}, TypeError, "layout.inputs: expected a sequence of InputSpec"),
+    ({"theta_dim": -2}, ValueError, "layout.theta_dim: expected an int >= 0"),
+    ({"mesh": 1}, TypeError, "layout.mesh: expected a bool, got 1"),
+])
+def test_a_layout_given_to_the_writer_is_checked_when_made(fields, error, match):
+    """A layout given directly (not read from a sample) used to reach h5py unchecked: a negative
+    space_dim failed there, a repeated input name only at the first chunk, after the partial
+    file was made."""
+    good = dict(space_dim=2, target_names=("u",), inputs=(InputSpec("g", 1, True),),
+                theta_dim=0, query_weights=False, query_label=False, mesh=False)
+    with pytest.raises(error, match=match):
+        RaggedLayout(**(good | fields))
+
+
+def test_an_input_spec_is_checked_when_made():
+    with pytest.raises(ValueError, match="InputSpec\\('g'\\).channels: expected an int >= 0"):
+        InputSpec("g", -1, True)
+    with pytest.raises(ValueError, match="InputSpec.name: expected identifiers"):
+        InputSpec("a b", 1, True)
+    with pytest.raises(TypeError, match="InputSpec\\('g'\\).weights: expected a bool"):
+        InputSpec("g", 1, "yes")
+
+
+def _interrupted(tmp_path, n=5, chunk=2):
+    out = tmp_path / "x.h5"
+
+    def flaky(i):
+        if i == 2:
+            raise KeyboardInterrupt
+        return synthetic(i)
+    with pytest.raises(KeyboardInterrupt):
+        write(out, n=n, chunk=chunk, fn=flaky)
+    return out, partial_path(out)
+
+
+def test_resume_refusals(tmp_path):
+    out, part = _interrupted(tmp_path)
+    other = RaggedLayout.from_sample(synthetic(0, theta=False))
+    with pytest.raises(DataFileError, match=r"its layout differs from this run's \(theta_dim 3 "
+                                            r"vs 0\)"):
+        _open(out, n_samples=5, layout=other, resume=True)
+    with h5py.File(part, "r+") as f:  # fewer rows than the completed chunk's offsets
+        f["target/values"].resize(1, axis=0)
+    with pytest.raises(DataFileError, match=r"cannot resume .*: target/values has 1 rows, its "
+                                            r"offsets say \d+"):
+        write(out, n=5, chunk=2, resume=True)
+
+
+def test_resume_of_a_corrupt_partial_file(tmp_path):
+    out, part = _interrupted(tmp_path)
+    _flip(part, "query/offsets")
+    with pytest.raises(DataFileError, match="cannot resume .*: a stored chunk fails its checksum"):
+        write(out, n=5, chunk=2, resume=True)
+
+
+def test_write_ragged_argument_checks(tmp_path):
+    out = tmp_path / "a.h5"
+    with pytest.raises(TypeError, match="executor: expected a concurrent.futures.Executor, got "
+                                        "int"):
+        write(out, executor=4)
+    with pytest.raises(TypeError, match="sample_fn: expected a function index -> sample dict, "
+                                        "got int"):
+        write(out, fn=7)
+    assert not out.exists() and not partial_path(out).exists()
+
+
+def test_an_executor_used_from_a_worker_thread(tmp_path, small):
+    out, result = tmp_path / "t.h5", {}
+
+    def run():
+        with ThreadPoolExecutor(2) as pool:
+            result["path"] = write(out, n=5, chunk=2, executor=pool)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert result["path"] == out
+    a, b = read_ragged(out), read_ragged(small)
+    assert np.array_equal(a.target, b.target) and np.array_equal(a.offsets, b.offsets)
+
+
+def test_read_variants(small):
+    data = read_ragged(small, slice(1, 4))
+    assert data.indices.tolist() == [1, 2, 3]
+    n = [len(synthetic(i)["target"]) for i in (1, 2, 3)]
+    assert data.lengths.tolist() == n
+    assert data.inputs["g"].lengths.tolist() == [len(synthetic(i)["inputs"]["g"]["points"])
+                                                 for i in (1, 2, 3)]
+    with pytest.raises(IndexError, match="j: 3 is out of range for 3 samples"):
+        data.sample(3)
+    empty = read_ragged(small, [])
+    assert len(empty) == 0 and empty.target.shape == (0, 2) and empty.theta.shape == (0, 3)
+    assert empty.triangles.shape == (0, 3) and empty.triangles.dtype == np.int32
+
+
+@pytest.mark.parametrize("indices, match", [
+    ([[0, 1]], "indices: expected a 1-D sequence of integers or a slice"),
+    ([0.5], "indices: expected a 1-D sequence of integers or a slice"),
+    ([0, 5], r"indices: expected values in \[0, 5\), got min 0 and max 5"),
+    ([-1], r"indices: expected values in \[0, 5\), got min -1"),
+    ([1, 1], "indices: expected no repeated sample"),
+])
+def test_read_index_checks(small, indices, match):
+    with pytest.raises(ValueError, match=match):
+        read_ragged(small, indices)
+
+
+def test_read_field_and_missing_file_checks(small, tmp_path):
+    with pytest.raises(ValueError, match=r"fields: expected names among .*got 'label'"):
+        read_ragged(small, fields=("query", "label"))
+    for fn in (is_ragged_file, read_header, inspect_ragged):
+        with pytest.raises(DataFileError, match="does not exist or is not a file"):
+            fn(tmp_path / "none.h5")
+
+
+def test_damaged_files(small, tmp_path):
+    short = _copy(small, tmp_path / "short.h5")
+    with h5py.File(short, "r+") as f:
+        f["target/values"].resize(3, axis=0)
+    with pytest.raises(DataFileError, match=r"target/values has 3 rows, fewer than its offsets "
+                                            r"need \(\d+\); the file is damaged"):
+        read_ragged(short)
+    tri = _copy(small, tmp_path / "tri.h5")
+    with h5py.File(tri, "r+") as f:
+        n0 = int(f["query/offsets"][1])
+        f["mesh/triangles"][0, 0] = n0  # a vertex of sample 1, listed in sample 0
+    with pytest.raises(DataFileError, match="mesh/triangles has vertex indices outside their "
+                                            "samples"):
+        read_ragged(tri)
+    nocompleted = _copy(small, tmp_path / "nc.h5")
+    with h5py.File(nocompleted, "r+") as f:
+        del f["completed"]
+    with pytest.raises(DataFileError, match="is damaged or lacks schema fields: .*completed"):
+        read_header(nocompleted)
+    broken = _copy(small, tmp_path / "layout.h5")
+    with h5py.File(broken, "r+") as f:
+        f.attrs["layout"] = "{not json"
+    with pytest.raises(DataFileError, match="lacks ragged schema fields or records a broken "
+                                            "layout"):
+        read_ragged(broken)
+    corrupt = _copy(small, tmp_path / "off.h5")
+    _flip(corrupt, "query/offsets")
+    with pytest.raises(DataFileError, match="off.h5' is damaged or lacks schema fields"):
+        read_ragged(corrupt)
+    stats = _copy(small, tmp_path / "stats.h5")
+    _flip(stats, "target/values")
+    with pytest.raises(DataFileError, match="stats.h5' is damaged or cannot be read"):
+        inspect_ragged(stats)
+
+
+def test_inspect_a_partial_file_with_nothing_written(tmp_path):
+    out = tmp_path / "e.h5"
+    _open(out, layout=RaggedLayout.from_sample(synthetic(0)), n_samples=4).close()
+    info = inspect_ragged(partial_path(out))
+    assert info["n_done"] == 0 and not info["complete"]
+    assert info["sizes"]["N"] == {"min": None, "max": None, "mean": None, "total": 0}
+    assert info["statistics"]["target/values"] == {"count": 0, "names": ["u", "vm"]}
+    assert info["statistics"]["theta"] == {"count": 0} and "query/label" not in info["statistics"]
+
+
+def test_inspect_without_theta(tmp_path):
+    out = write(tmp_path / "nt.h5", n=3, chunk=2, fn=lambda i: synthetic(i, theta=False))
+    info = inspect_ragged(out)
+    assert info["theta_dim"] == 0 and "theta" not in info["statistics"]
+    labels = np.concatenate([synthetic(i)["query"]["label"] for i in range(3)])
+    assert info["statistics"]["query/label"]["count"] == labels.size

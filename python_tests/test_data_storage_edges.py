@@ -1,0 +1,241 @@
+"""data/storage.py's argument checks and rarely taken branches: each check reached through the
+public API, each branch with its result checked."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from galerkin_ext.data import storage as S
+from galerkin_ext.data.storage import (
+    ArraySpec,
+    ChunkedWriter,
+    DataFileError,
+    InterruptedWhenFinished,
+    check_output_path,
+    inspect_h5,
+    partial_path,
+    read_h5,
+    run_chunks,
+)
+
+ARRAYS = {"a": ArraySpec((3,), "f8"), "b": ArraySpec((), "f8")}
+
+
+def _writer(path, **kw):
+    return ChunkedWriter.open(path, **{"generator": "toy", "parameters": {"k": 1}, "seed": 0,
+                                       "n_samples": 4, "chunk_size": 2, "arrays": ARRAYS, **kw})
+
+
+def _chunk(w, c, **kw):
+    w.write_chunk(c, {"a": np.full((2, 3), c + 1.0), "b": np.full(2, c + 1.0)}, **kw)
+
+
+def _partial(tmp_path, **kw):
+    out = tmp_path / "p.h5"
+    w = _writer(out, **kw)
+    _chunk(w, 0, **({"statistics": {"s": np.ones(3)}} if kw.get("statistics") else {}))
+    w.close()
+    return out, partial_path(out)
+
+
+def _full(tmp_path, name="f.h5", **kw):
+    w = _writer(tmp_path / name, **kw)
+    _chunk(w, 0)
+    _chunk(w, 1)
+    return w.finish()
+
+
+def test_open_argument_checks(tmp_path):
+    out = tmp_path / "o.h5"
+    with pytest.raises(TypeError, match="parameters: expected a dict of JSON values, got list"):
+        _writer(out, parameters=[1])
+    with pytest.raises(ValueError, match="arrays: 'completed' is reserved for the file's "
+                                         "bookkeeping"):
+        _writer(out, arrays={"completed": ArraySpec((), "f8")})
+    with pytest.raises(ValueError, match=r"static: 'x' must have shape \(\*grid, d\), got \(\)"):
+        _writer(out, static={"x": np.float64(1.0)})
+    assert not partial_path(out).exists()
+
+
+def test_a_failure_while_creating_leaves_no_partial_file(tmp_path):
+    out = tmp_path / "o.h5"
+    with pytest.raises(TypeError):  # h5py cannot store an object array
+        _writer(out, static={"x": np.array([1, None], dtype=object)})
+    assert not partial_path(out).exists() and not out.exists()
+
+
+def test_unwritable_folder(monkeypatch, tmp_path):
+    # (the auditor runs as root, for whom every folder is writable: os.access is made to say no)
+    monkeypatch.setattr(S.os, "access", lambda *a, **k: False)
+    with pytest.raises(PermissionError, match="out: the folder .* is not writable"):
+        check_output_path(tmp_path / "x.h5")
+
+
+def test_resume_refusals(tmp_path):
+    out, part = _partial(tmp_path, static={"xy": np.zeros((3, 2))}, statistics=["s"])
+    base = dict(static={"xy": np.zeros((3, 2))}, statistics=["s"], resume=True)
+    with pytest.raises(DataFileError, match="cannot resume .*: array 'a' is missing or has "
+                                            r"another shape than \(4,\)"):
+        _writer(out, **{**base, "arrays": {**ARRAYS, "a": ArraySpec((4,), "f8")}})
+    with pytest.raises(DataFileError, match="cannot resume .*: its 'xy' differs from this run's"):
+        _writer(out, **{**base, "static": {"xy": np.ones((3, 2))}})
+    with pytest.raises(DataFileError, match=r"cannot resume .*: it records the statistics "
+                                            r"\['s'\], this run \['t'\]"):
+        _writer(out, **{**base, "statistics": ["t"]})
+    with h5py.File(part, "r+") as f:
+        f.attrs["parameters"] = "{not json"
+    with pytest.raises(DataFileError, match=r"cannot resume .*: its parameters is '\{not json', "
+                                            r"but this run asks for '\{\"k\": 1\}'"):
+        _writer(out, **base)
+    with h5py.File(part, "r+") as f:
+        f.attrs["parameters"] = '{"k": 1}'
+        del f["completed"]
+    with pytest.raises(DataFileError, match="cannot resume .*: it has no completed-chunk record"):
+        _writer(out, **base)
+
+
+def test_fixed_length_string_attributes_are_read_as_text(tmp_path):
+    """A file whose string attributes are fixed-length (numpy bytes, as other tools write
+    them): resumed and inspected as if they were str."""
+    out, part = _partial(tmp_path)
+    with h5py.File(part, "r+") as f:
+        f.attrs["generator"] = np.bytes_(b"toy")
+        f.attrs["parameters"] = np.bytes_(b'{"k": 1}')
+    assert inspect_h5(part)["generator"] == "toy"
+    w = _writer(out, resume=True)
+    assert w.pending_chunks() == [(1, 2, 4)]
+    _chunk(w, 1)
+    w.finish()
+    assert inspect_h5(out)["parameters"] == {"k": 1}
+    np.testing.assert_array_equal(read_h5(out)["b"], [1, 1, 2, 2])
+
+
+def test_write_chunk_and_finish_checks(tmp_path):
+    w = _writer(tmp_path / "w.h5", statistics=["s"])
+    with pytest.raises(ValueError, match=r"statistics: expected the fields \['s'\], got \[\]"):
+        _chunk(w, 0)
+    _chunk(w, 0, statistics={"s": np.ones(2)})
+    with pytest.raises(DataFileError, match="cannot finish: some chunks have not been written"):
+        w.finish()
+    w.close()
+
+
+def test_empty_statistics_of_a_chunk_are_skipped(tmp_path):
+    w = _writer(tmp_path / "s.h5", statistics=["s"])
+    _chunk(w, 0, statistics={"s": np.array([])})  # nothing to summarise in this chunk
+    _chunk(w, 1, statistics={"s": np.array([1.0, 2.0, 6.0])})
+    stats = inspect_h5(w.finish())["statistics"]["s"]
+    assert stats["count"] == 3 and stats["mean"] == pytest.approx(3.0)
+    assert stats["std"] == pytest.approx(np.std([1.0, 2.0, 6.0]), rel=1e-14)
+
+
+def test_damaged_files(tmp_path):
+    f1 = _full(tmp_path, static={"xy": np.zeros((3, 2))})
+    with h5py.File(f1, "r+") as f:
+        del f["xy"].attrs["grid_ndim"]
+    with pytest.raises(DataFileError, match="damaged or lacks schema fields: .*array 'xy' has no "
+                                            "grid_ndim attribute"):
+        inspect_h5(f1)
+    f2 = _full(tmp_path, "g.h5")
+    with h5py.File(f2, "r+") as f:
+        del f["a"], f["b"]
+    with pytest.raises(DataFileError, match="damaged or lacks schema fields: 'no per-sample "
+                                            "arrays'"):
+        inspect_h5(f2)
+
+
+def test_read_index_checks(tmp_path):
+    path = _full(tmp_path)
+    with pytest.raises(ValueError, match="indices must be a 1-D sequence of integers or a slice"):
+        read_h5(path, [0.5])
+    for bad in ([2, 1], [0, 4], [-1]):
+        with pytest.raises(ValueError, match=r"indices must be increasing and within \[0, 4\)"):
+            read_h5(path, bad)
+
+
+def test_data_identity_of_foreign_and_damaged_files(tmp_path):
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f["x"] = np.zeros(3)
+    assert S.data_identity(plain) == {"name": "plain.h5", "bytes": plain.stat().st_size}
+    full = _full(tmp_path)
+    trunc = tmp_path / "trunc.h5"
+    trunc.write_bytes(full.read_bytes()[:1200])  # the HDF5 signature, then nothing readable
+    assert h5py.is_hdf5(trunc)
+    assert S.data_identity(trunc) == {"name": "trunc.h5", "bytes": 1200}
+    assert S.data_identity(full) == {"generator": "toy", "seed": 0, "n_samples": 4,
+                                     "parameters": '{"k": 1}'}
+
+
+def test_a_file_locked_by_another_process_is_named(tmp_path):
+    out, part = _partial(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time; "
+                               "f = h5py.File(sys.argv[1], 'r+'); print('ok', flush=True); "
+                               "time.sleep(30)", str(part)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"ok"
+        with pytest.raises(DataFileError, match="is in use by another process"):
+            inspect_h5(part)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+class _Writer:
+    """A writer whose publishing swallows a Ctrl-C, as a clean-up (__del__) would."""
+
+    def __init__(self, path):
+        self.path, self.n_samples, self.written = path, 2, []
+
+    def n_done(self):
+        return 0
+
+    def pending_chunks(self):
+        return [(0, 0, 2)]
+
+    def write_chunk(self, chunk, data):
+        self.written.append((chunk, data))
+
+    def finish(self):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass  # lost, as an exception in a weakref callback is
+        return self.path
+
+    def close(self):
+        pass
+
+
+def test_an_interrupt_lost_while_publishing_is_reported(tmp_path):
+    w = _Writer(tmp_path / "x.h5")
+    with pytest.raises(InterruptedWhenFinished):
+        run_chunks(w, lambda a, b: list(range(a, b)), progress=False, desc="t")
+    assert w.written == [(0, [0, 1])]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class _RaisesInDel:
+    def __del__(self):
+        raise ValueError("from __del__")
+
+
+def test_other_unraisable_exceptions_reach_the_previous_hook(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+
+    def compute(a, b):
+        obj = _RaisesInDel()
+        del obj
+        return list(range(a, b))
+    w = _Writer(tmp_path / "y.h5")
+    w.finish = lambda: w.path
+    assert run_chunks(w, compute, progress=False, desc="t") == w.path
+    assert seen == [ValueError]

@@ -1,0 +1,171 @@
+"""training/experiment.py's argument checks and rarely taken branches: each check reached
+through the public API, each branch with its result checked."""
+
+import argparse
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+from galerkin_ext.training import (
+    ThresholdError,
+    cached_data,
+    check_resume,
+    default_cache_dir,
+    describe_device,
+    describe_grid,
+    evaluation_only,
+    experiment_parser,
+    normalizer_config,
+    plot_1d,
+    plot_2d,
+    plot_mesh,
+    preset_unchanged,
+    resolve_config,
+    run_main,
+    save_checkpoint,
+    threshold_report,
+    write_metrics,
+)
+from galerkin_ext.training import experiment as E
+from galerkin_ext.training.trainer import ConfigError
+
+PRESETS = {"p": {"data": {"n_samples": 3}, "n_train": 4, "n_eval": 2, "model": {},
+                 "train": {"epochs": 1}}}
+
+
+def _args(tmp_path, *flags):
+    return experiment_parser("doc", PRESETS).parse_args(["--out", str(tmp_path / "o"), *flags])
+
+
+def test_parser_checks():
+    with pytest.raises(ValueError, match="presets: expected a non-empty dict"):
+        experiment_parser("doc", {})
+    with pytest.raises(TypeError, match="eval_data_help: expected a str or None, got 3"):
+        experiment_parser("doc", PRESETS, eval_data_help=3)
+
+
+def test_resolve_config_checks_and_raises_a_small_sample_count(tmp_path):
+    args = _args(tmp_path)
+    cfg = resolve_config(PRESETS, args, experiment="t")
+    assert cfg["data"]["n_samples"] == 6  # the preset's 3 is fewer than 4 + 2
+    assert PRESETS["p"]["data"]["n_samples"] == 3
+    with pytest.raises(ValueError, match=r"args.preset: expected one of \['p'\]"):
+        resolve_config(PRESETS, argparse.Namespace(preset="q"), experiment="t")
+    with pytest.raises(TypeError, match="experiment: expected the experiment's name, got ''"):
+        resolve_config(PRESETS, args, experiment="")
+    with pytest.raises(ValueError, match=r"presets\['p'\]: missing keys \['model', 'train'\]"):
+        resolve_config({"p": {"data": {}, "n_train": 1, "n_eval": 1}}, args, experiment="t")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None,
+                    reason="tensorboard is installed")
+def test_tensorboard_flag_without_the_package(tmp_path):
+    with pytest.raises(ConfigError, match="needs the tensorboard package"):
+        resolve_config(PRESETS, _args(tmp_path, "--tensorboard"), experiment="t")
+    assert not (tmp_path / "o").exists()
+
+
+def test_check_resume_branches(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    cfg = {"experiment": "t"}
+    args = argparse.Namespace(out=str(out), resume=False)
+    (out / "last.pt").write_bytes(b"not a checkpoint")  # unreadable: skipped, not an error
+    save_checkpoint(out / "best.pt", "best", epoch=1, model={}, config={"experiment": "t"},
+                    metric=1.0)  # same experiment: no refusal
+    assert check_resume(cfg, args) is None
+    save_checkpoint(out / "best.pt", "best", epoch=1, model={}, config={"experiment": "x"},
+                    metric=1.0)
+    with pytest.raises(ConfigError, match="holds a run of the 'x' experiment"):
+        check_resume(cfg, args)
+    (out / "last.pt").unlink()
+    # --resume without a last.pt: a fresh start, nothing compared (a best.pt is not resumed)
+    assert check_resume(cfg, argparse.Namespace(out=str(out), resume=True)) is None
+
+
+def test_run_main_on_a_missed_threshold(capsys):
+    def main():
+        raise ThresholdError("b = 3 > 2")
+    assert run_main(main) == 1
+    assert "threshold not met: b = 3 > 2" in capsys.readouterr().err
+
+
+def test_small_argument_checks(tmp_path):
+    with pytest.raises(TypeError, match="split: expected a mapping of split sizes, got list"):
+        evaluation_only([4])
+    with pytest.raises(TypeError, match="result: expected the dict returned by Trainer.fit"):
+        write_metrics(tmp_path, {}, torch.nn.Linear(1, 1), None, {}, 0.1)
+    assert not (tmp_path / "metrics.json").exists()
+    with pytest.raises(TypeError, match="config, preset: expected dicts"):
+        preset_unchanged([], {}, argparse.Namespace())
+    with pytest.raises(TypeError, match="values, thresholds: expected dicts of name -> number"):
+        threshold_report({"a": 1.0}, [("a", 1.0)], enforced=True)
+    with pytest.raises(TypeError, match=r"values\['a'\]: expected a number, got \[1.0\]"):
+        threshold_report({"a": [1.0]}, {"a": 1.0}, enforced=True)
+    with pytest.raises(TypeError, match=r"coords: expected a tensor of shape \(\*grid, d\)"):
+        describe_grid(torch.zeros(3))
+    with pytest.raises(TypeError, match="weight: expected 'auto', None or a description, got 3"):
+        describe_grid(torch.zeros(3, 1), weight=3)
+    with pytest.raises(TypeError, match="x: expected a UnitGaussianNormalizer, got Linear"):
+        normalizer_config(x=torch.nn.Linear(1, 1))
+    with pytest.raises(ValueError, match="problem: expected one of .*got 'foo'"):
+        cached_data("foo", tmp_path)
+
+
+def test_describe_device_without_proc_cpuinfo(monkeypatch):
+    def no_file(*a, **k):
+        raise OSError("no /proc")
+    monkeypatch.setattr(E, "open", no_file, raising=False)
+    monkeypatch.setattr(E.platform, "processor", lambda: "")
+    assert describe_device("cpu") == (f"CPU, {torch.get_num_threads()} of {os.cpu_count()} "
+                                      "cores (torch threads)")
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("GALERKIN_EXT_CACHE", str(tmp_path / "a"))
+    assert default_cache_dir() == tmp_path / "a"
+    monkeypatch.setenv("GALERKIN_EXT_CACHE", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert default_cache_dir() == tmp_path / "x" / "galerkin_ext"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "h"))
+    assert default_cache_dir() == tmp_path / "h" / ".cache" / "galerkin_ext"
+
+
+def test_cached_data_refuses_a_read_only_folder(monkeypatch, tmp_path):
+    # (as root every folder is writable: os.access is made to say no)
+    monkeypatch.setattr(E.os, "access", lambda *a, **k: False)
+    with pytest.raises(ConfigError, match="cache_dir: the folder .* is not writable"):
+        cached_data("burgers", tmp_path, n_samples=2)
+
+
+def test_plots_need_matplotlib(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    p = torch.zeros(1, 3, 1)
+    with pytest.raises(RuntimeError, match="prediction.png needs matplotlib"):
+        plot_1d(tmp_path / "a.png", torch.arange(3.0), p, p)
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_plot_argument_checks(tmp_path):
+    p = torch.zeros(1, 3, 1)
+    with pytest.raises(ValueError, match="grid: expected 3 points, got 4"):
+        plot_1d(tmp_path / "a.png", torch.arange(4.0), p, p)
+    with pytest.raises(TypeError, match=r"grid: expected a tensor of shape \(n,\) or \(n, 1\), "
+                                        "got list"):
+        plot_1d(tmp_path / "a.png", [0.0, 1.0, 2.0], p, p)
+    with pytest.raises(ValueError, match=r"grid: expected shape \(n,\) or \(n, 1\), got \(3, 2\)"):
+        plot_1d(tmp_path / "a.png", torch.zeros(3, 2), p, p)
+    with pytest.raises(ValueError, match="components: expected 1 names, got 'u'"):
+        plot_1d(tmp_path / "a.png", torch.arange(3.0), p, p, components="u")
+    with pytest.raises(TypeError, match=r"points\[0\], triangles\[0\], pred\[0\], target\[0\]: "
+                                        "expected tensors"):
+        plot_mesh(tmp_path / "m.png", [torch.zeros(3, 2)], [None], [[0.0, 1, 2]],
+                  [torch.zeros(3)])
+    with pytest.raises(ValueError, match="inputs: expected 1 samples, got 2"):
+        plot_2d(tmp_path / "b.png", torch.zeros(2, 4, 4), torch.zeros(1, 4, 4),
+                torch.zeros(1, 4, 4))
+    assert list(tmp_path.iterdir()) == []
