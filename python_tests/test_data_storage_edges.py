@@ -215,11 +215,17 @@ class _Writer:
 
 
 def test_an_interrupt_lost_while_publishing_is_reported(tmp_path):
-    w = _Writer(tmp_path / "x.h5")
-    with pytest.raises(InterruptedWhenFinished):
-        run_chunks(w, lambda a, b: list(range(a, b)), progress=False, desc="t")
-    assert w.written == [(0, [0, 1])]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own handler, as in a terminal (a background job of a script starts with
+    # SIGINT ignored, and so would this process)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        w = _Writer(tmp_path / "x.h5")
+        with pytest.raises(InterruptedWhenFinished):
+            run_chunks(w, lambda a, b: list(range(a, b)), progress=False, desc="t")
+        assert w.written == [(0, [0, 1])]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 class _RaisesInDel:

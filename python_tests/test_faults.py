@@ -14,6 +14,8 @@ Elsewhere, one test each (test_catalogue_points_to_existing_tests keeps this lis
 * the temporary files a kill leaves are removed on resume:
   test_training.py::test_resume_removes_stray_temporary_files
 * a failed write keeps the old file: test_training.py::test_atomic_write_keeps_old_file_on_failure
+* a full disk (quota, file-size limit) while saving: an error naming the file, which keeps
+  its content: test_training.py::test_a_full_disk_names_the_file_and_keeps_the_old_one
 * a checkpoint with a flipped bit, truncated or not ours:
   test_training.py::test_checkpoint_checksum_finds_a_flipped_bit,
   test_training.py::test_corrupt_checkpoint_gives_clear_error

@@ -4,8 +4,10 @@ The end-to-end runs of the example scripts (resume after SIGKILL, torchrun) are 
 test_examples.py.
 """
 
+import errno
 import math
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -358,6 +360,33 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     with pytest.raises(TypeError, match=r"^data\['a'\]\[1\]\['b'\]: Object of type int64"):
         write_json(tmp_path / "n.json", {"a": [1, {"b": np.int64(2)}]})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv", "m.json"]
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs POSIX file-size limits")
+def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path):
+    """A checkpoint that does not fit (here a file-size limit, EFBIG; a full disk or a quota
+    alike) raises an OSError with its errno naming the file, which keeps its last content.
+    torch.save's own writer had turned it into "unexpected pos 1088 vs 982"."""
+    path = tmp_path / "last.pt"
+    code = f"""
+import resource, signal, torch
+from galerkin_ext.training.checkpoint import save_checkpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+def save(n):
+    save_checkpoint({str(path)!r}, "best", epoch=n, model={{"w": torch.ones(n)}}, config={{}},
+                    metric=1.0)
+save(10)
+resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+save(100_000)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    message = proc.stderr.strip().splitlines()[-1]
+    assert message == (f"OSError: [Errno {errno.EFBIG}] File too large while writing "
+                       f"{str(path)!r}, which is left as it was"), proc.stderr[-2000:]
+    assert load_checkpoint(path, "best")["model"]["w"].shape == (10,)
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left
 
 
 def test_plots_check_their_fields(tmp_path):

@@ -20,6 +20,7 @@ Checkpoint schema (``format`` = :data:`CHECKPOINT_FORMAT`):
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -66,7 +67,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``.
 
     The data are flushed and fsync-ed before the rename, so after a crash ``path`` holds either
-    its old content or the complete new one.  Returns ``path`` as a :class:`~pathlib.Path`.
+    its old content or the complete new one; a full disk, quota or file-size limit raises an
+    ``OSError`` with its errno that names ``path`` and says so.  Returns ``path`` as a
+    :class:`~pathlib.Path`.
     """
     p = check_path(path)
     if not p.name or p.is_dir():  # (the rename's own error names the temporary file)
@@ -86,10 +89,17 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno in _NO_ROOM:
+            raise OSError(error.errno, f"{error.strerror} while writing {str(p)!r}, which is "
+                                       f"left as it was") from error
         raise
     return p
+
+
+# a full disk, a quota, a file-size limit (ulimit -f)
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 def _umask() -> int:
@@ -234,7 +244,11 @@ def save_checkpoint(path: str | os.PathLike[str], kind: str, **content: Any) -> 
     for key, value in state.items():
         _check_loadable(value, key)
     state["sha256"] = content_digest(state)
-    return atomic_write(path, lambda f: torch.save(state, f))
+    # serialised in memory first: torch.save's own writer turns a full disk into "unexpected
+    # pos" instead of the OSError atomic_write names the file with
+    serialised = io.BytesIO()
+    torch.save(state, serialised)
+    return atomic_write(path, lambda f: f.write(serialised.getbuffer()))
 
 
 def _load_weights(model: torch.nn.Module, weights: Mapping[str, Any], path: str | os.PathLike[str],
