@@ -276,9 +276,8 @@ def content_digest(state: Mapping[str, Any]) -> str:
         elif isinstance(value, Mapping):
             h.update(b"{")
             for key in sorted(value, key=repr):
-                if key != "sha256":
-                    h.update(repr(key).encode())
-                    visit(value[key])
+                h.update(repr(key).encode())
+                visit(value[key])
             h.update(b"}")
         elif isinstance(value, (list, tuple)):
             h.update(b"[")

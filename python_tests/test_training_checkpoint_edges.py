@@ -1,0 +1,75 @@
+"""training/checkpoint.py's argument checks and rarely taken branches: each check reached
+through the public API, each branch with its result checked."""
+
+import fcntl
+import json
+import sys
+import threading
+
+import pytest
+
+from galerkin_ext.training import atomic_write, write_csv, write_json
+from galerkin_ext.training.checkpoint import content_digest, file_lock
+
+
+def test_atomic_write_needs_a_callable(tmp_path):
+    with pytest.raises(TypeError, match="^write: expected a callable taking a binary file, "
+                                        "got b'data'"):
+        atomic_write(tmp_path / "f", b"data")
+    assert not list(tmp_path.iterdir())
+
+
+def test_write_json_and_csv_check_their_data(tmp_path):
+    with pytest.raises(TypeError, match="^data: expected a mapping or a list, got tuple"):
+        write_json(tmp_path / "a.json", (1, 2))
+    with pytest.raises(TypeError, match="^rows: expected a sequence of mappings$"):
+        write_csv(tmp_path / "a.csv", [{"a": 1}, [("a", 2)]])
+    assert not list(tmp_path.iterdir())
+
+
+def test_write_json_indents_a_list_of_objects(tmp_path):
+    data = {"rows": [{"a": 1}, {"b": [1.5, None]}], "flat": [1, 2]}
+    path = write_json(tmp_path / "a.json", data)
+    text = path.read_text()
+    assert json.loads(text) == data
+    assert '"rows": [\n' in text and '"flat": [1, 2]' in text
+
+
+def test_file_lock_without_fcntl_locks_nothing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # as on Windows: the import fails
+    with file_lock(tmp_path / ".lock", wait=False) as held:
+        assert held is True
+    assert not (tmp_path / ".lock").exists()
+
+
+@pytest.mark.parametrize("callback", [True, False])
+def test_file_lock_waits_for_another_holder(tmp_path, callback):
+    path = tmp_path / ".lock"
+    other = open(path, "a")  # another open file description: flock treats it as another holder
+    fcntl.flock(other, fcntl.LOCK_EX)
+    with file_lock(path, wait=False) as held:
+        assert held is False
+    calls = []
+    released = threading.Event()
+
+    def let_go():
+        released.set()
+        fcntl.flock(other, fcntl.LOCK_UN)
+
+    release = threading.Timer(0.2, let_go)
+    release.start()
+    try:
+        on_wait = (lambda: calls.append(released.is_set())) if callback else None
+        with file_lock(path, wait=True, on_wait=on_wait) as held:
+            assert held is True and released.is_set()  # only once the other holder let go
+    finally:
+        release.join()
+        other.close()
+    assert calls == ([False] if callback else [])
+
+
+def test_the_digest_covers_keys_named_sha256_below_the_top():
+    """Only the checkpoint's own field is left out (load_checkpoint removes it before
+    recomputing); a value a user stored under a nested "sha256" key was not covered."""
+    assert content_digest({"a": {"sha256": "x"}}) != content_digest({"a": {"sha256": "y"}})
+    assert content_digest({"a": [{"sha256": 1}]}) != content_digest({"a": [{"sha256": 2}]})
