@@ -17,7 +17,6 @@ Batches are spread over worker processes (one sample per task).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from multiprocessing import get_context
 import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
+import torch
 
 from .._checks import check_int
 from .random_fields import sample_darcy_coefficient
@@ -166,14 +166,11 @@ def _map_solve(
 def _as_batch(a: object, f: object) -> tuple[np.ndarray, np.ndarray, bool, object]:
     """Validate and broadcast ``a`` to ``(B, K, K)`` and ``f`` alike; remember the input kind."""
     like = None
-    # A tensor can only be passed if torch is already imported: no need to import it here.
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        if isinstance(a, torch.Tensor):
-            like = a
-            a = a.detach().cpu().numpy()
-        if isinstance(f, torch.Tensor):
-            f = f.detach().cpu().numpy()
+    if isinstance(a, torch.Tensor):
+        like = a
+        a = a.detach().cpu().numpy()
+    if isinstance(f, torch.Tensor):
+        f = f.detach().cpu().numpy()
     if not isinstance(a, np.ndarray):
         raise TypeError(f"a must be a numpy.ndarray or torch.Tensor, got {type(a).__name__}")
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
@@ -243,5 +240,5 @@ def solve_darcy(
     if single:
         u = u[0]
     if like is not None:
-        return sys.modules["torch"].from_numpy(u).to(like.device)
+        return torch.from_numpy(u).to(like.device)
     return u

@@ -344,7 +344,8 @@ def _load(
     indices: np.ndarray,
     reduce: dict[str, Callable[[np.ndarray], np.ndarray]],
 ) -> dict[str, np.ndarray]:
-    """Read ``a``/``u`` at ``indices``, applying ``reduce[key]`` block by block (bounded memory)."""
+    """Read ``a``/``u`` at ``indices`` of a source :func:`_checked_source` gave (an ``.h5`` file
+    or arrays), applying ``reduce[key]`` block by block (bounded memory)."""
     kind, _, _ = _source_info(source, mat_keys)
     if kind == "h5":
         out: dict[str, list[np.ndarray]] = {k: [] for k in reduce}
@@ -356,21 +357,14 @@ def _load(
                 # block alive, and every block together is the full resolution
                 out[key].append(np.ascontiguousarray(fn(block[key].astype(np.float64))))
         return {k: np.concatenate(v) for k, v in out.items()}
-    if kind == "mat":
-        a, u = _read_mat(source, mat_keys)  # type: ignore[arg-type]
-    else:
-        a, u = (np.asarray(x, dtype=np.float64) for x in source)  # type: ignore[union-attr]
+    a, u = (np.asarray(x, dtype=np.float64) for x in source)  # type: ignore[union-attr]
     arrays = {"a": a, "u": u}
-    if indices.size and indices.max() >= a.shape[0]:
-        raise DataMismatchError(f"source has {a.shape[0]} samples, fewer than the split needs")
     return {k: fn(arrays[k][indices]) for k, fn in reduce.items()}
 
 
 def _n_samples(source: Source, mat_keys: tuple[str, str]) -> int:
-    kind, n, _ = _source_info(source, mat_keys)
-    if kind == "mat":
-        n = _read_mat(source, mat_keys)[0].shape[0]  # type: ignore[arg-type]
-    return n
+    """The samples of a source :func:`_checked_source` gave."""
+    return _source_info(source, mat_keys)[1]
 
 
 def evaluation_indices(n: int, before: dict[str, int], name: str, size: int) -> np.ndarray:

@@ -995,8 +995,6 @@ class Trainer:
         there, readable and the best epoch ``last.pt`` records (a fresh run in the same folder,
         killed after its first best.pt, leaves another run's): found before training, not after
         every remaining epoch."""
-        if best_epoch < 1:
-            return
         if not self.best_path.is_file():
             raise CheckpointError(
                 f"cannot resume from {str(self.last_path)!r}: it records epoch {best_epoch} as "
