@@ -1,0 +1,106 @@
+"""data/convert.py's argument checks and rarely taken branches: each check reached through the
+public API, each branch with its result checked."""
+
+import pickle
+
+import h5py
+import numpy as np
+import pytest
+import scipy.io
+from test_data_convert import geofno_arrays, gnot_samples  # noqa: E402
+
+from galerkin_ext.data import (
+    convert_continuum_darcy,
+    convert_geofno_elasticity,
+    convert_gnot_pickle,
+)
+
+
+def test_geofno_sources_that_are_not_npy_arrays_are_named(tmp_path):
+    arrays, paths = geofno_arrays(tmp_path)
+    junk = tmp_path / "junk.npy"
+    junk.write_bytes(b"these bytes are no array")
+    with pytest.raises(ValueError, match=r"^sigma: '.*junk.npy' is not a \.npy array file"):
+        convert_geofno_elasticity(paths["xy"], junk, tmp_path / "o.h5", progress=False)
+    ints = tmp_path / "ints.npy"
+    np.save(ints, np.zeros((7, 2, 5), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"^xy: expected a real array of shape \(N, 2, S\), got "
+                                         r"int64 \(7, 2, 5\)"):
+        convert_geofno_elasticity(ints, paths["sigma"], tmp_path / "o.h5", progress=False)
+    flat = tmp_path / "flat.npy"
+    np.save(flat, np.zeros(5))
+    with pytest.raises(ValueError, match=r"^rr: expected a real array of shape \(42, S\)"):
+        convert_geofno_elasticity(paths["xy"], paths["sigma"], tmp_path / "o.h5", rr=flat,
+                                  progress=False)
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_geofno_radii_of_another_sample_count_are_refused(tmp_path):
+    arrays, paths = geofno_arrays(tmp_path)
+    short = tmp_path / "rr4.npy"
+    np.save(short, arrays["rr"][:, :4])
+    with pytest.raises(ValueError, match=r"^rr: expected shape \(p, S\) with S = 5 like xy, got "
+                                         r"\(42, 4\)"):
+        convert_geofno_elasticity(paths["xy"], paths["sigma"], tmp_path / "o.h5", rr=short,
+                                  progress=False)
+
+
+def _pickle(tmp_path, samples):
+    path = tmp_path / "data.pkl"
+    path.write_bytes(pickle.dumps(samples))
+    return path
+
+
+@pytest.mark.parametrize("samples, match", [
+    ([], r"^file: expected a non-empty list of samples, got list"),
+    ({"a": 1}, r"^file: expected a non-empty list of samples, got dict"),
+    ("abc", r"^file: expected a non-empty list of samples, got str"),
+])
+def test_a_pickle_that_holds_no_list_of_samples_is_refused(tmp_path, samples, match):
+    with pytest.raises(ValueError, match=match):
+        convert_gnot_pickle(_pickle(tmp_path, samples), tmp_path / "o.h5", trust_pickle=True,
+                            progress=False)
+
+
+def test_gnot_sample_fields_that_are_no_matrices_are_named(tmp_path):
+    rng = np.random.default_rng(0)
+    for change, match in (
+        (lambda s: s.__setitem__(0, "abc"), r"sample 1: X: expected a real array, got str"),
+        (lambda s: s.__setitem__(1, s[1][:, 0]), r"sample 1: Y: expected shape \(rows >= 1, "
+                                                 r"columns\), got \(\d+,\)"),
+        (lambda s: s.__setitem__(3, (s[3][0], s[3][1][:, :1])),
+         r"sample 1: f2 has 1 columns, fewer than the 2 coordinates of X"),
+    ):
+        samples = gnot_samples(rng)
+        change(samples[1])
+        with pytest.raises(ValueError, match=match):
+            convert_gnot_pickle(_pickle(tmp_path, samples), tmp_path / "o.h5", trust_pickle=True,
+                                progress=False)
+        assert not (tmp_path / "o.h5").exists()
+
+
+def _fields(n=4, s=9):
+    rng = np.random.default_rng(0)
+    return 1.0 + rng.random((s, s, n)), rng.random((s, s, n))
+
+
+def test_continuum_darcy_v73_without_y_is_refused(tmp_path):
+    x, _ = _fields()
+    with h5py.File(tmp_path / "d.mat", "w") as f:
+        f["x"] = x.transpose(2, 1, 0)
+        f["z"] = x.transpose(2, 1, 0)
+    with pytest.raises(ValueError, match=r"d.mat' lacks \['y'\]; it holds \['x', 'z'\]"):
+        convert_continuum_darcy(tmp_path / "d.mat", tmp_path / "o.h5", progress=False)
+
+
+def test_continuum_darcy_fields_of_the_wrong_rank_or_shape_are_refused(tmp_path):
+    x, y = _fields()
+    scipy.io.savemat(tmp_path / "d4.mat", {"x": x[..., None], "y": y})
+    with pytest.raises(ValueError, match=r"variable 'x': expected shape \(s, s, N\), got "
+                                         r"\(9, 9, 4, 1\)"):
+        convert_continuum_darcy(tmp_path / "d4.mat", tmp_path / "o.h5", progress=False)
+    scipy.io.savemat(tmp_path / "rect.mat", {"x": x[:, :8], "y": y[:, :8]})
+    with pytest.raises(ValueError, match=r"variable 'x' \(samples first\): expected N >= 1 square "
+                                         r"fields of at least 3 x 3 points, got shape \(4, 9, 8\)"):
+        convert_continuum_darcy(tmp_path / "rect.mat", tmp_path / "o.h5", progress=False)
+    assert not (tmp_path / "o.h5").exists()

@@ -1,0 +1,122 @@
+"""data/datasets.py's argument checks and rarely taken branches: each check reached through the
+public API, each branch with its result checked."""
+
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from test_data_datasets import burgers_arrays, darcy_arrays  # noqa: E402
+
+from galerkin_ext.data import generate as gen
+from galerkin_ext.data.datasets import (
+    BurgersDataset,
+    ContinuumDarcyDataset,
+    DarcyDataset,
+    ODEDataset,
+    UnitGaussianNormalizer,
+    block_average,
+    central_gradient_1d,
+    central_gradient_2d,
+)
+from galerkin_ext.data.storage import DataFileError
+
+
+@pytest.fixture(scope="module")
+def l63(tmp_path_factory):
+    return gen.generate_lorenz63(tmp_path_factory.mktemp("l63") / "l63.h5", 6, dt=0.05,
+                                 progress=False)
+
+
+def test_normalizer_refuses_another_correction():
+    for bad in (2, True, 0.5):
+        with pytest.raises(ValueError, match=r"^correction: expected 0 \(population std\) or 1"):
+            UnitGaussianNormalizer(torch.randn(4, 3), correction=bad)
+
+
+def test_normalizer_called_encodes():
+    data = torch.randn(5, 3, dtype=torch.float64) * 4 + 2
+    norm = UnitGaussianNormalizer(data)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    ref = (x - data.mean(0)) / (data.std(0, correction=0) + 1e-5)
+    torch.testing.assert_close(norm(x), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(norm(x), norm.encode(x), rtol=0, atol=0)
+
+
+def test_central_gradients_check_their_arguments():
+    with pytest.raises(TypeError, match=r"^u: expected a tensor of shape \(\.\.\., n\), got list"):
+        central_gradient_1d([1.0, 2.0, 3.0], 0.1)
+    with pytest.raises(TypeError, match=r"^u: expected a tensor of shape \(\.\.\., n, n\), got "
+                                        r"ndarray"):
+        central_gradient_2d(np.zeros((3, 3)), 0.1)
+    for shape in ((5,), (2, 5), (5, 2)):
+        with pytest.raises(ValueError, match=r"^u: expected shape \(\.\.\., n1, n2\) with n1, "
+                                             r"n2 >= 3, got"):
+            central_gradient_2d(torch.zeros(shape), 0.1)
+    with pytest.raises(TypeError, match="^u: expected a floating-point tensor, got torch.int64"):
+        central_gradient_2d(torch.zeros(4, 4, dtype=torch.int64), 0.1)
+
+
+def test_block_average_needs_square_fields():
+    for shape in ((5,), (5, 4)):
+        with pytest.raises(ValueError, match=r"a must have shape \(\.\.\., K, K\)"):
+            block_average(np.zeros(shape), 3)
+
+
+def test_a_source_that_is_neither_a_pair_nor_a_known_file_is_refused(tmp_path):
+    a, u = burgers_arrays()
+    with pytest.raises(ValueError, match=r"^source must be a path or a pair \(a, u\) of arrays$"):
+        BurgersDataset((a, u, u), resolution=16, n_train=4, n_test=2)
+    with pytest.raises(FileNotFoundError, match="^source: no such file"):
+        BurgersDataset(tmp_path / "none.h5", resolution=16, n_train=4, n_test=2)
+    (tmp_path / "data.npz").write_bytes(b"not data")
+    with pytest.raises(DataFileError, match="is neither a galerkin_ext .h5 file nor a .mat file"):
+        DarcyDataset(tmp_path / "data.npz", n_train=4, n_test=2)
+
+
+def test_the_train_split_needs_training_samples():
+    a, u = burgers_arrays()
+    with pytest.raises(ValueError, match=r"^n_train: expected >= 1 for the 'train' split, got 0"):
+        BurgersDataset((a, u), "train", resolution=16, n_train=0, n_test=2)
+
+
+def test_darcy_fits_the_normaliser_it_is_not_given():
+    a, u = darcy_arrays(n=10, k=25)
+    split = {"n_train": 6, "n_test": 2, "resolution": 13, "coarse_resolution": 7,
+             "dtype": torch.float64}
+    train = DarcyDataset((a, u), "train", **split)
+    given_in = UnitGaussianNormalizer(torch.full((2, 13, 13), 5.0), eps=1.0)  # mean 5, std 1
+    test = DarcyDataset((a, u), "test", **split, input_normalizer=given_in)
+    torch.testing.assert_close(test.input_normalizer.mean, given_in.mean)
+    torch.testing.assert_close(test.x, (test.coeff - 5.0) / 1.0)
+    torch.testing.assert_close(test.target_normalizer.mean, train.target_normalizer.mean)
+    torch.testing.assert_close(test.target_normalizer.std, train.target_normalizer.std)
+    given_t = UnitGaussianNormalizer(torch.zeros(2, 13, 13), eps=2.0)
+    test = DarcyDataset((a, u), "test", **split, target_normalizer=given_t)
+    torch.testing.assert_close(test.target_normalizer.std + test.target_normalizer.eps,
+                               torch.full((13, 13), 2.0, dtype=torch.float64))
+    torch.testing.assert_close(test.input_normalizer.mean, train.input_normalizer.mean)
+    torch.testing.assert_close(test.x, train.input_normalizer.encode(test.coeff))
+
+
+def test_the_valid_split_needs_validation_samples(l63):
+    with pytest.raises(ValueError, match=r"^n_valid: expected >= 1 for the 'valid' split, got 0"):
+        ODEDataset(l63, "valid", task="l63_b", n_train=3, n_valid=0, n_test=2)
+
+
+def test_generated_sets_need_a_path():
+    with pytest.raises(TypeError, match=r"^source: expected the path of a generated \.h5 file, "
+                                        r"got tuple"):
+        ContinuumDarcyDataset(darcy_arrays(), "train", n_train=5, n_valid=1, n_test=2)
+
+
+def test_an_incomplete_generated_file_is_refused(l63, tmp_path):
+    part = tmp_path / "part.h5"
+    shutil.copy(l63, part)
+    with h5py.File(part, "r+") as f:
+        f.attrs["complete"] = False
+        f["completed"][0] = False
+    with pytest.raises(DataFileError, match=r"is incomplete \(0 of 6 samples\); finish it with "
+                                            r"resume"):
+        ODEDataset(part, "train", task="l63_b", n_train=3, n_valid=1, n_test=2)

@@ -1,0 +1,52 @@
+"""models/gnot.py's argument checks and rarely taken branches: each check reached through the
+public API, each branch with its result checked."""
+
+import pytest
+import torch
+
+from galerkin_ext.models import GNOT, MIONet
+
+
+def test_input_weights_of_the_wrong_length_are_refused():
+    model = GNOT(2, 2, [3], 1, n_hidden=8, n_layers=1)
+    with pytest.raises(ValueError, match=r"^input_weights: expected None or a list of 1 weights"):
+        model(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], input_weights=[None, None])
+    with pytest.raises(ValueError, match=r"^input_weights: expected None or a list of 1 weights"):
+        model(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], input_weights=torch.rand(1, 4))
+
+
+def test_a_theta_of_the_wrong_shape_is_refused():
+    model = GNOT(2, 2, [3], 1, theta_dim=4, n_hidden=8, n_layers=1)
+    with pytest.raises(ValueError, match=r"theta: expected shape \(B, theta_dim\) = \(1, 4\), "
+                                         r"got \(1, 3\)"):
+        model(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], torch.rand(1, 3))
+
+
+def test_given_expert_probabilities_of_the_wrong_shape_are_refused():
+    model = GNOT(2, 2, [3], 1, n_hidden=8, n_layers=1, n_experts=3, gate="given")
+    with pytest.raises(ValueError, match=r"expert_probs: expected shape \(1, 5, 3\), "
+                                         r"got \(1, 5, 2\)"):
+        model(torch.rand(1, 5, 2), [torch.rand(1, 4, 3)], expert_probs=torch.rand(1, 5, 2))
+
+
+@pytest.mark.parametrize("dims, points", [([3, 2], [4]), ((3,), 4), (3, [4])])
+def test_mionet_needs_one_input_points_entry_per_input(dims, points):
+    with pytest.raises(ValueError, match="^input_dims, input_points: expected two lists of one "
+                                         "entry per input function"):
+        MIONet(2, 2, dims, points, 1)
+
+
+def test_mionet_without_theta_or_input_weights_matches_its_formula():
+    """u_c(y) = Σ_k T_kc(y) Π_l B^l_kc + β_c, each branch of its zero-padded flattened input."""
+    torch.manual_seed(0)
+    model = MIONet(2, 2, [3, 2], [5, 4], 2, width=8, latent=3, n_layers=3).double()
+    torch.nn.init.normal_(model.bias)
+    x = torch.rand(2, 6, 2, dtype=torch.float64)
+    ys = [torch.randn(2, 5, 3, dtype=torch.float64), torch.randn(2, 3, 2, dtype=torch.float64)]
+    out = model(x, ys)
+    padded = [ys[0].flatten(1), torch.cat([ys[1], torch.zeros(2, 1, 2, dtype=torch.float64)],
+                                          1).flatten(1)]
+    b = model.branches[0](padded[0]) * model.branches[1](padded[1])  # (B, P*o)
+    t = model.trunk(x).view(2, 6, 3, 2)
+    ref = (t * b.view(2, 1, 3, 2)).sum(2) + model.bias
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,203 @@
+"""training/trainer.py's argument checks and rarely taken branches: each check reached through the
+public API, each branch with its result checked."""
+
+import math
+import sys
+import types
+
+import pytest
+import torch
+from test_training import _Linear1d, _Masked, _PointMLP, _trainer  # noqa: E402
+
+from galerkin_ext.losses import MaskedRelativeLoss, OperatorLoss, relative_l2
+from galerkin_ext.training import (
+    CheckpointError,
+    ConfigError,
+    DistributedContext,
+    NonFiniteLossError,
+    TrainConfig,
+    Trainer,
+    evaluate,
+    load_checkpoint,
+    predict,
+    save_checkpoint,
+)
+from galerkin_ext.training.trainer import per_sample_errors, relative_l2_metric
+
+
+def _config(**kw):
+    return TrainConfig(**{"epochs": 1, "batch_size": 4, "progress": False, **kw})
+
+
+# -- class 1: argument checks -----------------------------------------------------------
+
+def test_per_sample_errors_and_evaluate_refuse_a_non_module():
+    with pytest.raises(TypeError, match="^model: expected a torch.nn.Module, got NoneType"):
+        per_sample_errors(None, _Linear1d(4))
+    with pytest.raises(TypeError, match="^model: expected a torch.nn.Module, got str"):
+        evaluate("m", _Linear1d(4))
+
+
+def test_predict_refuses_a_forward_that_returns_no_tensor():
+    with pytest.raises(TypeError, match="forward: expected it to return the prediction tensor, "
+                                        "got list"):
+        predict(_PointMLP(), _Linear1d(4), [0, 1], forward=lambda m, b: [1.0])
+
+
+def test_trainer_refuses_a_run_config_and_ctx_of_the_wrong_type(tmp_path):
+    args = (_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), _config(), tmp_path / "o")
+    with pytest.raises(TypeError, match="^run_config: expected a dict, got list"):
+        Trainer(*args, run_config=[("a", 1)])
+    with pytest.raises(TypeError, match="^ctx: expected a DistributedContext, got str"):
+        Trainer(*args, ctx="cpu")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_global_batch_not_divisible_by_the_processes_is_refused(tmp_path):
+    ctx = DistributedContext(rank=0, world_size=2)  # no process group is needed for the check
+    with pytest.raises(ConfigError, match="batch_size: the global batch 3 must be divisible by "
+                                          "the 2 processes"):
+        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), _config(batch_size=3),
+                tmp_path / "o", ctx=ctx)
+
+
+def test_the_weighted_metric_names_a_missing_grid_key():
+    metric = relative_l2_metric(grid_key="coords")
+    with pytest.raises(KeyError, match=r"grid_key: the batch has no 'coords' \(keys \['grid', "
+                                       r"'target', 'x'\]\)"):
+        metric(torch.ones(2, 16, 1), {"x": torch.ones(2, 16, 1), "grid": torch.ones(2, 16, 1),
+                                      "target": torch.ones(2, 16, 1)})
+
+
+def test_resume_refuses_a_checkpoint_of_another_number_of_processes(tmp_path):
+    _trainer(tmp_path, epochs=1).fit()
+    state = load_checkpoint(tmp_path / "last.pt", "last")
+    content = {k: v for k, v in state.items() if k not in ("format", "kind", "sha256")}
+    save_checkpoint(tmp_path / "last.pt", "last", **{**content, "world_size": 2,
+                                                     "rng": state["rng"] * 2})
+    with pytest.raises(CheckpointError, match="it was written by 2 processes, this run has 1"):
+        _trainer(tmp_path, epochs=1).fit(resume=True)
+
+
+def test_a_non_finite_gradient_with_a_finite_loss_stops_the_run(tmp_path):
+    def forward(model, batch):  # sqrt'(0) = inf: the gradient is NaN, the prediction is not
+        zero = model.out.bias - model.out.bias
+        return model(batch["x"], batch["grid"][0]) + 0 * torch.sqrt(zero).sum()
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), _config(),
+                      tmp_path, forward=forward)
+    with pytest.raises(NonFiniteLossError, match=r"gradient norm is nan at epoch 1, step 1.*no "
+                                                 r"checkpoint of this run was written yet"):
+        trainer.fit()
+    assert not (tmp_path / "last.pt").exists()
+
+
+def test_a_non_finite_evaluation_error_stops_the_run(tmp_path):
+    calls = {"n": 0}
+
+    def metric(pred, batch):  # finite in the check before training, NaN after the epoch
+        calls["n"] += 1
+        return torch.full((pred.shape[0],), math.nan if calls["n"] > 1 else 1.0)
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), _config(),
+                      tmp_path, metric=metric)
+    with pytest.raises(NonFiniteLossError, match="evaluation error is nan after epoch 1"):
+        trainer.fit()
+    assert not (tmp_path / "last.pt").exists()
+
+
+# -- class 3: behaviour branches --------------------------------------------------------
+
+def test_the_stop_names_a_nan_in_the_batch(tmp_path):
+    train = _Linear1d(4)
+    train.x[1, 3] = math.nan
+    trainer = Trainer(_PointMLP(), OperatorLoss(), train, _Linear1d(4), _config(), tmp_path)
+    with pytest.raises(NonFiniteLossError, match=r"step 1 \(the batch's 'x' holds NaN or inf\)"):
+        trainer.fit()
+
+
+class _WithCoeff(_Linear1d):
+    def __getitem__(self, i):
+        return {**super().__getitem__(i), "coeff": torch.full((16, 1), -1.0 if i == 2 else 1.0)}
+
+
+def test_the_stop_names_a_negative_coefficient(tmp_path):
+    def forward(model, batch):
+        return model(batch["x"] * batch["coeff"].sqrt(), batch["grid"][0])
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _WithCoeff(4), _Linear1d(4), _config(),
+                      tmp_path, forward=lambda m, b: forward(m, b) if "coeff" in b else
+                      m(b["x"], b["grid"][0]))
+    with pytest.raises(NonFiniteLossError, match=r"\(the batch's 'coeff' has negative values\)"):
+        trainer.fit()
+
+
+def test_the_stop_names_a_masked_sample_whose_valid_target_is_zero(tmp_path):
+    train = _Masked(4, weights=False)
+    train.target[1] = 0.0
+    trainer = Trainer(_PointMLP(), MaskedRelativeLoss(), train, _Masked(4, weights=False),
+                      _config(), tmp_path, metric=lambda p, b: torch.ones(p.shape[0]))
+    with pytest.raises(NonFiniteLossError, match=r"sample 1 of the batch has a target that is "
+                                                 r"zero everywhere"):
+        trainer.fit()
+
+
+def test_a_run_config_repeating_what_the_trainer_records_is_accepted(tmp_path):
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), _config(),
+                      tmp_path, run_config={"parallel": "data", "train_samples": 8,
+                                            "eval_samples": 4, "note": "x"})
+    trainer.fit()
+    config = load_checkpoint(tmp_path / "last.pt", "last")["config"]
+    assert (config["parallel"], config["train_samples"], config["eval_samples"],
+            config["note"]) == ("data", 8, 4, "x")
+
+
+def test_the_metric_decodes_with_a_plain_normalizer_and_unweighted_norms():
+    class Affine:  # not an nn.Module: used as it is
+        def decode(self, t):
+            return 2.0 * t + 1.0
+
+    g = torch.Generator().manual_seed(0)
+    pred, target = torch.randn(3, 16, 2, generator=g), torch.randn(3, 16, 2, generator=g)
+    got = relative_l2_metric(Affine(), weighted=False)(pred, {"target": target})
+    p, t = (2.0 * pred.double() + 1.0), (2.0 * target.double() + 1.0)
+    # float64 reference: per sample ||p - t|| / ||t|| over points, averaged over channels?
+    ref = relative_l2(p, t, reduction="none")
+    assert torch.allclose(got.double(), ref, rtol=1e-5)
+    plain = relative_l2_metric(None, weighted=False)(pred, {"target": target})
+    assert not torch.allclose(plain, got)  # the decoding mattered
+
+
+class _FakeWriter:
+    made = []
+
+    def __init__(self, log_dir):
+        self.log_dir, self.scalars, self.flushes, self.closed = log_dir, [], 0, False
+        _FakeWriter.made.append(self)
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, float(value), step))
+
+    def flush(self):
+        self.flushes += 1
+
+    def close(self):
+        self.closed = True
+
+
+def test_tensorboard_logs_every_step_and_epoch(tmp_path, monkeypatch):
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = _FakeWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    _FakeWriter.made.clear()
+    result = _trainer(tmp_path, epochs=2, tensorboard=True).fit()
+    (writer,) = _FakeWriter.made
+    assert writer.log_dir == str(tmp_path / "tensorboard") and writer.closed
+    assert writer.flushes == 2
+    steps = [(s, v) for tag, v, s in writer.scalars if tag == "step/loss"]
+    assert [s for s, _ in steps] == list(range(1, 2 * 8 + 1))  # 32 samples / batch 4
+    for row in result["history"]:
+        logged = {tag[6:]: v for tag, v, s in writer.scalars
+                  if tag.startswith("epoch/") and s == row["epoch"]}
+        assert "epoch" not in logged
+        assert logged == pytest.approx({k: v for k, v in row.items() if k != "epoch"})
