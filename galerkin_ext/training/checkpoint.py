@@ -63,6 +63,10 @@ class CheckpointError(RuntimeError):
     resumable with the run's settings."""
 
 
+# a full disk, a quota, a file-size limit (ulimit -f)
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``.
 
@@ -96,10 +100,6 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
                                        f"left as it was") from error
         raise
     return p
-
-
-# a full disk, a quota, a file-size limit (ulimit -f)
-_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 def _umask() -> int:
