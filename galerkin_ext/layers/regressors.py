@@ -14,7 +14,6 @@ from .._checks import (
     check_bool,
     check_choice,
     check_int,
-    check_model_input,
     check_probability,
     check_tensor,
     expand_grid,
@@ -37,10 +36,11 @@ class _GridInput(nn.Module):
         self.in_channels, self.spatial_dim = in_channels, spatial_dim
         self.fc = nn.Linear(in_channels + spatial_dim, out_channels) if spatial_fc else None
 
-    def forward(self, x: Tensor, grid: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, grid: Tensor | None, decoder: nn.Module) -> Tensor:
+        """``decoder``: the module ``x`` goes into, whose parameters' dtype and device it must
+        have (this one has none without ``spatial_fc``)."""
         doc = f"(B, {', '.join(['n'] * self.spatial_dim)}, {self.in_channels})"
-        check_tensor(x, "x", self.spatial_dim + 2, doc, self)
-        check_model_input(x, "x", self)
+        check_tensor(x, "x", self.spatial_dim + 2, doc, decoder)
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"x: expected shape {doc}, got {tuple(x.shape)}")
         if self.fc is None:
@@ -112,7 +112,7 @@ class SpectralRegressor(nn.Module):
 
     def forward(self, x: Tensor, grid: Tensor | None = None) -> Tensor:
         """``x (B, *spatial, in_channels)`` [, ``grid``] → ``(B, *spatial, out_channels)``."""
-        x = self.input(x, grid)
+        x = self.input(x, grid, self)
         for layer in self.spectral:
             x = layer(x)
         return self.mlp(x)
@@ -155,4 +155,4 @@ class PointwiseRegressor(nn.Module):
 
     def forward(self, x: Tensor, grid: Tensor | None = None) -> Tensor:
         """``x (B, *spatial, in_channels)`` [, ``grid``] → ``(B, *spatial, out_channels)``."""
-        return self.out(self.layers(self.input(x, grid)))
+        return self.out(self.layers(self.input(x, grid, self)))
