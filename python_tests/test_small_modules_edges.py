@@ -1,0 +1,262 @@
+"""The smaller modules' argument checks and rarely taken branches (continuum models, the
+reference forward, the Burgers, Kolmogorov, ODE and .mat data, the layers' reprs and checks,
+quadrature, the command lines): each check reached through the public API, each branch with
+its result checked."""
+
+import argparse
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.io
+import torch
+
+from galerkin_ext import functional, ops
+from galerkin_ext._cli import positive_int, writable_file
+from galerkin_ext.data import ode
+from galerkin_ext.data.__main__ import main
+from galerkin_ext.data.burgers import solve_burgers
+from galerkin_ext.data.kolmogorov import resample_periodic, velocity_from_vorticity
+from galerkin_ext.data.mat import read_darcy_mat
+from galerkin_ext.layers import (
+    AFNOFilter,
+    CodomainAttention,
+    HeteroNormalizedAttention,
+    MixtureFFN,
+    PatchedAttention,
+    PointwiseRegressor,
+    SimpleAttention,
+    SpectralConv,
+    SpectralConv2d,
+    SpectralSmoothing,
+    auto_quadrature_weights,
+    even_extension,
+)
+from galerkin_ext.quadrature import mesh_weights
+
+F64 = torch.float64
+
+
+def test_tno_token0_without_weights_replaces_the_earliest_time(gen):
+    from test_continuum_models import small_tno
+    model = small_tno(gen, token0_dim=4)
+    x = torch.tensor([[0.5], [0.0], [1.0], [0.25]], dtype=F64)
+    u = torch.randn(2, 4, 1, generator=gen, dtype=F64)
+    token0 = torch.randn(2, 4, generator=gen, dtype=F64)
+    out = model(u, x, None, token0)
+    u2 = u.clone()
+    u2[:, 1] += 1.0  # the earliest time (x = 0) is index 1: its u is replaced by token0
+    torch.testing.assert_close(model(u2, x, None, token0), out, rtol=0, atol=1e-13)
+    u3 = u.clone()
+    u3[:, 0] += 1.0
+    assert (model(u3, x, None, token0) - out).abs().max() > 1e-6
+
+
+def test_gnot_reference_forward_without_theta():
+    from galerkin_ext.models import GNOT
+    from galerkin_ext.reference import gnot_forward
+    torch.manual_seed(0)
+    model = GNOT(2, 2, [3], 1, n_hidden=8, n_layers=1, n_head=2, n_experts=2).double()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(2, 5, 2, generator=gen, dtype=F64)
+    inputs = [torch.randn(2, 4, 3, generator=gen, dtype=F64)]
+    torch.testing.assert_close(model(x, inputs), gnot_forward(model, x, inputs),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_burgers_empty_batch_is_refused():
+    with pytest.raises(ValueError, match=r"u0 must not be empty, got shape \(0, 8\)"):
+        solve_burgers(torch.zeros(0, 8), nu=0.1, t_end=0.1)
+
+
+def test_velocity_on_an_odd_grid():
+    s = 5
+    t = 2 * math.pi * torch.arange(s, dtype=F64) / s
+    omega = torch.sin(t)[:, None].expand(s, s)[None]  # sin of the first axis' coordinate
+    uv = velocity_from_vorticity(omega)
+    # -Lap psi = sin(x) -> psi = sin(x); (u, v) = (d_y psi, -d_x psi) = (0, -cos(x))
+    torch.testing.assert_close(uv[0, 0], torch.zeros(s, s, dtype=F64), rtol=0, atol=1e-13)
+    torch.testing.assert_close(uv[0, 1], -torch.cos(t)[:, None].expand(s, s), rtol=0,
+                               atol=1e-13)
+
+
+def test_resample_non_square_keeps_the_axis_of_the_right_size():
+    t4 = 2 * math.pi * torch.arange(4, dtype=F64) / 4
+    t6 = 2 * math.pi * torch.arange(6, dtype=F64) / 6
+    field = torch.cos(t4)[:, None] + torch.sin(t6)[None, :]
+    out = resample_periodic(field, 4)
+    torch.testing.assert_close(out, torch.cos(t4)[:, None] + torch.sin(t4)[None, :],
+                               rtol=0, atol=1e-13)
+
+
+def test_resample_to_one_point_is_the_mean(gen):
+    field = torch.randn(2, 6, 6, generator=gen, dtype=F64)
+    out = resample_periodic(field, 1)
+    torch.testing.assert_close(out, field.mean(dim=(-2, -1), keepdim=True), rtol=0, atol=1e-13)
+
+
+def test_darcy_mat_of_unequal_shapes_is_refused(tmp_path):
+    path = tmp_path / "d.mat"
+    scipy.io.savemat(path, {"coeff": np.ones((2, 4, 4)), "sol": np.ones((2, 4, 5))})
+    with pytest.raises(ValueError, match=r"expected coeff and sol of equal shape \(B, K, K\)"):
+        read_darcy_mat(path)
+
+
+def test_hetero_inputs_of_different_value_widths_are_refused():
+    q = torch.randn(1, 2, 3, 4)
+    ks = [torch.randn(1, 2, 5, 4), torch.randn(1, 2, 6, 4)]
+    vs = [torch.randn(1, 2, 5, 4), torch.randn(1, 2, 6, 3)]
+    with pytest.raises(ValueError, match=r"expected D_v = 4 like the first input .*got 3"):
+        functional.hetero_normalized_attention(q, ks, vs)
+
+
+def test_codomain_attention_repr():
+    assert "token_dim=4, n_head=2, scale=0.5" in repr(CodomainAttention(4, 2, 3, scale=0.5))
+
+
+def test_regressor_with_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match=r"^x: expected shape \(B, n, 3\), got \(1, 4, 2\)"):
+        PointwiseRegressor(3, 4, 2, spatial_dim=1)(torch.zeros(1, 4, 2))
+
+
+def test_spectral_conv2d_with_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match=r"in_channels = 3, got \(1, 8, 8, 2\)"):
+        SpectralConv2d(3, 3, 2)(torch.zeros(1, 8, 8, 2))
+
+
+def test_data_submodule_and_unknown_name_in_a_fresh_process():
+    code = ("import galerkin_ext.data as d, sys; assert 'galerkin_ext.data.mat' not in sys.modules;"
+            "m = d.mat; assert m.__name__ == 'galerkin_ext.data.mat'\n"
+            "try:\n d.nope\nexcept AttributeError as e: print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "has no attribute 'nope'" in out
+
+
+def test_hetero_attention_n_head_not_a_divisor():
+    with pytest.raises(ValueError, match="^n_head: expected a divisor of d_model = 6, got 4"):
+        HeteroNormalizedAttention(6, 4, 1)
+
+
+def test_mixture_of_one_expert_is_that_expert():
+    ffn = MixtureFFN(3, 5, 1)
+    x = torch.randn(2, 4, 3)
+    torch.testing.assert_close(ffn(x, None), ffn.experts[0](x))
+
+
+def test_time_grid_with_too_many_digits():
+    with pytest.raises(ValueError, match="has too many digits to give exact times"):
+        ode.time_grid(dt=0.1000000000000001, t_end=0.3)
+
+
+def test_rk4_takes_a_list_of_int_times():
+    out = ode.rk4(lambda t, y: -y, np.array([1.0]), [0, 1, 2], max_step=0.01)
+    np.testing.assert_allclose(out[:, 0], np.exp(-np.arange(3.0)), rtol=1e-9)
+
+
+def test_lorenz_initial_of_rank_3_is_refused():
+    with pytest.raises(ValueError, match=r"^initial: expected shape \(B, 3\) or \(3,\)"):
+        ode.solve_lorenz63(np.ones((1, 2, 3)), [0.0, 0.1])
+
+
+def test_mesh_weights_non_finite_points():
+    with pytest.raises(ValueError, match="^points: expected finite coordinates"):
+        mesh_weights(torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, float("nan")]]))
+
+
+def test_mesh_weights_all_points_at_the_origin():
+    with pytest.raises(ValueError, match="no Delaunay triangulation of these 3 points"):
+        mesh_weights(torch.zeros(3, 2))
+
+
+def test_cuda_built_and_meta_tensors():
+    assert ops.cuda_built() in (True, False)
+    q = torch.randn(1, 2, 3, 4, device="meta")
+    out = ops.galerkin_attention(q, q, q)
+    assert out.device.type == "meta" and out.shape == (1, 2, 3, 4)
+
+
+def test_cli_number_not_a_number():
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a positive integer, got 'abc'"):
+        positive_int("abc")
+
+
+def test_writable_file(tmp_path):
+    assert writable_file(str(tmp_path / "a" / "b" / "c.json")) == tmp_path / "a" / "b" / "c.json"
+    (tmp_path / "f").write_text("")
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot write in"):
+        writable_file(str(tmp_path / "f" / "c.json"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "kolmogorov", "--nu", "abc"], "argument --nu: expected a number >= 0, got 'abc'"),
+    (["generate", "elasticity", "--targets", "u,,v"], "expected comma-separated names"),
+    (["generate", "heat", "--preset", "zero-shot"],
+     "--preset zero-shot applies to kolmogorov only"),
+])
+def test_data_cli_refusals(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        main([*argv[:2], "--out", str(tmp_path / "x.h5"), *argv[2:]])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_auto_weights_of_no_points():
+    with pytest.raises(ValueError, match=r"^coords: expected N >= 1 points"):
+        auto_quadrature_weights(torch.zeros(0, 2))
+
+
+def test_even_extension_refusals():
+    with pytest.raises(TypeError, match="^x: expected a tensor of shape"):
+        even_extension("a")
+    with pytest.raises(ValueError, match=r"^x: expected shape \(\.\.\., p1, p2, C\), got \(2, 2\)"):
+        even_extension(torch.zeros(2, 2))
+
+
+def test_reprs():
+    assert "eps=0.5, alpha=2" in repr(SpectralSmoothing(0.5, 2.0))
+    assert "d_model=4, n_head=2, qkv_modes=None" in repr(PatchedAttention(4, 2))
+    assert "in_channels=2, out_channels=3, modes=4, last_modes=4" in repr(SpectralConv(2, 3, 4))
+    assert "d_model=8, num_blocks=2" in repr(AFNOFilter(8, 2))
+    assert "attention_type='galerkin', pos_dim=1" in repr(SimpleAttention(4, 2, pos_dim=1))
+
+
+def test_afno_filter_width_and_empty_batch():
+    f = AFNOFilter(8, 2)
+    with pytest.raises(ValueError, match="with d_model = 8, got"):
+        f(torch.zeros(1, 4, 4, 6))
+    x = torch.zeros(0, 4, 4, 8)
+    assert f(x).shape == (0, 4, 4, 8)
+
+
+def test_simple_attention_pos_not_a_tensor():
+    with pytest.raises(TypeError, match="^pos: expected a tensor of shape"):
+        SimpleAttention(4, 2, pos_dim=1)(torch.zeros(1, 3, 4), pos="a")
+
+
+def test_mixture_probs_of_the_wrong_shape():
+    with pytest.raises(ValueError, match=r"^probs: expected shape \(2, 4, 2\), got \(2, 4, 3\)"):
+        MixtureFFN(3, 5, 2)(torch.randn(2, 4, 3), torch.rand(2, 4, 3))
+
+
+def test_forward_ad_through_the_op_runs_the_formula():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 3, 4, generator=gen, dtype=torch.float64)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    t = torch.randn_like(q)
+    _, jvp = torch.func.jvp(lambda a: ops.galerkin_attention(a, k, v), (q,), (t,))
+    # linear in q: the directional derivative is the op applied to the tangent
+    torch.testing.assert_close(jvp, ops.galerkin_attention(t, k, v), rtol=1e-10, atol=1e-10)
+
+
+def test_decoders_without_spatial_fc_check_the_inputs_dtype_and_device():
+    """Without spatial_fc the decoders' input step has no parameters of its own: the check
+    compared x with none, and torch's matmul said 'mat1 and mat2 must have the same dtype'."""
+    model = PointwiseRegressor(3, 4, 2, spatial_dim=1)
+    with pytest.raises(TypeError, match=r"^x: expected torch.float32 like the model's "
+                                        r"parameters, got torch.float64"):
+        model(torch.zeros(1, 4, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^x: expected a tensor on cpu like the model's "
+                                         r"parameters, got one on meta"):
+        model(torch.zeros(1, 4, 3, device="meta"))
