@@ -286,6 +286,12 @@ def test_auto_weights(gen):
     with pytest.raises(ValueError, match=r"coords\[1\]: .*scattered"):
         auto_quadrature_weights(torch.stack([square_grid(3).reshape(-1, 2),
                                              torch.rand(9, 2, generator=gen)]))
+    # every axis value of a 3 × 2 grid present and 6 points, but one node twice: not the grid
+    grid = torch.stack(torch.meshgrid(torch.arange(3.0), torch.arange(2.0), indexing="ij"),
+                       dim=-1).reshape(-1, 2)
+    grid[5] = grid[0]  # (2, 1) → (0, 0); (2, 0) and (1, 1) keep the values 2 and 1
+    with pytest.raises(ValueError, match="these 6 points in d = 2 are scattered"):
+        auto_quadrature_weights(grid[torch.randperm(6, generator=gen)])
     # ... while explicit weights work on them
     out = TNO(1, 1, 2, d_model=8, n_head=2, num_layers=1)(torch.randn(1, 10, 1), scattered,
                                                           torch.rand(10, generator=gen) + 0.1)

@@ -97,7 +97,11 @@ def _tensor_grid_weights(points: Tensor, name: str) -> Tensor:
     :func:`auto_quadrature_weights`); ``ValueError`` naming ``name`` otherwise."""
     n, dim = points.shape
     axes = [torch.unique(points[:, a]) for a in range(dim)]  # sorted distinct values per axis
-    if math.prod(len(axis) for axis in axes) != n or len(torch.unique(points, dim=0)) != n:
+    # each point's place on every axis; the points are the grid when their nodes are distinct
+    # (a row-wise torch.unique(dim=0) took 4 ms at 64² on a CPU thread, at every forward; the
+    # whole rule now takes 0.3 ms)
+    index = [torch.searchsorted(axis, points[:, a].contiguous()) for a, axis in enumerate(axes)]
+    if math.prod(len(axis) for axis in axes) != n or _distinct_nodes(index, axes) != n:
         raise ValueError(
             f"{name}: weight='auto' derives quadrature weights only for 1-D points or tensor "
             f"grids, but these {n} points in d = {dim} are scattered; pass "
@@ -108,12 +112,20 @@ def _tensor_grid_weights(points: Tensor, name: str) -> Tensor:
     weight = torch.ones(n, dtype=points.dtype, device=points.device)
     for a, axis in enumerate(axes):
         if len(axis) > 1:
-            index = torch.searchsorted(axis, points[:, a].contiguous())
             # cell widths: the trapezoid weights with whole gaps at the ends
             widths = trapezoid_weights(axis)
             widths[[0, -1]] *= 2
-            weight = weight * widths[index]
+            weight = weight * widths[index[a]]
     return weight
+
+
+def _distinct_nodes(index: list[Tensor], axes: list[Tensor]) -> int:
+    """How many distinct grid nodes the per-axis places ``index`` name (the product of the axes'
+    lengths, which the caller has checked equals the number of points, bounds the node number)."""
+    node = index[0]
+    for place, axis in zip(index[1:], axes[1:], strict=True):
+        node = node * len(axis) + place
+    return int(torch.unique(node).numel())
 
 
 def _equispaced(axis: Tensor) -> bool:
