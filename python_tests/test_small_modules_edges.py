@@ -260,3 +260,64 @@ def test_decoders_without_spatial_fc_check_the_inputs_dtype_and_device():
     with pytest.raises(ValueError, match=r"^x: expected a tensor on cpu like the model's "
                                          r"parameters, got one on meta"):
         model(torch.zeros(1, 4, 3, device="meta"))
+
+
+def test_softmax_attention_matrix_with_weights_matches_the_op():
+    """return_attention computes softmax(QKᵀ/√d + log w) itself: its output equals the op's,
+    each row sums to 1, a zero-weight key gets no attention, and a sample with no keys is an
+    error as in continuum_attention."""
+    from galerkin_ext.layers import SimpleAttention
+
+    layer = SimpleAttention(8, 2, attention_type="softmax", pos_dim=1).double().eval()
+    x, pos = torch.randn(2, 6, 8, dtype=torch.float64), torch.rand(6, 1, dtype=torch.float64)
+    weight = torch.rand(2, 6, dtype=torch.float64) + 0.1
+    weight[1, 4] = 0.0
+    out, attn = layer(x, pos, weight, return_attention=True)
+    torch.testing.assert_close(out, layer(x, pos, weight), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 2, 6, dtype=torch.float64))
+    assert torch.all(attn[1, :, :, 4] == 0) and torch.all(attn[0, :, :, 4] > 0)
+    with pytest.raises(ValueError, match="weight"):
+        layer(x, pos, torch.zeros(2, 6, dtype=torch.float64), return_attention=True)
+
+
+def test_auto_weights_of_a_batch_on_different_grids_and_of_degenerate_axes():
+    """Per sample where the point sets differ; an axis of one value carries no width, and an
+    axis of two values counts as equispaced."""
+    uniform = torch.stack(torch.meshgrid(torch.linspace(0, 1, 3), torch.linspace(0, 1, 4),
+                                         indexing="ij"), dim=-1).reshape(-1, 2).double()
+    graded = uniform.clone()
+    graded[:, 1] = graded[:, 1] ** 2  # 0, 1/9, 4/9, 1: cells of unequal width
+    both = auto_quadrature_weights(torch.stack([uniform, graded]))
+    torch.testing.assert_close(both[0], auto_quadrature_weights(uniform))
+    torch.testing.assert_close(both[1], auto_quadrature_weights(graded))
+    assert not torch.allclose(both[0], both[1])
+    # a single column x = 0.5 of the graded axis: the weights are its cells' widths (the
+    # trapezoid weights with whole gaps at the ends)
+    line = torch.stack([torch.full((4,), 0.5, dtype=torch.float64), graded[:4, 1]], dim=-1)
+    widths = torch.tensor([1 / 9, 2 / 9, 4 / 9, 5 / 9], dtype=torch.float64)
+    torch.testing.assert_close(auto_quadrature_weights(line), widths)
+    # two values per axis: a uniform 2 × 2 grid, whatever the gaps
+    corners = torch.tensor([[0.0, 0.0], [0.0, 5.0], [1.0, 0.0], [1.0, 5.0]])
+    torch.testing.assert_close(auto_quadrature_weights(corners), torch.ones(4))
+
+
+@pytest.mark.filterwarnings("ignore:Complex modules are a new feature")
+def test_spectral_weights_convert_to_a_complex_dtype_and_into_new_parameters():
+    """An explicit complex target dtype converts the complex weights directly; with torch's
+    overwrite-on-conversion switch they become new Parameters (gradients carried)."""
+    layer = SpectralConv(2, 3, 4)
+    before = layer.weight_pos.detach().clone()
+    layer.to(torch.complex128)
+    assert layer.weight_pos.dtype == torch.complex128
+    torch.testing.assert_close(layer.weight_pos.detach(), before.to(torch.complex128))
+    layer = SpectralConv(2, 3, 4)
+    old = layer.weight_pos
+    old.grad = torch.ones_like(old)
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        layer.double()
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    assert layer.weight_pos is not old and layer.weight_pos.dtype == torch.complex128
+    torch.testing.assert_close(layer.weight_pos.detach(), old.detach().to(torch.complex128))
+    assert layer.weight_pos.grad.dtype == torch.complex128
