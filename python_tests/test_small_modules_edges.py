@@ -126,12 +126,12 @@ def test_spectral_conv2d_with_the_wrong_width_is_refused():
         SpectralConv2d(3, 3, 2)(torch.zeros(1, 8, 8, 2))
 
 
-def test_data_submodule_and_unknown_name_in_a_fresh_process():
+def test_data_submodule_and_unknown_name_in_a_fresh_process(tmp_path):
     code = ("import galerkin_ext.data as d, sys; assert 'galerkin_ext.data.mat' not in sys.modules;"
             "m = d.mat; assert m.__name__ == 'galerkin_ext.data.mat'\n"
             "try:\n d.nope\nexcept AttributeError as e: print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, cwd=tmp_path).stdout  # the installed package
     assert "has no attribute 'nope'" in out
 
 

@@ -380,7 +380,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
 save(100_000)
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=tmp_path)  # not the source folder, whatever runs it
     assert proc.returncode == 1
     message = proc.stderr.strip().splitlines()[-1]
     assert message == (f"OSError: [Errno {errno.EFBIG}] File too large while writing "
