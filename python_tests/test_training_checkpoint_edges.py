@@ -7,9 +7,17 @@ import sys
 import threading
 
 import pytest
+import torch
 
 from galerkin_ext.training import atomic_write, write_csv, write_json
-from galerkin_ext.training.checkpoint import content_digest, file_lock
+from galerkin_ext.training.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    content_digest,
+    file_lock,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def test_atomic_write_needs_a_callable(tmp_path):
@@ -73,3 +81,24 @@ def test_the_digest_covers_keys_named_sha256_below_the_top():
     recomputing); a value a user stored under a nested "sha256" key was not covered."""
     assert content_digest({"a": {"sha256": "x"}}) != content_digest({"a": {"sha256": "y"}})
     assert content_digest({"a": [{"sha256": 1}]}) != content_digest({"a": [{"sha256": 2}]})
+
+
+def test_checkpoints_with_nested_sha256_keys_load_whichever_version_wrote_them(tmp_path):
+    """Before 2026-11-25 the digest left out nested keys named sha256 too: such checkpoints (a
+    user's run_config holding a file's hash, say) still load, and a flipped nested value in a
+    new one is still found."""
+    from galerkin_ext.training.checkpoint import _digest
+
+    config = {"data": {"source": "x", "sha256": "abc"}}
+    old = {"format": CHECKPOINT_FORMAT, "kind": "best", "epoch": 1,
+           "model": {"w": torch.ones(3)}, "metric": 0.5, "config": config}
+    old["sha256"] = _digest(old, skip_sha256_keys=True)  # as the older version wrote it
+    torch.save(old, tmp_path / "old.pt")
+    assert load_checkpoint(tmp_path / "old.pt", "best")["config"] == config
+    save_checkpoint(tmp_path / "new.pt", "best", epoch=1, model={"w": torch.ones(3)},
+                    metric=0.5, config=config)
+    state = torch.load(tmp_path / "new.pt", weights_only=True)
+    state["config"]["data"]["sha256"] = "abd"
+    torch.save(state, tmp_path / "new.pt")
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        load_checkpoint(tmp_path / "new.pt", "best")

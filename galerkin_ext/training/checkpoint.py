@@ -266,6 +266,12 @@ def _load_weights(model: torch.nn.Module, weights: Mapping[str, Any], path: str 
 def content_digest(state: Mapping[str, Any]) -> str:
     """SHA-256 of a checkpoint's content: every key, every tensor's dtype, shape and bytes,
     every other value's ``repr``, in a fixed order (independent of the device it is on)."""
+    return _digest(state, skip_sha256_keys=False)
+
+
+def _digest(state: Mapping[str, Any], skip_sha256_keys: bool) -> str:
+    """:func:`content_digest`; ``skip_sha256_keys`` leaves out every key named ``sha256`` at
+    any depth, as the digests of checkpoints written before 2026-11-25 did (they still load)."""
     h = hashlib.sha256()
 
     def visit(value: Any) -> None:
@@ -276,8 +282,9 @@ def content_digest(state: Mapping[str, Any]) -> str:
         elif isinstance(value, Mapping):
             h.update(b"{")
             for key in sorted(value, key=repr):
-                h.update(repr(key).encode())
-                visit(value[key])
+                if not (skip_sha256_keys and key == "sha256"):
+                    h.update(repr(key).encode())
+                    visit(value[key])
             h.update(b"}")
         elif isinstance(value, (list, tuple)):
             h.update(b"[")
@@ -344,7 +351,7 @@ def load_checkpoint(
     if stored is None:
         warnings.warn(f"{str(p)!r} has no checksum (written by an older galerkin_ext): its "
                       "content cannot be verified", stacklevel=2)
-    elif stored != content_digest(state):
+    elif stored not in (content_digest(state), _digest(state, skip_sha256_keys=True)):
         raise CheckpointError(f"{str(p)!r} is corrupt: its content does not match the "
                               "checksum stored with it")
     return state
