@@ -38,10 +38,13 @@ def mesh():
     ({"segment_markers": np.array([2, 2, 1, 2])}, r"segment_markers: expected 4 ints >= 2"),
     ({"regions": np.array([[0.5, 0.5, 0.5]])}, r"regions: expected integer labels in \[0, 127\]"),
     ({"regions": np.array([[0.5, 0.5, 200]])}, r"regions: expected integer labels in \[0, 127\]"),
-    # collinear or coincident vertices (Triangle itself crashed the process on the latter)
+    # collinear, coincident or repeated vertices (Triangle crashed the process on the latter)
     ({"vertices": np.array([[0.0, 0], [1, 0], [2, 0], [3, 0]])}, "vertices: expected at least "
                                                                  "3 points not all on one line"),
-    ({"vertices": np.zeros((4, 2))}, "got 4 points spanning no area"),
+    ({"vertices": np.zeros((4, 2))}, r"vertices: expected distinct points, but the points of "
+                                     r"rows \[0\] appear more than once \(e.g. \[0.0, 0.0\]\)"),
+    # a polygon closed by repeating its first point (Triangle crashed on it too)
+    ({"vertices": np.vstack([SQUARE, SQUARE[:1]])}, r"rows \[0\] appear more than once"),
 ])
 def test_triangulate_checks(kw, match):
     args = {"vertices": SQUARE, "segments": EDGES, **kw}

@@ -178,8 +178,15 @@ def triangulate(
         The :class:`TriMesh`; ``labels`` is ``None`` without ``regions``.
     """
     vertices = _float_array(vertices, "vertices", "(P, 2)", 2)
-    # (Triangle itself crashes the process on vertices that are all one point)
-    if len(vertices) < 3 or np.linalg.matrix_rank(vertices - vertices.mean(axis=0)) < 2:
+    # (Triangle itself crashes the process on repeated vertices, e.g. a polygon closed by
+    # repeating its first point, and on vertices that are all one point)
+    distinct, first, count = np.unique(vertices, axis=0, return_index=True, return_counts=True)
+    if (count > 1).any():
+        repeated = np.sort(first[count > 1])
+        raise ValueError(f"vertices: expected distinct points, but the points of rows "
+                         f"{repeated[:5].tolist()} appear more than once (e.g. "
+                         f"{vertices[repeated[0]].tolist()})")
+    if len(distinct) < 3 or np.linalg.matrix_rank(vertices - vertices.mean(axis=0)) < 2:
         raise ValueError(f"vertices: expected at least 3 points not all on one line, got "
                          f"{len(vertices)} points spanning no area")
     segments = _index_array(segments, "segments", "(S, 2)", 2, len(vertices))
