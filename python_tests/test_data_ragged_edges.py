@@ -158,6 +158,17 @@ def test_a_layout_given_to_the_writer_is_checked_when_made(fields, error, match)
         RaggedLayout(**(good | fields))
 
 
+def test_a_layout_given_with_lists_equals_the_samples_layout():
+    """Lists where the fields are tuples: kept as tuples, so the samples of that layout match
+    it (a list made every sample 'not match the file's layout (target_names (...) vs [...])')."""
+    layout = RaggedLayout.from_sample(synthetic(0))
+    listed = RaggedLayout(layout.space_dim, list(layout.target_names), list(layout.inputs),
+                          layout.theta_dim, layout.query_weights, layout.query_label,
+                          layout.mesh)
+    assert listed == layout and not listed.differences(layout)
+    assert isinstance(listed.target_names, tuple) and isinstance(listed.inputs, tuple)
+
+
 def test_an_input_spec_is_checked_when_made():
     with pytest.raises(ValueError, match="InputSpec\\('g'\\).channels: expected an int >= 0"):
         InputSpec("g", -1, True)

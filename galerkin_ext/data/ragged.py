@@ -145,6 +145,9 @@ class RaggedLayout:
             raise TypeError(f"layout.inputs: expected a sequence of InputSpec, got "
                             f"{self.inputs!r}")
         _check_names([spec.name for spec in self.inputs], "layout.inputs")
+        # tuples, as a sample's layout holds them: lists would compare unequal to them
+        object.__setattr__(self, "target_names", tuple(self.target_names))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
         check_int(self.theta_dim, "layout.theta_dim", 0)
         for key in ("query_weights", "query_label", "mesh"):
             check_bool(getattr(self, key), f"layout.{key}")
