@@ -321,3 +321,34 @@ def test_spectral_weights_convert_to_a_complex_dtype_and_into_new_parameters():
     assert layer.weight_pos is not old and layer.weight_pos.dtype == torch.complex128
     torch.testing.assert_close(layer.weight_pos.detach(), old.detach().to(torch.complex128))
     assert layer.weight_pos.grad.dtype == torch.complex128
+
+
+def test_kolmogorov_generation_takes_a_torch_dtype_and_warns_past_cfl_one(tmp_path):
+    """solve_dtype as a torch dtype is its name (the same file as the string gives); a step
+    that breaks SPEC-continuum's CFL <= 1 is generated with a warning naming the number."""
+    from galerkin_ext.data import inspect_h5, read_h5
+    from galerkin_ext.data.generate import generate_kolmogorov
+
+    small = dict(n_samples=2, resolution=16, time=0.5, dt_out=0.25, chunk_size=2,
+                 progress=False)
+    by_dtype = generate_kolmogorov(tmp_path / "a.h5", solve_dtype=torch.float64,
+                                   max_step=0.25, **small)
+    by_name = generate_kolmogorov(tmp_path / "b.h5", solve_dtype="float64", max_step=0.25,
+                                  **small)
+    assert inspect_h5(by_dtype)["parameters"]["solve_dtype"] == "float64"
+    for key in ("input", "output"):
+        np.testing.assert_array_equal(read_h5(by_dtype)[key], read_h5(by_name)[key])
+    with pytest.warns(RuntimeWarning, match=r"kolmogorov: CFL number \d\.\d+ > 1 at max_step = 1"):
+        coarse = generate_kolmogorov(tmp_path / "c.h5", solve_dtype="float64", max_step=1.0,
+                                     **(small | {"time": 1.0, "dt_out": 1.0}))
+    assert inspect_h5(coarse)["statistics"]["cfl"]["mean"] > 1
+
+
+def test_generators_refuse_a_wrong_executor_and_a_str_of_targets(tmp_path):
+    from galerkin_ext.data.generate import generate_darcy, generate_elasticity
+
+    with pytest.raises(TypeError, match="executor must be a concurrent.futures.Executor"):
+        generate_darcy(tmp_path / "d.h5", 2, 8, executor="pool", progress=False)
+    with pytest.raises(TypeError, match=r"targets: expected a sequence of names such as"):
+        generate_elasticity(tmp_path / "e.h5", n_samples=2, targets="vm", progress=False)
+    assert not list(tmp_path.iterdir())
