@@ -29,7 +29,7 @@ def _config(**kw):
     return TrainConfig(**{"epochs": 1, "batch_size": 4, "progress": False, **kw})
 
 
-# -- class 1: argument checks -----------------------------------------------------------
+# -- argument checks ---------------------------------------------------------------------
 
 def test_per_sample_errors_and_evaluate_refuse_a_non_module():
     with pytest.raises(TypeError, match="^model: expected a torch.nn.Module, got NoneType"):
@@ -106,7 +106,7 @@ def test_a_non_finite_evaluation_error_stops_the_run(tmp_path):
     assert not (tmp_path / "last.pt").exists()
 
 
-# -- class 3: behaviour branches --------------------------------------------------------
+# -- behaviour branches -----------------------------------------------------------------
 
 def test_the_stop_names_a_nan_in_the_batch(tmp_path):
     train = _Linear1d(4)
