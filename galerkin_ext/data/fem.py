@@ -180,13 +180,13 @@ def triangulate(
     vertices = _float_array(vertices, "vertices", "(P, 2)", 2)
     # (Triangle itself crashes the process on repeated vertices, e.g. a polygon closed by
     # repeating its first point, and on vertices that are all one point)
-    distinct, first, count = np.unique(vertices, axis=0, return_index=True, return_counts=True)
+    _, first, count = np.unique(vertices, axis=0, return_index=True, return_counts=True)
     if (count > 1).any():
         repeated = np.sort(first[count > 1])
         raise ValueError(f"vertices: expected distinct points, but the points of rows "
                          f"{repeated[:5].tolist()} appear more than once (e.g. "
                          f"{vertices[repeated[0]].tolist()})")
-    if len(distinct) < 3 or np.linalg.matrix_rank(vertices - vertices.mean(axis=0)) < 2:
+    if len(vertices) < 3 or np.linalg.matrix_rank(vertices - vertices.mean(axis=0)) < 2:
         raise ValueError(f"vertices: expected at least 3 points not all on one line, got "
                          f"{len(vertices)} points spanning no area")
     segments = _index_array(segments, "segments", "(S, 2)", 2, len(vertices))
@@ -288,15 +288,16 @@ def refine_near(
     distance = check_float(distance, "distance")
     if isinstance(curves, (np.ndarray, str)) or not isinstance(curves, Sequence) or not curves:
         raise TypeError("curves: expected a non-empty sequence of (K, 2) polylines")
-    curves = [_float_array(curve, f"curves[{i}]", "(K, 2)", 2) for i, curve in enumerate(curves)]
+    checked = []
     for i, curve in enumerate(curves):
-        if not len(curve):
+        checked.append(_float_array(curve, f"curves[{i}]", "(K, 2)", 2))
+        if not len(checked[-1]):
             raise ValueError(f"curves[{i}]: expected at least one point")
     check_bool(boundary_steiner, "boundary_steiner")
     min_angle = check_float(min_angle, "min_angle", high=34.0)
     centroids = mesh.points[mesh.triangles].mean(axis=1)
     near = np.zeros(len(mesh.triangles), dtype=bool)
-    for curve in curves:
+    for curve in checked:
         near |= distance_to_polyline(centroids, curve) <= distance
     # Triangle reads a bound <= 0 as "no bound".
     bound = np.where(near, triangle_areas(mesh.points, mesh.triangles) / 4.0, -1.0)
