@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -228,6 +228,21 @@ def check_statistics(mean: object, std: object) -> None:
     if not is_tracing(mean) and not bool(torch.isfinite(mean).all()):
         raise ValueError("mean: expected finite values")
     check_nonnegative(std, "std", "values")
+
+
+def recorded_statistics(record: object, name: str) -> tuple[Tensor, Tensor]:
+    """``(mean, std)`` as float64 tensors from a recorded normaliser ``{'mean': ..., 'std':
+    ...}`` (numbers or nested lists of them, as the run configurations store them), checked
+    with :func:`check_statistics`; messages name ``name``."""
+    if not isinstance(record, Mapping) or set(record) != {"mean", "std"}:
+        raise ValueError(f"{name}: expected {{'mean': ..., 'std': ...}}, got {record!r}")
+    try:
+        mean, std = (torch.tensor(record[key], dtype=torch.float64) for key in ("mean", "std"))
+        check_statistics(mean, std)
+    except (TypeError, ValueError) as err:  # e.g. ragged lists, a string, a negative std
+        raise ValueError(f"{name}: expected numbers or nested lists of them of one shape, "
+                         f"finite, std >= 0 ({err}); got {record!r}") from err
+    return mean, std
 
 
 def check_quadrature_weight(

@@ -28,14 +28,18 @@ from galerkin_ext.data import (
     BurgersDataset,
     DarcyDataset,
     DarcyInverseDataset,
-    UnitGaussianNormalizer,
     convert_geofno_elasticity,
     generate_burgers,
     generate_darcy,
 )
 from galerkin_ext.domain import DomainSplit
 from galerkin_ext.models import build_model
-from galerkin_ext.training import evaluate, load_checkpoint, load_trained_model
+from galerkin_ext.training import (
+    evaluate,
+    load_checkpoint,
+    load_trained_model,
+    normalizers_from_config,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TIMEOUT = 300
@@ -166,15 +170,14 @@ def test_darcy_example(tmp_path, darcy_file):
     # best.pt alone (its model, its normalisers) reproduces the metric: no training data read
     model, best = load_trained_model(out / "best.pt")
     eval_set = DarcyDataset(darcy_file, "test", 43, coarse_resolution=15, n_train=16,
-                            n_test=8, **_recorded_normalizers(best, (43, 43)))
+                            n_test=8, **_recorded_normalizers(best))
     assert evaluate(model, eval_set) == pytest.approx(m["test_rel_l2"], rel=1e-5)
 
 
-def _recorded_normalizers(checkpoint: dict, shape: tuple[int, ...]) -> dict:
+def _recorded_normalizers(checkpoint: dict) -> dict:
     """``{'<name>_normalizer': ...}`` from a checkpoint's config, as the README says."""
-    return {f"{name}_normalizer": UnitGaussianNormalizer.from_statistics(
-        torch.tensor(stats["mean"]).reshape(shape), torch.tensor(stats["std"]).reshape(shape))
-        for name, stats in checkpoint["config"]["normalizers"].items()}
+    return {f"{name}_normalizer": norm for name, norm in
+            normalizers_from_config(checkpoint["config"]["normalizers"]).items()}
 
 
 def test_darcy_inverse_example(tmp_path, darcy_file):
@@ -192,7 +195,7 @@ def test_darcy_inverse_example(tmp_path, darcy_file):
     seed = _load_example("darcy_inverse").NOISE_SEED
     sets = [DarcyInverseDataset(eval_file, "test", 43, coarse_resolution=15, noise=0.01,
                                 noise_seed=s, n_train=0, n_test=2,
-                                **_recorded_normalizers(best, (43, 43))) for s in (seed + 1, seed)]
+                                **_recorded_normalizers(best)) for s in (seed + 1, seed)]
     assert evaluate(model, sets[0]) == pytest.approx(m["test_rel_l2"], rel=1e-5)
     assert evaluate(model, sets[1]) != pytest.approx(m["test_rel_l2"], rel=1e-5)
 
@@ -402,7 +405,7 @@ def test_domain_parallel_example_matches_single_process(tmp_path, darcy_file):
     # best.pt alone (its model, its normalisers) reproduces the metric, in one process
     example = _load_example("domain_parallel")
     model, best = load_trained_model(tmp_path / "domain" / "best.pt")
-    norms = _recorded_normalizers(best, (43, 43))
+    norms = _recorded_normalizers(best)
     eval_full = DarcyDataset(darcy_file, "test", 43, coarse_resolution=43, n_train=8, n_test=2,
                              **norms)
     whole = DomainSplit.even(43 * 43)
@@ -536,7 +539,7 @@ def test_lorenz63_example_task_b(tmp_path):
     from galerkin_ext.training import error_summary
 
     model, best = load_trained_model(out / "best.pt")
-    norm = _recorded_normalizers(best, (-1,))["target_normalizer"]
+    norm = _recorded_normalizers(best)["target_normalizer"]
     data = best["config"]["data_files"]["eval"]
     test = ODEDataset(data, "test", task="l63_b", n_train=32, n_valid=8, n_test=8)
     assert error_summary(model, test, normalizer=norm,
@@ -657,6 +660,10 @@ def test_kolmogorov_example(tmp_path, kolmogorov_files, model):
               "2", "--n-eval", "4", "--epochs", "2", "--batch-size", "4"))
     m = _continuum_outputs(out, 2)
     assert m["config"]["residual"] is True and m["config"]["loss"] == "l2"
+    # the scalar normaliser is recorded as numbers and comes back 0-d, as the dataset fits it
+    assert isinstance(m["config"]["normalizers"]["vorticity"]["mean"], float)
+    vorticity = normalizers_from_config(m["config"]["normalizers"])["vorticity"]
+    assert vorticity.mean.shape == vorticity.std.shape == () and vorticity.std > 0
     assert 0 < m["persistence_rel_l2_median"] <= m["persistence_rel_l2"] * 2
     # the preset's 5-step rollout on the 4 test samples: persistence falls behind the flow
     roll = m["rollout"]

@@ -5,6 +5,7 @@ test_examples.py.
 """
 
 import errno
+import json
 import math
 import os
 import signal
@@ -816,6 +817,47 @@ def test_resume_of_another_experiment_names_both():
         check_resumable_config({**old, "build": {"name": "b", "arguments": {"d_model": 96}}},
                                {**old, "build": {"name": "b", "arguments": {"d_model": 64}}},
                                "last.pt", partial=True)
+
+
+def test_recorded_normalizers_come_back_in_their_shapes():
+    """A run records its normalisers as nested lists in their fitted shapes (a number for a
+    scalar one), so the checkpoint alone rebuilds them; a checkpoint that holds them flattened,
+    as before, still resumes, and one fitted on other values does not."""
+    from galerkin_ext.data import UnitGaussianNormalizer
+    from galerkin_ext.training import normalizer_config, normalizers_from_config
+    from galerkin_ext.training.trainer import check_resumable_config
+
+    g = torch.Generator().manual_seed(0)
+    fitted = {"grid": UnitGaussianNormalizer(torch.randn(6, 5, 3, generator=g)),
+              "channels": UnitGaussianNormalizer(torch.randn(6, 2, generator=g)),
+              "scalar": UnitGaussianNormalizer(torch.randn(6, generator=g))}
+    config = json.loads(json.dumps(normalizer_config(**fitted)))  # as metrics.json holds it
+    assert isinstance(config["scalar"]["mean"], float)
+    rebuilt = normalizers_from_config(config)
+    x = torch.randn(4, 5, 3, generator=g, dtype=torch.float64)
+    for name, norm in fitted.items():
+        assert rebuilt[name].mean.shape == norm.mean.shape
+        assert torch.equal(rebuilt[name].mean, norm.mean)
+        assert torch.equal(rebuilt[name].std, norm.std)
+    assert torch.equal(rebuilt["grid"].encode(x), fitted["grid"].encode(x))
+    with pytest.raises(ValueError, match=r"config\['grid'\]: expected numbers or nested lists "
+                                         r"of them of one shape.*std: expected the shape of mean"):
+        normalizers_from_config({"grid": {"mean": config["grid"]["mean"], "std": [1.0]}})
+    with pytest.raises(ValueError, match=r"config\['grid'\]: expected \{'mean': ..., 'std': "
+                                         r"...\}, got \[1.0\]"):
+        normalizers_from_config({"grid": [1.0]})
+    with pytest.raises(TypeError, match="config: expected a dict of statistics by name, got list"):
+        normalizers_from_config([])
+    flat = {name: {key: torch.tensor(stats[key], dtype=torch.float64).reshape(-1).tolist()
+                   for key in stats}
+            for name, stats in config.items()}  # as runs before recorded them
+    run = {"model": {"d_model": 8}, "normalizers": config}
+    check_resumable_config({"model": {"d_model": 8}, "normalizers": flat}, run, "last.pt",
+                           partial=True)
+    flat["grid"]["mean"][7] += 1e-9
+    with pytest.raises(CheckpointError, match=r"\['normalizers.grid.mean'\]"):
+        check_resumable_config({"model": {"d_model": 8}, "normalizers": flat}, run, "last.pt",
+                               partial=True)
 
 
 def test_write_csv_reads_an_iterator_of_rows_once(tmp_path):

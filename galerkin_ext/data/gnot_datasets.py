@@ -40,6 +40,7 @@ from .._checks import (
     check_float_dtype,
     check_index,
     check_int,
+    recorded_statistics,
 )
 from .datasets import UnitGaussianNormalizer, evaluation_indices
 from .ragged import RaggedArrays, RaggedLayout, read_header, read_ragged
@@ -173,15 +174,8 @@ class RaggedNormalizers(nn.Module):
         eps = check_float(eps, "eps")
         state: dict[str, Tensor] = {"eps": torch.tensor(eps, dtype=torch.float64)}
         for name, stats in config.items():
-            if not isinstance(stats, Mapping) or set(stats) != {"mean", "std"}:
-                raise ValueError(f"config[{name!r}]: expected {{'mean': [...], 'std': [...]}}, "
-                                 f"got {stats!r}")
-            for key in ("mean", "std"):
-                try:
-                    state[f"{name}.{key}"] = torch.tensor(stats[key], dtype=torch.float64)
-                except (TypeError, ValueError) as err:
-                    raise ValueError(f"config[{name!r}][{key!r}]: expected a list of numbers, "
-                                     f"got {stats[key]!r}") from err
+            state[f"{name}.mean"], state[f"{name}.std"] = recorded_statistics(
+                stats, f"config[{name!r}]")
         return cls.from_state_dict(state)
 
     def named(self) -> dict[str, UnitGaussianNormalizer]:

@@ -18,7 +18,8 @@ and what the example scripts in ``examples/`` share.
   :func:`write_metrics`, :data:`VALIDATION_NORMALISED`, :func:`describe_device`,
   :func:`command_line`, :func:`threshold_report`, :func:`enforce_thresholds`,
   :class:`ThresholdError`, :func:`preset_unchanged`, :func:`error_summary`,
-  :func:`describe_grid`, :func:`normalizer_config`, :data:`ATTENTION_TYPES`
+  :func:`describe_grid`, :func:`normalizer_config`, :func:`normalizers_from_config`,
+  :data:`ATTENTION_TYPES`
   (:mod:`.experiment`).
 """
 
@@ -54,6 +55,7 @@ from .experiment import (
     experiment_parser,
     load_trained_model,
     normalizer_config,
+    normalizers_from_config,
     plot_1d,
     plot_2d,
     plot_mesh,
@@ -109,6 +111,7 @@ __all__ = [
     "load_trained_model",
     "load_checkpoint",
     "normalizer_config",
+    "normalizers_from_config",
     "per_sample_errors",
     "plot_1d",
     "plot_2d",

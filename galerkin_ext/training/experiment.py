@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
-from .._checks import check_bool, check_int, check_path, resolve_device
+from .._checks import check_bool, check_int, check_path, recorded_statistics, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
 from ..complexity import parameter_count
+from ..data.datasets import UnitGaussianNormalizer
 from ..data.storage import DataFileError, DataMismatchError, data_identity, same_draws
 from ..layers import ATTENTION_TYPES
 from ..models import build_model
@@ -595,17 +596,33 @@ def describe_grid(coords: torch.Tensor, weight: str | None = "auto") -> dict[str
     return record
 
 
-def normalizer_config(**normalizers: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
-    """``{name: {'mean': [...], 'std': [...]}}`` of unit-Gaussian normalisers (per component or
-    scalar): stored in the run configuration, so the checkpoints say how to normalise."""
+def normalizer_config(**normalizers: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """``{name: {'mean': ..., 'std': ...}}`` of unit-Gaussian normalisers, each statistic as
+    nested lists in its fitted shape (a float for a scalar one): stored in the run
+    configuration, so the checkpoints say how to normalise; :func:`normalizers_from_config`
+    rebuilds them."""
     out = {}
     for name, norm in normalizers.items():
         mean, std = getattr(norm, "mean", None), getattr(norm, "std", None)
         if not isinstance(mean, torch.Tensor) or not isinstance(std, torch.Tensor):
             raise TypeError(f"{name}: expected a UnitGaussianNormalizer, got "
                             f"{type(norm).__name__}")
-        out[name] = {"mean": mean.reshape(-1).tolist(), "std": std.reshape(-1).tolist()}
+        out[name] = {"mean": mean.tolist(), "std": std.tolist()}
     return out
+
+
+def normalizers_from_config(config: Mapping[str, Mapping[str, Any]], eps: float = 1e-5
+                            ) -> dict[str, UnitGaussianNormalizer]:
+    """The normalisers that :func:`normalizer_config` recorded, by name, in float64 and their
+    fitted shapes (``checkpoint["config"]["normalizers"]`` of an example script's run): e.g.
+    ``DarcyDataset(..., input_normalizer=normalizers["input"])``. ``eps`` is not recorded: the
+    grid datasets' default. (Records written before 2026-11-25 hold flattened statistics: a
+    grid's come back 1-D; reshape them with :meth:`UnitGaussianNormalizer.from_statistics`.)"""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config: expected a dict of statistics by name, got "
+                        f"{type(config).__name__}")
+    return {name: UnitGaussianNormalizer.from_statistics(
+        *recorded_statistics(stats, f"config[{name!r}]"), eps) for name, stats in config.items()}
 
 
 def command_line() -> str:

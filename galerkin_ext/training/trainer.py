@@ -35,7 +35,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -316,15 +316,28 @@ def _check_recorded(run_config: Mapping[str, Any], recorded: Mapping[str, Any]) 
 
 
 def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{'model': {'norm': 'attn'}}`` -> ``{'model.norm': 'attn'}``; lists become tuples."""
+    """``{'model': {'norm': 'attn'}}`` -> ``{'model.norm': 'attn'}``; lists become tuples of
+    their entries in row-major order and one-entry lists their entry, so that a normaliser's
+    statistics recorded in their shape (a number for a scalar one) compare equal to the
+    flattened lists that earlier checkpoints hold."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(_flatten(value, f"{name}."))
         else:
-            flat[name] = tuple(value) if isinstance(value, list) else value
+            entries = tuple(_entries(value)) if isinstance(value, list) else (value,)
+            flat[name] = entries[0] if len(entries) == 1 else entries
     return flat
+
+
+def _entries(values: list) -> Iterator[Any]:
+    """The entries of nested lists, row-major."""
+    for value in values:
+        if isinstance(value, list):
+            yield from _entries(value)
+        else:
+            yield value
 
 
 def default_forward(model: nn.Module, batch: Batch) -> Tensor:
