@@ -616,7 +616,7 @@ def normalizers_from_config(config: Mapping[str, Mapping[str, Any]], eps: float 
     """The normalisers that :func:`normalizer_config` recorded, by name, in float64 and their
     fitted shapes (``checkpoint["config"]["normalizers"]`` of an example script's run): e.g.
     ``DarcyDataset(..., input_normalizer=normalizers["input"])``. ``eps`` is not recorded: the
-    grid datasets' default. (Records written before 2026-11-25 hold flattened statistics: a
+    grid datasets' default. (Records written before 2026-11-29 hold flattened statistics: a
     grid's come back 1-D; reshape them with :meth:`UnitGaussianNormalizer.from_statistics`.)"""
     if not isinstance(config, Mapping):
         raise TypeError(f"config: expected a dict of statistics by name, got "
