@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -411,6 +412,26 @@ def test_plots_check_their_fields(tmp_path):
     with pytest.raises(ValueError, match="expected one entry per sample each"):
         plot_mesh(tmp_path / "m.png", torch.rand(1, 6, 2), none, [torch.rand(6)], [torch.rand(6)])
     assert not list(tmp_path.iterdir())
+
+
+def test_plots_take_any_float_tensors_without_warnings(tmp_path):
+    """Fields that require grad or are bfloat16 are plotted, and no tensor reaches matplotlib:
+    numpy 2 warned ("__array__ implementation doesn't accept a copy keyword") for each one."""
+    from galerkin_ext.training import plot_1d, plot_2d, plot_mesh
+
+    g = torch.Generator().manual_seed(0)
+    pred = torch.rand(2, 6, 2, generator=g, requires_grad=True)
+    target = torch.rand(2, 6, 2, generator=g).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_1d(tmp_path / "a.png", torch.linspace(0, 1, 6), pred, target)
+        plot_2d(tmp_path / "b.png", torch.rand(1, 5, 5, generator=g),
+                torch.rand(1, 6, 6, generator=g, requires_grad=True),
+                torch.rand(1, 6, 6, generator=g).bfloat16())
+        plot_mesh(tmp_path / "c.png", [torch.rand(4, 2, generator=g)],
+                  [torch.tensor([[0, 1, 2], [1, 2, 3]])], [pred[0, :4, 0]],
+                  [target[0, :4, 0]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png", "c.png"]
 
 
 def test_compiled_training_matches_plain_and_resumes_either_way(tmp_path):

@@ -744,6 +744,14 @@ def _check_fields(fields: Sequence[object], what: str) -> None:
                          f"samples, got {sorted(shapes)}")
 
 
+def _arrays(*tensors: torch.Tensor) -> list:
+    """The tensors as numpy arrays for matplotlib (detached, on the CPU, floats as float64):
+    given tensors, numpy 2 warns for each (a tensor's ``__array__`` takes no ``copy``), and one
+    that requires grad or is bfloat16 (no numpy dtype) fails."""
+    return [(t.detach().cpu().double() if t.is_floating_point() else t.detach().cpu()).numpy()
+            for t in tensors]
+
+
 def plot_1d(
     path: str | os.PathLike[str],
     grid: torch.Tensor,
@@ -765,9 +773,9 @@ def plot_1d(
                         f"{type(grid).__name__}")
     if grid.dim() not in (1, 2) or grid.dim() == 2 and grid.shape[1] != 1:
         raise ValueError(f"grid: expected shape (n,) or (n, 1), got {tuple(grid.shape)}")
-    grid = grid.reshape(-1).cpu()
     if grid.numel() != pred.shape[1]:
         raise ValueError(f"grid: expected {pred.shape[1]} points, got {grid.numel()}")
+    grid, pred, target = _arrays(grid.reshape(-1), pred, target)
     n_comp = pred.shape[2]
     if components is None:
         components = [""] * n_comp if n_comp == 1 else [f"c{c}" for c in range(n_comp)]
@@ -781,12 +789,11 @@ def plot_1d(
         top, bottom = axes[0, i], axes[1, i]
         for c, name in enumerate(components):
             label = f" {name}" if name else ""
-            top.plot(grid, target[i, :, c].cpu(), "-", color=truth_colors[c % 3], lw=2,
+            top.plot(grid, target[i, :, c], "-", color=truth_colors[c % 3], lw=2,
                      label=f"truth{label}")
-            top.plot(grid, pred[i, :, c].cpu(), "--", color=pred_colors[c % 3], lw=1.5,
+            top.plot(grid, pred[i, :, c], "--", color=pred_colors[c % 3], lw=1.5,
                      label=f"prediction{label}")
-            bottom.plot(grid, (pred[i, :, c] - target[i, :, c]).cpu(), "-", lw=1,
-                        label=name or None)
+            bottom.plot(grid, pred[i, :, c] - target[i, :, c], "-", lw=1, label=name or None)
         top.set_title(f"sample {i}")
         bottom.set_xlabel(xlabel)
     axes[0, 0].legend()
@@ -836,9 +843,8 @@ def plot_mesh(
     s = len(points)
     fig, axes = plt.subplots(s, 3, figsize=(11, 3.2 * s), squeeze=False)
     for i in range(s):
-        xy = points[i].cpu().numpy()
-        tri = None if triangles[i] is None else triangles[i].cpu().numpy()
-        truth, guess = target[i].cpu().numpy(), pred[i].cpu().numpy()
+        xy, truth, guess = _arrays(points[i], target[i], pred[i])
+        tri = None if triangles[i] is None else _arrays(triangles[i])[0]
         low, high = float(min(truth.min(), guess.min())), float(max(truth.max(), guess.max()))
         for ax, values, name, limits in ((axes[i, 0], truth, f"truth {label}", (low, high)),
                                          (axes[i, 1], guess, "prediction", (low, high)),
@@ -947,6 +953,7 @@ def plot_2d(
     _check_fields([inputs], "inputs")
     if inputs.shape[0] != pred.shape[0]:
         raise ValueError(f"inputs: expected {pred.shape[0]} samples, got {inputs.shape[0]}")
+    inputs, pred, target = _arrays(inputs, pred, target)
     plt = _pyplot()
     s = pred.shape[0]
     fig, axes = plt.subplots(s, 4, figsize=(14, 3.2 * s), squeeze=False)
@@ -960,8 +967,8 @@ def plot_2d(
         for ax, (field, label, cmap) in zip(axes[i], panels, strict=True):
             # Row index i of a field is x_i: transpose so x runs left to right, y upwards.
             # The difference gets limits symmetric about 0, so white means "no error".
-            lim = float(field.abs().max()) if cmap == "RdBu_r" else None
-            img = ax.imshow(field.cpu().T, origin="lower", extent=(0, 1, 0, 1), cmap=cmap,
+            lim = float(abs(field).max()) if cmap == "RdBu_r" else None
+            img = ax.imshow(field.T, origin="lower", extent=(0, 1, 0, 1), cmap=cmap,
                             vmin=-lim if lim else None, vmax=lim)
             fig.colorbar(img, ax=ax, shrink=0.8)
             ax.set_title(f"{label} (sample {i})", fontsize=9)
