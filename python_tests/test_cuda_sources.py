@@ -14,6 +14,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from galerkin_ext._build_info import CXX_STANDARD
 from torch.utils import cpp_extension
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +22,7 @@ CSRC = ROOT / "csrc"
 CU_FILES = sorted(CSRC.rglob("*.cu"))
 GLUE_FILES = [*sorted(CSRC.rglob("*_cuda.cpp")), CSRC / "attention" / "core.cpp"]
 NVCC = shutil.which("nvcc")
+STD = f"-std=c++{CXX_STANDARD}"  # the build's, which follows torch's headers (CMakeLists.txt)
 
 
 def _cuda_include() -> Path | None:
@@ -45,7 +47,7 @@ def nvcc_runs(tmp_path_factory) -> dict[Path, subprocess.Popen]:
     are caught, in ~20 s per file instead of ~3 minutes."""
     out = tmp_path_factory.mktemp("nvcc")
     return {source: subprocess.Popen(
-        [NVCC, "-std=c++17", "-O2", "-arch=sm_90", "-Xcicc", "-O0", "-I", str(CSRC),
+        [NVCC, STD, "-O2", "-arch=sm_90", "-Xcicc", "-O0", "-I", str(CSRC),
          "-Xcompiler", "-Wall", "-Werror", "all-warnings", "-c", str(source),
          "-o", str(out / f"{i}.o")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -70,7 +72,7 @@ def test_cuda_glue_compiles(source, tmp_path):
     (stub / "cuda_cmake_macros.h").write_text("#define C10_CUDA_BUILD_SHARED_LIBS\n")
     compiler = sysconfig.get_config_var("CXX") or "c++"
     includes = [flag for path in cpp_extension.include_paths() for flag in ("-isystem", path)]
-    cmd = [*compiler.split()[:1], "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra",
+    cmd = [*compiler.split()[:1], STD, "-fsyntax-only", "-Wall", "-Wextra",
            "-Wno-unused-parameter", "-Werror", "-DGALERKIN_EXT_WITH_CUDA", "-I", str(CSRC),
            *includes, "-isystem", str(tmp_path), "-isystem", str(_cuda_include()), str(source)]
     result = subprocess.run(cmd, capture_output=True, text=True)

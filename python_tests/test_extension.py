@@ -19,6 +19,8 @@ from galerkin_ext._extension import REBUILD, load_error_message
 
 def test_the_build_records_the_torch_it_was_compiled_against():
     assert _build_info.TORCH_VERSION == torch.__version__
+    # and the C++ standard of its headers: C++20 from torch 2.14 on, which C++17 cannot compile
+    assert _build_info.CXX_STANDARD == (20 if torch.__version__ >= "2.14" else 17)
 
 
 def test_messages():
