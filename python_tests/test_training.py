@@ -860,6 +860,7 @@ def test_recorded_normalizers_come_back_in_their_shapes():
         assert rebuilt[name].mean.shape == norm.mean.shape
         assert torch.equal(rebuilt[name].mean, norm.mean)
         assert torch.equal(rebuilt[name].std, norm.std)
+        assert rebuilt[name].eps == norm.eps  # not recorded: the datasets' default
     assert torch.equal(rebuilt["grid"].encode(x), fitted["grid"].encode(x))
     with pytest.raises(ValueError, match=r"config\['grid'\]: expected numbers or nested lists "
                                          r"of them of one shape.*std: expected the shape of mean"):

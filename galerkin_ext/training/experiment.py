@@ -611,18 +611,19 @@ def normalizer_config(**normalizers: torch.nn.Module) -> dict[str, dict[str, Any
     return out
 
 
-def normalizers_from_config(config: Mapping[str, Mapping[str, Any]], eps: float = 1e-5
+def normalizers_from_config(config: Mapping[str, Mapping[str, Any]]
                             ) -> dict[str, UnitGaussianNormalizer]:
     """The normalisers that :func:`normalizer_config` recorded, by name, in float64 and their
     fitted shapes (``checkpoint["config"]["normalizers"]`` of an example script's run): e.g.
-    ``DarcyDataset(..., input_normalizer=normalizers["input"])``. ``eps`` is not recorded: the
-    grid datasets' default. (Records written before 2026-11-29 hold flattened statistics: a
-    grid's come back 1-D; reshape them with :meth:`UnitGaussianNormalizer.from_statistics`.)"""
+    ``DarcyDataset(..., input_normalizer=normalizers["input"])``. Their ``eps``, which is not
+    recorded, is the default that the grid datasets fit with. (Records written before
+    2026-11-29 hold flattened statistics: a grid's come back 1-D; reshape them with
+    :meth:`UnitGaussianNormalizer.from_statistics`.)"""
     if not isinstance(config, Mapping):
         raise TypeError(f"config: expected a dict of statistics by name, got "
                         f"{type(config).__name__}")
     return {name: UnitGaussianNormalizer.from_statistics(
-        *recorded_statistics(stats, f"config[{name!r}]"), eps) for name, stats in config.items()}
+        *recorded_statistics(stats, f"config[{name!r}]")) for name, stats in config.items()}
 
 
 def command_line() -> str:
