@@ -124,6 +124,22 @@ def test_writer_with_a_given_layout_orders_and_finishes(tmp_path):
     assert len(data) == 4 and np.array_equal(data.sample(3)["target"], synthetic(3)["target"])
 
 
+def test_a_ragged_writer_keeps_a_second_writer_out_until_it_ends(tmp_path):
+    """The lock of storage.prepare_output (HDF5's own may be off): refused while one writes,
+    released when it closes or fails to open."""
+    out = tmp_path / "w.h5"
+    w = _open(out, layout=lambda: RaggedLayout.from_sample(synthetic(0)))
+    with pytest.raises(FileExistsError, match="is being written by another process"):
+        _open(out, resume=True)
+    w.write_chunk(0, [synthetic(0), synthetic(1)])
+    w.close()
+    with pytest.raises(DataFileError, match="cannot resume"):
+        _open(out, resume=True, seed=3)
+    w = _open(out, resume=True)
+    assert w.n_done() == 2
+    w.close()
+
+
 def test_a_failure_while_creating_leaves_no_partial_file(tmp_path, monkeypatch):
     from galerkin_ext.data import ragged
 

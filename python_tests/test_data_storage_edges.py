@@ -189,6 +189,69 @@ def test_a_file_locked_by_another_process_is_named(tmp_path):
         holder.wait()
 
 
+_HOLD_WRITER = """
+import sys, time
+import numpy as np
+from galerkin_ext.data.storage import ArraySpec, ChunkedWriter
+w = ChunkedWriter.open(sys.argv[1], generator="toy", parameters={"k": 1}, seed=0, n_samples=4,
+                       chunk_size=2, arrays={"a": ArraySpec((3,), "f8"), "b": ArraySpec((), "f8")},
+                       resume=True)
+print("ok", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("hdf5_locking", ["TRUE", "FALSE"])
+def test_a_second_writer_is_refused_with_hdf5_locking_off_too(tmp_path, hdf5_locking):
+    """Clusters switch HDF5's locks off (HDF5_USE_FILE_LOCKING=FALSE); a second generation of
+    the same file (a repeated job) then resumed into the live one's partial file and both wrote
+    it. The package's own lock refuses it, before any work and when opening."""
+    out, part = _partial(tmp_path)
+    env = {**os.environ, "HDF5_USE_FILE_LOCKING": hdf5_locking}
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_WRITER, str(out)], env=env,
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"ok"
+        probe = subprocess.run(
+            [sys.executable, "-c", "import sys; from galerkin_ext.data.storage import "
+             "check_output; check_output(sys.argv[1], resume=True, overwrite=False)", str(out)],
+            env=env, capture_output=True, text=True)
+        assert probe.returncode == 1
+        assert "is being written by another process: wait for it to end" in probe.stderr
+        for flags in ({"resume": True}, {"overwrite": True}):
+            with pytest.raises(FileExistsError, match=f"^'{part}' is being written by another "
+                                                      "process: wait for it to end$"):
+                _writer(out, **flags)
+        assert part.exists()  # overwrite left the live writer's file alone
+    finally:
+        holder.kill()
+        holder.wait()
+    w = _writer(out, resume=True)  # the system released the killed process's lock
+    assert w.n_done() == 2
+    w.close()
+
+
+def test_the_writer_lock_is_released_however_the_writer_ends(tmp_path):
+    out = tmp_path / "p.h5"
+    lock = S.writer_lock_path(out)
+    assert lock == tmp_path / ".p.h5.writer.lock"
+    w = _writer(out)
+    with pytest.raises(FileExistsError, match="is being written by another process"):
+        _writer(out, resume=True)  # (flock: another open file is another holder)
+    _chunk(w, 0)
+    w.close()
+    with pytest.raises(DataFileError, match="cannot resume"):
+        _writer(out, resume=True, seed=1)  # a failed open releases it
+    w = _writer(out, resume=True)  # a closed writer did
+    _chunk(w, 1)
+    w.finish()
+    w = _writer(out, overwrite=True)  # so did a finished one
+    w.discard()
+    assert not partial_path(out).exists()
+    _writer(out, overwrite=True).close()  # and a discarded one
+    assert lock.exists()  # kept: removing it could let two processes lock two files of one name
+
+
 class _Writer:
     """A writer whose publishing swallows a Ctrl-C, as a clean-up (__del__) would."""
 

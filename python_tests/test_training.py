@@ -1192,7 +1192,7 @@ def test_cached_data_waits_for_a_process_generating_the_same_file(tmp_path, caps
     import shutil
     import threading
 
-    from galerkin_ext.training.checkpoint import file_lock
+    from galerkin_ext._locks import file_lock
 
     params = {"n_samples": 2, "resolution": 16, "solve_resolution": 16, "n_steps": 4,
               "progress": False}

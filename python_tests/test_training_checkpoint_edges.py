@@ -1,10 +1,7 @@
 """training/checkpoint.py's argument checks and rarely taken branches: each check reached
 through the public API, each branch with its result checked."""
 
-import fcntl
 import json
-import sys
-import threading
 
 import pytest
 import torch
@@ -14,7 +11,6 @@ from galerkin_ext.training.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
     content_digest,
-    file_lock,
     load_checkpoint,
     save_checkpoint,
 )
@@ -41,39 +37,6 @@ def test_write_json_indents_a_list_of_objects(tmp_path):
     text = path.read_text()
     assert json.loads(text) == data
     assert '"rows": [\n' in text and '"flat": [1, 2]' in text
-
-
-def test_file_lock_without_fcntl_locks_nothing(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "fcntl", None)  # as on Windows: the import fails
-    with file_lock(tmp_path / ".lock", wait=False) as held:
-        assert held is True
-    assert not (tmp_path / ".lock").exists()
-
-
-@pytest.mark.parametrize("callback", [True, False])
-def test_file_lock_waits_for_another_holder(tmp_path, callback):
-    path = tmp_path / ".lock"
-    other = open(path, "a")  # another open file description: flock treats it as another holder
-    fcntl.flock(other, fcntl.LOCK_EX)
-    with file_lock(path, wait=False) as held:
-        assert held is False
-    calls = []
-    released = threading.Event()
-
-    def let_go():
-        released.set()
-        fcntl.flock(other, fcntl.LOCK_UN)
-
-    release = threading.Timer(0.2, let_go)
-    release.start()
-    try:
-        on_wait = (lambda: calls.append(released.is_set())) if callback else None
-        with file_lock(path, wait=True, on_wait=on_wait) as held:
-            assert held is True and released.is_set()  # only once the other holder let go
-    finally:
-        release.join()
-        other.close()
-    assert calls == ([False] if callback else [])
 
 
 def test_the_digest_covers_keys_named_sha256_below_the_top():

@@ -41,6 +41,7 @@ gives back)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -59,16 +60,14 @@ from .._checks import check_bool, check_int, check_path
 from .storage import (
     RAGGED_SCHEMA,
     DataFileError,
+    PartialFileWriter,
     _attr,
     _combine,
-    _n_written,
     _open,
     check_output,
     check_resumable_attributes,
     parameters_json,
-    pending_chunks,
     prepare_output,
-    publish,
     run_chunks,
 )
 
@@ -479,7 +478,7 @@ def _completed_prefix(done: np.ndarray, name: str) -> int:
     return k
 
 
-class RaggedWriter:
+class RaggedWriter(PartialFileWriter):
     """Append the chunks of ragged samples to ``FILE.partial``, then publish it as ``FILE``.
 
     Use :meth:`open`, then :meth:`write_chunk` for each of :meth:`pending_chunks` in order,
@@ -488,11 +487,8 @@ class RaggedWriter:
     """
 
     def __init__(self, path: Path, file: h5py.File, chunk_size: int, n_samples: int,
-                 layout: RaggedLayout) -> None:
-        self.path = path
-        self.file = file
-        self.chunk_size = chunk_size
-        self.n_samples = n_samples
+                 lock: contextlib.ExitStack, layout: RaggedLayout) -> None:
+        super().__init__(path, file, chunk_size, n_samples, lock)
         self.layout = layout
 
     @classmethod
@@ -538,41 +534,42 @@ class RaggedWriter:
             "n_samples": n_samples,
             "package_version": __version__,
         }
-        final, part = prepare_output(out, resume=resume, overwrite=overwrite)
-        if resume and part.exists():
-            f = _open(part, "r+")
-            try:
-                check_resumable_attributes(f, part, attrs)
-                stored = RaggedLayout.from_file(f, repr(str(part)))
-                if isinstance(layout, RaggedLayout) and stored.differences(layout):
-                    raise DataFileError(f"cannot resume {str(part)!r}: its layout differs from "
-                                        f"this run's ({'; '.join(stored.differences(layout))})")
-                chunk_size = int(_attr(f, "chunk_size"))  # the record is per stored chunk size
-                cls._truncate(f, part, stored, chunk_size, n_samples)
-            except BaseException:
-                f.close()
-                raise
-            return cls(final, f, chunk_size, n_samples, stored)
-        if not isinstance(layout, RaggedLayout):
-            layout = layout()  # before the partial file exists: a failing sample leaves none
+        final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
+        with lock:  # released if opening fails; else handed to the writer
+            if resume and part.exists():
+                f = _open(part, "r+")
+                try:
+                    check_resumable_attributes(f, part, attrs)
+                    stored = RaggedLayout.from_file(f, repr(str(part)))
+                    if isinstance(layout, RaggedLayout) and stored.differences(layout):
+                        raise DataFileError(f"cannot resume {str(part)!r}: its layout differs from "
+                                            f"this run's ({'; '.join(stored.differences(layout))})")
+                    chunk_size = int(_attr(f, "chunk_size"))  # the record is per stored chunk size
+                    cls._truncate(f, part, stored, chunk_size, n_samples)
+                except BaseException:
+                    f.close()
+                    raise
+                return cls(final, f, chunk_size, n_samples, lock.pop_all(), stored)
             if not isinstance(layout, RaggedLayout):
-                raise TypeError(f"layout: the function returned {type(layout).__name__}, not a "
-                                "RaggedLayout")
-        f = h5py.File(part, "w")
-        try:
-            for key, value in attrs.items():
-                f.attrs[key] = value
-            f.attrs["chunk_size"] = chunk_size
-            f.attrs["complete"] = False
-            _create(f, layout, n_samples)
-            f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
-                             fillvalue=0, fletcher32=True)
-            f.flush()
-        except BaseException:  # nothing is in it yet: a file left would block the next run
-            f.close()
-            part.unlink(missing_ok=True)
-            raise
-        return cls(final, f, chunk_size, n_samples, layout)
+                layout = layout()  # before the partial file exists: a failing sample leaves none
+                if not isinstance(layout, RaggedLayout):
+                    raise TypeError(f"layout: the function returned {type(layout).__name__}, not a "
+                                    "RaggedLayout")
+            f = h5py.File(part, "w")
+            try:
+                for key, value in attrs.items():
+                    f.attrs[key] = value
+                f.attrs["chunk_size"] = chunk_size
+                f.attrs["complete"] = False
+                _create(f, layout, n_samples)
+                f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
+                                 fillvalue=0, fletcher32=True)
+                f.flush()
+            except BaseException:  # nothing is in it yet: a file left would block the next run
+                f.close()
+                part.unlink(missing_ok=True)
+                raise
+            return cls(final, f, chunk_size, n_samples, lock.pop_all(), layout)
 
     @staticmethod
     def _truncate(f: h5py.File, part: Path, layout: RaggedLayout, chunk_size: int,
@@ -593,14 +590,6 @@ class RaggedWriter:
             raise DataFileError(f"cannot resume {str(part)!r}: a stored chunk fails its "
                                 f"checksum or cannot be read: {err}") from err
         f.flush()
-
-    def pending_chunks(self) -> list[tuple[int, int, int]]:
-        """``(chunk, start, stop)`` for every chunk not yet written, in order."""
-        return pending_chunks(self.file["completed"][...], self.chunk_size, self.n_samples)
-
-    def n_done(self) -> int:
-        """Number of samples already written."""
-        return _n_written(self.file["completed"][...], self.chunk_size, self.n_samples)
 
     def write_chunk(self, chunk: int, samples: Sequence[Mapping[str, Any]]) -> None:
         """Validate and append one chunk's samples (the next pending chunk: ragged data are
@@ -655,17 +644,6 @@ class RaggedWriter:
         f.flush()  # the data are on disk before the record says so
         f["completed"][chunk] = 1
         f.flush()
-
-    def finish(self) -> Path:
-        """Mark complete, close and atomically rename ``FILE.partial`` to ``FILE``."""
-        if self.pending_chunks():
-            raise DataFileError("cannot finish: some chunks have not been written")
-        return publish(self.file, self.path)
-
-    def close(self) -> None:
-        """Close the partial file without publishing it (after an interruption)."""
-        if self.file.id.valid:
-            self.file.close()
 
 
 def write_ragged(

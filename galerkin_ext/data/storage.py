@@ -52,17 +52,20 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .._checks import check_bool, check_int, check_path
+from .._locks import file_lock
 
 __all__ = [
     "SCHEMA",
     "DataFileError",
     "InterruptedWhenFinished",
+    "PartialFileWriter",
     "ChunkedWriter",
     "partial_path",
     "check_output_path",
     "check_output",
     "parameters_json",
     "prepare_output",
+    "writer_lock_path",
     "check_resumable_attributes",
     "pending_chunks",
     "publish",
@@ -148,6 +151,29 @@ def _in_use(path: Path) -> bool:
     return False
 
 
+def writer_lock_path(path: str | os.PathLike[str]) -> Path:
+    """The sidecar file whose lock the one process writing ``path`` (through ``path.partial``)
+    holds: ``.NAME.writer.lock`` beside it. It stays after the writer ends (removing it would
+    let two processes hold locks on two files of one name)."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.writer.lock")
+
+
+def _being_written(final: Path) -> FileExistsError:
+    return FileExistsError(f"{str(partial_path(final))!r} is being written by another "
+                           "process: wait for it to end")
+
+
+def _writer_running(final: Path) -> bool:
+    """Whether another process writes ``final`` (it holds the lock of
+    :func:`writer_lock_path`); creates no file."""
+    lock = writer_lock_path(final)
+    if not lock.exists():
+        return False
+    with file_lock(lock, wait=False) as held:
+        return not held
+
+
 def check_output(out: object, *, resume: bool, overwrite: bool,
                  progress: bool = True) -> tuple[Path, Path]:
     """The rules every generation and conversion follows before it writes, checked without
@@ -156,10 +182,19 @@ def check_output(out: object, *, resume: bool, overwrite: bool,
     Raises ``FileExistsError`` if ``out`` or its partial file exists and neither ``resume``
     nor ``overwrite`` is set (or ``out`` is finished, without a partial file, and ``resume`` is
     set: an interrupted ``overwrite`` leaves both, and ``resume`` continues it), and whatever
-    the flags if another process is writing the partial file (it holds HDF5's lock: the
-    partial file is opened to see, not changed).
+    the flags if another process is writing the partial file (it holds the writer's lock of
+    :func:`writer_lock_path` or HDF5's lock: both are probed, nothing is changed).
     """
-    for name, flag in (("resume", resume), ("overwrite", overwrite), ("progress", progress)):
+    final, part = _output_paths(out, resume=resume, overwrite=overwrite, held=False)
+    check_bool(progress, "progress")
+    return final, part
+
+
+def _output_paths(out: object, *, resume: bool, overwrite: bool,
+                  held: bool) -> tuple[Path, Path]:
+    """:func:`check_output`'s rules; ``held``: this process holds the writer's lock (so no
+    other process of this package writes ``out``)."""
+    for name, flag in (("resume", resume), ("overwrite", overwrite)):
         check_bool(flag, name)
     if resume and overwrite:
         raise ValueError("resume and overwrite are mutually exclusive")
@@ -172,9 +207,10 @@ def check_output(out: object, *, resume: bool, overwrite: bool,
                 f"({_OVERWRITE} regenerates it)"
             )
         raise FileExistsError(f"{str(final)!r} already exists ({_OVERWRITE} replaces it)")
-    if part.exists() and _in_use(part):  # a live generation, not an interrupted one
-        raise FileExistsError(f"{str(part)!r} is being written by another process: wait for "
-                              "it to end")
+    # A live generation, not an interrupted one: the package's own lock (HDF5's may be off,
+    # HDF5_USE_FILE_LOCKING=FALSE), and HDF5's (another program's writer).
+    if (not held and _writer_running(final)) or (part.exists() and _in_use(part)):
+        raise _being_written(final)
     if part.exists() and not (resume or overwrite):
         raise FileExistsError(
             f"an interrupted generation exists at {str(part)!r}; {_RESUME} continues it, "
@@ -183,13 +219,24 @@ def check_output(out: object, *, resume: bool, overwrite: bool,
     return final, part
 
 
-def prepare_output(out: object, *, resume: bool, overwrite: bool) -> tuple[Path, Path]:
-    """:func:`check_output`, then, with ``overwrite``, remove a stale partial file (``FILE``
-    itself is replaced on publishing): what a writer does before it writes."""
-    final, part = check_output(out, resume=resume, overwrite=overwrite)
-    if overwrite:
-        part.unlink(missing_ok=True)
-    return final, part
+def prepare_output(out: object, *, resume: bool,
+                   overwrite: bool) -> tuple[Path, Path, contextlib.ExitStack]:
+    """What a writer does before it writes: take the writer's lock on ``out``
+    (:func:`writer_lock_path`), check :func:`check_output`'s rules, and, with ``overwrite``,
+    remove a stale partial file (``FILE`` itself is replaced on publishing). Returns
+    ``(FILE, FILE.partial, lock)``; closing ``lock`` releases it.
+
+    Raises ``FileExistsError`` where another process writes ``out`` (with HDF5's own locking
+    off too), besides :func:`check_output`'s errors."""
+    final, _ = check_output(out, resume=resume, overwrite=overwrite)
+    with contextlib.ExitStack() as lock:  # released if anything below fails
+        if not lock.enter_context(file_lock(writer_lock_path(final), wait=False)):
+            raise _being_written(final)
+        # again, held: another writer may have started since the check
+        final, part = _output_paths(final, resume=resume, overwrite=overwrite, held=True)
+        if overwrite:
+            part.unlink(missing_ok=True)
+        return final, part, lock.pop_all()
 
 
 def parameters_json(parameters: object) -> str:
@@ -301,7 +348,7 @@ def publish(file: h5py.File, final: Path) -> Path:
 
 
 def run_chunks(
-    writer: Any,
+    writer: PartialFileWriter,
     compute: Callable[[int, int], Any],
     *,
     progress: bool,
@@ -311,11 +358,11 @@ def run_chunks(
     """Compute and store every pending chunk of ``writer`` with a progress bar, then publish.
 
     ``writer``: a :class:`ChunkedWriter` or :class:`~galerkin_ext.data.ragged.RaggedWriter`
-    (``n_samples``, ``n_done()``, ``pending_chunks()``, ``write_chunk``, ``finish()``,
-    ``close()``); ``compute(start, stop)`` gives what ``write_chunk`` stores for samples
-    ``[start, stop)``; ``statistics(chunk_data)``, if given, the summary fields passed to
-    ``write_chunk`` as its third argument.  The writer is closed however this ends (an
-    interruption keeps the completed chunks for a resume; a :class:`SolverError` removes them).
+    (a :class:`PartialFileWriter` with ``write_chunk``); ``compute(start, stop)`` gives what
+    ``write_chunk`` stores for samples ``[start, stop)``; ``statistics(chunk_data)``, if given,
+    the summary fields passed to ``write_chunk`` as its third argument.  The writer is closed
+    however this ends (an interruption keeps the completed chunks for a resume; a
+    :class:`SolverError` removes them).
     """
     try:
         with _sigint_recorded() as interrupted, tqdm(
@@ -340,8 +387,7 @@ def run_chunks(
             raise InterruptedWhenFinished
         return path
     except SolverError:
-        writer.close()
-        partial_path(writer.path).unlink(missing_ok=True)  # the same settings fail again
+        writer.discard()  # the same settings would fail again
         raise
     finally:
         writer.close()
@@ -417,18 +463,60 @@ def _combine(rows: np.ndarray) -> tuple[float, float, float]:
     return n, mean, m2
 
 
-class ChunkedWriter:
+class PartialFileWriter:
+    """What both writers share (:class:`ChunkedWriter`, :class:`~.ragged.RaggedWriter`):
+    ``FILE.partial`` open for writing, its record of completed chunks, and the writer's lock
+    (:func:`prepare_output`), held until :meth:`finish`, :meth:`close` or :meth:`discard`."""
+
+    def __init__(self, path: Path, file: h5py.File, chunk_size: int, n_samples: int,
+                 lock: contextlib.ExitStack) -> None:
+        self.path = path
+        self.file = file
+        self.chunk_size = chunk_size
+        self.n_samples = n_samples
+        self._lock = lock
+
+    def pending_chunks(self) -> list[tuple[int, int, int]]:
+        """``(chunk, start, stop)`` for every chunk not yet written, in order."""
+        return pending_chunks(self.file["completed"][...], self.chunk_size, self.n_samples)
+
+    def n_done(self) -> int:
+        """Number of samples already written."""
+        return _n_written(self.file["completed"][...], self.chunk_size, self.n_samples)
+
+    def finish(self) -> Path:
+        """Mark complete, close and atomically rename ``FILE.partial`` to ``FILE``."""
+        if self.pending_chunks():
+            raise DataFileError("cannot finish: some chunks have not been written")
+        try:
+            return publish(self.file, self.path)
+        finally:
+            self._lock.close()
+
+    def close(self) -> None:
+        """Close the partial file without publishing it (after an interruption)."""
+        if self.file.id.valid:
+            self.file.close()
+        self._lock.close()
+
+    def discard(self) -> None:
+        """Close and remove the partial file (what it holds is of no use), then release."""
+        if self.file.id.valid:
+            self.file.close()
+        partial_path(self.path).unlink(missing_ok=True)
+        self._lock.close()
+
+
+class ChunkedWriter(PartialFileWriter):
     """Write the per-sample arrays chunk by chunk into ``FILE.partial``, then publish it as
     ``FILE``.
 
     Use :meth:`open`, then :meth:`pending_chunks`, :meth:`write_chunk` for each, :meth:`finish`.
     """
 
-    def __init__(self, path: Path, file: h5py.File, chunk_size: int, n_samples: int) -> None:
-        self.path = path
-        self.file = file
-        self.chunk_size = chunk_size
-        self.n_samples = n_samples
+    def __init__(self, path: Path, file: h5py.File, chunk_size: int, n_samples: int,
+                 lock: contextlib.ExitStack) -> None:
+        super().__init__(path, file, chunk_size, n_samples, lock)
         self.statistics: list[str] = (
             json.loads(_attr(file["statistics"], "names")) if "statistics" in file else []
         )
@@ -477,7 +565,6 @@ class ChunkedWriter:
             if value.ndim < 1:
                 raise ValueError(f"static: {name!r} must have shape (*grid, d), got {value.shape}")
         statistics = list(statistics)
-        final, part = prepare_output(out, resume=resume, overwrite=overwrite)
         n_chunks = -(-n_samples // chunk_size)
         attrs = {
             "schema": SCHEMA,
@@ -487,56 +574,59 @@ class ChunkedWriter:
             "n_samples": n_samples,
             "package_version": __version__,
         }
-        if resume and part.exists():
-            f = _open(part, "r+")
+        final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
+        with lock:  # released if opening fails; else handed to the writer
+            if resume and part.exists():
+                f = _open(part, "r+")
+                try:
+                    cls._check_resumable(f, part, attrs, arrays, static, statistics)
+                    chunk_size = int(f.attrs["chunk_size"])  # per stored chunk size
+                except BaseException:
+                    f.close()
+                    raise
+                return cls(final, f, chunk_size, n_samples, lock.pop_all())
+            # a set larger than the disk fails up front, not as a MemoryError or a full disk
+            # after its partial file exists
+            needed = n_samples * sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+                                     for spec in arrays.values())
+            free = shutil.disk_usage(part.parent).free
+            if needed > free:
+                raise ValueError(f"n_samples: {n_samples} samples take "
+                                 f"{needed / 2**30:.3g} GiB, more than the "
+                                 f"{free / 2**30:.3g} GiB free in {str(part.parent)!r}")
+            f = h5py.File(part, "w")
             try:
-                cls._check_resumable(f, part, attrs, arrays, static, statistics)
-                chunk_size = int(f.attrs["chunk_size"])  # the record is per stored chunk size
-            except BaseException:
+                for key, value in attrs.items():
+                    f.attrs[key] = value
+                f.attrs["chunk_size"] = chunk_size
+                f.attrs["complete"] = False
+                for name, spec in arrays.items():
+                    shape = (n_samples, *spec.shape)
+                    # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap; the
+                    # Fletcher-32 checksum of each chunk makes HDF5 refuse a corrupted one on
+                    # read.
+                    ds = f.create_dataset(name, shape=shape, dtype=spec.dtype,
+                                          chunks=(1, *spec.shape), fletcher32=True)
+                    if spec.grid_ndim is not None:
+                        ds.attrs["grid_ndim"] = spec.grid_ndim
+                # The shared arrays and the bookkeeping carry checksums too (a flipped bit in
+                # the coordinates read back silently).
+                for name, value in static.items():
+                    ds = f.create_dataset(name, data=value, fletcher32=True)
+                    ds.attrs["static"] = True
+                    ds.attrs["grid_ndim"] = value.ndim - 1
+                f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0,
+                                 fletcher32=True)
+                if statistics:
+                    ds = f.create_dataset("statistics", shape=(n_chunks, len(statistics), 3),
+                                          dtype="f8", fillvalue=0.0, fletcher32=True)
+                    ds.attrs["names"] = json.dumps(statistics)
+                f.flush()
+            except BaseException:  # nothing is in it: a file left would block the next run
                 f.close()
+                part.unlink(missing_ok=True)
                 raise
-            return cls(final, f, chunk_size, n_samples)
-        # a set larger than the disk fails up front, not as a MemoryError or a full disk after
-        # its partial file exists
-        needed = n_samples * sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
-                                 for spec in arrays.values())
-        free = shutil.disk_usage(part.parent).free
-        if needed > free:
-            raise ValueError(f"n_samples: {n_samples} samples take {needed / 2**30:.3g} GiB, "
-                             f"more than the {free / 2**30:.3g} GiB free in "
-                             f"{str(part.parent)!r}")
-        f = h5py.File(part, "w")
-        try:
-            for key, value in attrs.items():
-                f.attrs[key] = value
-            f.attrs["chunk_size"] = chunk_size
-            f.attrs["complete"] = False
-            for name, spec in arrays.items():
-                shape = (n_samples, *spec.shape)
-                # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap; the
-                # Fletcher-32 checksum of each chunk makes HDF5 refuse a corrupted one on read.
-                ds = f.create_dataset(name, shape=shape, dtype=spec.dtype,
-                                      chunks=(1, *spec.shape), fletcher32=True)
-                if spec.grid_ndim is not None:
-                    ds.attrs["grid_ndim"] = spec.grid_ndim
-            # The shared arrays and the bookkeeping carry checksums too (a flipped bit in the
-            # coordinates read back silently).
-            for name, value in static.items():
-                ds = f.create_dataset(name, data=value, fletcher32=True)
-                ds.attrs["static"] = True
-                ds.attrs["grid_ndim"] = value.ndim - 1
-            f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0,
-                             fletcher32=True)
-            if statistics:
-                ds = f.create_dataset("statistics", shape=(n_chunks, len(statistics), 3),
-                                      dtype="f8", fillvalue=0.0, fletcher32=True)
-                ds.attrs["names"] = json.dumps(statistics)
-            f.flush()
-        except BaseException:  # nothing is in it yet: a file left would block the next run
-            f.close()
-            part.unlink(missing_ok=True)
-            raise
-        return cls(final, f, chunk_size, n_samples)
+            return cls(final, f, chunk_size, n_samples, lock.pop_all())
 
     @staticmethod
     def _check_resumable(
@@ -558,15 +648,6 @@ class ChunkedWriter:
         if stored != statistics:
             raise DataFileError(f"cannot resume {str(part)!r}: it records the statistics "
                                 f"{stored}, this run {statistics}")
-
-    def pending_chunks(self) -> list[tuple[int, int, int]]:
-        """``(chunk, start, stop)`` for every chunk not yet written, in order."""
-        return pending_chunks(self.file["completed"][...], self.chunk_size, self.n_samples)
-
-    def n_done(self) -> int:
-        """Number of samples already written."""
-        pending = sum(stop - start for _, start, stop in self.pending_chunks())
-        return self.n_samples - pending
 
     def write_chunk(
         self,
@@ -604,17 +685,6 @@ class ChunkedWriter:
         self.file.flush()  # the data are on disk before the record says so
         self.file["completed"][chunk] = 1
         self.file.flush()
-
-    def finish(self) -> Path:
-        """Mark complete, close and atomically rename ``FILE.partial`` to ``FILE``."""
-        if self.pending_chunks():
-            raise DataFileError("cannot finish: some chunks have not been written")
-        return publish(self.file, self.path)
-
-    def close(self) -> None:
-        """Close the partial file without publishing it (after an interruption)."""
-        if self.file.id.valid:
-            self.file.close()
 
 
 def data_identity(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -30,8 +30,7 @@ import stat
 import tempfile
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -106,32 +105,6 @@ def _umask() -> int:
     mask = os.umask(0o022)  # reading the umask means setting it; set it straight back
     os.umask(mask)
     return mask
-
-
-@contextmanager
-def file_lock(path: Path, *, wait: bool,
-              on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
-    """An advisory lock on the file ``path`` (created if missing) while the block runs,
-    released by the system however the process ends. Yields whether it is held: ``False``
-    where ``wait`` is off and another process holds it; with ``wait`` on, ``on_wait`` is called
-    before waiting for another process's lock. Without ``fcntl`` (Windows) nothing is locked
-    and it yields ``True``."""
-    try:
-        import fcntl
-    except ImportError:
-        yield True
-        return
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                yield False
-                return
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield True
 
 
 def stray_temporary_files(path: str | os.PathLike[str]) -> list[Path]:

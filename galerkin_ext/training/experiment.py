@@ -29,6 +29,7 @@ import torch
 
 from .._checks import check_bool, check_int, check_path, recorded_statistics, resolve_device
 from .._cli import nonnegative_int, positive_float, positive_int, usable_device
+from .._locks import file_lock
 from ..complexity import parameter_count
 from ..data.datasets import UnitGaussianNormalizer
 from ..data.storage import DataFileError, DataMismatchError, data_identity, same_draws
@@ -38,7 +39,6 @@ from .checkpoint import (
     CheckpointError,
     _load_weights,
     atomic_write,
-    file_lock,
     load_checkpoint,
     write_json,
 )

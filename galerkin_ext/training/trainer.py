@@ -49,6 +49,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from tqdm.auto import tqdm
 
 from .._checks import check_bool, check_choice, check_float, check_int, check_path, resolve_device
+from .._locks import file_lock
 from ..data.gnot_datasets import batch_to
 from ..domain import sum_gradients
 from ..losses import relative_l2
@@ -56,7 +57,6 @@ from .checkpoint import (
     CheckpointError,
     _check_loadable,
     _load_weights,
-    file_lock,
     load_checkpoint,
     save_checkpoint,
     stray_temporary_files,
