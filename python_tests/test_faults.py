@@ -28,6 +28,10 @@ Elsewhere, one test each (test_catalogue_points_to_existing_tests keeps this lis
 * a generation interrupted inside the process, resumed, and refused with other parameters:
   test_data_storage.py::test_resume_after_interruption_gives_the_same_file
 * files written with the user's umask: test_training.py::test_written_files_respect_the_umask
+* two processes writing one data file (HDF5's locks on or off) or one training folder: the
+  second is refused:
+  test_data_storage_edges.py::test_a_second_writer_is_refused_with_hdf5_locking_off_too,
+  test_training.py::test_a_folder_in_use_by_another_run_is_refused
 * bad command lines fail before any work: test_examples.py::test_bad_command_lines_fail_clearly
 """
 
