@@ -636,7 +636,6 @@ def test_forward_errors():
         (lambda: model(u[..., :1], x), ValueError, r"u: expected shape \(B, N, in_dim\)"),
         (lambda: model(u[:, :0], x[:0]), ValueError, "N >= 1"),
         (lambda: model(u, x[:4]), ValueError, r"x: expected shape \(5, 1\) or \(B, 5, 1\)"),
-        (lambda: model(u, x.double()), TypeError, "x: expected dtype"),
         (lambda: model(u, x, "trapezoid"), ValueError, r"weight: expected one of \['auto'\]"),
         (lambda: model(u, x, [1.0] * 5), TypeError, "weight: expected 'auto', None or a tensor"),
         (lambda: model(u, x, torch.rand(4)), ValueError, r"weight: expected shape"),

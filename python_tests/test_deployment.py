@@ -1,6 +1,6 @@
 """Every registered model, small, through the deployment paths a user takes after training:
 ``torch.export`` (run through its module) and the deprecated but still used
-``torch.jit.trace``, each against eager."""
+``torch.jit.trace``, each against eager; and the dtypes of their inputs."""
 
 from __future__ import annotations
 
@@ -121,6 +121,25 @@ def test_an_input_of_another_dtype_is_named(name):
         out = model(*(t.double() if isinstance(t, torch.Tensor) else
                       None if t is None else [f.double() for f in t] for t in inputs))
     assert out.dtype == torch.float64 and bool(torch.isfinite(out).all())
+
+
+# The models on a grid, whose coordinates are their second input (GNOT's, MIONet's and GK's
+# query points are their data).
+_GRID_MODELS = sorted(name for name in CASES if not name.startswith(("gnot", "mionet", "gk")))
+
+
+@pytest.mark.parametrize("name", _GRID_MODELS)
+def test_coordinates_in_float64_are_taken_by_every_model_on_a_grid(name):
+    """One rule for every model: coordinates made in float64 (numpy's default) meet float32
+    data and are cast to the data's dtype. The continuum models refused what the transformer
+    and FNO models took."""
+    overrides, make_inputs = CASES[name]
+    model = build_model(name, **overrides).eval()
+    inputs = list(make_inputs())
+    with torch.no_grad():
+        expected = model(*inputs)
+        inputs[1] = inputs[1].double()  # (exact: the coordinates were made in float32)
+        torch.testing.assert_close(model(*inputs), expected, rtol=0, atol=0)
 
 
 # -- torch.export with dynamic sizes: an exported operator at other resolutions ---------------

@@ -14,7 +14,8 @@ Darcy baselines.
   linear lift and projection.
 
 Point-set models take ``u (B, N, d_u)`` with coordinates ``x (N, d)`` or ``(B, N, d)``; grid
-models take ``u (B, s₁, s₂, d_u)`` with ``x (s₁, s₂, 2)`` or ``(B, s₁, s₂, 2)``.  The names are
+models take ``u (B, s₁, s₂, d_u)`` with ``x (s₁, s₂, 2)`` or ``(B, s₁, s₂, 2)``, in any floating
+dtype (cast to ``u``'s, as the transformer models do with their grids).  The names are
 the paper's (the input function ``u`` at the points ``x``); a dataset item holds them as
 ``"x"`` (the values) and ``"grid"`` (the coordinates), so a model is called
 ``model(batch["x"], batch["grid"])``.
@@ -48,8 +49,9 @@ __all__ = ["AFNO", "FANO", "TNO", "FNOChannelMLP", "GTEncoder", "ViTNO"]
 
 def _check_points(model: nn.Module, u: object, x: object, in_dim: int,
                   domain_dim: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``u (B, N, in_dim)``, ``x (N, d)`` / ``(B, N, d)`` like ``u``; returns ``u``, ``x`` as
-    given and ``x`` expanded to ``(B, N, d)``."""
+    """``u (B, N, in_dim)``, ``x (N, d)`` / ``(B, N, d)`` on ``u``'s device, in any floating
+    dtype (a float64 grid made with numpy, say; the transformer models take them so too);
+    returns ``u``, ``x`` in ``u``'s dtype as given and expanded to ``(B, N, d)``."""
     check_tensor(u, "u", 3, "(B, N, in_dim)")
     assert isinstance(u, Tensor)
     check_model_input(u, "u", model)
@@ -59,13 +61,12 @@ def _check_points(model: nn.Module, u: object, x: object, in_dim: int,
                          f"({type(model).__name__}), got {tuple(u.shape)}")
     expanded = expand_grid(x, "x", batch, (n,), domain_dim, u, "u")
     assert isinstance(x, Tensor)
-    check_like(x, "x", u, "u")
-    return u, x, expanded
+    return u, x.to(u.dtype), expanded.to(u.dtype)
 
 
 def _check_grid(model: nn.Module, u: object, x: object, in_dim: int) -> Tensor:
-    """``u (B, s₁, s₂, in_dim)``, ``x (s₁, s₂, 2)`` / ``(B, s₁, s₂, 2)`` like ``u``; returns
-    ``[u, x]`` of shape ``(B, s₁, s₂, in_dim + 2)``."""
+    """``u (B, s₁, s₂, in_dim)``, ``x (s₁, s₂, 2)`` / ``(B, s₁, s₂, 2)`` on ``u``'s device (any
+    floating dtype, cast to ``u``'s); returns ``[u, x]`` of shape ``(B, s₁, s₂, in_dim + 2)``."""
     check_tensor(u, "u", 4, "(B, s1, s2, in_dim)")
     assert isinstance(u, Tensor)
     check_model_input(u, "u", model)
@@ -74,8 +75,7 @@ def _check_grid(model: nn.Module, u: object, x: object, in_dim: int) -> Tensor:
         raise ValueError(f"u: expected shape (B, s1, s2, in_dim) with in_dim = {in_dim} "
                          f"({type(model).__name__}), got {tuple(u.shape)}")
     expanded = expand_grid(x, "x", batch, (s1, s2), 2, u, "u")
-    check_like(expanded, "x", u, "u")
-    return torch.cat([u, expanded], dim=-1)
+    return torch.cat([u, expanded.to(u.dtype)], dim=-1)
 
 
 class TNO(nn.Module):
