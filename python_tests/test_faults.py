@@ -151,3 +151,34 @@ def test_catalogue_points_to_existing_tests():
         tree = ast.parse((TESTS / file).read_text())
         functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
         assert name in functions, f"{file}::{name} is in the catalogue but not in {file}"
+
+
+@pytest.mark.parametrize("when", ["before_writing", "with_chunks_kept", "after_publishing"])
+def test_an_interrupt_says_what_it_left(tmp_path, monkeypatch, capsys, when):
+    """The one line an interrupted generation ends with says what is on disk. An --overwrite
+    interrupted before its partial file existed was said to have finished (the old file is
+    there and no partial one), so the old file passed for the requested one."""
+    from galerkin_ext.data import generate
+    from galerkin_ext.data.__main__ import main
+
+    out = tmp_path / "data.h5"
+    out.write_bytes(b"the old file")
+
+    def interrupted(path, **kwargs):
+        if when == "with_chunks_kept":
+            partial_path(path).write_bytes(b"chunks")
+        if when == "after_publishing":
+            new = tmp_path / "new"
+            new.write_bytes(b"the new file")
+            os.replace(new, path)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "generate_burgers", interrupted)
+    assert main([*GENERATE, "--out", str(out), "--overwrite"]) == 130
+    said = capsys.readouterr().err.strip()
+    assert said == {
+        "before_writing": f"interrupted before anything was written; {out} is unchanged",
+        "with_chunks_kept": "interrupted; completed chunks are kept, rerun with --resume to "
+                            "continue",
+        "after_publishing": f"interrupted after {out} was finished; it is complete",
+    }[when]

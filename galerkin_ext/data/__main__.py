@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -227,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{args.solve_resolution}")
     from .storage import DataFileError, InterruptedWhenFinished, SolverError, partial_path
 
+    out = getattr(args, "out", None)
+    published_before = _published(out)
     try:
         if args.command == "info":
             from .ragged import inspect_ragged, is_ragged_file
@@ -283,20 +286,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {path}")
         return 0
     except KeyboardInterrupt as err:
-        out = getattr(args, "out", None)
-        # the signal came with the last rename, or after it (an interrupted overwrite leaves
-        # the old file beside the new run's partial one)
+        # The signal came with the last rename, or after it: the file is this run's (another
+        # one than before: os.replace gives it a new inode).
         if isinstance(err, InterruptedWhenFinished) or (
-                out is not None and Path(out).is_file() and not partial_path(out).exists()):
+                out is not None and _published(out) not in (None, published_before)):
             print(f"\ninterrupted after {out} was finished; it is complete", file=sys.stderr)
-        else:
+        elif out is not None and partial_path(out).exists():
             print("\ninterrupted; completed chunks are kept, rerun with --resume to continue",
                   file=sys.stderr)
+        else:  # before its partial file existed (an --overwrite leaves the old file alone)
+            unchanged = f"; {out} is unchanged" if _published(out) is not None else ""
+            print(f"\ninterrupted before anything was written{unchanged}", file=sys.stderr)
         return 130
     except (DataFileError, SolverError, FileExistsError, FileNotFoundError, PermissionError,
             ValueError, TypeError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+
+
+def _published(out: str | None) -> tuple[int, int, int] | None:
+    """The identity of the file ``out`` (device, inode, modification time), ``None`` if there
+    is none."""
+    if out is None:
+        return None
+    try:
+        st = os.stat(out)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
 
 
 def _finite(value: object) -> object:
