@@ -222,7 +222,9 @@ def test_resume_refusals(tmp_path):
 def test_resume_of_a_corrupt_partial_file(tmp_path):
     out, part = _interrupted(tmp_path)
     _flip(part, "query/offsets")
-    with pytest.raises(DataFileError, match="cannot resume .*: a stored chunk fails its checksum"):
+    with pytest.raises(DataFileError, match=r"cannot resume .*: a stored chunk fails its "
+                                            r"checksum .*; overwrite=True \(--overwrite\) "
+                                            "starts again$"):
         write(out, n=5, chunk=2, resume=True)
 
 

@@ -450,3 +450,78 @@ def test_cli_interrupt_after_the_file_is_finished(tmp_path, capsys, monkeypatch)
     assert main(["generate", "burgers", "--out", str(out), "--no-progress"]) == 130
     err = capsys.readouterr().err
     assert f"interrupted after {out} was finished" in err and "--resume" not in err
+
+
+def test_a_disk_filling_up_mid_run_stops_before_hdf5_fails(tmp_path, monkeypatch):
+    """A write that fails inside HDF5 leaves the partial file unreadable (and HDF5 2.0 crashes
+    the process on closing it); a disk that fills up mid-run is therefore found before each
+    chunk, and the generation resumes once there is room."""
+    import shutil
+    from collections import namedtuple
+
+    usage = shutil.disk_usage
+    calls = []
+
+    def filling(path):  # room for the whole set at the start, none from the third chunk on
+        calls.append(path)
+        total, used, free = usage(path)
+        return namedtuple("usage", "total used free")(total, used, free if len(calls) < 4
+                                                      else 1000)
+
+    monkeypatch.setattr(shutil, "disk_usage", filling)
+    out = tmp_path / "b.h5"
+    with pytest.raises(DataFileError, match=r"b\.h5\.partial'?: storing samples 8 to 9 needs "
+                                            r"about 1\.\d+ MiB, and .* has 0\.000954 MiB free; "
+                                            r"the samples stored so far are kept: make room, "
+                                            r"then resume=True \(--resume\)"):
+        burgers(out)
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    assert burgers(out, resume=True) == out
+    reference = burgers(tmp_path / "reference.h5")
+    for key in ("a", "u"):
+        np.testing.assert_array_equal(read_h5(out)[key], read_h5(reference)[key])
+
+
+def test_a_file_size_limit_stops_the_generation_cleanly(tmp_path):
+    """``ulimit -f``: one line naming the limit, exit status 1 (it was a crash, exit 139, with
+    pages of tracebacks from HDF5), and the partial file resumes."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "b.h5"
+    command = [sys.executable, "-m", "galerkin_ext.data", "generate", "burgers", "--out",
+               str(out), "--n-samples", "40", "--chunk-size", "4", "--resolution", "2048",
+               "--solve-resolution", "64", "--n-steps", "50", "--no-progress"]
+
+    def limit():  # 2 MiB: the file-size check's margin and a few chunks (64 KiB each)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, resource.RLIM_INFINITY))
+
+    run = subprocess.run(command, preexec_fn=limit, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.startswith("error: ") and run.stderr.count("\n") == 1, run.stderr
+    assert "would take the file past the file-size limit of 2 MiB (ulimit -f); the samples " \
+           "stored so far are kept: raise it, then resume=True (--resume)" in run.stderr
+    assert 0 < inspect_h5(partial_path(out))["n_done"] < 40
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert inspect_h5(out)["n_done"] == 40
+
+
+def test_an_hdf5_write_error_names_the_file_and_what_to_do(tmp_path, monkeypatch):
+    """What the room checks cannot see (a quota, an I/O error): h5py's raw RuntimeError from
+    a flush, then a second one from closing, became one error that names the file."""
+    def failing(self, chunk, arrays, statistics=None):
+        raise RuntimeError("Unable to synchronously flush file (errno = 122, Disk quota "
+                           "exceeded)")
+
+    monkeypatch.setattr(ChunkedWriter, "write_chunk", failing)
+    out = tmp_path / "b.h5"
+    with pytest.raises(DataFileError, match=r"b\.h5\.partial'?: storing samples 0 to 3 failed "
+                                            r"\(a full disk or a file-size limit\?\): Unable "
+                                            r".*Disk quota exceeded\)\. The partial file is "
+                                            r"kept; once there is room, resume=True"):
+        burgers(out)
+    monkeypatch.undo()
+    assert burgers(out, resume=True) == out  # closed, and its lock released

@@ -189,6 +189,16 @@ def test_a_file_locked_by_another_process_is_named(tmp_path):
         holder.wait()
 
 
+def test_a_damaged_partial_file_says_how_to_start_again(tmp_path):
+    out, part = _partial(tmp_path)
+    part.write_bytes(part.read_bytes()[:1200])  # (what a failed write can leave)
+    with pytest.raises(DataFileError, match=r"p\.h5\.partial' is not a readable HDF5 file "
+                                            r"\(corrupt or truncated\?\): .*; overwrite=True "
+                                            r"\(--overwrite\) starts again$"):
+        _writer(out, resume=True)
+    _writer(out, overwrite=True).close()
+
+
 _HOLD_WRITER = """
 import sys, time
 import numpy as np

@@ -58,12 +58,14 @@ import numpy as np
 
 from .._checks import check_bool, check_int, check_path
 from .storage import (
+    _OVERWRITE,
     RAGGED_SCHEMA,
     DataFileError,
     PartialFileWriter,
     _attr,
     _combine,
     _open,
+    _open_to_resume,
     check_output,
     check_resumable_attributes,
     parameters_json,
@@ -537,7 +539,7 @@ class RaggedWriter(PartialFileWriter):
         final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
         with lock:  # released if opening fails; else handed to the writer
             if resume and part.exists():
-                f = _open(part, "r+")
+                f = _open_to_resume(part)
                 try:
                     check_resumable_attributes(f, part, attrs)
                     stored = RaggedLayout.from_file(f, repr(str(part)))
@@ -588,7 +590,8 @@ class RaggedWriter(PartialFileWriter):
                     f[name].resize(rows, axis=0)
         except OSError as err:
             raise DataFileError(f"cannot resume {str(part)!r}: a stored chunk fails its "
-                                f"checksum or cannot be read: {err}") from err
+                                f"checksum or cannot be read: {err}; {_OVERWRITE} starts "
+                                "again") from err
         f.flush()
 
     def write_chunk(self, chunk: int, samples: Sequence[Mapping[str, Any]]) -> None:

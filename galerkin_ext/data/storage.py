@@ -130,7 +130,9 @@ def _locked(err: OSError) -> bool:
     return "unable to lock file, errno = 11" in str(err)
 
 
-def _open(path: Path, mode: str) -> h5py.File:
+def _open(path: Path, mode: str, advice: str = "") -> h5py.File:
+    """``h5py.File(path, mode)``, its errors as :class:`DataFileError`; ``advice`` ends the
+    message about an unreadable file."""
     try:
         return h5py.File(path, mode)
     except OSError as err:
@@ -138,8 +140,13 @@ def _open(path: Path, mode: str) -> h5py.File:
             raise DataFileError(f"{str(path)!r} is in use by another process (it holds the "
                                 "file's lock): wait for it to end") from err
         raise DataFileError(
-            f"{str(path)!r} is not a readable HDF5 file (corrupt or truncated?): {err}"
+            f"{str(path)!r} is not a readable HDF5 file (corrupt or truncated?): {err}{advice}"
         ) from err
+
+
+def _open_to_resume(part: Path) -> h5py.File:
+    """The partial file ``part`` of an interrupted generation, opened for writing."""
+    return _open(part, "r+", f"; {_OVERWRITE} starts again")
 
 
 def _in_use(path: Path) -> bool:
@@ -375,22 +382,71 @@ def run_chunks(
         ) as bar:
             for chunk, start, stop in writer.pending_chunks():
                 data = compute(start, stop)
-                if statistics is None:
-                    writer.write_chunk(chunk, data)
-                else:
-                    writer.write_chunk(chunk, data, statistics(data))
+                extra = () if statistics is None else (statistics(data),)
+                _check_room(writer, data, f"samples {start} to {stop - 1}")
+                with _storing(writer, f"samples {start} to {stop - 1}"):
+                    writer.write_chunk(chunk, data, *extra)
                 bar.update(stop - start)
                 if interrupted:
                     raise KeyboardInterrupt
-            path = writer.finish()
+            with _storing(writer, "the last chunks"):
+                path = writer.finish()
         if interrupted:  # the file is complete: the data CLI says so
             raise InterruptedWhenFinished
         return path
     except SolverError:
         writer.discard()  # the same settings would fail again
         raise
-    finally:
-        writer.close()
+    except BaseException:
+        with contextlib.suppress(DataFileError):  # the first error says what happened
+            writer.close()
+        raise
+
+
+def _nbytes(data: object) -> int:
+    """The bytes of the arrays in ``data`` (nested dicts, lists and arrays)."""
+    if isinstance(data, Mapping):
+        return sum(_nbytes(v) for v in data.values())
+    if isinstance(data, list | tuple):
+        return sum(_nbytes(v) for v in data)
+    return int(np.asarray(data).nbytes) if data is not None else 0
+
+
+def _check_room(writer: PartialFileWriter, data: object, what: str) -> None:
+    """Refuse to store ``data`` where the disk or the file-size limit (``ulimit -f``) leaves no
+    room for it, with a margin for HDF5's own records. A write that fails inside HDF5 leaves
+    the partial file unreadable, and HDF5 2.0 then crashes the process when it closes."""
+    part = partial_path(writer.path)
+    needed = 2 * _nbytes(data) + (1 << 20)
+    free = shutil.disk_usage(part.parent).free
+    if needed > free:
+        raise DataFileError(f"{str(part)!r}: storing {what} needs about {needed / 2**20:.3g} "
+                            f"MiB, and {str(part.parent)!r} has {free / 2**20:.3g} MiB free; "
+                            f"the samples stored so far are kept: make room, then {_RESUME}")
+    try:
+        import resource
+    except ImportError:  # (Windows)
+        return
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and part.stat().st_size + needed > limit:
+        raise DataFileError(f"{str(part)!r}: storing {what} would take the file past the "
+                            f"file-size limit of {limit / 2**20:.3g} MiB (ulimit -f); the "
+                            f"samples stored so far are kept: raise it, then {_RESUME}")
+
+
+@contextlib.contextmanager
+def _storing(writer: PartialFileWriter, what: str) -> Iterator[None]:
+    """HDF5's errors while ``writer`` stores ``what`` (a full disk, a file-size limit, an I/O
+    error: h5py raises them as ``OSError`` or ``RuntimeError``) as a :class:`DataFileError`
+    that names the file and says what to do."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        part = partial_path(writer.path)
+        raise DataFileError(
+            f"{str(part)!r}: storing {what} failed (a full disk or a file-size limit?): {err}. "
+            f"The partial file is kept; once there is room, {_RESUME} continues it, or "
+            f"{_OVERWRITE} starts again if it is refused") from err
 
 
 @contextlib.contextmanager
@@ -495,9 +551,14 @@ class PartialFileWriter:
 
     def close(self) -> None:
         """Close the partial file without publishing it (after an interruption)."""
-        if self.file.id.valid:
-            self.file.close()
-        self._lock.close()
+        try:
+            if self.file.id.valid:
+                self.file.close()
+        except (OSError, RuntimeError) as err:  # what HDF5 could not write before
+            raise DataFileError(f"{str(partial_path(self.path))!r}: closing it failed: "
+                                f"{err}") from err
+        finally:
+            self._lock.close()
 
     def discard(self) -> None:
         """Close and remove the partial file (what it holds is of no use), then release."""
@@ -577,7 +638,7 @@ class ChunkedWriter(PartialFileWriter):
         final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
         with lock:  # released if opening fails; else handed to the writer
             if resume and part.exists():
-                f = _open(part, "r+")
+                f = _open_to_resume(part)
                 try:
                     cls._check_resumable(f, part, attrs, arrays, static, statistics)
                     chunk_size = int(f.attrs["chunk_size"])  # per stored chunk size
