@@ -109,6 +109,16 @@ def test_missing_keys_and_bad_files(tmp_path):
             f["a"].attrs.update(attrs)
         with pytest.raises(ValueError, match=rf"{name}\.mat': variable 'a' is MATLAB {what}"):
             read_burgers_mat(tmp_path / f"{name}.mat")
+    # a logical array in either version (v5 reads it as uint8 0/1, which passed for data)
+    rng = np.random.default_rng(0)
+    scipy.io.savemat(tmp_path / "l5.mat", {"a": rng.random((4, 8)) > 0.5, "u": np.zeros((4, 8))})
+    write_v73(tmp_path / "l73.mat", a=np.ones((4, 8), np.uint8), u=np.zeros((4, 8)))
+    with h5py.File(tmp_path / "l73.mat", "r+") as f:
+        f["a"].attrs["MATLAB_class"] = b"logical"
+    for name in ("l5", "l73"):
+        with pytest.raises(ValueError, match=rf"{name}\.mat': variable 'a' is MATLAB logical "
+                                             "data, expected a numeric array"):
+            read_burgers_mat(tmp_path / f"{name}.mat")
 
 
 def test_datasets_read_mat_files(tmp_path, darcy_arrays):

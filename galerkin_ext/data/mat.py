@@ -75,10 +75,14 @@ def load_mat(path: str | os.PathLike[str], keys: Sequence[str], *,
         data = scipy.io.loadmat(p, variable_names=list(keys))
     except Exception as err:  # scipy raises many types for damaged or foreign files
         raise ValueError(f"{str(p)!r} is not a readable MATLAB file: {err}") from err
+    classes = {name: kind for name, _, kind in scipy.io.whosmat(p)}
     missing = [k for k in keys if k not in data]
     if missing:
-        present = sorted(v[0] for v in scipy.io.whosmat(p))
-        raise KeyError(f"{str(p)!r} lacks {missing}; it holds {present}")
+        raise KeyError(f"{str(p)!r} lacks {missing}; it holds {sorted(classes)}")
+    for k in keys:  # loadmat gives a logical array as uint8, which would pass for data
+        if classes.get(k) == "logical":
+            raise ValueError(f"{str(p)!r}: variable {k!r} is MATLAB logical data, expected a "
+                             "numeric array")
     return {k: numeric(p, k, data[k], dtype) for k in keys}
 
 
