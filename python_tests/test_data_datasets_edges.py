@@ -14,6 +14,7 @@ from galerkin_ext.data.datasets import (
     BurgersDataset,
     ContinuumDarcyDataset,
     DarcyDataset,
+    DarcyInverseDataset,
     ODEDataset,
     UnitGaussianNormalizer,
     block_average,
@@ -79,6 +80,24 @@ def test_the_train_split_needs_training_samples():
     a, u = burgers_arrays()
     with pytest.raises(ValueError, match=r"^n_train: expected >= 1 for the 'train' split, got 0"):
         BurgersDataset((a, u), "train", resolution=16, n_train=0, n_test=2)
+
+
+def test_pointwise_normalisers_need_two_training_samples():
+    """One sample's pointwise std is 0: the training inputs were all 0 and the test inputs
+    (x - mean) / eps, up to 9e5, without a word (the scalar Burgers normaliser is fine)."""
+    a, u = darcy_arrays(n=10, k=25)
+    split = {"n_train": 1, "n_test": 2, "resolution": 13, "coarse_resolution": 7}
+    for make in (DarcyDataset, DarcyInverseDataset):
+        with pytest.raises(ValueError, match=r"^n_train: fitting the pointwise "
+                                             r"input_normalizer needs >= 2 training samples, "
+                                             "got 1$"):
+            make((a, u), "test", **split)
+    given = DarcyDataset((a, u), "train", **{**split, "n_train": 2})
+    test = DarcyDataset((a, u), "test", **split, input_normalizer=given.input_normalizer,
+                        target_normalizer=given.target_normalizer)  # given: any n_train
+    assert len(test) == 2
+    a, u = burgers_arrays()
+    assert len(BurgersDataset((a, u), "train", resolution=16, n_train=1, n_test=2)) == 1
 
 
 def test_darcy_fits_the_normaliser_it_is_not_given():

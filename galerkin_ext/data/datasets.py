@@ -472,6 +472,9 @@ def _needs_fit(n_train: int, given: Any, name: str,
     if n_train == 0:  # e.g. an original evaluation .mat file
         raise ValueError(f"{name} must be given (from the training dataset) for a source of "
                          "test samples only (n_train=0)")
+    if shape and n_train < 2:  # one sample's pointwise std is 0: test values (x - mean) / eps
+        raise ValueError(f"n_train: fitting the pointwise {name} needs >= 2 training samples, "
+                         f"got {n_train}")
     return True
 
 
