@@ -20,8 +20,12 @@ def test_geofno_sources_that_are_not_npy_arrays_are_named(tmp_path):
     arrays, paths = geofno_arrays(tmp_path)
     junk = tmp_path / "junk.npy"
     junk.write_bytes(b"these bytes are no array")
-    with pytest.raises(ValueError, match=r"^sigma: '.*junk.npy' is not a \.npy array file"):
-        convert_geofno_elasticity(paths["xy"], junk, tmp_path / "o.h5", progress=False)
+    archive = tmp_path / "archive.npz"  # np.load gave an archive object, then an AttributeError
+    np.savez(archive, xy=arrays["xy"])
+    for bad in (junk, archive):  # (numpy's own message spoke of pickles and allow_pickle)
+        with pytest.raises(ValueError, match=rf"^sigma: '.*{bad.name}' is not a \.npy array "
+                                             r"file \(it lacks the format's magic string\)$"):
+            convert_geofno_elasticity(paths["xy"], bad, tmp_path / "o.h5", progress=False)
     ints = tmp_path / "ints.npy"
     np.save(ints, np.zeros((7, 2, 5), dtype=np.int64))
     with pytest.raises(ValueError, match=r"^xy: expected a real array of shape \(N, 2, S\), got "

@@ -189,6 +189,16 @@ def test_a_file_locked_by_another_process_is_named(tmp_path):
         holder.wait()
 
 
+@pytest.mark.parametrize("folder", ["p.h5.partial", ".p.h5.writer.lock"])
+def test_a_folder_in_the_way_of_a_writers_files_is_named(tmp_path, folder):
+    (tmp_path / folder).mkdir()
+    for flags in ({}, {"resume": True}, {"overwrite": True}):
+        with pytest.raises(FileExistsError, match=rf"^out: '.*{folder}' is a folder, where the "
+                                                  r".* of '.*p\.h5' goes: remove or rename "
+                                                  "it$"):
+            _writer(tmp_path / "p.h5", **flags)
+
+
 def test_a_damaged_partial_file_says_how_to_start_again(tmp_path):
     out, part = _partial(tmp_path)
     part.write_bytes(part.read_bytes()[:1200])  # (what a failed write can leave)

@@ -73,6 +73,11 @@ def _source_file(path: object, name: str) -> Path:
 def _load(path: str | os.PathLike[str], name: str, shape_doc: str, ndim: int) -> np.ndarray:
     """A finite real ``.npy`` array of ``ndim`` dimensions, memory-mapped."""
     _source_file(path, name)
+    with open(path, "rb") as f:  # np.load reads anything else as a pickle (or a .npz archive)
+        npy = f.read(6) == b"\x93NUMPY"
+    if not npy:
+        raise ValueError(f"{name}: {str(path)!r} is not a .npy array file (it lacks the format's "
+                         "magic string)")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as err:

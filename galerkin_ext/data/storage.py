@@ -207,6 +207,10 @@ def _output_paths(out: object, *, resume: bool, overwrite: bool,
         raise ValueError("resume and overwrite are mutually exclusive")
     final = check_output_path(out)
     part = partial_path(final)
+    for path, what in ((part, "partial file"), (writer_lock_path(final), "writer's lock")):
+        if path.is_dir():  # (a raw IsADirectoryError later)
+            raise FileExistsError(f"out: {str(path)!r} is a folder, where the {what} of "
+                                  f"{str(final)!r} goes: remove or rename it")
     if final.exists() and not overwrite and not (resume and part.exists()):
         if resume:
             raise FileExistsError(
