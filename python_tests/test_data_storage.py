@@ -525,3 +525,13 @@ def test_an_hdf5_write_error_names_the_file_and_what_to_do(tmp_path, monkeypatch
         burgers(out)
     monkeypatch.undo()
     assert burgers(out, resume=True) == out  # closed, and its lock released
+
+
+def test_a_refusal_to_publish_reaches_the_user_as_it_is(tmp_path, monkeypatch):
+    """The package's own error while publishing is not wrapped in the one for HDF5's errors."""
+    from galerkin_ext.data import storage
+
+    monkeypatch.setattr(storage, "_unwritten_datasets", lambda path: ["u"])
+    with pytest.raises(DataFileError, match=r"^'.*b\.h5\.partial': data sets \['u'\] were not "
+                                            "all written"):
+        burgers(tmp_path / "b.h5")

@@ -445,6 +445,8 @@ def _storing(writer: PartialFileWriter, what: str) -> Iterator[None]:
     that names the file and says what to do."""
     try:
         yield
+    except DataFileError:  # the package's own, which says what happened
+        raise
     except (OSError, RuntimeError) as err:
         part = partial_path(writer.path)
         raise DataFileError(
