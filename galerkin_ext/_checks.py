@@ -399,7 +399,9 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
                          f"(this torch {torch.__version__} build or machine has no GPU)")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device: expected a CPU or CUDA device, got {device!r}")
-    return dev
+    # 'cpu:0' is the one CPU, and torch.load cannot map a checkpoint to it: training with it
+    # ran to the end, then failed to read its own best.pt
+    return torch.device("cpu") if dev.type == "cpu" else dev
 
 
 def check_device(device: object) -> torch.device | None:

@@ -1176,6 +1176,20 @@ def test_a_distributed_context_takes_a_device_name(tmp_path):
         evaluate(_PointMLP(), _Linear1d(4), ctx="x")
 
 
+def test_an_indexed_cpu_is_the_cpu(tmp_path):
+    """--device cpu:0 trained to the end, then failed to load its own best.pt (torch.load
+    cannot map a checkpoint to 'cpu:0') and called it corrupt; no metrics were written."""
+    ctx = DistributedContext(device="cpu:0")
+    assert ctx.device == torch.device("cpu") and ctx.device.index is None
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                      TrainConfig(epochs=2, progress=False), tmp_path, ctx=ctx)
+    assert trainer.fit()["epochs"] == 2
+    resumed = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                      TrainConfig(epochs=2, progress=False), tmp_path,
+                      ctx=DistributedContext(device="cpu:1"))
+    assert resumed.fit(resume=True)["epochs"] == 2
+
+
 def test_cached_data_names_a_cache_dir_it_cannot_use(tmp_path):
     """--data-dir below a file ended in pathlib's NotADirectoryError traceback."""
     blocker = tmp_path / "a_file"
