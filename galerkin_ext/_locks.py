@@ -10,15 +10,32 @@ next one.
 from __future__ import annotations
 
 import errno
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 # What flock raises on a file system that has no locks (NFS without its lock daemon, Lustre
 # mounted without "flock"): the file cannot be locked, which is not another holder.
 _NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP",
                                                                      errno.EOPNOTSUPP)}
+
+# The lock files this process holds open. A forked child (a DataLoader worker) inherits their
+# descriptors, and flock holds while any copy is open: a run killed with SIGKILL stayed locked
+# until its orphaned workers ended. The children close their copies at once.
+_HELD: set[IO[str]] = set()
+
+
+def _close_inherited() -> None:
+    for handle in _HELD:
+        handle.close()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no flock either)
+    os.register_at_fork(after_in_child=_close_inherited)
 
 
 @contextmanager
@@ -59,4 +76,8 @@ def file_lock(path: Path, *, wait: bool,
                 on_wait()
             fcntl.flock(handle, fcntl.LOCK_EX)
             held = True
-        yield held
+        _HELD.add(handle)
+        try:
+            yield held
+        finally:
+            _HELD.discard(handle)

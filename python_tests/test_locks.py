@@ -98,3 +98,31 @@ def test_another_users_lock_file_is_locked_read_only(tmp_path, monkeypatch):
     with pytest.raises(PermissionError):  # a folder not writable at all is the caller's error
         with file_lock(path, wait=False):
             pass
+
+
+def _sleep(started, seconds):
+    import time
+
+    started.set()  # (after os.fork's callbacks)
+    time.sleep(seconds)
+
+
+def test_a_forked_child_does_not_keep_the_lock(tmp_path):
+    """A DataLoader worker is a forked child: it inherited the lock's descriptor, and a run
+    killed with SIGKILL stayed locked (a --resume refused) until its orphaned workers ended."""
+    import multiprocessing
+
+    path = tmp_path / ".lock"
+    fork = multiprocessing.get_context("fork")
+    started = fork.Event()
+    with file_lock(path, wait=False) as held:
+        assert held
+        child = fork.Process(target=_sleep, args=(started, 30))
+        child.start()
+        assert started.wait(30)
+    try:
+        with file_lock(path, wait=False) as held:  # the child lives on, the lock is free
+            assert held is True
+    finally:
+        child.kill()
+        child.join()
