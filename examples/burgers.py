@@ -91,7 +91,9 @@ def main(argv=None):
         cfg["n"] = args.n
     if args.data is None:  # found now, not after the data are generated
         stored = cfg["data"]["resolution"]
-        for flag, n in (("--n", cfg["n"]), *(("--eval-n", n) for n in args.eval_n)):
+        # (the zero-shot sets come from --eval-data where it is given: checked when read)
+        zero_shot = [] if args.eval_data else args.eval_n
+        for flag, n in (("--n", cfg["n"]), *(("--eval-n", n) for n in zero_shot)):
             if stored % n:
                 parser.error(f"{flag}: expected a divisor of the generated data's {stored} "
                              f"points, got {n}")

@@ -769,6 +769,30 @@ def test_galerkin_examples_enforce_the_thresholds_of_an_unchanged_preset(tmp_pat
             assert not _metrics(tmp_path / f"{name}{i}")["thresholds"]["enforced"], flags
 
 
+def test_burgers_eval_n_is_checked_against_the_eval_data(tmp_path):
+    """With --eval-data the zero-shot sets come from that file, but --eval-n was checked
+    against the generated training data's resolution: a valid run was refused."""
+    from galerkin_ext.data.storage import DataMismatchError
+
+    burgers = _load_example("burgers")
+    burgers.PRESETS["quick"] = {
+        "data": {"n_samples": 10, "resolution": 256, "solve_resolution": 64, "seed": 0},
+        "n_train": 8, "n_eval": 2, "n": 64,
+        "train": {"epochs": 1, "batch_size": 4, "max_lr": 1e-3, "seed": 0},
+        "model": {"attention_type": "galerkin", "norm": "attn", "d_model": 16, "n_head": 2,
+                  "num_layers": 1, "dim_feedforward": 16, "freq_dim": 8, "modes": 4,
+                  "decoder_dim_feedforward": 8}}
+    eval_file = generate_burgers(tmp_path / "eval.h5", n_samples=2, resolution=512,
+                                 solve_resolution=64, seed=7, progress=False)
+    common = ["--device", "cpu", "--no-progress", "--data-dir", str(tmp_path / "cache"),
+              "--threads", str(torch.get_num_threads()), "--eval-data", str(eval_file)]
+    burgers.main([*common, "--out", str(tmp_path / "run"), "--eval-n", "512"])
+    assert set(_metrics(tmp_path / "run")["zero_shot_rel_l2"]) == {"512"}
+    with pytest.raises(DataMismatchError, match="^--eval-n 384: "):  # checked on the file
+        burgers.main([*common, "--out", str(tmp_path / "bad"), "--eval-n", "384"])
+    assert not (tmp_path / "bad" / "last.pt").exists()
+
+
 def test_darcy_continuum_paper_preset_at_416_is_table_3():
     """SPEC-continuum §4's table: at s = 416 the paper preset zero-shots at 208 ... 832 and the
     AFNO learns lognormal data at 1e-3 (1e-2 at 64^2 and on piecewise data); flags win."""
