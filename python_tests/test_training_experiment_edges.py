@@ -60,6 +60,18 @@ def test_resolve_config_checks_and_raises_a_small_sample_count(tmp_path):
         resolve_config({"p": {"data": {}, "n_train": 1, "n_eval": 1}}, args, experiment="t")
 
 
+def test_resolve_config_refuses_in_one_line_what_failed_later_with_a_traceback(tmp_path):
+    """--n-train 1 failed in the Darcy datasets after the data were generated; a --seed of
+    2**63 in TrainConfig; both now raise the ConfigError the scripts end with in one line."""
+    with pytest.raises(ConfigError, match=r"^n_train: fitting the normalisers needs >= 2 "
+                                          r"training samples \(--n-train\), got 1$"):
+        resolve_config(PRESETS, _args(tmp_path, "--n-train", "1", "--batch-size", "1"),
+                       experiment="t")
+    with pytest.raises(ConfigError, match=r"^seed: expected an int >= 0 and < 2\*\*63"):
+        resolve_config(PRESETS, _args(tmp_path, "--seed", str(2**63)), experiment="t")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None,
                     reason="tensorboard is installed")
 def test_tensorboard_flag_without_the_package(tmp_path):

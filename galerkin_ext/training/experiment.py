@@ -203,6 +203,9 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
     for key in ("n_train", "n_valid", "n_eval"):
         if getattr(args, key, None) is not None:
             cfg[key] = getattr(args, key)
+    if cfg["n_train"] < 2:  # found now, not as a traceback from the dataset after the data
+        raise ConfigError(f"n_train: fitting the normalisers needs >= 2 training samples "
+                          f"(--n-train), got {cfg['n_train']}")
     needed = cfg["n_train"] + cfg.get("n_valid", 0) + cfg["n_eval"]
     cfg["data"].setdefault("n_samples", needed)
     if cfg["data"]["n_samples"] < needed:
@@ -222,7 +225,10 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
                  tensorboard=args.tensorboard, compile=args.compile)
     # settings that need no data are checked before any is generated
     _check_out(args.out)
-    batch_size = TrainConfig(**train).batch_size  # its own checks, and the default
+    try:
+        batch_size = TrainConfig(**train).batch_size  # its own checks, and the default
+    except (ValueError, TypeError) as err:  # (e.g. a --seed of 2**63: one line, no traceback)
+        raise ConfigError(str(err)) from None
     if batch_size > cfg["n_train"]:
         raise ConfigError(f"batch_size: the batch of {batch_size} is larger than the "
                           f"{cfg['n_train']} training samples (--batch-size, --n-train)")

@@ -291,9 +291,9 @@ def _writable_dir(path: object) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
-    except OSError as err:
-        raise ValueError(f"out_dir: cannot write to {str(folder)!r} "
-                         f"({err.strerror or err})") from None
+    except OSError as err:  # (a ConfigError: the example scripts end with its one line)
+        raise ConfigError(f"out_dir: cannot write to {str(folder)!r} "
+                          f"({err.strerror or err})") from None
     return folder
 
 
