@@ -1178,6 +1178,21 @@ def test_a_distributed_context_takes_a_device_name(tmp_path):
         evaluate(_PointMLP(), _Linear1d(4), ctx="x")
 
 
+def test_a_fresh_run_removes_the_earlier_runs_results(tmp_path, capsys):
+    """An interrupted fresh run in a finished run's folder left that run's metrics.json and
+    prediction.png beside its own checkpoints, the old figures passing for the new run's."""
+    results = [tmp_path / "metrics.json", tmp_path / "prediction.png"]
+    for path in results:  # a folder without a run: nothing is removed
+        path.write_text("the user's")
+    assert _trainer(tmp_path, epochs=1).fit()["epochs"] == 1
+    assert all(path.read_text() == "the user's" for path in results)
+    assert _trainer(tmp_path, epochs=1).fit(resume=True)["epochs"] == 1  # nor on a resume
+    assert all(path.exists() for path in results)
+    _trainer(tmp_path, epochs=1).fit()
+    assert "note: starting afresh" in capsys.readouterr().out
+    assert not any(path.exists() for path in results)
+
+
 def test_an_indexed_cpu_is_the_cpu(tmp_path):
     """--device cpu:0 trained to the end, then failed to load its own best.pt (torch.load
     cannot map a checkpoint to 'cpu:0') and called it corrupt; no metrics were written."""

@@ -140,6 +140,11 @@ def check_resumable_config(stored: Mapping[str, Any], current: Mapping[str, Any]
         )
 
 
+# What the example scripts write into a run's folder when it ends (experiment.write_metrics,
+# the plots), removed when a new run starts afresh there.
+_EARLIER_RESULTS = ("metrics.json", "prediction.png")
+
+
 class ConfigError(ValueError):
     """The run's settings cannot work together or with its device, data, process count or
     installed packages; found before any epoch."""
@@ -640,7 +645,8 @@ class Trainer:
             too for a loss whose ``weighted`` is True.
         train_set, eval_set: datasets of dicts (see module doc).
         config: :class:`TrainConfig`.
-        out_dir: folder of the checkpoints and logs (created).
+        out_dir: folder of the checkpoints and logs (created); a run started afresh where
+            another ran removes that run's ``metrics.json`` and ``prediction.png``.
         ctx: from :func:`~galerkin_ext.training.setup_distributed` (default: one CPU process).
         forward: ``forward(model, batch) -> pred`` (default :func:`default_forward`).
         metric: ``metric(pred, batch) -> (B,)`` per-sample evaluation errors, whose mean picks
@@ -938,6 +944,10 @@ class Trainer:
                 print(f"note: starting afresh; the run in {str(self.out_dir)!r} (last.pt, "
                       "best.pt) will be overwritten (pass resume=True / --resume to continue "
                       "it)")
+                # Its results go now: an interrupted new run left them beside its own
+                # checkpoints, the old figures passing for the new run's.
+                for name in _EARLIER_RESULTS:
+                    (self.out_dir / name).unlink(missing_ok=True)
             torch.manual_seed(cfg.seed + ctx.rank)  # dropout differs between processes
         model: nn.Module = self.model
         if ctx.enabled and self.parallel == "data":
