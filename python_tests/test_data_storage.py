@@ -535,3 +535,28 @@ def test_a_refusal_to_publish_reaches_the_user_as_it_is(tmp_path, monkeypatch):
     with pytest.raises(DataFileError, match=r"^'.*b\.h5\.partial': data sets \['u'\] were not "
                                             "all written"):
         burgers(tmp_path / "b.h5")
+
+
+def test_a_resume_keeps_only_the_chunks_stored_whole(tmp_path, monkeypatch):
+    """HDF5 is not crash-safe: a process killed while it wrote (SIGKILL, the OOM killer) can
+    leave records half-written, and writing into such a file failed ("addr overflow") or
+    crashed the resumed process. A resume copies the completed chunks into a new file, and
+    generates again a chunk whose data HDF5 lost (it reads them as zeros, silently) or whose
+    checksum fails."""
+    out = tmp_path / "b.h5"
+    monkeypatch.setattr(gen, "solve_burgers", InterruptAt(solve_burgers, 3))
+    with pytest.raises(KeyboardInterrupt):
+        burgers(out)  # chunks 0 and 1 (samples 0 to 7) stored
+    monkeypatch.undo()
+    part = partial_path(out)
+    with h5py.File(part, "r+") as f:
+        f["completed"][2] = 1  # marked, its data never written
+        where = f["u"].id.get_chunk_info_by_coord((5, 0)).byte_offset  # sample 5's data
+    data = bytearray(part.read_bytes())
+    data[where + 8] ^= 0x10
+    part.write_bytes(bytes(data))
+    assert burgers(out, resume=True) == out
+    reference = burgers(tmp_path / "reference.h5")
+    for key in ("a", "u"):
+        np.testing.assert_array_equal(read_h5(out)[key], read_h5(reference)[key])
+    assert inspect_h5(out)["statistics"] == inspect_h5(reference)["statistics"]

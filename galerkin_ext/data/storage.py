@@ -247,6 +247,7 @@ def prepare_output(out: object, *, resume: bool,
         final, part = _output_paths(final, resume=resume, overwrite=overwrite, held=True)
         if overwrite:
             part.unlink(missing_ok=True)
+            _rebuilding_path(part).unlink(missing_ok=True)  # (a resume killed while rebuilding)
         return final, part, lock.pop_all()
 
 
@@ -525,6 +526,57 @@ def _combine(rows: np.ndarray) -> tuple[float, float, float]:
     return n, mean, m2
 
 
+def _allocated(ds: h5py.Dataset, row: int) -> bool:
+    """Whether the HDF5 chunk that holds ``ds[row]`` was stored: HDF5 reads a chunk its index
+    lost as the fill value, zeros, without an error."""
+    origin = (row - row % ds.chunks[0], *(0 for _ in ds.shape[1:]))
+    return ds.id.get_chunk_info_by_coord(origin).byte_offset is not None
+
+
+def _rebuilding_path(part: Path) -> Path:
+    """Where a resume rebuilds the partial file ``part`` before it replaces it."""
+    return part.with_name(f".{part.name}.rebuilding")
+
+
+def _create_chunked(path: Path, attrs: dict[str, Any], chunk_size: int, n_samples: int,
+                    arrays: dict[str, ArraySpec], static: dict[str, np.ndarray],
+                    statistics: list[str]) -> h5py.File:
+    """A new, empty partial file of :class:`ChunkedWriter` at ``path``, open for writing
+    (nothing is left at ``path`` if creating it fails)."""
+    n_chunks = -(-n_samples // chunk_size)
+    f = h5py.File(path, "w")
+    try:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        f.attrs["chunk_size"] = chunk_size
+        f.attrs["complete"] = False
+        for name, spec in arrays.items():
+            # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap; the
+            # Fletcher-32 checksum of each chunk makes HDF5 refuse a corrupted one on read.
+            ds = f.create_dataset(name, shape=(n_samples, *spec.shape), dtype=spec.dtype,
+                                  chunks=(1, *spec.shape), fletcher32=True)
+            if spec.grid_ndim is not None:
+                ds.attrs["grid_ndim"] = spec.grid_ndim
+        # The shared arrays and the bookkeeping carry checksums too (a flipped bit in the
+        # coordinates read back silently).
+        for name, value in static.items():
+            ds = f.create_dataset(name, data=value, fletcher32=True)
+            ds.attrs["static"] = True
+            ds.attrs["grid_ndim"] = value.ndim - 1
+        f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0,
+                         fletcher32=True)
+        if statistics:
+            ds = f.create_dataset("statistics", shape=(n_chunks, len(statistics), 3),
+                                  dtype="f8", fillvalue=0.0, fletcher32=True)
+            ds.attrs["names"] = json.dumps(statistics)
+        f.flush()
+    except BaseException:  # nothing is in it yet: a file left would block the next run
+        f.close()
+        path.unlink(missing_ok=True)
+        raise
+    return f
+
+
 class PartialFileWriter:
     """What both writers share (:class:`ChunkedWriter`, :class:`~.ragged.RaggedWriter`):
     ``FILE.partial`` open for writing, its record of completed chunks, and the writer's lock
@@ -632,7 +684,6 @@ class ChunkedWriter(PartialFileWriter):
             if value.ndim < 1:
                 raise ValueError(f"static: {name!r} must have shape (*grid, d), got {value.shape}")
         statistics = list(statistics)
-        n_chunks = -(-n_samples // chunk_size)
         attrs = {
             "schema": SCHEMA,
             "generator": generator,
@@ -644,14 +695,8 @@ class ChunkedWriter(PartialFileWriter):
         final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
         with lock:  # released if opening fails; else handed to the writer
             if resume and part.exists():
-                f = _open_to_resume(part)
-                try:
-                    cls._check_resumable(f, part, attrs, arrays, static, statistics)
-                    chunk_size = int(f.attrs["chunk_size"])  # per stored chunk size
-                except BaseException:
-                    f.close()
-                    raise
-                return cls(final, f, chunk_size, n_samples, lock.pop_all())
+                chunk_size = cls._rebuild(part, attrs, arrays, static, statistics, n_samples)
+                return cls(final, _open_to_resume(part), chunk_size, n_samples, lock.pop_all())
             # a set larger than the disk fails up front, not as a MemoryError or a full disk
             # after its partial file exists
             needed = n_samples * sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
@@ -661,39 +706,58 @@ class ChunkedWriter(PartialFileWriter):
                 raise ValueError(f"n_samples: {n_samples} samples take "
                                  f"{needed / 2**30:.3g} GiB, more than the "
                                  f"{free / 2**30:.3g} GiB free in {str(part.parent)!r}")
-            f = h5py.File(part, "w")
-            try:
-                for key, value in attrs.items():
-                    f.attrs[key] = value
-                f.attrs["chunk_size"] = chunk_size
-                f.attrs["complete"] = False
-                for name, spec in arrays.items():
-                    shape = (n_samples, *spec.shape)
-                    # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap; the
-                    # Fletcher-32 checksum of each chunk makes HDF5 refuse a corrupted one on
-                    # read.
-                    ds = f.create_dataset(name, shape=shape, dtype=spec.dtype,
-                                          chunks=(1, *spec.shape), fletcher32=True)
-                    if spec.grid_ndim is not None:
-                        ds.attrs["grid_ndim"] = spec.grid_ndim
-                # The shared arrays and the bookkeeping carry checksums too (a flipped bit in
-                # the coordinates read back silently).
-                for name, value in static.items():
-                    ds = f.create_dataset(name, data=value, fletcher32=True)
-                    ds.attrs["static"] = True
-                    ds.attrs["grid_ndim"] = value.ndim - 1
-                f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0,
-                                 fletcher32=True)
-                if statistics:
-                    ds = f.create_dataset("statistics", shape=(n_chunks, len(statistics), 3),
-                                          dtype="f8", fillvalue=0.0, fletcher32=True)
-                    ds.attrs["names"] = json.dumps(statistics)
-                f.flush()
-            except BaseException:  # nothing is in it: a file left would block the next run
-                f.close()
-                part.unlink(missing_ok=True)
-                raise
+            f = _create_chunked(part, attrs, chunk_size, n_samples, arrays, static, statistics)
             return cls(final, f, chunk_size, n_samples, lock.pop_all())
+
+    @classmethod
+    def _rebuild(cls, part: Path, attrs: dict[str, Any], arrays: dict[str, ArraySpec],
+                 static: dict[str, np.ndarray], statistics: list[str], n_samples: int) -> int:
+        """Copy the completed chunks of the interrupted partial file ``part`` into a new file
+        that replaces it; returns its chunk size.
+
+        HDF5 is not crash-safe: a process killed while HDF5 wrote (SIGKILL, the OOM killer)
+        can leave the file's last records half-written, and writing into it then failed
+        ("addr overflow") or crashed the process. Read, such a file gives back the chunks
+        whose data and checksums are whole, and a chunk that fails is generated again (its
+        samples depend on ``(seed, i)`` alone). Where the disk has no room for the copy, the
+        file is resumed in place, as before."""
+        with _open(part, "r", f"; {_OVERWRITE} starts again") as old:
+            cls._check_resumable(old, part, attrs, arrays, static, statistics)
+            chunk_size = int(old.attrs["chunk_size"])  # the record is per stored chunk size
+            if shutil.disk_usage(part.parent).free < 2 * part.stat().st_size + (1 << 20):
+                return chunk_size
+            try:
+                done = np.flatnonzero(old["completed"][...])
+            except OSError:  # (its checksum fails: every chunk is generated again)
+                done = np.zeros(0, dtype=np.int64)
+            rebuilt = _rebuilding_path(part)
+            new = _create_chunked(rebuilt, attrs, chunk_size, n_samples, arrays, static,
+                                  statistics)
+            try:
+                for chunk in done:
+                    start, stop = chunk * chunk_size, min(n_samples, (chunk + 1) * chunk_size)
+                    rows = [(old[name], i) for name in arrays for i in range(start, stop)]
+                    if statistics:
+                        rows.append((old["statistics"], chunk))
+                    try:
+                        if not all(_allocated(ds, i) for ds, i in rows):
+                            continue
+                        values = {name: old[name][start:stop] for name in arrays}
+                        moments = old["statistics"][chunk] if statistics else None
+                    except OSError:  # a checksum that fails, a record that cannot be read
+                        continue
+                    for name, value in values.items():
+                        new[name][start:stop] = value
+                    if moments is not None:
+                        new["statistics"][chunk] = moments
+                    new["completed"][chunk] = 1
+                new.close()
+            except BaseException:
+                new.close()
+                rebuilt.unlink(missing_ok=True)
+                raise
+        os.replace(rebuilt, part)
+        return chunk_size
 
     @staticmethod
     def _check_resumable(
