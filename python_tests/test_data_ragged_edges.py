@@ -206,25 +206,65 @@ def _interrupted(tmp_path, n=5, chunk=2):
     return out, partial_path(out)
 
 
-def test_resume_refusals(tmp_path):
+def _no_room_for_a_copy(monkeypatch):
+    """The disk as one without room to copy a partial file: a resume goes on in place."""
+    import shutil
+    from collections import namedtuple
+
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda path: namedtuple("usage", "total used free")(1 << 30, 0, 1000))
+
+
+def _datasets(path):
+    with h5py.File(path) as f:
+        found = {}
+        f.visititems(lambda name, obj: found.__setitem__(name, obj[...])
+                     if isinstance(obj, h5py.Dataset) else None)
+    return found
+
+
+def _damaged(part, how):
+    if how == "rows":  # fewer rows than the completed chunk's offsets
+        with h5py.File(part, "r+") as f:
+            f["target/values"].resize(1, axis=0)
+    else:
+        _flip(part, "query/offsets")
+
+
+def test_a_resume_refuses_another_layout(tmp_path):
     out, part = _interrupted(tmp_path)
     other = RaggedLayout.from_sample(synthetic(0, theta=False))
     with pytest.raises(DataFileError, match=r"its layout differs from this run's \(theta_dim 3 "
                                             r"vs 0\)"):
         _open(out, n_samples=5, layout=other, resume=True)
-    with h5py.File(part, "r+") as f:  # fewer rows than the completed chunk's offsets
-        f["target/values"].resize(1, axis=0)
-    with pytest.raises(DataFileError, match=r"cannot resume .*: target/values has 1 rows, its "
-                                            r"offsets say \d+"):
-        write(out, n=5, chunk=2, resume=True)
 
 
-def test_resume_of_a_corrupt_partial_file(tmp_path):
+@pytest.mark.parametrize("how", ["rows", "checksum"])
+def test_a_resume_generates_again_the_chunks_it_cannot_read_whole(tmp_path, how):
+    """A resume copies the completed chunks into a new file (HDF5 is not crash-safe: a file
+    killed mid-write failed or crashed when written again); a chunk whose rows are missing or
+    whose checksum fails is generated again, with what follows it."""
+    reference = write(tmp_path / "reference.h5", n=5, chunk=2)
     out, part = _interrupted(tmp_path)
-    _flip(part, "query/offsets")
-    with pytest.raises(DataFileError, match=r"cannot resume .*: a stored chunk fails its "
-                                            r"checksum .*; overwrite=True \(--overwrite\) "
-                                            "starts again$"):
+    _damaged(part, how)
+    assert write(out, n=5, chunk=2, resume=True) == out
+    got, want = _datasets(out), _datasets(reference)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@pytest.mark.parametrize(("how", "match"), [
+    ("rows", r"cannot resume .*: target/values has 1 rows, its offsets say \d+"),
+    ("checksum", r"cannot resume .*: a stored chunk fails its checksum .*; overwrite=True "
+                 r"\(--overwrite\) starts again$")])
+def test_a_resume_in_place_refuses_a_damaged_file(tmp_path, monkeypatch, how, match):
+    """Without room for the copy, the file is resumed in place, as before: a damaged chunk is
+    refused, and --overwrite named."""
+    out, part = _interrupted(tmp_path)
+    _damaged(part, how)
+    _no_room_for_a_copy(monkeypatch)
+    with pytest.raises(DataFileError, match=match):
         write(out, n=5, chunk=2, resume=True)
 
 

@@ -560,3 +560,25 @@ def test_a_resume_keeps_only_the_chunks_stored_whole(tmp_path, monkeypatch):
     for key in ("a", "u"):
         np.testing.assert_array_equal(read_h5(out)[key], read_h5(reference)[key])
     assert inspect_h5(out)["statistics"] == inspect_h5(reference)["statistics"]
+
+
+def test_without_room_for_a_copy_a_resume_goes_on_in_place(tmp_path, monkeypatch):
+    """(A copied file is a new one: os.replace gives it another inode.)"""
+    import shutil
+    from collections import namedtuple
+
+    out = tmp_path / "b.h5"
+    monkeypatch.setattr(gen, "solve_burgers", InterruptAt(solve_burgers, 3))
+    with pytest.raises(KeyboardInterrupt):
+        burgers(out)
+    monkeypatch.undo()
+    part = partial_path(out)
+    inode = part.stat().st_ino
+    free = (1 << 20) + part.stat().st_size  # room for a chunk (8 KiB), not for a copy
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda path: namedtuple("usage", "total used free")(1 << 30, 0, free))
+    assert burgers(out, resume=True) == out
+    assert out.stat().st_ino == inode  # the same file, written on and published
+    reference = burgers(tmp_path / "reference.h5")
+    for key in ("a", "u"):
+        np.testing.assert_array_equal(read_h5(out)[key], read_h5(reference)[key])

@@ -25,6 +25,10 @@ Elsewhere, one test each (test_catalogue_points_to_existing_tests keeps this lis
   test_data_datasets.py::test_datasets_from_generated_files
 * a ``.mat`` file that is missing, not MATLAB, or lacks a variable:
   test_data_mat.py::test_missing_keys_and_bad_files
+* a partial file a kill left half-written: the resume copies the chunks it can read whole and
+  generates the others again:
+  test_data_storage.py::test_a_resume_keeps_only_the_chunks_stored_whole,
+  test_data_ragged_edges.py::test_a_resume_generates_again_the_chunks_it_cannot_read_whole
 * a generation interrupted inside the process, resumed, and refused with other parameters:
   test_data_storage.py::test_resume_after_interruption_gives_the_same_file
 * files written with the user's umask: test_training.py::test_written_files_respect_the_umask

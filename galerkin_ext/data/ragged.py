@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -62,10 +63,12 @@ from .storage import (
     RAGGED_SCHEMA,
     DataFileError,
     PartialFileWriter,
+    _allocated,
     _attr,
     _combine,
     _open,
     _open_to_resume,
+    _rebuilding_path,
     check_output,
     check_resumable_attributes,
     parameters_json,
@@ -448,6 +451,55 @@ def _create(f: h5py.File, layout: RaggedLayout, n_samples: int) -> None:
     f.attrs["layout"] = layout.to_json()
 
 
+def _create_partial(path: Path, attrs: dict[str, Any], chunk_size: int, n_samples: int,
+                    layout: RaggedLayout) -> h5py.File:
+    """A new, empty partial file of :class:`RaggedWriter` at ``path``, open for writing
+    (nothing is left at ``path`` if creating it fails)."""
+    f = h5py.File(path, "w")
+    try:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        f.attrs["chunk_size"] = chunk_size
+        f.attrs["complete"] = False
+        _create(f, layout, n_samples)
+        f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
+                         fillvalue=0, fletcher32=True)
+        f.flush()
+    except BaseException:  # nothing is in it yet: a file left would block the next run
+        f.close()
+        path.unlink(missing_ok=True)
+        raise
+    return f
+
+
+def _stored_rows(f: h5py.File, layout: RaggedLayout, start: int,
+                 stop: int) -> dict[str, np.ndarray] | None:
+    """What samples ``[start, stop)`` of the file ``f`` hold in each dataset (the offsets
+    ``start + 1`` to ``stop``, each ragged dataset's rows between them, ``theta``), read and
+    so checked against their checksums; ``None`` where HDF5 lost a chunk of them."""
+    def whole(ds: h5py.Dataset, first: int, last: int) -> bool:
+        """Whether every HDF5 chunk holding rows ``[first, last)`` of ``ds`` was stored."""
+        step = ds.chunks[0]
+        return 0 <= first <= last <= ds.shape[0] and all(
+            _allocated(ds, row) for row in range(first - first % step, last, step))
+
+    rows: dict[str, np.ndarray] = {}
+    for offsets, members in _ragged_groups(layout).items():
+        if not whole(f[offsets], start, stop + 1):
+            return None
+        bounds = f[offsets][start : stop + 1]
+        rows[offsets] = bounds[1:]
+        for name in members:
+            if not whole(f[name], int(bounds[0]), int(bounds[-1])):
+                return None
+            rows[name] = f[name][int(bounds[0]) : int(bounds[-1])]
+    if layout.theta_dim:
+        if not whole(f["theta"], start, stop):
+            return None
+        rows["theta"] = f["theta"][start:stop]
+    return rows
+
+
 def _check_shapes(f: h5py.File, layout: RaggedLayout, n_samples: int, name: str) -> None:
     """Every dataset of ``layout`` has the shape ``n_samples`` and the layout give it (the
     rows of a ragged dataset aside, which its offsets check): ``DataFileError`` naming the
@@ -539,15 +591,11 @@ class RaggedWriter(PartialFileWriter):
         final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
         with lock:  # released if opening fails; else handed to the writer
             if resume and part.exists():
+                chunk_size, stored, copied = cls._rebuild(part, attrs, layout, n_samples)
                 f = _open_to_resume(part)
                 try:
-                    check_resumable_attributes(f, part, attrs)
-                    stored = RaggedLayout.from_file(f, repr(str(part)))
-                    if isinstance(layout, RaggedLayout) and stored.differences(layout):
-                        raise DataFileError(f"cannot resume {str(part)!r}: its layout differs from "
-                                            f"this run's ({'; '.join(stored.differences(layout))})")
-                    chunk_size = int(_attr(f, "chunk_size"))  # the record is per stored chunk size
-                    cls._truncate(f, part, stored, chunk_size, n_samples)
+                    if not copied:  # (no room for a copy: resumed in place, as before)
+                        cls._truncate(f, part, stored, chunk_size, n_samples)
                 except BaseException:
                     f.close()
                     raise
@@ -557,21 +605,59 @@ class RaggedWriter(PartialFileWriter):
                 if not isinstance(layout, RaggedLayout):
                     raise TypeError(f"layout: the function returned {type(layout).__name__}, not a "
                                     "RaggedLayout")
-            f = h5py.File(part, "w")
-            try:
-                for key, value in attrs.items():
-                    f.attrs[key] = value
-                f.attrs["chunk_size"] = chunk_size
-                f.attrs["complete"] = False
-                _create(f, layout, n_samples)
-                f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
-                                 fillvalue=0, fletcher32=True)
-                f.flush()
-            except BaseException:  # nothing is in it yet: a file left would block the next run
-                f.close()
-                part.unlink(missing_ok=True)
-                raise
+            f = _create_partial(part, attrs, chunk_size, n_samples, layout)
             return cls(final, f, chunk_size, n_samples, lock.pop_all(), layout)
+
+    @classmethod
+    def _rebuild(cls, part: Path, attrs: dict[str, Any],
+                 layout: RaggedLayout | Callable[[], RaggedLayout],
+                 n_samples: int) -> tuple[int, RaggedLayout, bool]:
+        """Copy the completed chunks of the interrupted partial file ``part``, in order up to
+        the first that cannot be read whole, into a new file that replaces it (as
+        :class:`~.storage.ChunkedWriter` does, and why: HDF5 is not crash-safe). Returns the
+        file's chunk size and layout, and whether it was copied: not where the disk has no
+        room for the copy."""
+        with _open(part, "r", f"; {_OVERWRITE} starts again") as old:
+            check_resumable_attributes(old, part, attrs)
+            stored = RaggedLayout.from_file(old, repr(str(part)))
+            if isinstance(layout, RaggedLayout) and stored.differences(layout):
+                raise DataFileError(f"cannot resume {str(part)!r}: its layout differs from "
+                                    f"this run's ({'; '.join(stored.differences(layout))})")
+            chunk_size = int(_attr(old, "chunk_size"))  # the record is per stored chunk size
+            if shutil.disk_usage(part.parent).free < 2 * part.stat().st_size + (1 << 20):
+                return chunk_size, stored, False
+            try:
+                done = _completed_prefix(old["completed"][...], repr(str(part)))
+            except OSError:  # (its checksum fails: every chunk is generated again)
+                done = 0
+            rebuilt = _rebuilding_path(part)
+            new = _create_partial(rebuilt, attrs, chunk_size, n_samples, stored)
+            try:
+                for chunk in range(done):
+                    start, stop = chunk * chunk_size, min(n_samples, (chunk + 1) * chunk_size)
+                    try:
+                        rows = _stored_rows(old, stored, start, stop)
+                    except OSError:  # a checksum that fails, a record that cannot be read
+                        break
+                    if rows is None:  # (data HDF5 lost: it would read them as zeros)
+                        break
+                    for name, value in rows.items():
+                        if name.endswith("/offsets"):
+                            new[name][start + 1 : stop + 1] = value
+                        elif name == "theta":
+                            new[name][start:stop] = value
+                        else:  # appended, as write_chunk does
+                            ds = new[name]
+                            ds.resize(ds.shape[0] + value.shape[0], axis=0)
+                            ds[-value.shape[0]:] = value
+                    new["completed"][chunk] = 1
+                new.close()
+            except BaseException:
+                new.close()
+                rebuilt.unlink(missing_ok=True)
+                raise
+        os.replace(rebuilt, part)
+        return chunk_size, stored, True
 
     @staticmethod
     def _truncate(f: h5py.File, part: Path, layout: RaggedLayout, chunk_size: int,
