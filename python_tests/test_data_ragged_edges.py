@@ -143,7 +143,7 @@ def test_a_ragged_writer_keeps_a_second_writer_out_until_it_ends(tmp_path):
 def test_a_failure_while_creating_leaves_no_partial_file(tmp_path, monkeypatch):
     from galerkin_ext.data import ragged
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise OSError("disk full")
 
     out = tmp_path / "dup.h5"

@@ -51,6 +51,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,7 @@ from .storage import (
     _allocated,
     _attr,
     _combine,
+    _new_partial_file,
     _open,
     _open_to_resume,
     _rebuilding_path,
@@ -451,27 +453,6 @@ def _create(f: h5py.File, layout: RaggedLayout, n_samples: int) -> None:
     f.attrs["layout"] = layout.to_json()
 
 
-def _create_partial(path: Path, attrs: dict[str, Any], chunk_size: int, n_samples: int,
-                    layout: RaggedLayout) -> h5py.File:
-    """A new, empty partial file of :class:`RaggedWriter` at ``path``, open for writing
-    (nothing is left at ``path`` if creating it fails)."""
-    f = h5py.File(path, "w")
-    try:
-        for key, value in attrs.items():
-            f.attrs[key] = value
-        f.attrs["chunk_size"] = chunk_size
-        f.attrs["complete"] = False
-        _create(f, layout, n_samples)
-        f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
-                         fillvalue=0, fletcher32=True)
-        f.flush()
-    except BaseException:  # nothing is in it yet: a file left would block the next run
-        f.close()
-        path.unlink(missing_ok=True)
-        raise
-    return f
-
-
 def _stored_rows(f: h5py.File, layout: RaggedLayout, start: int,
                  stop: int) -> dict[str, np.ndarray] | None:
     """What samples ``[start, stop)`` of the file ``f`` hold in each dataset (the offsets
@@ -605,7 +586,8 @@ class RaggedWriter(PartialFileWriter):
                 if not isinstance(layout, RaggedLayout):
                     raise TypeError(f"layout: the function returned {type(layout).__name__}, not a "
                                     "RaggedLayout")
-            f = _create_partial(part, attrs, chunk_size, n_samples, layout)
+            f = _new_partial_file(part, attrs, chunk_size, n_samples,
+                                 partial(_create, layout=layout, n_samples=n_samples))
             return cls(final, f, chunk_size, n_samples, lock.pop_all(), layout)
 
     @classmethod
@@ -631,7 +613,8 @@ class RaggedWriter(PartialFileWriter):
             except OSError:  # (its checksum fails: every chunk is generated again)
                 done = 0
             rebuilt = _rebuilding_path(part)
-            new = _create_partial(rebuilt, attrs, chunk_size, n_samples, stored)
+            new = _new_partial_file(rebuilt, attrs, chunk_size, n_samples,
+                                   partial(_create, layout=stored, n_samples=n_samples))
             try:
                 for chunk in range(done):
                     start, stop = chunk * chunk_size, min(n_samples, (chunk + 1) * chunk_size)

@@ -538,18 +538,33 @@ def _rebuilding_path(part: Path) -> Path:
     return part.with_name(f".{part.name}.rebuilding")
 
 
-def _create_chunked(path: Path, attrs: dict[str, Any], chunk_size: int, n_samples: int,
-                    arrays: dict[str, ArraySpec], static: dict[str, np.ndarray],
-                    statistics: list[str]) -> h5py.File:
-    """A new, empty partial file of :class:`ChunkedWriter` at ``path``, open for writing
-    (nothing is left at ``path`` if creating it fails)."""
-    n_chunks = -(-n_samples // chunk_size)
+def _new_partial_file(path: Path, attrs: dict[str, Any], chunk_size: int, n_samples: int,
+                     create: Callable[[h5py.File], None]) -> h5py.File:
+    """A new, empty partial file at ``path``, open for writing: the generation's ``attrs``,
+    its ``chunk_size``, the ``completed`` record, and what ``create(file)`` adds (the data sets
+    of a writer's layout). Nothing is left at ``path`` if creating it fails."""
     f = h5py.File(path, "w")
     try:
         for key, value in attrs.items():
             f.attrs[key] = value
         f.attrs["chunk_size"] = chunk_size
         f.attrs["complete"] = False
+        create(f)
+        f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
+                         fillvalue=0, fletcher32=True)
+        f.flush()
+    except BaseException:  # nothing is in it yet: a file left would block the next run
+        f.close()
+        path.unlink(missing_ok=True)
+        raise
+    return f
+
+
+def _create_chunked(path: Path, attrs: dict[str, Any], chunk_size: int, n_samples: int,
+                    arrays: dict[str, ArraySpec], static: dict[str, np.ndarray],
+                    statistics: list[str]) -> h5py.File:
+    """A new, empty partial file of :class:`ChunkedWriter` at ``path``, open for writing."""
+    def create(f: h5py.File) -> None:
         for name, spec in arrays.items():
             # One HDF5 chunk per sample (at most ~8 MB) keeps random access cheap; the
             # Fletcher-32 checksum of each chunk makes HDF5 refuse a corrupted one on read.
@@ -563,18 +578,13 @@ def _create_chunked(path: Path, attrs: dict[str, Any], chunk_size: int, n_sample
             ds = f.create_dataset(name, data=value, fletcher32=True)
             ds.attrs["static"] = True
             ds.attrs["grid_ndim"] = value.ndim - 1
-        f.create_dataset("completed", shape=(n_chunks,), dtype="u1", fillvalue=0,
-                         fletcher32=True)
         if statistics:
-            ds = f.create_dataset("statistics", shape=(n_chunks, len(statistics), 3),
+            ds = f.create_dataset("statistics",
+                                  shape=(-(-n_samples // chunk_size), len(statistics), 3),
                                   dtype="f8", fillvalue=0.0, fletcher32=True)
             ds.attrs["names"] = json.dumps(statistics)
-        f.flush()
-    except BaseException:  # nothing is in it yet: a file left would block the next run
-        f.close()
-        path.unlink(missing_ok=True)
-        raise
-    return f
+
+    return _new_partial_file(path, attrs, chunk_size, n_samples, create)
 
 
 class PartialFileWriter:
