@@ -71,6 +71,7 @@ from .storage import (
     _open,
     _open_to_resume,
     _rebuilding_path,
+    _replace_on_disk,
     check_output,
     check_resumable_attributes,
     parameters_json,
@@ -639,7 +640,7 @@ class RaggedWriter(PartialFileWriter):
                 new.close()
                 rebuilt.unlink(missing_ok=True)
                 raise
-        os.replace(rebuilt, part)
+        _replace_on_disk(rebuilt, part)
         return chunk_size, stored, True
 
     @staticmethod

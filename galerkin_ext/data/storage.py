@@ -350,13 +350,19 @@ def publish(file: h5py.File, final: Path) -> Path:
     if missing:
         raise DataFileError(f"{str(part)!r}: data sets {missing} were not all written (a full "
                             "disk or a file-size limit?); the file is kept unpublished")
-    fd = os.open(part, os.O_RDONLY)
+    _replace_on_disk(part, final)
+    return final
+
+
+def _replace_on_disk(source: Path, target: Path) -> None:
+    """Rename ``source`` over ``target`` once its content is on disk (a crash after the
+    rename then finds the whole file, not an empty one)."""
+    fd = os.open(source, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(part, final)
-    return final
+    os.replace(source, target)
 
 
 def run_chunks(
@@ -766,7 +772,7 @@ class ChunkedWriter(PartialFileWriter):
                 new.close()
                 rebuilt.unlink(missing_ok=True)
                 raise
-        os.replace(rebuilt, part)
+        _replace_on_disk(rebuilt, part)
         return chunk_size
 
     @staticmethod
