@@ -631,9 +631,9 @@ class RaggedWriter(PartialFileWriter):
                         elif name == "theta":
                             new[name][start:stop] = value
                         else:  # appended, as write_chunk does
-                            ds = new[name]
-                            ds.resize(ds.shape[0] + value.shape[0], axis=0)
-                            ds[-value.shape[0]:] = value
+                            ds, held = new[name], new[name].shape[0]
+                            ds.resize(held + value.shape[0], axis=0)
+                            ds[held:] = value
                     new["completed"][chunk] = 1
                 new.close()
             except BaseException:
