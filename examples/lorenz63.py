@@ -53,6 +53,7 @@ from galerkin_ext.training import (
     setup_distributed,
     threshold_report,
     write_metrics,
+    zero_shot_seed,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -178,6 +179,7 @@ def main(argv=None):
     # zero-shot sets: independent draws at other time grids (before training: a bad set fails
     # now, not after the run)
     zs = cfg["zero_shot"]
+    zs["seed"] = zero_shot_seed(data, "lorenz63", zs["seed"])  # never the training draws
     grids = {f"dt={dt:g}": {"dt": dt} for dt in zs["dt"]}
     grids.update({name: {"grid": name} for name in zs["grid"]})
     zero_shot_sets = {

@@ -181,3 +181,22 @@ def test_plot_argument_checks(tmp_path):
         plot_2d(tmp_path / "b.png", torch.zeros(2, 4, 4), torch.zeros(1, 4, 4),
                 torch.zeros(1, 4, 4))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_zero_shot_sets_never_repeat_the_training_draws(tmp_path):
+    """The ODE scripts drew their zero-shot sets with seed 1 whatever --data held: a training
+    file of seed 1 made every zero-shot sample a training sample on another time grid."""
+    from galerkin_ext.data.generate import generate_cde, generate_lorenz63
+    from galerkin_ext.training import zero_shot_seed
+
+    seed1 = generate_lorenz63(tmp_path / "l63.h5", 2, seed=1, dt=0.1, progress=False)
+    assert zero_shot_seed(seed1, "lorenz63", 1) == 2
+    assert zero_shot_seed(seed1, "lorenz63", 0) == 0
+    assert zero_shot_seed(seed1, "cde", 1) == 1  # another generator's draws
+    other = generate_cde(tmp_path / "cde.h5", 2, seed=0, dt=0.1, progress=False)
+    assert zero_shot_seed(other, "cde", 1) == 1
+    foreign = tmp_path / "foreign.h5"
+    foreign.write_bytes(b"not ours")
+    assert zero_shot_seed(foreign, "cde", 1) == 1
+    with pytest.raises(ValueError, match="seed"):
+        zero_shot_seed(seed1, "lorenz63", -1)

@@ -69,6 +69,7 @@ from .experiment import (
     run_main,
     threshold_report,
     write_metrics,
+    zero_shot_seed,
 )
 from .trainer import (
     ConfigError,
@@ -133,4 +134,5 @@ __all__ = [
     "write_csv",
     "write_json",
     "write_metrics",
+    "zero_shot_seed",
 ]

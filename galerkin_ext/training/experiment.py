@@ -86,6 +86,7 @@ __all__ = [
     "run_main",
     "threshold_report",
     "write_metrics",
+    "zero_shot_seed",
 ]
 
 NORMS = ("attn", "layer")  # --norm: the paper's two rows (layers.NORM_SCHEMES has more)
@@ -316,6 +317,17 @@ def run_main(main: Callable[[], object]) -> int:
         print(f"error{who}: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def zero_shot_seed(data: str | os.PathLike[str], generator: str, seed: int) -> int:
+    """The seed of zero-shot sets that ``generator`` draws with ``seed`` for a run trained on
+    the file ``data``: ``seed``, or ``seed + 1`` where ``data`` holds that generator's draws of
+    ``seed`` (sample ``i`` depends on ``(seed, i)`` alone, so the zero-shot samples were the
+    training samples on another time grid)."""
+    check_int(seed, "seed", 0)
+    identity = data_identity(data)
+    repeats = identity.get("generator") == generator and identity.get("seed") == seed
+    return seed + 1 if repeats else seed
 
 
 def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
