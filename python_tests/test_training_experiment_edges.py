@@ -200,3 +200,26 @@ def test_zero_shot_sets_never_repeat_the_training_draws(tmp_path):
     assert zero_shot_seed(foreign, "cde", 1) == 1
     with pytest.raises(ValueError, match="seed"):
         zero_shot_seed(seed1, "lorenz63", -1)
+
+
+def test_the_ode_scripts_take_the_time_step_of_their_data_file(tmp_path, capsys):
+    """With --data, --dt was ignored (the file's grid was trained on) and metrics.json and the
+    plot recorded --dt, or the preset's dt without it."""
+    import importlib.util
+    from pathlib import Path
+
+    from galerkin_ext.data.generate import generate_lorenz63
+    from galerkin_ext.training import recorded_parameter
+
+    data = generate_lorenz63(tmp_path / "l63.h5", 2, dt=0.1, progress=False)
+    assert recorded_parameter(data, "dt") == 0.1 and recorded_parameter(data, "nope") is None
+    assert recorded_parameter(tmp_path / "missing.h5", "dt") is None
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    for name in ("lorenz63", "controlled_ode"):
+        spec = importlib.util.spec_from_file_location(f"example_{name}", examples / f"{name}.py")
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        with pytest.raises(SystemExit):
+            script.main(["--out", str(tmp_path / "o"), "--data", str(data), "--dt", "0.02"])
+        assert "--dt: --data holds samples every 0.1, got 0.02 (leave --dt out)" in \
+            capsys.readouterr().err

@@ -82,6 +82,7 @@ __all__ = [
     "ragged_metric",
     "preset_unchanged",
     "record_data_files",
+    "recorded_parameter",
     "resolve_config",
     "run_main",
     "threshold_report",
@@ -317,6 +318,15 @@ def run_main(main: Callable[[], object]) -> int:
         print(f"error{who}: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def recorded_parameter(data: str | os.PathLike[str], key: str) -> Any:
+    """The generator parameter ``key`` the data file ``data`` records (e.g. the ODE sets'
+    ``dt``), or ``None``: not recorded, or not a file of the package's generators."""
+    if not Path(data).is_file():
+        return None
+    identity = data_identity(data)
+    return json.loads(identity["parameters"]).get(key) if "parameters" in identity else None
 
 
 def zero_shot_seed(data: str | os.PathLike[str], generator: str, seed: int) -> int:
