@@ -289,6 +289,17 @@ def main(argv=None):
     test_set = ContinuumDarcyDataset(
         args.eval_data or data, "test",
         **(evaluation_only(split) if args.eval_data else split), **norms)
+    if args.eval_data:  # what the model cannot take, found before training, not after it
+        res = test_set.resolution
+        if patches is not None and (res % patches[0] or res % patches[1]):
+            parser.error(f"--eval-data: {args.model}'s {patches[0]} x {patches[1]} patches "
+                         f"must divide its grid, got s = {res}")
+        if spec.get("grid_bound") and res != s:
+            parser.error(f"--eval-data: {args.model} is tied to the {s}x{s} training grid, "
+                         f"the file's grid is {res}x{res}")
+        if test_set.coef != train_set.coef:
+            parser.error(f"--eval-data: its coefficients are {test_set.coef}, the training "
+                         f"data's {train_set.coef}")
     zs = cfg["zero_shot"]
     zero_shot_sets, skipped = {}, {}
     for res in zs["resolution"]:

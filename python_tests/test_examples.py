@@ -959,3 +959,30 @@ def test_readme_use_block_runs_as_written():
     assert parameter_count(models["model"]) == 530_305
     assert models["y"].shape == models["x"].shape
     assert models["a"].shape == (2, 4, 100, 100)
+
+
+def test_darcy_continuum_checks_its_eval_data_before_training(tmp_path, capsys):
+    """An --eval-data grid the model cannot take failed with a traceback after all of
+    training (no metrics.json), and a file of other coefficients was scored without a word."""
+    from galerkin_ext.data import generate_darcy
+
+    darcy = _load_example("darcy_continuum")
+    make = {"n_samples": 8, "workers": 1, "progress": False}
+    data = generate_darcy(tmp_path / "d16.h5", resolution=16, coef="lognormal", **make)
+    odd = generate_darcy(tmp_path / "d18.h5", resolution=18, coef="lognormal", **make)
+    piecewise = generate_darcy(tmp_path / "p16.h5", resolution=16, coef="piecewise", **make)
+    common = ["--device", "cpu", "--no-progress", "--threads", str(torch.get_num_threads()),
+              "--data", str(data), "--n-train", "4", "--n-valid", "2", "--n-eval", "2",
+              "--epochs", "1", "--batch-size", "2", "--data-dir", str(tmp_path / "cache")]
+    for model, eval_data, message in (
+            ("vitno", odd, "--eval-data: vitno's 4 x 4 patches must divide its grid, got s = 18"),
+            ("afno", odd, "--eval-data: afno is tied to the 16x16 training grid, the file's "
+                          "grid is 18x18"),
+            ("fno", piecewise, "--eval-data: its coefficients are piecewise, the training "
+                               "data's lognormal")):
+        out = tmp_path / model
+        with pytest.raises(SystemExit):
+            darcy.main([*common, "--model", model, "--eval-data", str(eval_data), "--out",
+                        str(out)])
+        assert message in capsys.readouterr().err
+        assert not (out / "last.pt").exists()
