@@ -39,6 +39,7 @@ from galerkin_ext.training import (
     Trainer,
     build_run_model,
     cached_data,
+    check_eval_layout,
     check_resume,
     cleanup_distributed,
     enforce_thresholds,
@@ -152,6 +153,7 @@ def main(argv=None):
     eval_set = RaggedDataset(eval_data, "test",
                              **(evaluation_only(split) if args.eval_data else split),
                              normalizers=train_set.normalizers)
+    check_eval_layout(train_set, eval_set)
     cfg["normalizers"] = normalizer_config(**train_set.normalizers.named())  # in checkpoints
 
     # -- model, loss, training -----------------------------------------------------------------

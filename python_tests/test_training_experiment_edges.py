@@ -223,3 +223,26 @@ def test_the_ode_scripts_take_the_time_step_of_their_data_file(tmp_path, capsys)
             script.main(["--out", str(tmp_path / "o"), "--data", str(data), "--dt", "0.02"])
         assert "--dt: --data holds samples every 0.1, got 0.02 (leave --dt out)" in \
             capsys.readouterr().err
+
+
+def test_eval_data_of_another_layout_is_refused_in_one_line(tmp_path):
+    """The GNOT scripts' --eval-data without the training data's cavity (an input of
+    coordinates only, which the normalisers do not cover) failed inside the first evaluation
+    with a traceback."""
+    from test_data_ragged import synthetic, write
+
+    from galerkin_ext.data.gnot_datasets import RaggedDataset
+    from galerkin_ext.training import check_eval_layout
+
+    train_file = write(tmp_path / "train.h5", n=6, chunk=3)
+    other = write(tmp_path / "other.h5", n=2, chunk=2,
+                  fn=lambda i: synthetic(i, seed=1, cavity=False))
+    train_set = RaggedDataset(train_file, "train", n_train=4, n_test=2)
+    same = RaggedDataset(train_file, "test", n_train=4, n_test=2,
+                         normalizers=train_set.normalizers)
+    check_eval_layout(train_set, same)
+    eval_set = RaggedDataset(other, "test", n_train=0, n_test=2,
+                             normalizers=train_set.normalizers)
+    with pytest.raises(ConfigError, match=r"^--eval-data: its samples differ from the "
+                                          r"training data's \(.*cavity"):
+        check_eval_layout(train_set, eval_set)

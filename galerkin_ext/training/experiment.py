@@ -63,6 +63,7 @@ __all__ = [
     "VALIDATION_NORMALISED",
     "build_run_model",
     "cached_data",
+    "check_eval_layout",
     "check_resume",
     "default_cache_dir",
     "describe_device",
@@ -318,6 +319,17 @@ def run_main(main: Callable[[], object]) -> int:
         print(f"error{who}: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def check_eval_layout(train_set: Any, eval_set: Any) -> None:
+    """``ConfigError`` unless the ragged ``eval_set`` (from ``--eval-data``) holds samples of
+    ``train_set``'s layout: the model takes its input functions by position, and one that the
+    normalisers do not cover (coordinates only: a mesh, a cavity) failed inside the first
+    evaluation with a traceback."""
+    differences = train_set.layout.differences(eval_set.layout)
+    if differences:
+        raise ConfigError(f"--eval-data: its samples differ from the training data's "
+                          f"({'; '.join(differences)})")
 
 
 def recorded_parameter(data: str | os.PathLike[str], key: str) -> Any:
