@@ -43,6 +43,7 @@ from galerkin_ext.training import (
     build_run_model,
     cached_data,
     check_resume,
+    check_zero_shot_law,
     cleanup_distributed,
     describe_grid,
     enforce_thresholds,
@@ -309,9 +310,10 @@ def main(argv=None):
             continue
         params = {**cfg["data"], "resolution": res, "n_samples": zs["n_samples"],
                   "seed": zs["seed"]}
+        path = cached_data("darcy", args.data_dir, ctx, **params)
+        check_zero_shot_law(data, path, ("resolution",), "--eval-resolution")
         zero_shot_sets[f"s={res}"] = ContinuumDarcyDataset(
-            cached_data("darcy", args.data_dir, ctx, **params), "test",
-            **evaluation_only({**split, "n_test": zs["n_samples"]}), **norms)
+            path, "test", **evaluation_only({**split, "n_test": zs["n_samples"]}), **norms)
     cfg["normalizers"] = normalizer_config(input=norms["input_normalizer"],
                                            target=norms["target_normalizer"])
 

@@ -36,6 +36,7 @@ from galerkin_ext.training import (
     build_run_model,
     cached_data,
     check_resume,
+    check_zero_shot_law,
     cleanup_distributed,
     describe_grid,
     enforce_thresholds,
@@ -189,12 +190,15 @@ def main(argv=None):
     zs["seed"] = zero_shot_seed(data, "lorenz63", zs["seed"])  # never the training draws
     grids = {f"dt={dt:g}": {"dt": dt} for dt in zs["dt"]}
     grids.update({name: {"grid": name} for name in zs["grid"]})
+    zero_shot_files = {name: cached_data("lorenz63", args.data_dir, ctx, n_samples=zs["n_samples"],
+                                          seed=zs["seed"], **grid)
+                       for name, grid in grids.items()}
+    for path in zero_shot_files.values():
+        check_zero_shot_law(data, path, ("dt", "grid", "n_times"), "--eval-dt and --eval-grid")
     zero_shot_sets = {
-        name: ODEDataset(cached_data("lorenz63", args.data_dir, ctx, n_samples=zs["n_samples"],
-                                     seed=zs["seed"], **grid),
-                         "test", **evaluation_only({**split, "n_test": zs["n_samples"]}),
+        name: ODEDataset(path, "test", **evaluation_only({**split, "n_test": zs["n_samples"]}),
                          **norms)
-        for name, grid in grids.items()
+        for name, path in zero_shot_files.items()
     }
     cfg["normalizers"] = normalizer_config(input=norms["input_normalizer"],
                                            target=norms["target_normalizer"])

@@ -986,3 +986,29 @@ def test_darcy_continuum_checks_its_eval_data_before_training(tmp_path, capsys):
                         str(out)])
         assert message in capsys.readouterr().err
         assert not (out / "last.pt").exists()
+
+
+def test_zero_shot_sets_of_another_law_than_the_data_are_refused(tmp_path):
+    """With --data, the zero-shot sets were drawn with the preset's law whatever the file's:
+    a Darcy file of another length scale (tau 9 against 6) or an ODE file of another horizon
+    scored another problem as "zero-shot", without a word."""
+    from galerkin_ext.data import generate_darcy, generate_lorenz63
+    from galerkin_ext.training import ConfigError
+
+    darcy, l63 = _load_example("darcy_continuum"), _load_example("lorenz63")
+    common = ["--device", "cpu", "--no-progress", "--threads", str(torch.get_num_threads()),
+              "--n-train", "4", "--n-valid", "2", "--n-eval", "2", "--epochs", "1",
+              "--batch-size", "2", "--data-dir", str(tmp_path / "cache"), "--n-zero-shot", "2"]
+    data = generate_darcy(tmp_path / "tau9.h5", n_samples=8, resolution=16, coef="lognormal",
+                          tau=9.0, alpha=3.0, workers=1, progress=False)
+    with pytest.raises(ConfigError, match=r"^--data: its samples follow another law than the "
+                                          r"zero-shot sets, .*tau 9\.0 vs 6\.0.*; give "
+                                          r"--eval-resolution alone to leave them out$"):
+        darcy.main([*common, "--model", "fno", "--data", str(data), "--eval-resolution", "31",
+                    "--out", str(tmp_path / "d")])
+    horizon = generate_lorenz63(tmp_path / "l63.h5", 8, dt=0.1, t_end=4.0, progress=False)
+    with pytest.raises(ConfigError, match=r"t_end 4\.0 vs 2\.0.*give --eval-dt and "
+                                          "--eval-grid alone"):
+        l63.main([*common, "--data", str(horizon), "--eval-dt", "0.05", "--eval-grid",
+                  "--out", str(tmp_path / "l")])
+    assert not (tmp_path / "d" / "last.pt").exists() and not (tmp_path / "l" / "last.pt").exists()

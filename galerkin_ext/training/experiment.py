@@ -65,6 +65,7 @@ __all__ = [
     "cached_data",
     "check_eval_layout",
     "check_resume",
+    "check_zero_shot_law",
     "default_cache_dir",
     "describe_device",
     "describe_grid",
@@ -332,13 +333,38 @@ def check_eval_layout(train_set: Any, eval_set: Any) -> None:
                           f"({'; '.join(differences)})")
 
 
-def recorded_parameter(data: str | os.PathLike[str], key: str) -> Any:
-    """The generator parameter ``key`` the data file ``data`` records (e.g. the ODE sets'
-    ``dt``), or ``None``: not recorded, or not a file of the package's generators."""
+def _recorded_parameters(data: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The generator parameters the data file ``data`` records, or ``None`` (no such file, or
+    not one of the package's generators')."""
     if not Path(data).is_file():
         return None
     identity = data_identity(data)
-    return json.loads(identity["parameters"]).get(key) if "parameters" in identity else None
+    return json.loads(identity["parameters"]) if "parameters" in identity else None
+
+
+def recorded_parameter(data: str | os.PathLike[str], key: str) -> Any:
+    """The generator parameter ``key`` the data file ``data`` records (e.g. the ODE sets'
+    ``dt``), or ``None``: not recorded, or not a file of the package's generators."""
+    return (_recorded_parameters(data) or {}).get(key)
+
+
+def check_zero_shot_law(data: str | os.PathLike[str], zero_shot: str | os.PathLike[str],
+                        grid_keys: Sequence[str], flags: str) -> None:
+    """``ConfigError`` where the training file ``data`` (``--data``) was drawn by another law
+    than the zero-shot file ``zero_shot``, which the script generates with its preset's law on
+    another grid: its figures would measure the other law (a Darcy coefficient's length scale,
+    an ODE's horizon), not the grid. ``grid_keys``: the recorded parameters a zero-shot set
+    changes on purpose; ``flags``: those that, given alone, leave the zero-shot sets out."""
+    mine, theirs = _recorded_parameters(data), _recorded_parameters(zero_shot)
+    if mine is None or theirs is None:
+        return
+    differ = sorted(k for k in (set(mine) | set(theirs)) - set(grid_keys)
+                    if mine.get(k) != theirs.get(k))
+    if differ:
+        found = "; ".join(f"{k} {mine.get(k)!r} vs {theirs.get(k)!r}" for k in differ)
+        raise ConfigError(f"--data: its samples follow another law than the zero-shot sets, "
+                          f"which are drawn with the preset's ({found}); give {flags} alone "
+                          "to leave them out")
 
 
 def zero_shot_seed(data: str | os.PathLike[str], generator: str, seed: int) -> int:
