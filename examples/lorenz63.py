@@ -48,7 +48,7 @@ from galerkin_ext.training import (
     predict,
     preset_unchanged,
     record_data_files,
-    recorded_parameter,
+    recorded_setting,
     relative_l2_metric,
     resolve_config,
     run_main,
@@ -147,14 +147,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="lorenz63")
     cfg["task"] = args.task
-    if args.dt is not None:
-        cfg["data"]["dt"] = args.dt
-    stored_dt = None if args.data is None else recorded_parameter(args.data, "dt")
-    if stored_dt is not None:  # the file's time grid, which --dt cannot change
-        if args.dt is not None and args.dt != stored_dt:
-            parser.error(f"--dt: --data holds samples every {stored_dt:g}, got {args.dt:g} "
-                         "(leave --dt out)")
-        cfg["data"]["dt"] = stored_dt
+    dt = recorded_setting(parser, args.data, "dt", args.dt, "--dt")  # (the file's grid)
+    if dt is not None:
+        cfg["data"]["dt"] = dt
     if args.eval_dt is not None:
         cfg["zero_shot"]["dt"] = args.eval_dt
     if args.eval_grid is not None:

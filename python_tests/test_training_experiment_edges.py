@@ -221,7 +221,7 @@ def test_the_ode_scripts_take_the_time_step_of_their_data_file(tmp_path, capsys)
         spec.loader.exec_module(script)
         with pytest.raises(SystemExit):
             script.main(["--out", str(tmp_path / "o"), "--data", str(data), "--dt", "0.02"])
-        assert "--dt: --data holds samples every 0.1, got 0.02 (leave --dt out)" in \
+        assert "--dt: --data holds samples of dt = 0.1, got 0.02 (leave --dt out)" in \
             capsys.readouterr().err
 
 

@@ -85,6 +85,7 @@ __all__ = [
     "preset_unchanged",
     "record_data_files",
     "recorded_parameter",
+    "recorded_setting",
     "resolve_config",
     "run_main",
     "threshold_report",
@@ -346,6 +347,20 @@ def recorded_parameter(data: str | os.PathLike[str], key: str) -> Any:
     """The generator parameter ``key`` the data file ``data`` records (e.g. the ODE sets'
     ``dt``), or ``None``: not recorded, or not a file of the package's generators."""
     return (_recorded_parameters(data) or {}).get(key)
+
+
+def recorded_setting(parser: argparse.ArgumentParser, data: str | os.PathLike[str] | None,
+                     key: str, given: Any, flag: str) -> Any:
+    """The generator parameter ``key`` that the ``--data`` file ``data`` records, which the
+    command line cannot change: ``flag``'s ``given`` value must equal it (else the parser's
+    one-line error). ``given`` where there is no such file or record."""
+    stored = None if data is None else recorded_parameter(data, key)
+    if stored is None:
+        return given
+    if given is not None and given != stored:
+        parser.error(f"{flag}: --data holds samples of {key} = {stored:g}, got {given:g} "
+                     f"(leave {flag} out)")
+    return stored
 
 
 def check_zero_shot_law(data: str | os.PathLike[str], zero_shot: str | os.PathLike[str],
