@@ -298,7 +298,7 @@ def main(argv=None):
         if spec.get("grid_bound") and res != s:
             parser.error(f"--eval-data: {args.model} is tied to the {s}x{s} training grid, "
                          f"the file's grid is {res}x{res}")
-        if test_set.coef != train_set.coef:
+        if None not in (test_set.coef, train_set.coef) and test_set.coef != train_set.coef:
             parser.error(f"--eval-data: its coefficients are {test_set.coef}, the training "
                          f"data's {train_set.coef}")
     zs = cfg["zero_shot"]

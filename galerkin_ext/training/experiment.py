@@ -369,9 +369,11 @@ def check_zero_shot_law(data: str | os.PathLike[str], zero_shot: str | os.PathLi
     than the zero-shot file ``zero_shot``, which the script generates with its preset's law on
     another grid: its figures would measure the other law (a Darcy coefficient's length scale,
     an ODE's horizon), not the grid. ``grid_keys``: the recorded parameters a zero-shot set
-    changes on purpose; ``flags``: those that, given alone, leave the zero-shot sets out."""
+    changes on purpose; ``flags``: those that, given alone, leave the zero-shot sets out.
+    Files converted from other codes' data are not compared (they record their source)."""
     mine, theirs = _recorded_parameters(data), _recorded_parameters(zero_shot)
-    if mine is None or theirs is None:
+    # (a converted file records its source, not a law to compare)
+    if mine is None or theirs is None or "source" in mine:
         return
     differ = sorted(k for k in (set(mine) | set(theirs)) - set(grid_keys)
                     if mine.get(k) != theirs.get(k))
