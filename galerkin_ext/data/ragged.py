@@ -45,7 +45,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +71,7 @@ from .storage import (
     _open_to_resume,
     _rebuilding_path,
     _replace_on_disk,
+    _room_to_copy,
     check_output,
     check_resumable_attributes,
     parameters_json,
@@ -600,14 +600,14 @@ class RaggedWriter(PartialFileWriter):
         :class:`~.storage.ChunkedWriter` does, and why: HDF5 is not crash-safe). Returns the
         file's chunk size and layout, and whether it was copied: not where the disk has no
         room for the copy."""
-        with _open(part, "r", f"; {_OVERWRITE} starts again") as old:
+        with _open_to_resume(part, "r") as old:
             check_resumable_attributes(old, part, attrs)
             stored = RaggedLayout.from_file(old, repr(str(part)))
             if isinstance(layout, RaggedLayout) and stored.differences(layout):
                 raise DataFileError(f"cannot resume {str(part)!r}: its layout differs from "
                                     f"this run's ({'; '.join(stored.differences(layout))})")
             chunk_size = int(_attr(old, "chunk_size"))  # the record is per stored chunk size
-            if shutil.disk_usage(part.parent).free < 2 * part.stat().st_size + (1 << 20):
+            if not _room_to_copy(part):
                 return chunk_size, stored, False
             try:
                 done = _completed_prefix(old["completed"][...], repr(str(part)))

@@ -144,9 +144,16 @@ def _open(path: Path, mode: str, advice: str = "") -> h5py.File:
         ) from err
 
 
-def _open_to_resume(part: Path) -> h5py.File:
-    """The partial file ``part`` of an interrupted generation, opened for writing."""
-    return _open(part, "r+", f"; {_OVERWRITE} starts again")
+def _open_to_resume(part: Path, mode: str = "r+") -> h5py.File:
+    """The partial file ``part`` of an interrupted generation, opened for writing (``mode``
+    ``"r"``: to copy from it)."""
+    return _open(part, mode, f"; {_OVERWRITE} starts again")
+
+
+def _room_to_copy(part: Path) -> bool:
+    """Whether the disk holds a second copy of the partial file ``part`` (and a margin), which
+    a resume builds before it replaces ``part``."""
+    return shutil.disk_usage(part.parent).free >= 2 * part.stat().st_size + (1 << 20)
 
 
 def _in_use(path: Path) -> bool:
@@ -737,10 +744,10 @@ class ChunkedWriter(PartialFileWriter):
         whose data and checksums are whole, and a chunk that fails is generated again (its
         samples depend on ``(seed, i)`` alone). Where the disk has no room for the copy, the
         file is resumed in place, as before."""
-        with _open(part, "r", f"; {_OVERWRITE} starts again") as old:
+        with _open_to_resume(part, "r") as old:
             cls._check_resumable(old, part, attrs, arrays, static, statistics)
             chunk_size = int(old.attrs["chunk_size"])  # the record is per stored chunk size
-            if shutil.disk_usage(part.parent).free < 2 * part.stat().st_size + (1 << 20):
+            if not _room_to_copy(part):
                 return chunk_size
             try:
                 done = np.flatnonzero(old["completed"][...])
