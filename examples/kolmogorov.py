@@ -11,10 +11,12 @@ Models (``--model``, see MODELS below): ``vitno`` and ``fano`` (patched attentio
 patches is fixed, so one trained model runs on every grid the patches divide), ``fno``
 (``fno_ca``) and ``afno`` (tied to its training grid: no zero-shot).  Data: generated once and
 cached (``python -m galerkin_ext.data generate kolmogorov``): train, validation and test from one
-seed; the zero-shot set is an independent draw solved on a finer grid and read at every
-``--eval-resolution`` by exact spectral resampling.  Inputs and outputs are vorticity and share
-one global scalar normaliser fitted on the training split, so ``--residual`` (the model
-predicts the change w(T + 0.1) - w(T)) starts from the persistence forecast.  Loss: relative
+seed; the zero-shot set is an independent draw (another seed than ``--data``'s, the same law:
+another one is refused) solved on a finer grid and read at every ``--eval-resolution`` by exact
+spectral resampling (none is generated for ``--eval-resolution`` alone).  Inputs and outputs
+are vorticity and share one global scalar normaliser fitted on the training split, so
+``--residual`` (the model predicts the change w(T + 0.1) - w(T)) starts from the persistence
+forecast.  Loss: relative
 L2 (quick) or relative H^1 with periodic differences at the physical spacing (paper).  Writes
 OUT/metrics.json (``test_rel_l2_median`` -- the paper's statistic, physical units --,
 ``persistence_rel_l2_median`` -- the error of predicting no change --, ``test_rel_l2`` (mean),
@@ -43,6 +45,7 @@ from galerkin_ext.training import (
     build_run_model,
     cached_data,
     check_resume,
+    check_zero_shot_law,
     cleanup_distributed,
     describe_grid,
     enforce_thresholds,
@@ -59,6 +62,7 @@ from galerkin_ext.training import (
     setup_distributed,
     threshold_report,
     write_metrics,
+    zero_shot_seed,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -141,6 +145,9 @@ MODELS = {
 # to a threshold.
 PERSISTENCE_FACTOR = {"vitno": 0.9}
 N_PLOT = 3  # test samples drawn in prediction.png
+# what a zero-shot set changes on purpose: the grids (stored and solved) and the solver's step
+# and precision; every other recorded parameter is the law, which must be --data's
+SOLVER_KEYS = ("resolution", "solve_resolution", "max_step", "solve_dtype")
 
 
 def presets_for(model):
@@ -249,6 +256,9 @@ def main(argv=None):
 
     s = stored_size(args.data, "--data", cfg["data"])[1]
     zero_shot_res = cfg["zero_shot"]["resolution"]
+    if args.eval_data is not None and not zero_shot_res:
+        parser.error("--eval-data: the zero-shot set is read at no grid (--eval-resolution "
+                     "alone); leave out one of the two flags")
     # The zero-shot set is read at each grid no finer than it is stored: reading it finer
     # would interpolate, not test a finer grid.
     n_zero_shot, stored = stored_size(args.eval_data, "--eval-data", cfg["zero_shot"]["data"])
@@ -271,8 +281,12 @@ def main(argv=None):
 
     # -- data: train/validation/test from one file, one scalar normaliser from the training split
     data = args.data or cached_data("kolmogorov", args.data_dir, ctx, **cfg["data"])
-    zero_shot_data = args.eval_data or cached_data("kolmogorov", args.data_dir, ctx,
-                                                   **cfg["zero_shot"]["data"])
+    zero_shot_data = args.eval_data
+    if zero_shot_data is None and zero_shot_res:  # the preset's set, drawn by --data's law
+        zs_data = cfg["zero_shot"]["data"]
+        zs_data["seed"] = zero_shot_seed(data, "kolmogorov", zs_data["seed"])  # other draws
+        zero_shot_data = cached_data("kolmogorov", args.data_dir, ctx, **zs_data)
+        check_zero_shot_law(data, zero_shot_data, SOLVER_KEYS, "--eval-resolution")
     # (a resumed run must read the same files; every zero-shot sample is evaluated)
     record_data_files(cfg, data, zero_shot_data, evaluated=n_zero_shot)
     split = {"n_train": cfg["n_train"], "n_valid": cfg["n_valid"], "n_test": cfg["n_eval"]}

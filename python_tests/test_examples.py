@@ -1012,3 +1012,43 @@ def test_zero_shot_sets_of_another_law_than_the_data_are_refused(tmp_path):
         l63.main([*common, "--data", str(horizon), "--eval-dt", "0.05", "--eval-grid",
                   "--out", str(tmp_path / "l")])
     assert not (tmp_path / "d" / "last.pt").exists() and not (tmp_path / "l" / "last.pt").exists()
+
+
+def test_kolmogorov_zero_shot_set_follows_the_data(tmp_path, monkeypatch):
+    """The Kolmogorov script drew its zero-shot set with the preset's law (T = 11) and seed 1
+    whatever --data held: a file of another T was scored as "zero-shot", a seed-1 file was
+    refused with advice about an --eval-data never given, and `--eval-resolution` alone (no
+    zero-shot grid) still generated the set (100 pairs at 832^2 for the paper preset)."""
+    from galerkin_ext.data import generate_kolmogorov, inspect_h5
+    from galerkin_ext.training import ConfigError
+
+    kolmogorov = _load_example("kolmogorov")
+    # the quick preset's zero-shot set, small: 2 pairs solved at 16^2 to the preset's T
+    monkeypatch.setitem(kolmogorov.PRESETS["quick"]["zero_shot"], "data",
+                        {"n_samples": 2, "resolution": 16, "solve_resolution": 16, "seed": 1})
+    cache = tmp_path / "cache"
+    common = ["--device", "cpu", "--no-progress", "--threads", str(torch.get_num_threads()),
+              "--n-train", "4", "--n-valid", "2", "--n-eval", "2", "--epochs", "1",
+              "--batch-size", "2", "--data-dir", str(cache), "--rollout", "0"]
+    make = {"solve_resolution": 16, "progress": False}
+    early = generate_kolmogorov(tmp_path / "t05.h5", 8, 8, time=0.5, **make)
+    with pytest.raises(ConfigError, match=r"^--data: its samples follow another law than the "
+                                          r"zero-shot sets, .*time 0\.5 vs 11\.0\); give "
+                                          r"--eval-resolution alone to leave them out$"):
+        kolmogorov.main([*common, "--data", str(early), "--eval-resolution", "8", "16", "--out",
+                         str(tmp_path / "a")])
+    assert not (tmp_path / "a" / "last.pt").exists()
+    # the advice taken: no zero-shot set generated (the cache holds only the refused one)
+    held = sorted(cache.iterdir())
+    kolmogorov.main([*common, "--data", str(early), "--eval-resolution", "--out",
+                     str(tmp_path / "b")])
+    assert sorted(cache.iterdir()) == held
+    assert _metrics(tmp_path / "b")["zero_shot"] == {}
+    # a file of the zero-shot set's own seed: the set takes the next seed, not its draws
+    seed1 = generate_kolmogorov(tmp_path / "seed1.h5", 8, 8, seed=1, **make)
+    kolmogorov.main([*common, "--data", str(seed1), "--eval-resolution", "8", "--out",
+                     str(tmp_path / "c")])
+    m = _metrics(tmp_path / "c")
+    assert m["config"]["zero_shot"]["data"]["seed"] == 2
+    zero_shot = m["config"]["data_files"]["eval"]
+    assert inspect_h5(zero_shot)["seed"] == 2 and m["zero_shot"]["s=8"]["n_samples"] == 2
