@@ -1217,6 +1217,16 @@ def test_cached_data_names_a_cache_dir_it_cannot_use(tmp_path):
         cached_data("burgers", 5)
 
 
+def test_cached_data_progress_is_not_a_parameter_of_the_file(tmp_path, capsys):
+    """The scripts' --no-progress left the data generation's bar on: passing it to the
+    generator as a data parameter would have named another file."""
+    params = {"n_samples": 2, "resolution": 16, "solve_resolution": 16, "n_steps": 4}
+    quiet = cached_data("burgers", tmp_path / "a", progress=False, **params)
+    assert "burgers:" not in capsys.readouterr().err
+    shown = cached_data("burgers", tmp_path / "b", **params)
+    assert "burgers:" in capsys.readouterr().err and shown.name == quiet.name
+
+
 def test_cached_data_waits_for_a_process_generating_the_same_file(tmp_path, capsys):
     """Two example runs needing one uncached file wrote into one partial file, or the second
     called it corrupt. The second now waits for the first's lock, then reuses its file."""
@@ -1265,3 +1275,31 @@ def test_an_evaluation_file_of_the_training_draws_is_refused(tmp_path):
         record_data_files(dict(config), train, again, evaluated=12)  # (kolmogorov's zero-shot)
     with pytest.raises(DataMismatchError, match="its samples 0 to 2 are training samples"):
         record_data_files(dict(config), train, small)  # (it named samples -1 to 2)
+
+
+_LEAVE_GROUP = """
+import gc, os, torch
+from galerkin_ext.training import cleanup_distributed, setup_distributed
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+ctx = setup_distributed("cpu")
+torch.optim.Adam([torch.nn.Parameter(torch.ones(2))])  # imports torch._dynamo, as training does
+ctx.all_reduce_sum(torch.ones(2))
+cleanup_distributed(ctx)
+gc.collect()
+assert threads() == before, f"{threads() - before} threads of the group left running"
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_cleanup_distributed_stops_the_group_threads(tmp_path):
+    """torch._dynamo, imported once the group existed (by the optimiser), kept the gloo group
+    alive past destroy_process_group; one of its worker threads then freed a collective's
+    tensors while the interpreter shut down, and the process aborted ("terminate called
+    without an active exception"), about one torchrun run in ten here."""
+    script = tmp_path / "leave_group.py"
+    script.write_text(_LEAVE_GROUP)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]

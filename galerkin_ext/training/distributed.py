@@ -8,6 +8,7 @@ single-process context and nothing else changes.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 
@@ -105,6 +106,13 @@ def setup_distributed(device: str | torch.device | None = None) -> DistributedCo
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
+        # torch._dynamo, imported once the group exists (every optimiser imports it), keeps
+        # references to the world group: destroy_process_group then left gloo's worker threads
+        # running, and one that dropped a collective's tensors while the interpreter shut down
+        # aborted the process ("terminate called without an active exception"). Imported
+        # first, it holds none, and cleanup_distributed's destroy joins the threads.
+        importlib.import_module("torch._dynamo")  # (a plain import would bind torch here)
+
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
                                 rank=rank, world_size=world)
     return DistributedContext(rank=rank, world_size=world, local_rank=local_rank, device=dev)
