@@ -138,7 +138,8 @@ def main(argv=None):
     ctx = setup_distributed(args.device)
 
     # -- data: train/validation/test from one file, normalisers fitted on the training split --
-    data = args.data or cached_data("cde", args.data_dir, ctx, **cfg["data"])
+    data = args.data or cached_data("cde", args.data_dir, ctx, **cfg["data"],
+                                    progress=not args.no_progress)
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     split = {"task": "cde", "n_train": cfg["n_train"], "n_valid": cfg["n_valid"],
              "n_test": cfg["n_eval"]}
@@ -156,7 +157,7 @@ def main(argv=None):
     grids = {f"dt={dt:g}": {"dt": dt} for dt in zs["dt"]}
     grids.update({name: {"grid": name} for name in zs["grid"]})
     zero_shot_files = {name: cached_data("cde", args.data_dir, ctx, n_samples=zs["n_samples"],
-                                          seed=zs["seed"], **grid)
+                                          seed=zs["seed"], **grid, progress=not args.no_progress)
                        for name, grid in grids.items()}
     for path in zero_shot_files.values():
         check_zero_shot_law(data, path, ("dt", "grid", "n_times"), "--eval-dt and --eval-grid")

@@ -280,7 +280,8 @@ def main(argv=None):
     ctx = setup_distributed(args.device)
 
     # -- data: train/validation/test from one file, scalar normalisers from the training split
-    data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"])
+    data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"],
+                                    progress=not args.no_progress)
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     split = {"n_train": cfg["n_train"], "n_valid": cfg["n_valid"], "n_test": cfg["n_eval"]}
     train_set = ContinuumDarcyDataset(data, "train", **split)
@@ -310,7 +311,8 @@ def main(argv=None):
             continue
         params = {**cfg["data"], "resolution": res, "n_samples": zs["n_samples"],
                   "seed": zs["seed"]}
-        path = cached_data("darcy", args.data_dir, ctx, **params)
+        path = cached_data("darcy", args.data_dir, ctx, **params,
+                           progress=not args.no_progress)
         check_zero_shot_law(data, path, ("resolution",), "--eval-resolution")
         zero_shot_sets[f"s={res}"] = ContinuumDarcyDataset(
             path, "test", **evaluation_only({**split, "n_test": zs["n_samples"]}), **norms)

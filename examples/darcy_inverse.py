@@ -114,7 +114,8 @@ def main(argv=None):
     ctx = setup_distributed(args.device)
 
     # -- data ----------------------------------------------------------------------------------
-    data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"])
+    data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"],
+                                    progress=not args.no_progress)
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"], "noise": cfg["noise"],
              "noise_seed": NOISE_SEED, "n_train": cfg["n_train"], "n_test": cfg["n_eval"]}

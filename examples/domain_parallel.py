@@ -161,7 +161,8 @@ def main(argv=None):
     ctx = setup_distributed(args.device)
 
     # -- data: every process reads every sample and keeps its own points ---------------------
-    data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"])
+    data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"],
+                                    progress=not args.no_progress)
     record_data_files(cfg, data, args.eval_data)
     # (coarse_resolution: the CiNN models' attention grid, which this model does not read)
     grids = {"resolution": cfg["resolution"], "coarse_resolution": cfg["resolution"],

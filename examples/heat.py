@@ -127,7 +127,8 @@ def main(argv=None):
     ctx = setup_distributed(args.device)
 
     # -- data: the first n_train samples train, the last n_eval (of --eval-data if given) evaluate
-    data = args.data or cached_data("heat", args.data_dir, ctx, **cfg["data"])
+    data = args.data or cached_data("heat", args.data_dir, ctx, **cfg["data"],
+                                    progress=not args.no_progress)
     eval_data = args.eval_data or data  # a separate file holds evaluation samples only
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     split = {"n_train": cfg["n_train"], "n_test": cfg["n_eval"], "weights": args.weights,

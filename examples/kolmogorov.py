@@ -280,12 +280,14 @@ def main(argv=None):
     ctx = setup_distributed(args.device)
 
     # -- data: train/validation/test from one file, one scalar normaliser from the training split
-    data = args.data or cached_data("kolmogorov", args.data_dir, ctx, **cfg["data"])
+    data = args.data or cached_data("kolmogorov", args.data_dir, ctx, **cfg["data"],
+                                    progress=not args.no_progress)
     zero_shot_data = args.eval_data
     if zero_shot_data is None and zero_shot_res:  # the preset's set, drawn by --data's law
         zs_data = cfg["zero_shot"]["data"]
         zs_data["seed"] = zero_shot_seed(data, "kolmogorov", zs_data["seed"])  # other draws
-        zero_shot_data = cached_data("kolmogorov", args.data_dir, ctx, **zs_data)
+        zero_shot_data = cached_data("kolmogorov", args.data_dir, ctx, **zs_data,
+                                     progress=not args.no_progress)
         check_zero_shot_law(data, zero_shot_data, SOLVER_KEYS, "--eval-resolution")
     # (a resumed run must read the same files; every zero-shot sample is evaluated)
     record_data_files(cfg, data, zero_shot_data, evaluated=n_zero_shot)

@@ -743,6 +743,8 @@ def cached_data(
     problem: str,
     cache_dir: str | os.PathLike[str] | None = None,
     ctx: DistributedContext | None = None,
+    *,
+    progress: bool = True,
     **params: Any,
 ) -> Path:
     """Path of a generated ``problem`` data set (``'burgers'``, ``'darcy'``, ``'lorenz63'``,
@@ -754,7 +756,8 @@ def cached_data(
     :func:`~galerkin_ext.data.generate_kolmogorov`, ...;
     e.g. ``n_samples``, ``resolution``, ``coef``, ``dt``, ``grid``, ``seed``); the file name
     holds a hash of them, so other parameters give another file.  An interrupted generation
-    resumes.  Under ``torchrun`` only rank 0 generates while the others wait.
+    resumes.  Under ``torchrun`` only rank 0 generates while the others wait.  ``progress``:
+    the generator's progress bar (not a parameter of the data: the same file either way).
     """
     if problem not in _PROBLEMS:
         raise ValueError(f"problem: expected one of {list(_PROBLEMS)}, got {problem!r}")
@@ -793,7 +796,7 @@ def cached_data(
                 print(f"generating {problem} data into {path} (once; later runs reuse it)",
                       flush=True)
                 partial = path.with_name(path.name + ".partial")
-                fn(path, resume=partial.is_file(), **params)
+                fn(path, resume=partial.is_file(), progress=progress, **params)
     ctx.barrier()
     return path
 
