@@ -16,13 +16,12 @@ another one is refused) solved on a finer grid and read at every ``--eval-resolu
 spectral resampling (none is generated for ``--eval-resolution`` alone).  Inputs and outputs
 are vorticity and share one global scalar normaliser fitted on the training split, so
 ``--residual`` (the model predicts the change w(T + 0.1) - w(T)) starts from the persistence
-forecast.  Loss: relative
-L2 (quick) or relative H^1 with periodic differences at the physical spacing (paper).  Writes
-OUT/metrics.json (``test_rel_l2_median`` -- the paper's statistic, physical units --,
-``persistence_rel_l2_median`` -- the error of predicting no change --, ``test_rel_l2`` (mean),
-``test_rel_l2_median_normalized``, ``zero_shot``, ``rollout``, the config and the normaliser),
-OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv (its ``eval_rel_l2``, which
-picks the best epoch, in normalised units) and OUT/prediction.png.
+forecast.  Loss: relative L2 (quick) or relative H^1 with periodic differences at the physical
+spacing (paper).  Writes OUT/metrics.json (``test_rel_l2_median`` -- the paper's statistic,
+physical units --, ``persistence_rel_l2_median`` -- the error of predicting no change --,
+``test_rel_l2`` (mean), ``test_rel_l2_median_normalized``, ``zero_shot``, ``rollout``, the
+config and the normaliser), OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv
+(its ``eval_rel_l2``, which picks the best epoch, in normalised units) and OUT/prediction.png.
 ``--rollout K`` (quick 5, paper 10) applies the trained model K times to its own output from
 w(T) on the first test samples and compares each step with the solver's trajectory from the
 same w(T) (``rollout``: median relative L2 per step, the model's and persistence's).
