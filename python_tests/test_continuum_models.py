@@ -23,6 +23,7 @@ from galerkin_ext.layers import (
     SpectralConv2d,
     auto_quadrature_weights,
 )
+from galerkin_ext.losses import relative_l2
 from galerkin_ext.models import AFNO, TNO, FNOChannelMLP, GTEncoder, available_models, build_model
 from galerkin_ext.quadrature import trapezoid_weights
 
@@ -205,6 +206,87 @@ def test_zero_weight_padding_changes_no_real_output(gen):
     padded = model(u_pad, x_pad, w_pad)
     for b, n in enumerate(sizes):
         torch.testing.assert_close(padded[b, :n], alone[b][0], rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The TNO's query head: output at arbitrary query points (SPEC-continuum §8)
+
+
+def test_query_head_counts_and_defaults(gen):
+    # one more encoder layer and the query lift Linear(d, 128) -> GELU -> Linear(128, 128)
+    assert n_params(TNO(1, 1, 2, query_head=True)) == n_params(TNO(1, 1, 2)) + 99_584 + (
+        3 * 128 + 129 * 128)
+    model = small_tno(gen, query_head=True)
+    x = torch.rand(11, 1, generator=gen, dtype=F64)
+    u = torch.randn(3, 11, 1, generator=gen, dtype=F64)
+    torch.testing.assert_close(model(u, x), model(u, x, query=x), rtol=0, atol=0)
+    # the averaging variant's projection reads the query points' coordinates
+    variant = small_tno(gen, query_head=True, layer_norm=False)
+    assert variant(u, x, query=torch.rand(4, 1, generator=gen, dtype=F64)).shape == (3, 4, 2)
+
+
+def test_query_points_are_free_and_independent(gen):
+    """Any number of query points anywhere; each one's output depends on its coordinates and
+    the input alone (float64, 1e-12): a subset, a permutation and per-sample query points give
+    the same values; the input's points permuted together with their weights change nothing,
+    and a key split into two copies of half its weight neither."""
+    model = small_tno(gen, query_head=True)
+    x = torch.rand(9, 1, generator=gen, dtype=F64)
+    w = torch.rand(9, generator=gen, dtype=F64) + 0.1
+    u = torch.randn(2, 9, 1, generator=gen, dtype=F64)
+    query = 2 * torch.rand(13, 1, generator=gen, dtype=F64) - 0.5  # outside [0, 1] too
+    out = model(u, x, w, query=query)
+    assert out.shape == (2, 13, 2)
+    torch.testing.assert_close(model(u, x, w, query=query[4:5]), out[:, 4:5], rtol=0,
+                               atol=1e-12)
+    perm = torch.randperm(13, generator=gen)
+    torch.testing.assert_close(model(u, x, w, query=query[perm]), out[:, perm], rtol=0,
+                               atol=1e-12)
+    own = torch.stack([query, query.flip(0)])  # (B, N_q, d)
+    both = model(u, x, w, query=own)
+    torch.testing.assert_close(both[0], out[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(both[1], out[1].flip(0), rtol=0, atol=1e-12)
+    keys = torch.randperm(9, generator=gen)
+    torch.testing.assert_close(model(u[:, keys], x[keys], w[keys], query=query), out, rtol=0,
+                               atol=1e-12)
+    idx = torch.tensor([*range(9), 2])
+    halved = w[idx].clone()
+    halved[2] /= 2
+    halved[9] /= 2
+    torch.testing.assert_close(model(u[:, idx], x[idx], halved, query=query), out, rtol=0,
+                               atol=1e-12)
+
+
+def test_query_head_learns_values_between_the_input_points():
+    """Trained to give u between its samples (three random Fourier modes on [0, 1], read at
+    48 random points, asked at 40 others), the head's median relative L2 on fresh functions
+    falls from about 1 (nothing learned) to below 0.5 (0.27 measured) in 600 steps."""
+    def draw(batch, gen):
+        x = torch.rand(batch, 48, 1, generator=gen).sort(dim=1).values
+        query = torch.rand(batch, 40, 1, generator=gen)
+        c = torch.randn(batch, 1, 3, 2, generator=gen)
+        k = 2 * math.pi * torch.arange(1, 4.0)
+
+        def f(t):
+            return (c[..., 0] * torch.sin(k * t) + c[..., 1] * torch.cos(k * t)).sum(
+                -1, keepdim=True)
+        return f(x), x, f(query), query
+
+    torch.manual_seed(0)
+    model = TNO(1, 1, 1, d_model=32, n_head=4, num_layers=2, dim_feedforward=64, dropout=0.0,
+                query_head=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(600):
+        u, x, y, query = draw(16, gen)
+        loss = relative_l2(model(u, x, query=query), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    u, x, y, query = draw(64, torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        errors = relative_l2(model.eval()(u, x, query=query), y, reduction="none")
+    assert float(errors.median()) < 0.5
 
 
 def test_averaging_reduction():
@@ -613,6 +695,7 @@ def _check_half_precision_module(dtype):
     (lambda: TNO(1, 1, 1, d_model=12, n_head=5), ValueError, "n_head: expected a divisor"),
     (lambda: TNO(1, 1, 1, layer_norm=1), TypeError, "layer_norm: expected a bool"),
     (lambda: TNO(1, 1, 1, dropout=1.5), ValueError, "dropout: expected a float in"),
+    (lambda: TNO(1, 1, 1, query_head=1), TypeError, "query_head: expected a bool"),
     (lambda: SpectralConv(2, 2, 0), ValueError, "modes: expected an int >= 1"),
     (lambda: AFNOFilter(10, num_blocks=4), ValueError, "num_blocks: expected a divisor"),
     (lambda: AFNO(grid=64), ValueError, "grid: expected"),
@@ -631,6 +714,7 @@ def test_constructor_errors(build, error, match):
 
 def test_forward_errors():
     model = TNO(2, 1, 1, d_model=8, n_head=2, num_layers=1)
+    head = TNO(2, 1, 1, d_model=8, n_head=2, num_layers=1, query_head=True)
     u, x = torch.randn(2, 5, 2), torch.linspace(0, 1, 5)[:, None]
     cases = [
         (lambda: model(u[..., :1], x), ValueError, r"u: expected shape \(B, N, in_dim\)"),
@@ -640,6 +724,16 @@ def test_forward_errors():
         (lambda: model(u, x, [1.0] * 5), TypeError, "weight: expected 'auto', None or a tensor"),
         (lambda: model(u, x, torch.rand(4)), ValueError, r"weight: expected shape"),
         (lambda: model(u, x, -torch.rand(5)), ValueError, "weight: expected finite, non-neg"),
+        (lambda: model(u, x, query=x), ValueError, "query: the model outputs at its input "
+                                                   "points only; build it with query_head=True"),
+        (lambda: head(u, x, query=x[None, None]), ValueError,
+         r"query: expected shape \(N_q, 1\) or \(B, N_q, 1\) with N_q >= 1, got \(1, 1, 5, 1\)"),
+        (lambda: head(u, x, query=x[:0]), ValueError, "with N_q >= 1, got \\(0, 1\\)"),
+        (lambda: head(u, x, query=torch.rand(3, 2)), ValueError, r"query: expected shape"),
+        (lambda: head(u, x, query=torch.rand(3, 4, 1)), ValueError, "with B = 2"),
+        (lambda: head(u, x, query=torch.arange(3)[:, None]), TypeError,
+         "query: expected floating-point coordinates"),
+        (lambda: head(u, x, query=[[0.5]]), TypeError, "query: expected a tensor"),
         (lambda: ContinuumAttention(8, 2)(u), ValueError, r"x: expected shape \(B, N, d_model\)"),
         (lambda: ContinuumAttention(8, 2)(torch.randn(2, 3, 8), torch.randn(1, 4, 8)),
          ValueError, "context: expected shape"),

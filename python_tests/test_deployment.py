@@ -220,3 +220,30 @@ def test_the_readme_export_recipe_runs_as_written():
     with torch.no_grad():
         for u, x in ((_randn(3, 100, 1), _line(100)), (_randn(1, low, 1), _line(low))):
             torch.testing.assert_close(exported(u, x), model(u, x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_tno_query_head_exports_and_compiles_with_free_point_counts():
+    """The query head's model exported once runs at any batch, number of input points and of
+    query points in the declared ranges, and compiles to one graph, with eager's values."""
+    from galerkin_ext.models import TNO
+
+    model = TNO(1, 1, 2, query_head=True, **_TNO).eval()
+
+    def call(b, n, n_q):
+        return ((_randn(b, n, 1), _rand(n, 2), torch.full((n,), 1.0 / n)),
+                {"query": _rand(n_q, 2)})
+
+    queries = torch.export.Dim("query_points", min=2, max=1 << 20)
+    dynamic = {"u": {0: _B, 1: _N}, "x": {0: _N}, "weight": {0: _N}, "query": {0: queries}}
+    args, kwargs = call(2, 20, 7)
+    exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic).module()
+    # (one graph for dynamo; inductor's code for the op is test_models.py's)
+    compiled = torch.compile(model, backend="eager", dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        for args, kwargs in (call(3, 33, 5), call(1, 20, 40)):
+            expected = model(*args, **kwargs)
+            assert expected.shape == (args[0].shape[0], kwargs["query"].shape[0], 1)
+            torch.testing.assert_close(exported(*args, **kwargs), expected, rtol=1e-5,
+                                       atol=1e-6)
+            torch.testing.assert_close(compiled(*args, **kwargs), expected, rtol=1e-5,
+                                       atol=1e-6)

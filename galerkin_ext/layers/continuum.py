@@ -301,10 +301,12 @@ class ContinuumEncoderLayer(nn.Module):
         else:
             self.norm1 = self.norm2 = nn.Identity()
 
-    def forward(self, x: Tensor, *, weight: Tensor | str | None = None,
-                coords: Tensor | None = None) -> Tensor:
-        """``x (B, N, d_model)`` with the points' quadrature ``weight`` (``(N,)``, ``(B, N)``,
-        ``None`` or ``'auto'`` with ``coords (N, d)`` / ``(B, N, d)``) → ``(B, N, d_model)``."""
+    def forward(self, x: Tensor, context: Tensor | None = None, *,
+                weight: Tensor | str | None = None, coords: Tensor | None = None) -> Tensor:
+        """``x (B, N, d_model)`` → ``(B, N, d_model)``, attending to itself or, given, to
+        ``context (B, M, d_model)`` (cross-attention: :class:`ContinuumAttention`). ``weight``,
+        ``coords``: the quadrature weights of the key points (``(M,)``, ``(B, M)``, ``None`` or
+        ``'auto'`` with their coordinates ``coords (M, d)`` / ``(B, M, d)``)."""
         check_features(x, "x", self.linear1.in_features, self)  # (before the norm's own check)
-        x = self.norm1(x + self.dropout1(self.attn(x, weight=weight, coords=coords)))
+        x = self.norm1(x + self.dropout1(self.attn(x, context, weight=weight, coords=coords)))
         return self.norm2(x + self.dropout2(self.linear2(self.activation(self.linear1(x)))))

@@ -88,7 +88,16 @@ class TNO(nn.Module):
       points' quadrature weights.
     * Projection ``P``: ``Linear(d_model, d_z)`` at every point.
 
-    The output lives on the input points. One set of parameters runs at any ``N >= 1``.
+    The output lives on the input points, or with ``query_head`` at any query points. One set
+    of parameters runs at any ``N >= 1``.
+
+    **Query head** (``query_head=True``; SPEC-continuum §8, cross-attention of Defs 10-11): the
+    query points' coordinates, lifted by ``Linear(d, d_model) → GELU → Linear(d_model,
+    d_model)``, pass one more encoder layer whose attention takes its keys and values from the
+    encoded input points (with their quadrature weights), then the projection. The output
+    then lives on the ``query`` points of each call (the input points by default): their
+    number and place are free, and each query point's output depends on its own coordinates
+    and the input alone.
 
     **Initial-condition token** (``token0_dim``; Lorenz-63 (a)): ``Linear(token0_dim, d_model)``
     on ``token0`` (e.g. ``[x(0), y(0), z(0), t₀]``) replaces the lifted token of the initial
@@ -113,16 +122,18 @@ class TNO(nn.Module):
         dim_feedforward: hidden width of the feed-forward blocks.
         dropout: on the encoder's residual branches.
         scale: attention logits' factor (``None``: ``1/sqrt(d_model / n_head)``).
+        query_head: whether the model outputs at query points through the query head.
 
     Parameters at the defaults: ``6 · 99,584`` in the encoder, ``(d_u + d + 1) d_model`` in the
     lift, ``(d_model + 1) d_z`` in the projection and ``(token0_dim + 1) d_model`` in the token
-    lift (598,145 for Darcy, ``d_u = 1, d = 2, d_z = 1``).
+    lift (598,145 for Darcy, ``d_u = 1, d = 2, d_z = 1``); the query head adds one layer's
+    99,584 and ``(d + 1) d_model + (d_model + 1) d_model`` in its lift (116,480 for ``d = 2``).
     """
 
     def __init__(self, in_dim: int, out_dim: int, domain_dim: int, d_model: int = 128,
                  n_head: int = 8, num_layers: int = 6, token0_dim: int | None = None,
                  layer_norm: bool = True, dim_feedforward: int = 128, dropout: float = 1e-4,
-                 scale: float | None = None) -> None:
+                 scale: float | None = None, query_head: bool = False) -> None:
         super().__init__()
         self.in_dim = check_int(in_dim, "in_dim")
         self.out_dim = check_int(out_dim, "out_dim")
@@ -148,14 +159,21 @@ class TNO(nn.Module):
             self.project = nn.Linear(d_model, out_dim)
         self.token0_lift = None if token0_dim is None else nn.Linear(token0_dim, d_model)
         check_int(num_layers, "num_layers")
-        self.encoder = nn.ModuleList(
-            ContinuumEncoderLayer(d_model, n_head, dim_feedforward, dropout,
-                                  layer_norm=layer_norm, scale=scale)
-            for _ in range(num_layers))
+        check_bool(query_head, "query_head")
+
+        def layer() -> ContinuumEncoderLayer:
+            return ContinuumEncoderLayer(d_model, n_head, dim_feedforward, dropout,
+                                         layer_norm=layer_norm, scale=scale)
+
+        self.encoder = nn.ModuleList(layer() for _ in range(num_layers))
+        self.query_lift = nn.Sequential(nn.Linear(domain_dim, d_model), nn.GELU(),
+                                        nn.Linear(d_model, d_model)) if query_head else None
+        self.query_layer = layer() if query_head else None
 
     def forward(self, u: Tensor, x: Tensor, weight: Tensor | str | None = "auto",
-                token0: Tensor | None = None) -> Tensor:
-        """Map ``u`` at the points ``x`` to the output at the same points.
+                token0: Tensor | None = None, *, query: Tensor | None = None) -> Tensor:
+        """Map ``u`` at the points ``x`` to the output at the same points, or with the query
+        head at the ``query`` points.
 
         Args:
             u: ``(B, N, in_dim)`` input function values.
@@ -166,9 +184,11 @@ class TNO(nn.Module):
                 non-negative weights (zero removes a padded point), or ``None`` (plain softmax,
                 the "vanilla transformer").
             token0: ``(B, token0_dim)``, required iff the model has ``token0_dim``.
+            query: ``(N_q, domain_dim)`` or ``(B, N_q, domain_dim)`` coordinates of the output
+                points, ``N_q >= 1`` (only with ``query_head``; default: ``x``).
 
         Returns:
-            ``(B, N, out_dim)``.
+            ``(B, N, out_dim)``, or ``(B, N_q, out_dim)`` at the ``query`` points.
         """
         u, x, expanded = _check_points(self, u, x, self.in_dim, self.domain_dim)
         # A point set shared by the batch keeps (N, d): its weights are derived once; from
@@ -181,9 +201,28 @@ class TNO(nn.Module):
         h = self._insert_token0(h, u, expanded, weight, token0)
         for layer in self.encoder:
             h = layer(h, weight=weight)
+        points = expanded
+        if self.query_layer is not None:
+            points = expanded if query is None else self._check_query(query, u)
+            h = self.query_layer(self.query_lift(points), h, weight=weight)
+        elif query is not None:
+            raise ValueError("query: the model outputs at its input points only; build it with "
+                             "query_head=True to give query points")
         if self.project_hidden is not None:
-            h = F.gelu(self.project_hidden(torch.cat([h, expanded], dim=-1)))
+            h = F.gelu(self.project_hidden(torch.cat([h, points], dim=-1)))
         return self.project(h)
+
+    def _check_query(self, query: object, u: Tensor) -> Tensor:
+        """``query`` as ``(B, N_q, domain_dim)`` in ``u``'s dtype (any floating dtype given)."""
+        doc = f"(N_q, {self.domain_dim}) or (B, N_q, {self.domain_dim}) with N_q >= 1"
+        if not isinstance(query, Tensor):
+            raise TypeError(f"query: expected a tensor of shape {doc}, got "
+                            f"{type(query).__name__}")
+        if query.dim() not in (2, 3) or query.shape[-2] == 0:
+            raise ValueError(f"query: expected shape {doc}, got {tuple(query.shape)}")
+        points = expand_grid(query, "query", u.shape[0], (query.shape[-2],), self.domain_dim,
+                             u, "u")
+        return points.to(u.dtype)
 
     def _insert_token0(self, h: Tensor, u: Tensor, x: Tensor, weight: Tensor | None,
                        token0: Tensor | None) -> Tensor:
