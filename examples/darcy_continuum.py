@@ -40,6 +40,7 @@ from galerkin_ext.training import (
     VALIDATION_NORMALISED,
     TrainConfig,
     Trainer,
+    add_patched_model_flags,
     build_run_model,
     cached_data,
     check_resume,
@@ -51,6 +52,7 @@ from galerkin_ext.training import (
     evaluation_only,
     experiment_parser,
     normalizer_config,
+    patched_model_options,
     plot_2d,
     predict,
     preset_unchanged,
@@ -229,6 +231,10 @@ def main(argv=None):
                         help="'h1': relative H^1 at the physical spacing (SPEC-continuum §4); "
                              "'h1-code': the authors' (|e| + |grad e|) / (|y| + |grad y|) at "
                              "index spacing; 'l2'")
+    parser.add_argument("--attention", choices=("fourier", "galerkin"), default=None,
+                        help="gt: its encoder's attention (default: fourier, the paper's; "
+                             "galerkin: SPEC-continuum's extra row)")
+    add_patched_model_flags(parser)
     args = parser.parse_args(argv)
     presets = presets_for(args.model)
     cfg = resolve_config(presets, args, experiment="darcy_continuum")
@@ -271,8 +277,15 @@ def main(argv=None):
                              f"{patches[1]} patches must divide every grid, got s = {res}")
     if spec.get("grid_bound"):
         cfg["model"]["grid"] = [s, s]  # its positional embedding has one row per node
+    options = patched_model_options(parser, args, spec["name"])
+    if args.attention is not None:
+        if args.model != "gt":
+            parser.error(f"--attention: only gt has a choice of attention, not {args.model}")
+        options["attention_type"] = args.attention
+    cfg["model"].update(options)
     # The preset's targets hold for the preset as written, on its own (lognormal) data.
-    enforced = args.coef == "lognormal" and preset_unchanged(cfg, presets[args.preset], args)
+    enforced = (not options and args.coef == "lognormal"
+                and preset_unchanged(cfg, presets[args.preset], args))
     thresholds = cfg.pop("thresholds")  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])

@@ -41,6 +41,7 @@ from galerkin_ext.training import (
     VALIDATION_NORMALISED,
     TrainConfig,
     Trainer,
+    add_patched_model_flags,
     build_run_model,
     cached_data,
     check_resume,
@@ -51,6 +52,7 @@ from galerkin_ext.training import (
     error_summary,
     experiment_parser,
     normalizer_config,
+    patched_model_options,
     plot_2d,
     predict,
     preset_unchanged,
@@ -229,6 +231,7 @@ def main(argv=None):
     parser.add_argument("--residual", action=argparse.BooleanOptionalAction, default=None,
                         help="predict the change of the vorticity (quick) or the vorticity "
                              "itself (paper)")
+    add_patched_model_flags(parser)
     args = parser.parse_args(argv)
     presets = presets_for(args.model)
     cfg = resolve_config(presets, args, experiment="kolmogorov")
@@ -272,7 +275,9 @@ def main(argv=None):
                              f"{patches[1]} patches must divide every grid, got s = {res}")
     if spec.get("grid_bound"):
         cfg["model"]["grid"] = [s, s]  # its positional embedding has one row per node
-    enforced = preset_unchanged(cfg, presets[args.preset], args)
+    options = patched_model_options(parser, args, spec["name"])
+    cfg["model"].update(options)
+    enforced = not options and preset_unchanged(cfg, presets[args.preset], args)
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     check_resume(cfg, args)  # before any data are generated

@@ -649,6 +649,42 @@ def kolmogorov_files(tmp_path_factory) -> tuple[Path, Path]:
     return train, zero_shot
 
 
+def test_patched_model_options_reach_the_model(tmp_path, kolmogorov_files, capsys):
+    """SPEC-continuum's options of the patched models from the command line (the paper's Figs
+    18 and 19: smoothing and periodic patch extension for the FANO; the GT encoder's Galerkin
+    row): recorded, built into the model, and not held to the preset's thresholds."""
+    from galerkin_ext.data import generate_darcy
+    from galerkin_ext.layers import SpectralSmoothing
+
+    train, zero_shot = kolmogorov_files
+    common = ["--device", "cpu", "--no-progress", "--threads", str(torch.get_num_threads()),
+              "--epochs", "1", "--batch-size", "2", "--n-valid", "2", "--n-eval", "2"]
+    out = tmp_path / "fano"
+    _load_example("kolmogorov").main([
+        *common, "--model", "fano", "--data", str(train), "--eval-data", str(zero_shot),
+        "--eval-resolution", "8", "--n-train", "4", "--rollout", "0", "--smoothing", "0.01",
+        "2", "--patch-extension", "periodic", "--out", str(out)])
+    m = _metrics(out)
+    assert m["config"]["model"]["smoothing"] == [0.01, 2.0]
+    assert m["config"]["model"]["patch_extension"] == "periodic"
+    model, _ = load_trained_model(out / "best.pt")
+    smoothing = next(mod for mod in model.modules() if isinstance(mod, SpectralSmoothing))
+    assert (smoothing.eps, smoothing.alpha) == (0.01, 2.0)
+    assert {mod.patch_extension for mod in model.modules()
+            if hasattr(mod, "patch_extension")} == {"periodic"}
+    assert m["thresholds"]["enforced"] is False
+    data = generate_darcy(tmp_path / "d.h5", n_samples=8, resolution=16, coef="lognormal",
+                          workers=1, progress=False)
+    out = tmp_path / "gt"
+    _load_example("darcy_continuum").main([
+        *common, "--model", "gt", "--attention", "galerkin", "--data", str(data),
+        "--eval-resolution", "--n-train", "4", "--out", str(out)])
+    assert _metrics(out)["config"]["model"]["attention_type"] == "galerkin"
+    model, _ = load_trained_model(out / "best.pt")
+    assert {m.attention_type for m in model.modules() if hasattr(m, "attention_type")} == {
+        "galerkin"}
+
+
 @pytest.mark.parametrize("model", ["vitno", "afno"])
 def test_kolmogorov_example(tmp_path, kolmogorov_files, model):
     """Residual output from the persistence forecast; zero-shot at half and the stored grid
@@ -716,6 +752,16 @@ def test_continuum_examples_refuse_bad_arguments(tmp_path, capsys):
         (darcy, ["--coef", "uniform"], "argument --coef: invalid choice"),
         (darcy, ["--loss", "h2"], "argument --loss: invalid choice"),
         (darcy, ["--resolution", "2"], "argument --resolution: expected at least 3 nodes"),
+        (darcy, ["--smoothing", "0.1", "-1"], "argument --smoothing: expected a finite"),
+        (darcy, ["--smoothing", "0.1", "1"], "--smoothing: only the patched models (vitno, "
+                                             "fano) smooth their output, not tno_darcy"),
+        (darcy, ["--model", "vitno", "--patch-extension", "periodic"],
+         "--patch-extension: only fano extends its patches, not vitno"),
+        (darcy, ["--attention", "galerkin"], "--attention: only gt has a choice of attention, "
+                                             "not tno"),
+        (kolmogorov, ["--model", "fno", "--smoothing", "0.1", "1"],
+         "--smoothing: only the patched models (vitno, fano) smooth their output, not fno_ca"),
+        (kolmogorov, ["--patch-extension", "mirror"], "argument --patch-extension: invalid"),
     ]
     for module, args, message in cases:
         with pytest.raises(SystemExit) as exit_info:

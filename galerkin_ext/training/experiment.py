@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .._checks import check_bool, check_int, check_path, recorded_statistics, resolve_device
-from .._cli import nonnegative_int, positive_float, positive_int, usable_device
+from .._cli import nonnegative_float, nonnegative_int, positive_float, positive_int, usable_device
 from .._locks import file_lock
 from ..complexity import parameter_count
 from ..data.datasets import UnitGaussianNormalizer
@@ -61,6 +61,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "ThresholdError",
     "VALIDATION_NORMALISED",
+    "add_patched_model_flags",
     "build_run_model",
     "cached_data",
     "check_eval_layout",
@@ -82,6 +83,7 @@ __all__ = [
     "ragged_channel_errors",
     "ragged_forward",
     "ragged_metric",
+    "patched_model_options",
     "preset_unchanged",
     "record_data_files",
     "recorded_parameter",
@@ -178,6 +180,37 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                         "10-40 s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def add_patched_model_flags(parser: argparse.ArgumentParser) -> None:
+    """``--smoothing EPS ALPHA`` (ViT NO and FANO) and ``--patch-extension periodic`` (FANO):
+    the patched models' options of SPEC-continuum §2 (the paper's Figs 18 and 19); read them
+    with :func:`patched_model_options`."""
+    parser.add_argument("--smoothing", type=nonnegative_float, nargs=2, metavar=("EPS", "ALPHA"),
+                        default=None,
+                        help="vitno, fano: multiply the output's Fourier mode k by "
+                             "(1 + EPS |k|^2)^-ALPHA (default: none)")
+    parser.add_argument("--patch-extension", choices=("periodic",), default=None,
+                        help="fano: its spectral Q, K, V act on each patch extended to a "
+                             "periodic one (default: none)")
+
+
+def patched_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                          model: str) -> dict[str, Any]:
+    """The settings of :func:`build_model`'s ``model`` that ``--smoothing`` and
+    ``--patch-extension`` give (``{}`` without them: the preset's model, whose thresholds then
+    apply); ``parser.error`` where ``model`` has no such option."""
+    options: dict[str, Any] = {}
+    if args.smoothing is not None:
+        if model not in ("vitno", "fano"):
+            parser.error(f"--smoothing: only the patched models (vitno, fano) smooth their "
+                         f"output, not {model}")
+        options["smoothing"] = list(args.smoothing)
+    if args.patch_extension is not None:
+        if model != "fano":
+            parser.error(f"--patch-extension: only fano extends its patches, not {model}")
+        options["patch_extension"] = args.patch_extension
+    return options
 
 
 def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
