@@ -137,7 +137,9 @@ class GNOT(nn.Module):
       (:class:`~galerkin_ext.layers.GeometricGate` on the coordinates ``x[..., :space_dim]``)
       when ``n_experts > 1``. ``gate="given"`` takes the expert probabilities from the caller
       instead (``expert_probs``, e.g. a one-hot of a subdomain label: the paper's hand-crafted
-      gate).
+      gate). SPEC-gnot's ``gate=callable(batch)`` becomes this tensor, which the caller
+      computes: a callable inside the model would keep its configuration from being plain
+      data that a checkpoint records and :func:`~galerkin_ext.models.build_model` rebuilds.
 
     Args:
         space_dim: ``d``, coordinates (the first columns of ``x``).
