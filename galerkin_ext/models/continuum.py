@@ -191,6 +191,7 @@ class TNO(nn.Module):
             ``(B, N, out_dim)``, or ``(B, N_q, out_dim)`` at the ``query`` points.
         """
         u, x, expanded = _check_points(self, u, x, self.in_dim, self.domain_dim)
+        points = expanded if query is None else self._check_query(query, u)
         # A point set shared by the batch keeps (N, d): its weights are derived once; from
         # half-precision coordinates in float32 (the ops take float32 weights for half tokens).
         coords = x if x.dim() == 2 else expanded
@@ -201,19 +202,17 @@ class TNO(nn.Module):
         h = self._insert_token0(h, u, expanded, weight, token0)
         for layer in self.encoder:
             h = layer(h, weight=weight)
-        points = expanded
         if self.query_layer is not None:
-            points = expanded if query is None else self._check_query(query, u)
             h = self.query_layer(self.query_lift(points), h, weight=weight)
-        elif query is not None:
-            raise ValueError("query: the model outputs at its input points only; build it with "
-                             "query_head=True to give query points")
         if self.project_hidden is not None:
             h = F.gelu(self.project_hidden(torch.cat([h, points], dim=-1)))
         return self.project(h)
 
     def _check_query(self, query: object, u: Tensor) -> Tensor:
         """``query`` as ``(B, N_q, domain_dim)`` in ``u``'s dtype (any floating dtype given)."""
+        if self.query_layer is None:
+            raise ValueError("query: the model outputs at its input points only; build it with "
+                             "query_head=True to give query points")
         doc = f"(N_q, {self.domain_dim}) or (B, N_q, {self.domain_dim}) with N_q >= 1"
         if not isinstance(query, Tensor):
             raise TypeError(f"query: expected a tensor of shape {doc}, got "
