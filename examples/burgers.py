@@ -3,11 +3,14 @@
     python examples/burgers.py --out runs/burgers                 # quick preset, CPU minutes
     python examples/burgers.py --preset paper --n 8192 --attention galerkin --out runs/gt8192
     torchrun --nproc_per_node=4 examples/burgers.py --preset paper --resolution 2048 --out runs/ft
+    python examples/burgers.py --model fno --out runs/burgers_fno   # the FNO1d comparison row
 
 Data: generated once (SPEC §4) and cached, or ``--data burgers_data_R10.mat``.  The model is
 trained at ``--n`` points and, with ``--eval-n``, evaluated zero-shot at other resolutions
 (the same weights: attention and spectral layers do not depend on the grid size, except
 ``--attention linear``, whose attention term shrinks as 1/n: see galerkin_ext.layers.attention).
+``--model fno`` trains the paper's FNO1d baseline (published size, output scaled the same way)
+with the same data, loss and trainer: its comparison rows.
 Writes OUT/metrics.json, OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv and
 OUT/prediction.png.
 """
@@ -22,6 +25,7 @@ from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    baseline_model,
     build_run_model,
     cached_data,
     check_resume,
@@ -85,8 +89,12 @@ def main(argv=None):
                              "8192)")
     parser.add_argument("--eval-n", type=positive_int, nargs="*", default=[],
                         help="also evaluate the trained model zero-shot at these resolutions")
+    parser.add_argument("--model", choices=("transformer", "fno"), default="transformer",
+                        help="the paper's transformer (default) or its FNO1d baseline (the "
+                             "comparison rows: the same data, loss and trainer)")
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="burgers")
+    name = baseline_model(parser, args, cfg, "burgers", "fno1d")
     if args.n is not None:
         cfg["n"] = args.n
     if args.data is None:  # found now, not after the data are generated
@@ -125,7 +133,7 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_run_model(cfg, "burgers")
+    model = build_run_model(cfg, name)
     model.denormalizer.set_statistics(norm.mean, norm.std, eps=norm.eps)  # u = out * std + mean
     loss = OperatorLoss(gamma=GAMMA, h=1.0 / cfg["n"])
     trainer = Trainer(model, loss, train_set, eval_set, TrainConfig(**cfg["train"]), args.out,
@@ -140,9 +148,11 @@ def main(argv=None):
     if ctx.is_main:
         pred, batch = predict(model, eval_set, list(range(min(N_PLOT, len(eval_set)))),
                               device=ctx.device)
+        label = ("FNO1d" if args.model == "fno"
+                 else f"{cfg['model']['attention_type']} attention")
         plot_1d(f"{args.out}/prediction.png", eval_set.grid, pred, batch["target"],
-                title=f"Burgers, {cfg['model']['attention_type']} attention, n = {cfg['n']}: "
-                      f"evaluation rel. L2 {test_rel_l2:.3e}")
+                title=f"Burgers, {label}, n = {cfg['n']}: evaluation rel. L2 "
+                      f"{test_rel_l2:.3e}")
         for n, err in zero_shot.items():
             print(f"zero-shot at n = {n}: relative L2 {err:.4e}")
         report = threshold_report({"test_rel_l2": test_rel_l2}, thresholds, enforced=enforced)

@@ -4,13 +4,16 @@ the boundary of the unit square (a piecewise constant, 3 or 12).
     python examples/darcy.py --out runs/darcy                      # quick preset, CPU minutes
     python examples/darcy.py --preset paper --fine 211 --coarse 61 --out runs/darcy211
     torchrun --nproc_per_node=4 examples/darcy.py --preset paper --attention fourier --out runs/ft
+    python examples/darcy.py --model fno --out runs/darcy_fno     # the FNO2d comparison row
 
 Data: generated once (SPEC §4; the paper preset solves 2048 samples on 421 x 421 and
 subsamples to --fine) and cached, or the original files with
 ``--data piececonst_r421_N1024_smooth1.mat --eval-data piececonst_r421_N1024_smooth2.mat``.
 The model reads the fine grid, attends on the coarse one and de-normalises its output, so the
-metric is the relative L2 error of u itself.  Writes OUT/metrics.json, OUT/best.pt, OUT/last.pt
-(resume with --resume), OUT/metrics.csv and OUT/prediction.png.
+metric is the relative L2 error of u itself; ``--model fno`` trains the paper's FNO2d baseline
+(published size) on the fine grid instead, de-normalised the same way.  Writes
+OUT/metrics.json, OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv and
+OUT/prediction.png.
 """
 
 import sys
@@ -24,6 +27,7 @@ from galerkin_ext.losses import OperatorLoss
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    baseline_model,
     build_run_model,
     cached_data,
     check_resume,
@@ -84,8 +88,12 @@ def main(argv=None):
     parser.add_argument("--coarse", type=positive_int, default=None,
                         help="attention grid per axis (paper: 43 for 141, 61 for 211; default: the "
                              "preset's for its --fine, else the paper's for that --fine)")
+    parser.add_argument("--model", choices=("transformer", "fno"), default="transformer",
+                        help="the paper's transformer (default) or its FNO2d baseline on the "
+                             "--fine grid (the comparison rows: the same data, loss and trainer)")
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="darcy")
+    name = baseline_model(parser, args, cfg, "darcy", "fno2d")
     preset_grids = (cfg["fine"], cfg["coarse"])
     cfg["fine"] = args.fine or cfg["fine"]
     try:  # found now, not after the data are generated (a file's grid: when it is read)
@@ -94,7 +102,7 @@ def main(argv=None):
                           None if args.data else cfg["data"]["resolution"])
     except ValueError as err:
         parser.error(f"--fine/--coarse: {err}")
-    attention = cfg["model"]["attention_type"]
+    attention = cfg["model"].get("attention_type")  # (None: the FNO)
     if args.lr is None and attention in LOWER_MAX_LR:
         cfg["train"]["max_lr"] = min(cfg["train"]["max_lr"], LOWER_MAX_LR[attention])
     enforced = preset_unchanged(cfg, PRESETS[args.preset], args)
@@ -121,7 +129,9 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_run_model(cfg, "darcy", fine=cfg["fine"], coarse=cfg["coarse"])
+    # (the coarse grid is the transformer's attention grid; the FNO works on the fine one)
+    model = (build_run_model(cfg, name) if args.model == "fno"
+             else build_run_model(cfg, name, fine=cfg["fine"], coarse=cfg["coarse"]))
     norm = train_set.target_normalizer  # the model outputs u itself: u = out * std + mean
     model.denormalizer.set_statistics(norm.mean[..., None], norm.std[..., None], eps=norm.eps)
     loss = OperatorLoss(gamma=GAMMA, h=1.0 / (cfg["fine"] - 1), coefficient_weighted=True)
@@ -135,8 +145,9 @@ def main(argv=None):
                               device=ctx.device)
         plot_2d(f"{args.out}/prediction.png", batch["coeff"][..., 0], pred[..., 0],
                 batch["target"][..., 0], input_label="coefficient a",
-                title=f"Darcy {cfg['fine']}/{cfg['coarse']}, {attention} attention: "
-                      f"evaluation rel. L2 {test_rel_l2:.3e}")
+                title=(f"Darcy {cfg['fine']}, FNO2d" if args.model == "fno" else
+                       f"Darcy {cfg['fine']}/{cfg['coarse']}, {attention} attention")
+                      + f": evaluation rel. L2 {test_rel_l2:.3e}")
         report = threshold_report({"test_rel_l2": test_rel_l2}, thresholds, enforced=enforced)
         write_metrics(args.out, result, model, ctx, cfg, test_rel_l2, thresholds=report)
     cleanup_distributed(ctx)

@@ -301,6 +301,32 @@ def test_settings_that_need_no_data_are_refused_before_generating_any(tmp_path, 
     assert "Traceback" not in proc.stderr and not cache.exists()
 
 
+@pytest.mark.parametrize(("script", "registered"), [("burgers.py", "fno1d"),
+                                                   ("darcy.py", "fno2d")])
+def test_fno_baseline_rows(tmp_path, burgers_file, darcy_file, script, registered):
+    """The paper's FNO comparison rows from the same scripts (same data, loss and trainer):
+    the published FNO, de-normalised like the transformer, rebuilt from best.pt alone; the
+    attention flags are refused with it, and a resumption cannot switch models."""
+    data = burgers_file if script == "burgers.py" else darcy_file
+    sizes = ("--n", "128") if script == "burgers.py" else ("--fine", "43", "--coarse", "22")
+    args = ("--data", str(data), "--n-train", "8", "--n-eval", "4", "--epochs", "1", *sizes)
+    out = tmp_path / "fno"
+    _run(_cmd(script, out, "--model", "fno", *args))
+    m = _check_outputs(out, 1)
+    assert m["config"]["model_choice"] == "fno"
+    assert m["config"]["build"] == {"name": registered, "arguments": {}}
+    assert m["thresholds"]["enforced"] is False  # the preset's threshold is the transformer's
+    model, _ = load_trained_model(out / "best.pt")
+    assert float(model.denormalizer.scale.max()) != 1.0  # the targets' statistics, not identity
+    proc = subprocess.run(_cmd(script, out, "--model", "fno", "--norm", "layer", *args),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 2 and ("--norm: the FNO baseline (--model fno) has no "
+                                     "attention") in proc.stderr
+    proc = subprocess.run(_cmd(script, out, "--resume", *args), capture_output=True, text=True,
+                          timeout=TIMEOUT, env=ENV)
+    assert proc.returncode != 0 and "model_choice" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_resume_refuses_changed_settings(tmp_path, burgers_file):
     """A resumption that would change the model, the data or the schedule stops before any
     work, naming the setting, and leaves last.pt as it was."""

@@ -19,7 +19,8 @@ from .transformer import zero_boundary
 
 class FNO1d(nn.Module):
     """1-D FNO. ``forward(x, grid)``: ``x (B, n, in_channels)``, ``grid (n, 1)`` or
-    ``(B, n, 1)`` → ``(B, n, out_channels)``; any ``n >= 2 modes - 2``.
+    ``(B, n, 1)`` → ``(B, n, out_channels)``, de-normalised by ``model.denormalizer`` (identity
+    until its statistics are set, as the Burgers transformer's); any ``n >= 2 modes - 2``.
 
     Args:
         in_channels, out_channels: channels.
@@ -38,11 +39,12 @@ class FNO1d(nn.Module):
                 spatial_fc=True, dim_feedforward=dim_feedforward, activation=activation,
                 last_activation=False,
             )
+        self.denormalizer = Denormalizer()
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
         """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` →
         ``(B, n, out_channels)``."""
-        return self.net(x, grid)
+        return self.denormalizer(self.net(x, grid))
 
 
 class FNO2d(nn.Module):

@@ -18,7 +18,7 @@ and what the example scripts in ``examples/`` share.
   :func:`write_metrics`, :data:`VALIDATION_NORMALISED`, :func:`describe_device`,
   :func:`command_line`, :func:`threshold_report`, :func:`enforce_thresholds`,
   :class:`ThresholdError`, :func:`preset_unchanged`, :func:`add_patched_model_flags`,
-  :func:`patched_model_options`, :func:`error_summary`,
+  :func:`patched_model_options`, :func:`baseline_model`, :func:`error_summary`,
   :func:`describe_grid`, :func:`normalizer_config`, :func:`normalizers_from_config`,
   :data:`ATTENTION_TYPES`
   (:mod:`.experiment`).
@@ -44,6 +44,7 @@ from .experiment import (
     VALIDATION_NORMALISED,
     ThresholdError,
     add_patched_model_flags,
+    baseline_model,
     build_run_model,
     cached_data,
     check_eval_layout,
@@ -103,6 +104,7 @@ __all__ = [
     "Trainer",
     "add_patched_model_flags",
     "atomic_write",
+    "baseline_model",
     "build_run_model",
     "cached_data",
     "check_eval_layout",

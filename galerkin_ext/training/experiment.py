@@ -62,6 +62,7 @@ __all__ = [
     "ThresholdError",
     "VALIDATION_NORMALISED",
     "add_patched_model_flags",
+    "baseline_model",
     "build_run_model",
     "cached_data",
     "check_eval_layout",
@@ -180,6 +181,24 @@ def experiment_parser(description: str, presets: Mapping[str, Any], *,
                         "10-40 s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def baseline_model(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                   config: dict[str, Any], transformer: str, fno: str) -> str:
+    """The registered model a Galerkin Transformer script trains by its ``--model``:
+    ``transformer`` (``'transformer'``: the preset's model), or ``fno`` (``'fno'``: the paper's
+    FNO baseline of its comparison rows, at the published size of :func:`build_model`'s
+    defaults, on the same data with the same loss and trainer).  Records the choice in
+    ``config['model_choice']``; ``parser.error`` for the attention flags with the FNO."""
+    config["model_choice"] = args.model
+    if args.model == "transformer":
+        return transformer
+    for flag, value in (("--attention", args.attention), ("--norm", args.norm),
+                        ("--reference-dropout", args.reference_dropout)):
+        if value:
+            parser.error(f"{flag}: the FNO baseline (--model fno) has no attention")
+    config["model"] = {}  # the preset's are the transformer's
+    return fno
 
 
 def add_patched_model_flags(parser: argparse.ArgumentParser) -> None:
