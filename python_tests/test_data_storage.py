@@ -397,8 +397,13 @@ def test_cli_generate_info_and_errors(tmp_path, capsys):
     assert main(args + ["--no-progress", "--overwrite"]) == 0
     assert main(["info", str(out)]) == 0
     assert json.loads(capsys.readouterr().out.split("wrote")[-1].split("\n", 1)[1])["n_done"] == 3
-    assert main(["generate", "darcy", "--out", str(tmp_path / "no" / "d.h5")]) == 1
-    assert "does not exist" in capsys.readouterr().err
+    # the command line makes a missing folder (the README's data/ of a fresh clone), as the
+    # training scripts make theirs; one it cannot make is named
+    made = tmp_path / "new" / "deeper" / "b.h5"
+    assert main(args[:-1] + [str(made), "--no-progress"]) == 0
+    assert inspect_h5(made)["n_done"] == 3
+    assert main(args[:-1] + [str(out / "x.h5"), "--no-progress"]) == 1
+    assert f"error: out: cannot create the folder {str(out)!r}" in capsys.readouterr().err
     (tmp_path / "bad.h5").write_bytes(b"\0" * 100)
     assert main(["info", str(tmp_path / "bad.h5")]) == 1
     assert "corrupt" in capsys.readouterr().err
