@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -537,6 +538,19 @@ def check_path(path: object, name: str = "path") -> Path:
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(path).__name__}")
     return Path(path)
+
+
+def cannot_write_in(folder: Path) -> str | None:
+    """Why no file can be made in ``folder`` (the OS's words), or ``None`` where one can: tried
+    with a temporary file, since the permission bits let root write where the file system
+    still refuses (a read-only mount, ``/proc``)."""
+    try:
+        if not folder.is_dir():
+            return "not a folder"
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as err:
+        return err.strerror or str(err)
 
 
 ROW_MAPS = ("identity", "layer_norm", "softmax")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
+
+from ._checks import cannot_write_in
 
 
 def _number(text: str, kind: type, what: str) -> int | float:
@@ -77,13 +78,16 @@ def ode_time_step(text: str) -> float:
 
 def writable_file(text: str) -> Path:
     """A file the command writes when it ends (a results JSON), checked at once: not a folder,
-    and the nearest existing folder on its way is writable (the missing ones are made)."""
+    and a file can be made in the nearest existing folder on its way (the missing ones are
+    made). Tried, not judged from the permission bits, which root passes (and /proc, say,
+    still refuses)."""
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; expected a file to write")
     folder = path.absolute().parent
     while not folder.exists():
         folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r}: cannot write in {str(folder)!r}")
+    why = cannot_write_in(folder)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write in {str(folder)!r} ({why})")
     return path

@@ -51,7 +51,7 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._checks import check_bool, check_int, check_path
+from .._checks import cannot_write_in, check_bool, check_int, check_path
 from .._locks import file_lock
 
 __all__ = [
@@ -119,8 +119,9 @@ def check_output_path(path: object) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise FileNotFoundError(f"out: the folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise PermissionError(f"out: the folder {str(parent)!r} is not writable")
+    why = cannot_write_in(parent)
+    if why is not None:
+        raise PermissionError(f"out: the folder {str(parent)!r} is not writable ({why})")
     return p
 
 

@@ -33,7 +33,6 @@ import copy
 import dataclasses
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
@@ -48,7 +47,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Subset
 from tqdm.auto import tqdm
 
-from .._checks import check_bool, check_choice, check_float, check_int, check_path, resolve_device
+from .._checks import (
+    cannot_write_in,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_path,
+    resolve_device,
+)
 from .._locks import file_lock
 from ..data.gnot_datasets import batch_to
 from ..domain import sum_gradients
@@ -294,11 +301,12 @@ def _writable_dir(path: object) -> Path:
     folder = _check_out_dir(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
     except OSError as err:  # (a ConfigError: the example scripts end with its one line)
         raise ConfigError(f"out_dir: cannot write to {str(folder)!r} "
                           f"({err.strerror or err})") from None
+    why = cannot_write_in(folder)
+    if why is not None:
+        raise ConfigError(f"out_dir: cannot write to {str(folder)!r} ({why})")
     return folder
 
 
