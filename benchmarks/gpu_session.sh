@@ -31,7 +31,11 @@ stage() {  # stage NAME SECONDS COMMAND...: run when NAME is in $stages, report 
   echo "== $name: exit $?, $((SECONDS - t0)) s"
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+# no GPU: stop before the build reinstalls the package (an editable install too) for CUDA
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" \
+  2>&1 || { echo "gpu_session.sh: no NVIDIA GPU here (nvidia-smi: $(tail -1 "$out/gpu.txt"))" >&2
+            exit 1; }
+cat "$out/gpu.txt"
 t0=$SECONDS
 GALERKIN_EXT_CUDA=ON python3 -m pip install --no-build-isolation --no-deps . > "$out/build.log" 2>&1 \
   || { tail -40 "$out/build.log"; exit 1; }

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -359,3 +360,20 @@ def test_training_benchmarks_record_the_device_and_tabulate(tmp_path: Path, monk
         "command": shlex.join(made_by), "test_rel_l2": 0.05, "best_epoch_rel_l2": 0.04,
         "n_params": 10, "train_seconds": 1.0, "device_name": "gpu model", "config": {}}))
     assert claims.run("heat_gnot", tmp_path / "runs", "quick")["device"] == "gpu model"
+
+
+def test_gpu_session_stops_without_a_gpu(tmp_path: Path) -> None:
+    """Without nvidia-smi the GPU session went on to reinstall the package (an editable install
+    too) for a CUDA build; it now stops in one line before the build."""
+    bin_dir = tmp_path / "bin"  # a PATH with bash and coreutils but no nvidia-smi
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "mkdir", "tail", "cat", "timeout", "python3"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    proc = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh")], capture_output=True,
+                          text=True, timeout=60,
+                          env={"PATH": str(bin_dir), "OUT": str(tmp_path / "out"),
+                               "STAGES": "tests"})
+    assert proc.returncode == 1 and "gpu_session.sh: no NVIDIA GPU here" in proc.stderr
+    assert not (tmp_path / "out" / "build.log").exists()
