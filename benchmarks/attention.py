@@ -60,7 +60,8 @@ _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=writable_file, help="JSON file to write (required)")
+    p.add_argument("--out", type=writable_file, metavar="OUT",
+                   help="JSON file to write (required, except for the internal --peak-child)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--impls", default="ours,eager",

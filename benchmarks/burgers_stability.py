@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                           f"{ARMS}")
     args = p.parse_args(argv)
     args.arms = args.arms.split(",")
-    if not args.arms or any(a not in ARMS for a in args.arms):
+    if (not args.arms or any(a not in ARMS for a in args.arms)
+            or len(set(args.arms)) < len(args.arms)):  # (an arm twice trained it twice)
         p.error(f"--arms: expected a comma-separated subset of {ARMS}, got {args.arms}")
     for name in ("n", "epochs", "n_train", "n_eval", "batch_size"):
         value = getattr(args, name)
@@ -156,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     data = args.data or str(cached_data("burgers", **_example().PRESETS["paper"]["data"]))
     try:  # the data fit the resolution and split before the workers train for hours
         datasets(args, data)
+    except FileNotFoundError as err:  # (a traceback before)
+        print(f"error: --data: {err}", file=sys.stderr)
+        return 2
     except (ValueError, DataFileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

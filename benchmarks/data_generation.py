@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from galerkin_ext._checks import cannot_write_in
 from galerkin_ext._cli import writable_file
 from galerkin_ext.data.burgers import solve_burgers
 from galerkin_ext.data.generate import generate_burgers, generate_darcy
@@ -130,7 +131,13 @@ def main() -> int:
         if existing:
             parser.error(f"--keep: {existing} exist; the timed generation would replace them")
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gext_data_"))
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file in the way, a place that makes no folder
+        parser.error(f"--keep: cannot make the folder {str(work)!r} ({err.strerror})")
+    why = cannot_write_in(work)
+    if why is not None:
+        parser.error(f"--keep: cannot write in {str(work)!r} ({why})")
     results: dict = {
         "machine": {
             "device": describe_device("cpu"),

@@ -14,6 +14,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def runs_folder(text: str) -> Path:
+    """``--runs`` (an argparse type) as an absolute path: the examples run from the
+    repository root, so a relative one would land in the source tree, not the caller's
+    folder."""
+    return Path(text).resolve()
+
+
 def _settings(command: list[str]) -> list[str]:
     """The script and its flags, without the interpreter and ``--out``."""
     args = list(command[1:])

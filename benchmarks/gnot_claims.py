@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from example_runs import ROOT, run_example  # the script's folder is first on sys.path
+from example_runs import ROOT, run_example, runs_folder  # (this folder is on sys.path)
 
 from galerkin_ext._cli import writable_file
 from galerkin_ext.data import (
@@ -130,7 +130,7 @@ def refined_errors(record: dict[str, Any], refined: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=("quick", "paper"), default="quick")
-    parser.add_argument("--runs", type=Path, required=True, help="folder of the runs")
+    parser.add_argument("--runs", type=runs_folder, required=True, help="folder of the runs")
     parser.add_argument("--out", type=writable_file, default=RESULTS, help="results JSON")
     args = parser.parse_args()
     args.runs.mkdir(parents=True, exist_ok=True)

@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
         print(json.dumps(r, indent=1))
     else:
+        if not args.results.is_file():  # (a mistyped path read as "no records" before)
+            p.error(f"--results: no such file {str(args.results)!r}")
         print(table(load(args.results)))
     return 0
 

@@ -377,3 +377,26 @@ def test_gpu_session_stops_without_a_gpu(tmp_path: Path) -> None:
                                "STAGES": "tests"})
     assert proc.returncode == 1 and "gpu_session.sh: no NVIDIA GPU here" in proc.stderr
     assert not (tmp_path / "out" / "build.log").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["paper_runs.py", "--results", "{tmp}/none.json", "table"],
+     "--results: no such file"),
+    (["darcy_budget.py", "--table", "--out", "{tmp}/other.json"],
+     "is not a results file of this script"),
+    (["burgers_stability.py", "--data", "{tmp}/none.h5", "--out", "{tmp}/b.json"],
+     "error: --data: "),
+    (["burgers_stability.py", "--arms", "raw,raw", "--out", "{tmp}/b.json"],
+     "--arms: expected a comma-separated subset"),
+    (["data_generation.py", "{tmp}/d.json", "--keep", "{tmp}/other.json"],
+     "--keep: cannot make the folder"),
+])
+def test_benchmark_arguments_are_refused_in_one_line(tmp_path: Path, args, message) -> None:
+    """A mistyped path or a repeated arm: a traceback, an empty table read as "no records", or
+    an arm trained twice before; now one line naming the flag, and nothing run."""
+    (tmp_path / "other.json").write_text('{"records": []}')
+    cmd = [sys.executable, str(BENCHMARKS / args[0]),
+           *(a.format(tmp=tmp_path) for a in args[1:])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
