@@ -400,3 +400,18 @@ def test_benchmark_arguments_are_refused_in_one_line(tmp_path: Path, args, messa
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_runs_folders_are_the_callers(tmp_path: Path, monkeypatch) -> None:
+    """darcy_budget/gnot_claims run the examples from the repository root: a relative --runs
+    put their runs in the source tree, and the metrics were then looked for in the caller's
+    folder. The folder is now made absolute where it is parsed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_runs", BENCHMARKS / "example_runs.py")
+    example_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example_runs)
+    monkeypatch.chdir(tmp_path)
+    assert example_runs.runs_folder("runs/x") == tmp_path.resolve() / "runs" / "x"
+    for script in ("darcy_budget.py", "gnot_claims.py"):
+        assert '"--runs", type=runs_folder' in (BENCHMARKS / script).read_text(), script
