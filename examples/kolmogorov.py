@@ -293,8 +293,9 @@ def main(argv=None):
         zero_shot_data = cached_data("kolmogorov", args.data_dir, ctx, **zs_data,
                                      progress=not args.no_progress)
         check_zero_shot_law(data, zero_shot_data, SOLVER_KEYS, "--eval-resolution")
-    # (a resumed run must read the same files; every zero-shot sample is evaluated)
-    record_data_files(cfg, data, zero_shot_data, evaluated=n_zero_shot)
+    # (a resumed run must read the same --data, and may take another zero-shot set or none;
+    # every zero-shot sample is evaluated)
+    record_data_files(cfg, data, zero_shot_data, evaluated=n_zero_shot, zero_shot=True)
     split = {"n_train": cfg["n_train"], "n_valid": cfg["n_valid"], "n_test": cfg["n_eval"]}
     train_set = KolmogorovDataset(data, "train", **split)
     norms = {"input_normalizer": train_set.input_normalizer,

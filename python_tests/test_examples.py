@@ -1122,5 +1122,11 @@ def test_kolmogorov_zero_shot_set_follows_the_data(tmp_path, monkeypatch):
                      str(tmp_path / "c")])
     m = _metrics(tmp_path / "c")
     assert m["config"]["zero_shot"]["data"]["seed"] == 2
-    zero_shot = m["config"]["data_files"]["eval"]
+    zero_shot = m["config"]["zero_shot"]["data_file"]
     assert inspect_h5(zero_shot)["seed"] == 2 and m["zero_shot"]["s=8"]["n_samples"] == 2
+    # the set is evaluation only: a finished run is evaluated again without it (its test split
+    # is --data's, which the resumption must find again)
+    assert m["config"]["data_files"]["eval"] == str(seed1.resolve())
+    kolmogorov.main([*common, "--data", str(seed1), "--eval-resolution", "--resume", "--out",
+                     str(tmp_path / "c")])
+    assert _metrics(tmp_path / "c")["zero_shot"] == {}

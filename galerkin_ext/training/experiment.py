@@ -449,23 +449,34 @@ def zero_shot_seed(data: str | os.PathLike[str], generator: str, seed: int) -> i
 
 def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
                       eval_data: str | os.PathLike[str] | None, *,
-                      evaluated: int | None = None) -> None:
+                      evaluated: int | None = None, zero_shot: bool = False) -> None:
     """Store in ``config`` the training and evaluation data files: ``data_files``, their
     absolute paths (a record: a resumed run may find them elsewhere, e.g. in another cache), and
     ``data_identity``, what a resumed run must find again in them (another file is other data;
     :func:`~galerkin_ext.data.storage.data_identity`).
 
+    ``zero_shot``: ``eval_data`` is a zero-shot set only, the evaluation split being ``data``'s:
+    its path and identity go into ``config['zero_shot']`` (``data_file``, ``data_identity``),
+    the evaluation settings a resumption may change (e.g. to another set, or to none).
+
     A separate ``eval_data`` whose last ``evaluated`` samples (default ``config['n_eval']``)
     include the draws of training samples (``config['n_train']`` and ``n_valid``: the same
     generator and seed, :func:`~galerkin_ext.data.storage.same_draws`) is refused.
     """
+    check_bool(zero_shot, "zero_shot")
     files = {"train": Path(data), "eval": Path(eval_data or data)}
     for flag, path in (("--data", files["train"]), ("--eval-data", files["eval"])):
         if not path.is_file():
             raise FileNotFoundError(f"{flag}: no such file {str(path)!r}")
+    if zero_shot and eval_data is not None:
+        config["zero_shot"].update(data_file=str(files["eval"].resolve()),
+                                   data_identity=data_identity(files["eval"]))
+        files["eval"] = files["train"]
     config["data_files"] = {k: str(v.resolve()) for k, v in files.items()}
     config["data_identity"] = {k: data_identity(v) for k, v in files.items()}
-    train, evaluation = config["data_identity"]["train"], config["data_identity"]["eval"]
+    train = config["data_identity"]["train"]
+    evaluation = (config["zero_shot"]["data_identity"] if zero_shot and eval_data is not None
+                  else config["data_identity"]["eval"])
     if eval_data is not None and same_draws(train, evaluation):
         used = config["n_train"] + config.get("n_valid", 0)
         count = config["n_eval"] if evaluated is None else evaluated
