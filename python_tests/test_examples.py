@@ -1031,6 +1031,9 @@ def test_readme_use_block_runs_as_written():
     assert parameter_count(models["model"]) == 530_305
     assert models["y"].shape == models["x"].shape
     assert models["a"].shape == (2, 4, 100, 100)
+    probes = _readme_block("build the\nTNO with `query_head=True`", "query head")
+    assert parameter_count(probes["model"]) == 714_625
+    assert probes["out"].shape == (4, 50, 1) and bool(torch.isfinite(probes["out"]).all())
 
 
 def test_darcy_continuum_checks_its_eval_data_before_training(tmp_path, capsys):
