@@ -464,20 +464,19 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
     generator and seed, :func:`~galerkin_ext.data.storage.same_draws`) is refused.
     """
     check_bool(zero_shot, "zero_shot")
-    files = {"train": Path(data), "eval": Path(eval_data or data)}
-    for flag, path in (("--data", files["train"]), ("--eval-data", files["eval"])):
-        if not path.is_file():
+    other = None if eval_data is None else Path(eval_data)
+    for flag, path in (("--data", Path(data)), ("--eval-data", other)):
+        if path is not None and not path.is_file():
             raise FileNotFoundError(f"{flag}: no such file {str(path)!r}")
-    if zero_shot and eval_data is not None:
-        config["zero_shot"].update(data_file=str(files["eval"].resolve()),
-                                   data_identity=data_identity(files["eval"]))
-        files["eval"] = files["train"]
+    files = {"train": Path(data), "eval": other if other and not zero_shot else Path(data)}
     config["data_files"] = {k: str(v.resolve()) for k, v in files.items()}
     config["data_identity"] = {k: data_identity(v) for k, v in files.items()}
-    train = config["data_identity"]["train"]
-    evaluation = (config["zero_shot"]["data_identity"] if zero_shot and eval_data is not None
-                  else config["data_identity"]["eval"])
-    if eval_data is not None and same_draws(train, evaluation):
+    if other is None:
+        return
+    train, evaluation = config["data_identity"]["train"], data_identity(other)
+    if zero_shot:
+        config["zero_shot"].update(data_file=str(other.resolve()), data_identity=evaluation)
+    if same_draws(train, evaluation):
         used = config["n_train"] + config.get("n_valid", 0)
         count = config["n_eval"] if evaluated is None else evaluated
         first = max(0, evaluation["n_samples"] - count)  # the evaluated samples are the last
