@@ -260,7 +260,7 @@ def test_query_points_are_free_and_independent(gen):
 def test_query_head_learns_values_between_the_input_points():
     """Trained to give u between its samples (three random Fourier modes on [0, 1], read at
     48 random points, asked at 40 others), the head's median relative L2 on fresh functions
-    falls from about 1 (nothing learned) to below 0.5 (0.27 measured) in 600 steps."""
+    falls from 1.11 (untrained) to below 0.5 (0.22 measured on one thread) in 600 steps."""
     def draw(batch, gen):
         x = torch.rand(batch, 48, 1, generator=gen).sort(dim=1).values
         query = torch.rand(batch, 40, 1, generator=gen)
