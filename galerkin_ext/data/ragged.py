@@ -69,8 +69,7 @@ from .storage import (
     _new_partial_file,
     _open,
     _open_to_resume,
-    _rebuilding_path,
-    _replace_on_disk,
+    _rebuild_beside,
     _room_to_copy,
     check_output,
     check_resumable_attributes,
@@ -613,10 +612,8 @@ class RaggedWriter(PartialFileWriter):
                 done = _completed_prefix(old["completed"][...], repr(str(part)))
             except OSError:  # (its checksum fails: every chunk is generated again)
                 done = 0
-            rebuilt = _rebuilding_path(part)
-            new = _new_partial_file(rebuilt, attrs, chunk_size, n_samples,
-                                   partial(_create, layout=stored, n_samples=n_samples))
-            try:
+
+            def copy(new: h5py.File) -> None:
                 for chunk in range(done):
                     start, stop = chunk * chunk_size, min(n_samples, (chunk + 1) * chunk_size)
                     try:
@@ -635,12 +632,10 @@ class RaggedWriter(PartialFileWriter):
                             ds.resize(held + value.shape[0], axis=0)
                             ds[held:] = value
                     new["completed"][chunk] = 1
-                new.close()
-            except BaseException:
-                new.close()
-                rebuilt.unlink(missing_ok=True)
-                raise
-        _replace_on_disk(rebuilt, part)
+
+            _rebuild_beside(part, lambda path: _new_partial_file(
+                path, attrs, chunk_size, n_samples,
+                partial(_create, layout=stored, n_samples=n_samples)), copy)
         return chunk_size, stored, True
 
     @staticmethod

@@ -552,6 +552,23 @@ def _rebuilding_path(part: Path) -> Path:
     return part.with_name(f".{part.name}.rebuilding")
 
 
+def _rebuild_beside(part: Path, create: Callable[[Path], h5py.File],
+                    copy: Callable[[h5py.File], None]) -> None:
+    """Replace the partial file ``part`` by a new one built beside it: ``create(path)`` makes it
+    empty, ``copy(file)`` fills it from the old one; it replaces ``part`` once on disk, and
+    nothing is left of it where building fails."""
+    rebuilt = _rebuilding_path(part)
+    new = create(rebuilt)
+    try:
+        copy(new)
+        new.close()
+    except BaseException:
+        new.close()
+        rebuilt.unlink(missing_ok=True)
+        raise
+    _replace_on_disk(rebuilt, part)
+
+
 def _new_partial_file(path: Path, attrs: dict[str, Any], chunk_size: int, n_samples: int,
                      create: Callable[[h5py.File], None]) -> h5py.File:
     """A new, empty partial file at ``path``, open for writing: the generation's ``attrs``,
@@ -754,10 +771,8 @@ class ChunkedWriter(PartialFileWriter):
                 done = np.flatnonzero(old["completed"][...])
             except OSError:  # (its checksum fails: every chunk is generated again)
                 done = np.zeros(0, dtype=np.int64)
-            rebuilt = _rebuilding_path(part)
-            new = _create_chunked(rebuilt, attrs, chunk_size, n_samples, arrays, static,
-                                  statistics)
-            try:
+
+            def copy(new: h5py.File) -> None:
                 for chunk in done:
                     start, stop = chunk * chunk_size, min(n_samples, (chunk + 1) * chunk_size)
                     rows = [(old[name], i) for name in arrays for i in range(start, stop)]
@@ -775,12 +790,9 @@ class ChunkedWriter(PartialFileWriter):
                     if moments is not None:
                         new["statistics"][chunk] = moments
                     new["completed"][chunk] = 1
-                new.close()
-            except BaseException:
-                new.close()
-                rebuilt.unlink(missing_ok=True)
-                raise
-        _replace_on_disk(rebuilt, part)
+
+            _rebuild_beside(part, lambda path: _create_chunked(
+                path, attrs, chunk_size, n_samples, arrays, static, statistics), copy)
         return chunk_size
 
     @staticmethod

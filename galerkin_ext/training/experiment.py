@@ -473,7 +473,8 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
     config["data_identity"] = {k: data_identity(v) for k, v in files.items()}
     if other is None:
         return
-    train, evaluation = config["data_identity"]["train"], data_identity(other)
+    train = config["data_identity"]["train"]
+    evaluation = data_identity(other) if zero_shot else config["data_identity"]["eval"]
     if zero_shot:
         config["zero_shot"].update(data_file=str(other.resolve()), data_identity=evaluation)
     if same_draws(train, evaluation):
