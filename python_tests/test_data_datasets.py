@@ -215,6 +215,13 @@ def test_block_average():
     np.testing.assert_allclose(avg[3, 3], (0.5 * 3 + 3 + 12 + 12 + 0.5 * 12) / 4)
     with pytest.raises(ValueError, match="divide"):
         block_average(lin, 6)
+    # a tensor: the same average, in its dtype and differentiable (the FNO's output)
+    t = torch.tensor(lin, requires_grad=True)
+    torch.testing.assert_close(block_average(t, 7), torch.from_numpy(block_average(lin, 7)),
+                               rtol=1e-14, atol=1e-14)
+    block_average(t, 7).sum().backward()
+    torch.testing.assert_close(t.grad.sum(), torch.tensor(49.0, dtype=torch.float64))
+    assert block_average(t.detach().float(), 7).dtype == torch.float32
 
 
 def test_inverse_dataset_noise_and_targets():

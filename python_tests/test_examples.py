@@ -290,6 +290,8 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
      "--eval-n: expected a divisor of the generated data's 2048 points, got 1000"),
     ("darcy.py", ("--fine", "64", "--coarse", "70"), 2,
      "--fine/--coarse: coarse_resolution: expected at most resolution = 64"),
+    ("darcy_inverse.py", ("--model", "fno", "--fine", "43", "--coarse", "13"), 2,
+     "onto the coarse one: coarse - 1 must divide 42, got coarse = 13"),
 ])
 def test_settings_that_need_no_data_are_refused_before_generating_any(tmp_path, script, flags,
                                                                       status, message):
@@ -301,12 +303,14 @@ def test_settings_that_need_no_data_are_refused_before_generating_any(tmp_path, 
     assert "Traceback" not in proc.stderr and not cache.exists()
 
 
-@pytest.mark.parametrize(("script", "registered"), [("burgers.py", "fno1d"),
-                                                   ("darcy.py", "fno2d")])
-def test_fno_baseline_rows(tmp_path, burgers_file, darcy_file, script, registered):
+@pytest.mark.parametrize(("script", "registered", "arguments"), [
+    ("burgers.py", "fno1d", {}), ("darcy.py", "fno2d", {}),
+    ("darcy_inverse.py", "fno2d", {"coarse": 22})])
+def test_fno_baseline_rows(tmp_path, burgers_file, darcy_file, script, registered, arguments):
     """The paper's FNO comparison rows from the same scripts (same data, loss and trainer):
-    the published FNO, de-normalised like the transformer, rebuilt from best.pt alone; the
-    attention flags are refused with it, and a resumption cannot switch models."""
+    the published FNO, de-normalised like the transformer (the inverse problem's: its output
+    averaged onto the coarse grid), rebuilt from best.pt alone; the attention flags are
+    refused with it, and a resumption cannot switch models."""
     data = burgers_file if script == "burgers.py" else darcy_file
     sizes = ("--n", "128") if script == "burgers.py" else ("--fine", "43", "--coarse", "22")
     args = ("--data", str(data), "--n-train", "8", "--n-eval", "4", "--epochs", "1", *sizes)
@@ -314,7 +318,7 @@ def test_fno_baseline_rows(tmp_path, burgers_file, darcy_file, script, registere
     _run(_cmd(script, out, "--model", "fno", *args))
     m = _check_outputs(out, 1)
     assert m["config"]["model_choice"] == "fno"
-    assert m["config"]["build"] == {"name": registered, "arguments": {}}
+    assert m["config"]["build"] == {"name": registered, "arguments": arguments}
     assert m["thresholds"]["enforced"] is False  # the preset's threshold is the transformer's
     model, _ = load_trained_model(out / "best.pt")
     assert float(model.denormalizer.scale.max()) != 1.0  # the targets' statistics, not identity

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 import torch
 
+from galerkin_ext.data import block_average
 from galerkin_ext.layers import SimpleAttention
 from galerkin_ext.models import (
     FNO1d,
@@ -168,6 +170,32 @@ def test_inverse_outputs_on_the_coarse_grid(fine, coarse, gen):
         out = model(x, grid_2d(fine))
         assert out.shape == (2, coarse, coarse, 1) and (out[:, 0] != 0).all()  # no zero ring
         torch.testing.assert_close(model(x, grid_2d(fine).expand(2, fine, fine, 2)), out)
+
+
+def test_fno_on_the_inverse_problem_averages_its_output_as_the_target(gen):
+    """FNO2d(coarse=m): the plain FNO's output, block-averaged onto m nodes per axis exactly as
+    the inverse problem's target is (the numpy average of the data, in float64), differentiable,
+    with the published parameter count; coarse = n is the identity ("only n_c")."""
+    model = build_model("fno2d", coarse=7, width=8, modes=4, dim_feedforward=16).double()
+    plain = build_model("fno2d", width=8, modes=4, dim_feedforward=16).double()
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(3, 25, 25, 1, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = model(x, grid_2d(25).double())
+    assert out.shape == (3, 7, 7, 1)
+    expected = block_average(plain(x, grid_2d(25).double())[..., 0].detach().numpy(), 7)
+    np.testing.assert_allclose(out[..., 0].detach().numpy(), expected, rtol=1e-12, atol=1e-12)
+    out.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    same = build_model("fno2d", coarse=25, width=8, modes=4, dim_feedforward=16).double()
+    same.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(same(x, grid_2d(25).double()),
+                                   plain(x, grid_2d(25).double()), rtol=1e-14, atol=1e-14)
+    assert n_params(build_model("fno2d", coarse=36)) == 2_368_001
+    with pytest.raises(ValueError, match="coarse - 1 dividing n - 1, got 24×24"):
+        model(torch.randn(1, 24, 24, 1, dtype=torch.float64), grid_2d(24).double())
+    with pytest.raises(ValueError, match="coarse: expected an int >= 2, got 1"):
+        build_model("fno2d", coarse=1)
 
 
 def test_2d_model_input_errors():

@@ -235,22 +235,29 @@ def _block_weights(k: int, nc: int) -> np.ndarray:
     return w / w.sum(axis=1, keepdims=True)
 
 
-def block_average(a: np.ndarray, coarse: int) -> np.ndarray:
+def block_average(a: np.ndarray | torch.Tensor, coarse: int) -> np.ndarray | torch.Tensor:
     """Average ``a`` of shape ``(..., K, K)`` onto ``coarse`` nodes per axis.
 
     ``s = (K - 1) / (coarse - 1)`` must be an integer.  Coarse node ``J`` sits on fine node
     ``s J`` and averages the fine nodes within ``s / 2`` of it (half weight for nodes at
     exactly ``s / 2``, i.e. trapezoidal control volumes of width ``s h``), clipped at the
-    boundary.  Returns ``(..., coarse, coarse)``.
+    boundary.  Returns ``(..., coarse, coarse)``: an array for an array (float64), a tensor of
+    ``a``'s dtype and device for a tensor (differentiable: the inverse problem's FNO averages
+    its output as its target was averaged).
     """
-    a = np.asarray(a)
+    is_tensor = isinstance(a, torch.Tensor)
+    if not is_tensor:
+        a = np.asarray(a)
     if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
-        raise ValueError(f"a must have shape (..., K, K), got {a.shape}")
+        raise ValueError(f"a must have shape (..., K, K), got {tuple(a.shape)}")
     coarse = check_int(coarse, "coarse", 2)
     k = a.shape[-1]
     if coarse > k or (k - 1) % (coarse - 1):
         raise ValueError(f"coarse - 1 must divide K - 1 = {k - 1}, got coarse = {coarse}")
     w = _block_weights(k, coarse)
+    if is_tensor:
+        w = torch.from_numpy(w).to(a)
+        return torch.einsum("Ii,...ij,Jj->...IJ", w, a, w)
     return np.einsum("Ii,...ij,Jj->...IJ", w, a, w)
 
 
