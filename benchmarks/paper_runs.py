@@ -15,7 +15,8 @@ line.  ``table`` prints the records as the README's markdown table.
 
 Two figures per run, so nobody mistakes selection on the evaluation set for generalisation:
 ``test_rel_l2`` is the paper's protocol (the best epoch on the evaluation set, as the original
-code selects it) and ``last_epoch_rel_l2`` the model after the last epoch.
+code selects it) and ``last_epoch_rel_l2`` the model after the last epoch.  A run of
+``--model fno`` is recorded with ``attention`` ``"fno"`` and ``norm`` ``None``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ PAPER = {
     ("darcy_inverse", "galerkin"): {
         "141/36, eps=0": 1.944e-2, "141/36, eps=0.01": 2.552e-2, "141/36, eps=0.1": 6.689e-2,
         "211/71, eps=0": 1.651e-2, "211/71, eps=0.01": 2.729e-2, "211/71, eps=0.1": 7.903e-2},
+    # The FNO rows (``--model fno``): FNO1d / FNO2d "1cycle", trained as the transformers; the
+    # inverse problem's "only n_f" on the fine grid and "only n_c" with --fine = --coarse.
+    ("burgers", "fno"): {"n=512": 4.373e-3, "n=2048": 4.126e-3, "n=8192": 4.151e-3},
+    ("darcy", "fno"): {"141/43": 1.419e-2, "211/61": 1.424e-2},
+    ("darcy_inverse", "fno"): {
+        "141/36, eps=0": 1.371e-1, "141/36, eps=0.01": 1.378e-1, "141/36, eps=0.1": 1.512e-1,
+        "211/71, eps=0": 1.393e-1, "211/71, eps=0.01": 1.396e-1, "211/71, eps=0.1": 1.504e-1,
+        "36/36, eps=0": 1.417e-1, "36/36, eps=0.01": 1.431e-1, "36/36, eps=0.1": 1.730e-1,
+        "71/71, eps=0": 1.360e-1, "71/71, eps=0.01": 1.369e-1, "71/71, eps=0.1": 1.604e-1},
 }
 KEY = ("experiment", "attention", "norm", "setting", "reference_dropout")
 
@@ -75,11 +85,14 @@ def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]
                          "--preset paper runs are recorded beside the paper's numbers")
     experiment, setting = experiment_and_setting(config)
     model = config["model"]
-    attention = model["attention_type"]
-    paper = PAPER.get((experiment, attention), {}).get(setting) if model["norm"] == "attn" \
+    if config.get("model_choice") == "fno":  # no attention, no norm: the paper's FNO row
+        attention, norm = "fno", None
+    else:
+        attention, norm = model["attention_type"], model["norm"]
+    paper = PAPER.get((experiment, attention), {}).get(setting) if norm in ("attn", None) \
         else None
     return {
-        "experiment": experiment, "attention": attention, "norm": model["norm"],
+        "experiment": experiment, "attention": attention, "norm": norm,
         "setting": setting, "reference_dropout": bool(model.get("reference_dropout", False)),
         "test_rel_l2": m["test_rel_l2"], "best_epoch": m["best_epoch"],
         "last_epoch_rel_l2": m["history"][-1]["eval_rel_l2"], "paper_rel_l2": paper,

@@ -176,8 +176,13 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     gt = _fake_run(tmp_path / "gt", burgers, 2.406e-3, 2.5e-3, command="python x.py",
                    device_name="cpu model")
     inv = _fake_run(tmp_path / "inv", inverse, 3e-2, 3.1e-2)
+    # an FNO row (--model fno records an empty model config): "only n_c" of the inverse table
+    fno = _fake_run(tmp_path / "fno", {"preset": "paper", "fine": 36, "coarse": 36,
+                                       "noise": 0.1, "model": {}, "model_choice": "fno"},
+                    0.173, 0.18, command="python f.py", device_name="gpu")
     for cmd in ([*script, "add", str(gt)],
                 [*script, "add", str(inv), "--command", "python y.py", "--device", "gpu"],
+                [*script, "add", str(fno)],
                 [*script, "add", str(gt), "--replace"]):  # the same run replaces its record
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
@@ -190,8 +195,10 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     records = json.loads(results.read_text())
-    assert len(records) == 2
-    by_experiment = {r["experiment"]: r for r in records}
+    assert len(records) == 3
+    r = next(r for r in records if r["attention"] == "fno")
+    assert (r["norm"], r["setting"], r["paper_rel_l2"]) == (None, "36/36, eps=0.1", 1.730e-1)
+    by_experiment = {r["experiment"]: r for r in records if r["attention"] != "fno"}
     r = by_experiment["burgers"]
     assert (r["attention"], r["norm"], r["setting"], r["reference_dropout"]) == (
         "galerkin", "attn", "n=512", False)
