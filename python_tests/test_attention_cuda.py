@@ -253,6 +253,22 @@ def test_forward_and_backward_are_bitwise_reproducible(dtype, gen):
             assert torch.equal(a, b), (fn.__name__, kw)
 
 
+@pytest.mark.parametrize("dim", [3, 33, 100, 140])  # d > 128: formulas
+def test_constant_rows_of_any_width_and_size_give_the_bias_cuda(dim, gen):
+    """As the CPU test: every constant float32 row normalises to exactly β (the second pass
+    corrects the mean, which D copies of c do not sum to exactly)."""
+    constants = torch.cat([torch.linspace(1e3, 2e5, 400), torch.linspace(-7.5, 3.3, 100),
+                           1e30 * torch.rand(50, generator=gen), torch.tensor([0.0, 1e-30])])
+    k = constants[:, None, None, None].expand(-1, 1, 1, dim).cuda()
+    beta = torch.randn(1, dim, generator=gen).cuda()
+    gamma = (torch.rand(1, dim, generator=gen) + 0.5).cuda()
+    s = ops.kv_reduce(k, torch.ones(len(constants), 1, 1, 1, device="cuda"), kv_pos=None,
+                      weight=torch.ones(1, device="cuda"), k_map="layer_norm",
+                      k_norm=(gamma, beta), v_map="identity", v_norm=None, eps=1e-5,
+                      ones_column=False)
+    assert torch.equal(s[:, 0, :, 0], beta.expand(len(constants), dim))
+
+
 @pytest.mark.parametrize("dim", [5, 140], ids=["kernels", "formulas"])  # d > 128: formulas
 @pytest.mark.parametrize("magnitude", [1e-30, 1e-3, 1e20, 1e36])
 def test_layer_norm_across_the_float32_range_cuda(magnitude, dim, gen):

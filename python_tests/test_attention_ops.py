@@ -539,6 +539,22 @@ def test_layer_norm_across_the_float32_range(magnitude, gen):
     assert not torch.isfinite(ops.galerkin_attention(q, k, v, k_norm=norm)[1, 1]).all()
 
 
+@pytest.mark.parametrize("dim", [3, 33, 100])
+def test_constant_rows_of_any_width_and_size_give_the_bias(dim, gen):
+    """Every constant float32 row normalises to exactly β. D copies of c do not sum exactly
+    unless D is a power of two: the first pass's mean was an ulp off, every centred value that
+    ulp, and the row normalised to ±0.98 (c ≈ 1e5, D = 33) instead of β; the second pass now
+    corrects the mean. Read off S = LN(k)ᵀ·w·v with one key, w = v = 1."""
+    constants = torch.cat([torch.linspace(1e3, 2e5, 400), torch.linspace(-7.5, 3.3, 100),
+                           1e30 * torch.rand(50, generator=gen), torch.tensor([0.0, 1e-30])])
+    k = constants[:, None, None, None].expand(-1, 1, 1, dim)
+    beta = torch.randn(1, dim, generator=gen)
+    s = ops.kv_reduce(k, torch.ones(len(constants), 1, 1, 1), kv_pos=None, weight=torch.ones(1),
+                      k_map="layer_norm", k_norm=(torch.rand(1, dim, generator=gen) + 0.5, beta),
+                      v_map="identity", v_norm=None, eps=1e-5, ones_column=False)
+    assert torch.equal(s[:, 0, :, 0], beta.expand(len(constants), dim))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_quadratic_path_accumulates_in_float32(dtype, gen):
     """Half-precision activations: the N×M matrix and its products are formed in float32 (on

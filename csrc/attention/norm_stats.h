@@ -38,6 +38,22 @@ GALERKIN_HD A norm_scale(A max_abs) {
   return scale;
 }
 
+// The second pass's correction of the first pass's mean (the corrected two-pass algorithm of
+// Chan, Golub and LeVeque): given lin = Σ d and sq = Σ d², d = (x - mean) / scale, moves mean
+// by scale · lin / D and returns Σ (d - lin / D)², the squares about the moved mean. The first
+// pass's mean is off by its rounding: D copies of a constant c do not sum exactly unless D is a
+// power of two, every d of a constant row was that error, and the row normalised to ±0.98 (c =
+// 1e5, D = 33) instead of its bias. Moved, the mean of a constant row is c exactly (its d are
+// exact, and the move's own error is far below half an ulp of c). The returned sum is clamped
+// at 0, which rounding may cross for such a row.
+template <typename A>
+GALERKIN_HD A norm_recentre(A lin, A sq, A scale, A inv_d, A& mean) {
+  const A shift = lin * inv_d;
+  mean += shift * scale;
+  const A centred = sq - lin * shift;
+  return centred > A(0) ? centred : A(0);
+}
+
 // 1 / sqrt(var + eps) for var = sq_scaled · inv_d · scale², with
 // sq_scaled = Σ ((x - mean) / scale)², inv_scale = 1 / scale and inv_d = 1 / d. scale is a power
 // of two, so multiplying by inv_scale is exact, and the only division left on the row's

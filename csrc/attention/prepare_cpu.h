@@ -222,16 +222,21 @@ RowStats<acc_t> prepare_row(const Rows<scalar_t>& r, int64_t b, int64_t h, int64
     for (int64_t j = 0; j < r.D; ++j) out[j] = static_cast<scalar_t>(row[j] * s);
     return {acc_t(0), acc_t(1)};
   }
-  // Passes over a row that stays in cache: its scale (norm_stats.h), the exact mean, then the
-  // biased variance.
+  // Passes over a row that stays in cache: its scale, the mean, then the centred sums, which
+  // also correct the mean (norm_stats.h).
   const acc_t sc = galerkin_ext::norm_scale(max_magnitude(row, r.D));
   const acc_t inv = acc_t(1) / sc;
   const acc_t inv_d = acc_t(1) / acc_t(r.D);
   acc_t sum = 0;
   for (int64_t j = 0; j < r.D; ++j) sum += row[j] * inv;
-  const acc_t mean = sum / acc_t(r.D) * sc;  // divided: a constant row's mean must be exact
-  acc_t sq = 0;
-  for (int64_t j = 0; j < r.D; ++j) sq += (row[j] - mean) * inv * ((row[j] - mean) * inv);
+  acc_t mean = sum / acc_t(r.D) * sc;
+  acc_t lin = 0, sq = 0;
+  for (int64_t j = 0; j < r.D; ++j) {
+    const acc_t d = (row[j] - mean) * inv;  // one value for both sums
+    lin += d;
+    sq += d * d;
+  }
+  sq = galerkin_ext::norm_recentre(lin, sq, sc, inv_d, mean);
   const acc_t rstd = galerkin_ext::norm_rstd(sq, inv, inv_d, eps);
   const scalar_t* g = r.gamma + h * r.D;
   const scalar_t* bt = r.beta + h * r.D;

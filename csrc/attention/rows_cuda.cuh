@@ -158,7 +158,7 @@ __device__ __forceinline__ Stats<A> row_stats(const Rows<T, A>& r, int lane, dou
     return {top, A(1) / warp_sum(sum)};
   }
   if (r.a.map != RowMapKind::LayerNorm) return {A(0), A(1)};
-  // Exact two-pass statistics of the registers, scaled to stay finite (norm_stats.h).
+  // Corrected two-pass statistics of the registers, scaled to stay finite (norm_stats.h).
   A max_abs = 0;
 #pragma unroll
   for (int c = 0; c < LC; ++c) max_abs = max(max_abs, fabs(row.x[c]));  // zero past D
@@ -168,14 +168,17 @@ __device__ __forceinline__ Stats<A> row_stats(const Rows<T, A>& r, int lane, dou
   A sum = 0;
 #pragma unroll
   for (int c = 0; c < LC; ++c) sum += row.x[c] * inv;
-  const A mean = warp_sum(sum) / A(D) * sc;  // divided: a constant row's mean must be exact
-  A sq = 0;
+  A mean = warp_sum(sum) / A(D) * sc;
+  A lin = 0, sq = 0;
 #pragma unroll
   for (int c = 0; c < LC; ++c) {
     const A centred = lane + kWarp * c < D ? (row.x[c] - mean) * inv : A(0);
+    lin += centred;
     sq += centred * centred;
   }
-  return {mean, galerkin_ext::norm_rstd(warp_sum(sq), inv, inv_d, A(eps))};
+  // the centred sums also correct the mean (norm_stats.h)
+  const A centred_sq = galerkin_ext::norm_recentre(warp_sum(lin), warp_sum(sq), sc, inv_d, mean);
+  return {mean, galerkin_ext::norm_rstd(centred_sq, inv, inv_d, A(eps))};
 }
 
 // The unscaled prepared feature value of lane column c (LN(x), x or softmax(z)[P + j]).
