@@ -292,11 +292,15 @@ def log_weight_bias(weight: Tensor, batch: int, m: int) -> tuple[Tensor, Tensor]
 
 def unit_weights(weight: Tensor | None, batch: int, m: int) -> Tensor | None:
     """Key weights scaled to sum 1 per sample (0 where they sum to 0) for the normalised forms,
-    where only their ratios matter: the sums stay bounded. ``None`` stays uniform."""
+    where only their ratios matter: the sums stay bounded. ``None`` stays uniform. Divided by
+    their largest first: float32 weights of 1e38 sum to inf, and w / inf read as "no keys"
+    (a zero output). The result does not depend on that divisor, so no gradient flows to it."""
     if weight is None:
         return None
     weight = weight.expand(batch, m)
-    total = weight.sum(dim=1, keepdim=True)
+    top = weight.detach().amax(dim=1, keepdim=True)
+    weight = weight / torch.where(top > 0, top, torch.ones_like(top))
+    total = weight.sum(dim=1, keepdim=True)  # in [1, m] where a weight is > 0
     return torch.where(total > 0, weight / torch.where(total > 0, total, torch.ones_like(total)),
                        torch.zeros_like(weight))
 

@@ -117,6 +117,41 @@ def test_input_without_keys_adds_zero_with_zero_gradients(impl, skip, gen):
     assert torch.isfinite(q.grad).all() and (q.grad[1] == 0).all() != skip
 
 
+@pytest.mark.parametrize("spread", [60.0, 80.0, 86.0])
+def test_tiny_normalisers_in_float32(impl, spread, gen):
+    """Queries and keys whose large softmax features miss each other (logits ``spread`` apart)
+    make δ = Σ_j w_j q̃·k̃_j tiny (1e-26 … 2.8e-39 at 86, where 1 / δ > 3.4e38): the float32
+    result stays the float64 one (1 / δ overflowed: inf out; 1 / δ², below δ = 5.4e-20: inf
+    gradients). At 86 the gradients, which pass through g / δ, overflow float32 (documented):
+    the output only."""
+    d = 64
+    half = torch.arange(d) < d // 2
+    q = torch.where(half, 0.0, -spread) + 0.1 * torch.randn(2, 2, 4, d, generator=gen,
+                                                             dtype=torch.float64)
+    k = torch.where(half, -spread, 0.0) + 0.1 * torch.randn(2, 2, 3, d, generator=gen,
+                                                             dtype=torch.float64)
+    v = torch.randn(2, 2, 3, d, generator=gen, dtype=torch.float64)
+    grad = torch.randn(2, 2, 4, d, generator=gen, dtype=torch.float64)
+    results = []
+    for dtype in (torch.float64, torch.float32):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = impl.normalized_attention(*leaves)
+        results.append((out, *torch.autograd.grad(out, leaves, grad.to(dtype))))
+    for exact, got in list(zip(*results, strict=True))[:1 if spread > 80 else None]:
+        scale = exact.abs().max()
+        torch.testing.assert_close(got.double() / scale, exact / scale, rtol=0,
+                                   atol=1e-3 if spread > 80 else 1e-4)
+
+
+def test_weights_whose_sum_overflows(impl, gen):
+    """Only the weights' ratios matter: float32 weights of 1e38 (their sum inf) are equal
+    weights, not a sample without keys (the output was 0, with zero gradients)."""
+    q, k, v = (rand(1, 2, n, 4, gen=gen).float() for n in (5, 4, 4))
+    torch.testing.assert_close(
+        impl.normalized_attention(q, k, v, weight=torch.full((4,), 1e38)),
+        impl.normalized_attention(q, k, v))
+
+
 def test_hetero_sum_mean_and_masked_input(impl, gen):
     b, h, n, d = 2, 2, 5, 4
     q = rand(b, h, n, d, gen=gen)

@@ -183,10 +183,10 @@ __global__ void __launch_bounds__(kThreads)
         for (int64_t l = 0; l < blocks; ++l) {
           const A den = ya[(l * (w + 1) + w) * kTileStride];
           if (den == A(0)) continue;  // a sample without keys: 0/0 := 0
-          const A inv = A(1) / den;
+          // divided, not times 1 / δ, which overflows for a subnormal δ (q_apply_cpu.cpp)
 #pragma unroll
           for (int c = 0; c < C; ++c) {
-            if (lane + 32 * c < w) o[c] += ya[(l * (w + 1) + lane + 32 * c) * kTileStride] * inv;
+            if (lane + 32 * c < w) o[c] += ya[(l * (w + 1) + lane + 32 * c) * kTileStride] / den;
           }
         }
         T* dst = static_cast<T*>(out) + row * w;
@@ -209,12 +209,12 @@ __global__ void __launch_bounds__(kThreads)
             if (lane + 32 * c < w) dot += g[c] * ya[(l * (w + 1) + lane + 32 * c) * kTileStride];
           }
           dot = warp_sum(dot);
-          const A inv = den == A(0) ? A(0) : A(1) / den;
+          const bool empty = den == A(0);  // 0/0 := 0, zero gradients
 #pragma unroll
           for (int c = 0; c < C; ++c) {
-            if (lane + 32 * c < w) dst[l * (w + 1) + lane + 32 * c] = g[c] * inv;
+            if (lane + 32 * c < w) dst[l * (w + 1) + lane + 32 * c] = empty ? A(0) : g[c] / den;
           }
-          if (lane == 0) dst[l * (w + 1) + w] = -dot * inv * inv;
+          if (lane == 0) dst[l * (w + 1) + w] = empty ? A(0) : -(dot / den) / den;
         }
       }
     }

@@ -8,6 +8,9 @@
 // ∂/∂δ = -⟨g, y⟩ / δ, so G' is [g / δ | -⟨g, n⟩ / δ²] per block and both products keep the
 // forward's shapes.
 // δ = 0 (a sample whose keys all have weight 0) gives 0 and zero gradients: 0/0 := 0.
+// Both divide by δ rather than multiply by 1 / δ: the quotient n / δ is a convex combination of
+// v where 1 / δ overflows (a float32 δ below 2.9e-39), and the reassociation this file is
+// compiled with (CMakeLists.txt) may form 1 / δ² (inf below δ = 5.4e-20): both gave inf.
 // The identity map without coordinates, normalisers or skip (Galerkin's queries on a mesh given
 // no coordinates) has nothing to prepare: Q̂ = q, so nothing is left to fuse, and the three
 // products are ATen's batched matmuls (MKL), the minimum of work. Our chunked path ran them
@@ -42,8 +45,7 @@ void normalize_rows(const scalar_t* y, int64_t ld, int64_t m, int64_t blocks, in
       const scalar_t* yl = y + i * ld + l * (width + 1);
       const scalar_t den = yl[width];
       if (den == scalar_t(0)) continue;
-      const scalar_t inv = scalar_t(1) / den;
-      for (int64_t j = 0; j < width; ++j) o[j] += yl[j] * inv;
+      for (int64_t j = 0; j < width; ++j) o[j] += yl[j] / den;
     }
   }
 }
@@ -77,11 +79,10 @@ void normalized_rows_backward(const scalar_t* g, int64_t width, const scalar_t* 
         std::fill(gl, gl + width + 1, scalar_t(0));
         continue;
       }
-      const scalar_t inv = scalar_t(1) / den;
-      const scalar_t cl = -dot * inv * inv;
-      for (int64_t j = 0; j < width; ++j) gl[j] = gi[j] * inv;
+      const scalar_t cl = -(dot / den) / den;
+      for (int64_t j = 0; j < width; ++j) gl[j] = gi[j] / den;
       gl[width] = cl;
-      for (int64_t j = 0; j < dq; ++j) di[j] += ul[j] * inv + cl * sl[j];
+      for (int64_t j = 0; j < dq; ++j) di[j] += ul[j] / den + cl * sl[j];
     }
   }
 }
