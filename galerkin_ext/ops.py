@@ -235,14 +235,15 @@ def kernel_attention(
         mask = torch.empty((a.batch, a.heads, *shape), dtype=functional.opmath_dtype(q),
                            device=q.device)  # 1 / keep unrounded, as A is
         mask = mask.bernoulli_(keep).div_(keep)
-    if quadratic:
-        return functional.kernel_attention(
+    with _own_precision(q):
+        if quadratic:
+            return functional.kernel_attention(
+                q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
+                v_norm=v_norm, eps=eps, scale=scale, path="quadratic", dropout_mask=mask)
+        return functional.factored_attention(
             q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
-            v_norm=v_norm, eps=eps, scale=scale, path="quadratic", dropout_mask=mask)
-    return functional.factored_attention(
-        q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
-        v_norm=v_norm, eps=eps, scale=scale, dropout_mask=mask, kv_reduce_fn=_kv_reduce,
-        q_apply_fn=_q_apply)
+            v_norm=v_norm, eps=eps, scale=scale, dropout_mask=mask, kv_reduce_fn=_kv_reduce,
+            q_apply_fn=_q_apply)
 
 
 def normalized_attention(
@@ -275,9 +276,10 @@ def normalized_attention(
     if under_autocast(q):
         q, k, v, pos, kv_pos, weight, *_ = _autocast(q, k, v, pos, kv_pos, weight, None, None,
                                                      None)
-    return functional.normalized_core(
-        q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight], reduce="sum", skip=skip,
-        hetero=False, kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
+    with _own_precision(q):
+        return functional.normalized_core(
+            q, [k], [v], pos=pos, kv_pos=[kv_pos], weights=[weight], reduce="sum", skip=skip,
+            hetero=False, kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
 
 
 def hetero_normalized_attention(
@@ -299,9 +301,10 @@ def hetero_normalized_attention(
     if under_autocast(q):  # (the sequences come back as tuples; they are checked after)
         q, ks, vs, pos, kv_pos, weights, *_ = _autocast(q, ks, vs, pos, kv_pos, weights, None,
                                                         None, None)
-    return functional.normalized_core(
-        q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce, skip=skip,
-        hetero=True, kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
+    with _own_precision(q):
+        return functional.normalized_core(
+            q, ks, vs, pos=pos, kv_pos=kv_pos, weights=weights, reduce=reduce, skip=skip,
+            hetero=True, kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -544,6 +547,13 @@ def _autocast(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm):
     with torch.autocast(device, enabled=False):
         return (*_cast(low, q, k, v, pos, kv_pos),
                 *_cast(torch.float32, weight, q_norm, k_norm, v_norm))
+
+
+def _own_precision(x: Tensor):
+    """Autocast off inside an op that has applied :func:`_autocast`: its formulas' products
+    would otherwise run in the autocast dtype (on the CPU the quadratic path's in bfloat16 while
+    the factored path's compiled kernels ran in float32, both returning float32)."""
+    return torch.autocast(x.device.type, enabled=False) if under_autocast(x) else nullcontext()
 
 
 def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:

@@ -494,6 +494,27 @@ def test_autocast_casts_like_matmul(gen):
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_autocast_runs_both_paths_in_one_precision(dropout_p, gen):
+    """Under CPU autocast the op computes in float32 on either path, as it returns float32:
+    the quadratic path (also taken with dropout) ran its products in bfloat16 (4e-3 from the
+    float64 result) while the factored path ran in float32 (2e-7)."""
+    q, k, v = (torch.randn(2, 2, 33, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    exact = ops.fourier_attention(q, k, v)
+    for path in ("factored", "quadratic") if dropout_p == 0.0 else ("quadratic",):
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = ops.fourier_attention(q.float(), k.float(), v.float(), path=path,
+                                        dropout_p=dropout_p)
+        torch.manual_seed(0)
+        plain = ops.fourier_attention(q.float(), k.float(), v.float(), path=path,
+                                      dropout_p=dropout_p)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, plain, rtol=0, atol=0)
+        if dropout_p == 0.0:
+            torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-6)
+
+
 def test_autocast_of_the_normalized_ops_like_the_others(gen):
     """GNOT's ops under autocast: bf16 activations meet float32 coordinates and weights, as in
     galerkin_attention (they used to refuse pos as 'expected dtype torch.bfloat16 like q')."""
