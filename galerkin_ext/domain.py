@@ -323,9 +323,8 @@ def kernel_attention(
     if dropout_p > 0.0:
         # One mask for the whole sample, drawn as the single-process op draws it; the other
         # ranks add zeros.
-        keep = 1.0 - dropout_p
-        mask = torch.empty(mask_shape, dtype=s.dtype, device=s.device)
-        mask = mask.bernoulli_(keep).div_(keep) if dist.get_rank(world) == 0 else mask.zero_()
+        mask = (ops.dropout_mask(mask_shape, dropout_p, s.dtype, s.device)
+                if dist.get_rank(world) == 0 else s.new_zeros(mask_shape))
         extra.append(mask.reshape(-1))
     attn, extra_total = _group_sum(s, torch.cat(extra), world)
     size = dist.get_world_size(world)

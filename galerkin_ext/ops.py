@@ -231,10 +231,9 @@ def kernel_attention(
     mask = None
     if dropout_p > 0.0:
         shape = (a.n, a.m) if quadratic else a.attn_shape[2:]
-        keep = 1.0 - dropout_p
-        mask = torch.empty((a.batch, a.heads, *shape), dtype=functional.opmath_dtype(q),
-                           device=q.device)  # 1 / keep unrounded, as A is
-        mask = mask.bernoulli_(keep).div_(keep)
+        # 1 / keep unrounded, as A is
+        mask = dropout_mask((a.batch, a.heads, *shape), dropout_p, functional.opmath_dtype(q),
+                            q.device)
     with _own_precision(q):
         if quadratic:
             return functional.kernel_attention(
@@ -547,6 +546,15 @@ def _autocast(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm):
     with torch.autocast(device, enabled=False):
         return (*_cast(low, q, k, v, pos, kv_pos),
                 *_cast(torch.float32, weight, q_norm, k_norm, v_norm))
+
+
+def dropout_mask(shape: tuple[int, ...], dropout_p: float, dtype: torch.dtype,
+                 device: torch.device) -> Tensor:
+    """Inverted dropout's mask: 0 with probability ``dropout_p``, else ``1 / (1 - dropout_p)``.
+    Drawn out of place: ``torch.func.vmap(randomness="different")`` refuses an in-place draw
+    into a tensor it does not batch (an ensemble's members each get their own mask)."""
+    keep = 1.0 - dropout_p
+    return torch.bernoulli(torch.full(shape, keep, dtype=dtype, device=device)).div_(keep)
 
 
 def _own_precision(x: Tensor):

@@ -127,7 +127,7 @@ def test_dropout_mask_matches_reference(quadratic, gen):
     torch.manual_seed(3)
     got, _ = _with_dropout(x, quadratic, scale=scale, dropout_p=0.4)
     torch.manual_seed(3)
-    mask = torch.empty(2, 2, side, side, dtype=F64).bernoulli_(0.6).div_(0.6)
+    mask = torch.bernoulli(torch.full((2, 2, side, side), 0.6, dtype=F64)).div_(0.6)
     expected = (fourier if quadratic else galerkin)(x, reference, dropout_mask=mask)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
@@ -225,6 +225,21 @@ def test_vmap_over_quadrature_weights(op, gen):
     fn = getattr(ops, op)
     out = torch.func.vmap(lambda w: fn(q, k, v, weight=w))(weights)
     torch.testing.assert_close(out, torch.stack([fn(q, k, v, weight=w) for w in weights]))
+
+
+@pytest.mark.parametrize("op", ["galerkin_attention", "fourier_attention"])
+def test_vmap_of_a_dropout_ensemble(op, gen):
+    """torch.func.vmap over ensemble members with dropout: randomness="different" draws each
+    member its own mask (the in-place draw was refused: "Cannot ask for different inplace
+    randomness on an unbatched tensor"), "same" one mask for all."""
+    q, k, v = (torch.randn(2, 2, 9, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    members = torch.stack([q, q, q])
+    fn = getattr(ops, op)
+    for randomness in ("different", "same"):
+        out = torch.func.vmap(lambda m: fn(m, k, v, dropout_p=0.5),
+                              randomness=randomness)(members)
+        assert torch.equal(out[0], out[1]) == (randomness == "same")
+        assert not torch.allclose(out[0], fn(q, k, v))
 
 
 @pytest.mark.parametrize("quadratic", [False, True])
