@@ -279,14 +279,15 @@ def log_weight_bias(weight: Tensor, batch: int, m: int) -> tuple[Tensor, Tensor]
     ``log(w / max_j w)`` of shape ``(B, M)``, and ``has_keys (B, 1)``: whether a sample has any
     key. Constant weights give an exact zero bias; ``w_j = 0`` gives ``-inf`` (key removed) with
     a finite gradient; a sample without keys gets a zero bias, and its output must be zeroed
-    with ``has_keys``."""
+    with ``has_keys``. The ratio is formed in float64: a float32 ratio below 1.2e-38 (weights
+    38 decades apart) was clamped there, or rounded to 0, which removed a weighted key."""
     w = weight.expand(batch, m)
     top = w.amax(dim=1, keepdim=True)
     has_keys = top > 0
-    ratio = w / torch.where(has_keys, top, torch.ones_like(top))
+    ratio = w.double() / torch.where(has_keys, top, torch.ones_like(top)).double()
     # the clamp keeps log's gradient finite where the bias is -inf
-    bias = torch.where(ratio > 0, ratio.clamp_min(torch.finfo(w.dtype).tiny).log(),
-                       torch.full_like(ratio, -math.inf))
+    bias = torch.where(ratio > 0, ratio.clamp_min(torch.finfo(ratio.dtype).tiny).log(),
+                       torch.full_like(ratio, -math.inf)).to(w.dtype)
     return torch.where(has_keys, bias, torch.zeros_like(bias)), has_keys
 
 

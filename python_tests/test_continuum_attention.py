@@ -113,6 +113,21 @@ def test_split_and_permuted_keys(gen):
                                out[:, :, qperm], rtol=1e-12, atol=1e-12)
 
 
+def test_weights_decades_apart_in_float32():
+    """A key whose float32 weight is below 1.2e-38 of the largest still counts, as exactly as
+    its logit allows (weights 1 and 1e-40, or 3e38 and 1e-10, with a logit gap that makes up for
+    them): the float32 ratio was clamped at 1.2e-38 (0.9995 for 0.9477), or rounded to 0, which
+    removed the key (0 for 0.1648)."""
+    for weight, gap in (([1.0, 1e-40], 95.0), ([3e38, 1e-10], 110.0)):
+        q = torch.ones(1, 1, 1, 1)
+        k = torch.tensor([0.0, gap]).view(1, 1, 2, 1)
+        v = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1)
+        w = torch.tensor(weight)
+        out = ops.continuum_attention(q, k, v, weight=w, scale=1.0)
+        exact = explicit(q.double(), k.double(), v.double(), w.double()[None], scale=1.0)
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=0)
+
+
 def test_element_without_keys_is_an_error(gen):
     """SPEC-continuum §1.1: a batch element with no positive weight has no attention."""
     q, k, v = (rand(2, 2, 4, 3, gen=gen) for _ in range(3))
