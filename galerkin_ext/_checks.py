@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ def check_int(value: object, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
-def _finite(value: float) -> bool:
+def _finite(value: float | numbers.Real) -> bool:
     """Whether ``value`` is finite: ``value - value`` is 0, or NaN for inf and NaN. Unlike
     ``math.isfinite`` this traces on the symbolic floats of torch.compile (a size-derived cell
     volume, or a module's float under ``dynamic=True``), where isfinite broke the graph."""
@@ -100,7 +101,8 @@ def check_probability(value: object, name: str) -> float:
     """``value`` as a dropout probability in ``[0, 1)``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a float in [0, 1), got {value!r}")
-    if not 0.0 <= value < 1.0:
+    # (cast: typeshed's numbers.Real declares no comparison with a float on its left)
+    if not 0.0 <= cast(float, value) < 1.0:
         raise ValueError(f"{name}: expected a float in [0, 1), got {value!r}")
     return float(value)
 
@@ -378,10 +380,12 @@ def check_cell_weight(cell_weight: object, n: int, like: Tensor) -> float | Tens
         check_nonnegative(cell_weight, "cell_weight", "cell volumes")
         return cell_weight
     if isinstance(cell_weight, torch.SymFloat):  # 1 / (number of points) of symbolic sizes
-        return cell_weight  # (torch.export with dynamic shapes): no value to check
+        # (torch.export with dynamic shapes): no value to check; cast: it stands in for a float
+        return cast(float, cell_weight)
     if isinstance(cell_weight, bool) or not isinstance(cell_weight, numbers.Real):
         raise TypeError(f"{expected()}, got {type(cell_weight).__name__}")
-    if not (_finite(cell_weight) and cell_weight > 0):
+    # (cast: typeshed's numbers.Real declares no comparison with an int on the right)
+    if not (_finite(cell_weight) and cast(float, cell_weight) > 0):
         raise ValueError(f"{expected()}, got {cell_weight!r}")
     return float(cell_weight)
 
@@ -408,7 +412,8 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 def check_device(device: object) -> torch.device | None:
     """An optional ``device`` argument: ``None`` (torch's default device) or one that
     :func:`resolve_device` accepts."""
-    return None if device is None else resolve_device(device)
+    # (cast: resolve_device raises a ValueError for any other value)
+    return None if device is None else resolve_device(cast("str | torch.device", device))
 
 
 def check_tensor(x: object, name: str, ndim: int, shape_doc: str,
@@ -436,7 +441,7 @@ def check_spectral_product(x: object, weight: object, n_pos: object, norm: objec
     one of torch.fft's ``'backward'``, ``'ortho'``."""
     x_doc, w_doc = (("(B, n, c_in)", "(c_in, c_out, K)") if line
                     else ("(B, p1, p2, c_in)", "(c_in, c_out, R, K)"))
-    check_tensor(x, "x", 3 if line else 4, x_doc)
+    x = check_tensor(x, "x", 3 if line else 4, x_doc)
     if x.dtype not in (torch.float32, torch.float64):  # (the layers compute half types in float32)
         raise TypeError(f"x: expected float32 or float64, the dtype to compute in, got {x.dtype}")
     if not isinstance(weight, Tensor) or not weight.is_complex():
@@ -519,7 +524,7 @@ def check_norm(norm: object, name: str, like: Tensor,
     return norm[0], norm[1]
 
 
-def check_pos(pos: Tensor | None, x: Tensor, name: str, points: str) -> None:
+def check_pos(pos: object, x: Tensor, name: str, points: str) -> None:
     """``pos`` fits the rows of ``x (B, H, n, D)``: ``(B, n, P)`` or ``(n, P)``, or None."""
     if pos is None:
         return

@@ -34,7 +34,7 @@ def load_extension() -> ModuleType:
     """``galerkin_ext._C`` (registering ``torch.ops.galerkin_ext``), or an ImportError saying
     why not and how to fix it."""
     try:
-        from . import _C
+        from . import _C  # type: ignore[attr-defined]  # (compiled; no stub for mypy)
     except ImportError as err:
         try:
             from ._build_info import TORCH_VERSION as built_with

@@ -207,9 +207,11 @@ def kernel_attention(
                                   scale=scale, dropout_mask=dropout_mask,
                                   kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
     out_dtype = q.dtype
-    q, k, v, pos, kv_pos, weight = (None if t is None else _opmath(t)
+    # (ignores: mypy cannot follow that each item keeps its None-ness through the generators)
+    q, k, v, pos, kv_pos, weight = (None if t is None else _opmath(t)  # type: ignore[assignment]
                                     for t in (q, k, v, pos, kv_pos, weight))
-    q_norm, k_norm, v_norm = (None if n is None else tuple(_opmath(p) for p in n)
+    q_norm, k_norm, v_norm = (None if n is None  # type: ignore[assignment]
+                              else tuple(_opmath(p) for p in n)
                               for n in (q_norm, k_norm, v_norm))
     q_hat = row_map(q, pos, norm_map(q_norm), q_norm, eps)
     k_hat = row_map(k, kv_pos, norm_map(k_norm), k_norm, eps)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -491,7 +491,7 @@ def patched_attention(
     """
     batch, heads, p, o, n, dim, dim_v = check_patched_operands(q, k, v)
     omega = check_cell_weight(cell_weight, n, q)
-    factor = check_scale(scale, 1.0)
+    factor: float | Tensor = check_scale(scale, 1.0)  # (times a 0-d tensor omega below)
     device = q.device.type
     if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
         # Autocast would run the logits GEMM in half precision again: the operands (already
@@ -581,7 +581,8 @@ def _autodiff_beyond_the_op() -> bool:
 
 
 def _pair_or_none(weight: Tensor | None, bias: Tensor | None) -> Norm:
-    return None if weight is None else (weight, bias)
+    # (cast: the ops check a norm's weight and bias as one pair, given together or not at all)
+    return None if weight is None else (weight, cast(Tensor, bias))
 
 
 def _formula_grads(formula, inputs, wanted, grad) -> list[Tensor]:
