@@ -15,11 +15,13 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
 from torch import Tensor
+
+_T = TypeVar("_T")
 
 
 @contextmanager
@@ -118,11 +120,11 @@ def check_scale(value: object, default: float) -> float:
     return value if type(value) is float else float(value)
 
 
-def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
+def check_choice(value: object, name: str, choices: Sequence[_T]) -> _T:
     """``value`` if it is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
-    return value
+    return cast(_T, value)  # (it equals one of the choices)
 
 
 def is_tracing(t: Tensor) -> bool:

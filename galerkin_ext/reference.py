@@ -9,6 +9,7 @@ it as the "eager" baseline. Shapes and semantics are those of :mod:`galerkin_ext
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,10 @@ from ._checks import (
     check_scale,
 )
 from .functional import resolve_kv_pos
+
+if TYPE_CHECKING:
+    from .layers.gnot import GeometricGate
+    from .models.gnot import GNOT
 
 Norm = tuple[Tensor, Tensor] | None
 
@@ -139,7 +144,7 @@ def normalized_attention(q: Tensor, k: Tensor, v: Tensor, *, skip: bool = False)
     return out + q if skip else out
 
 
-def gnot_forward(model: torch.nn.Module, x: Tensor, inputs: list[Tensor],
+def gnot_forward(model: GNOT, x: Tensor, inputs: list[Tensor],
                  theta: Tensor | None = None) -> Tensor:
     """GNOT's forward as its reference code computes it (SPEC-gnot §2, ``ffn_norm="post"``,
     ``theta_mode="query"``, ``gate="mlp"``), with ``model``'s parameters: every point of every
@@ -148,7 +153,8 @@ def gnot_forward(model: torch.nn.Module, x: Tensor, inputs: list[Tensor],
     ``x (B, N, query_dim)``, ``inputs`` ``[(B, M_l, b_l)]``, ``theta (B, p)`` → ``(B, N, out)``.
     """
 
-    def mlp(net: torch.nn.Module, h: Tensor) -> Tensor:
+    # (the sub-modules are read by attribute name: Any, which their nn.ModuleList hides anyway)
+    def mlp(net: Any, h: Tensor) -> Tensor:
         h = F.gelu(net.lift(h))
         for layer in net.hidden:
             h = F.gelu(layer(h)) + h
@@ -158,7 +164,7 @@ def gnot_forward(model: torch.nn.Module, x: Tensor, inputs: list[Tensor],
         b, n, c = t.shape
         return t.reshape(b, n, n_head, c // n_head).permute(0, 2, 1, 3)
 
-    def attention(layer: torch.nn.Module, h: Tensor, ys: list[Tensor]) -> Tensor:
+    def attention(layer: Any, h: Tensor, ys: list[Tensor]) -> Tensor:
         n_head = layer.n_head
         q = heads(layer.query(h), n_head)
         out = q.softmax(dim=-1) if layer.skip else torch.zeros_like(q)
@@ -167,7 +173,7 @@ def gnot_forward(model: torch.nn.Module, x: Tensor, inputs: list[Tensor],
         b, _, n, _ = out.shape
         return layer.out(out.permute(0, 2, 1, 3).reshape(b, n, -1))
 
-    def mixture(ffn: torch.nn.Module, h: Tensor, probs: Tensor | None) -> Tensor:
+    def mixture(ffn: Any, h: Tensor, probs: Tensor | None) -> Tensor:
         outs = [expert[2](F.gelu(expert[0](h))) for expert in ffn.experts]
         if probs is None:
             return outs[0]
@@ -178,10 +184,11 @@ def gnot_forward(model: torch.nn.Module, x: Tensor, inputs: list[Tensor],
     coords = x[..., :model.space_dim]
     h = mlp(model.trunk, x)
     ys = [mlp(branch, y) for branch, y in zip(model.branches, inputs, strict=True)]
+    block: Any
     for i, block in enumerate(model.blocks):
         probs = None
         if model.gates is not None:
-            probs = model.gates[i].net(coords).softmax(dim=-1)
+            probs = cast("GeometricGate", model.gates[i]).net(coords).softmax(dim=-1)
         normed = [norm(y) for norm, y in zip(block.norm_inputs, ys, strict=True)]
         h = h + attention(block.cross, block.norm_query(h), normed)
         h = h + block.norm_ffn1(mixture(block.ffn1, h, probs))
