@@ -58,7 +58,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import h5py
 import numpy as np
@@ -235,6 +235,10 @@ def _block_weights(k: int, nc: int) -> np.ndarray:
     return w / w.sum(axis=1, keepdims=True)
 
 
+@overload
+def block_average(a: np.ndarray, coarse: int) -> np.ndarray: ...
+@overload
+def block_average(a: torch.Tensor, coarse: int) -> torch.Tensor: ...
 def block_average(a: np.ndarray | torch.Tensor, coarse: int) -> np.ndarray | torch.Tensor:
     """Average ``a`` of shape ``(..., K, K)`` onto ``coarse`` nodes per axis.
 
@@ -256,7 +260,8 @@ def block_average(a: np.ndarray | torch.Tensor, coarse: int) -> np.ndarray | tor
         raise ValueError(f"coarse - 1 must divide K - 1 = {k - 1}, got coarse = {coarse}")
     w = _block_weights(k, coarse)
     if is_tensor:
-        w = torch.from_numpy(w).to(a)
+        # (ignore: mypy cannot narrow a through is_tensor, nor retype w as the tensor it becomes)
+        w = torch.from_numpy(w).to(a)  # type: ignore[assignment, arg-type]
         return torch.einsum("Ii,...ij,Jj->...IJ", w, a, w)
     return np.einsum("Ii,...ij,Jj->...IJ", w, a, w)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -194,6 +195,7 @@ class SimpleAttention(nn.Module):
         else:
             dropout_p = self.attn_dropout if self.training else 0.0
 
+        attn: Tensor | None
         if self.attention_type in ("fourier", "galerkin"):
             fourier = self.attention_type == "fourier"
             # The N×N matrix is only needed to return it or to drop entries of it; otherwise the
@@ -215,7 +217,8 @@ class SimpleAttention(nn.Module):
         out = out.transpose(1, 2).flatten(2)
         if self.out_proj is not None:
             out = self.out_proj(out)
-        return (out, attn) if return_attention else out
+        # (cast: attn is None only where return_attention is False)
+        return (out, cast(Tensor, attn)) if return_attention else out
 
     def _norm_params(self, name: str) -> tuple[Tensor, Tensor]:
         return getattr(self, f"{name}_norm_weight"), getattr(self, f"{name}_norm_bias")

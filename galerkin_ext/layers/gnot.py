@@ -182,7 +182,8 @@ class MixtureFFN(nn.Module):
 
     def forward(self, x: Tensor, probs: Tensor | None) -> Tensor:
         """``x (B, N, C)``, ``probs (B, N, K)`` (``None`` for one expert) → ``(B, N, C)``."""
-        check_features(x, "x", self.experts[0][0].in_features, self)
+        # (ignore: an nn.ModuleList item is typed as a plain Module; each expert is a Sequential)
+        check_features(x, "x", self.experts[0][0].in_features, self)  # type: ignore[index]
         if len(self.experts) == 1:
             return self.experts[0](x)
         if not isinstance(probs, Tensor) or probs.shape != (*x.shape[:-1], len(self.experts)):

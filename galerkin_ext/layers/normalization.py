@@ -38,7 +38,7 @@ class Denormalizer(nn.Module):
         """Use ``mean`` and ``std`` (same shape, ``std >= 0``) of the normalised targets."""
         check_statistics(mean, std)
         eps = check_float(eps, "eps", low_inclusive=True)
-        like = {"dtype": self.scale.dtype, "device": self.scale.device}
+        like: dict[str, Any] = {"dtype": self.scale.dtype, "device": self.scale.device}
         self.shift = mean.detach().to(**like).clone()
         self.scale = (std.detach().to(**like) + eps).clone()
 

@@ -18,7 +18,7 @@ Shapes are channels-last: grids ``(B, s₁, s₂, C)``, patch tokens ``(B, P, p�
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -253,6 +253,7 @@ class PatchedAttention(nn.Module):
         n = p1 * p2
         if cell_weight is None:
             cell_weight = 1.0 / (p * n)
+        projected: Sequence[Tensor]
         if self.qkv_modes is None:
             projected = [proj(x) for proj in (self.query, self.key, self.value)]
         else:  # one Fourier operator per patch: the patches form the batch

@@ -23,6 +23,8 @@ the paper's (the input function ``u`` at the points ``x``); a dataset item holds
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -203,7 +205,8 @@ class TNO(nn.Module):
         for layer in self.encoder:
             h = layer(h, weight=weight)
         if self.query_layer is not None:
-            h = self.query_layer(self.query_lift(points), h, weight=weight)
+            # (cast: query_lift and query_layer are built together, both or neither)
+            h = self.query_layer(cast(nn.Sequential, self.query_lift)(points), h, weight=weight)
         if self.project_hidden is not None:
             h = F.gelu(self.project_hidden(torch.cat([h, points], dim=-1)))
         return self.project(h)

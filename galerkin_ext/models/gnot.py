@@ -62,7 +62,7 @@ def _check_weight(weight: object, name: str, batch: int, n: int, points: str,
     return weight.expand(batch, n) if shared else weight
 
 
-def _check_batch(model: nn.Module, x: object, inputs: object, theta: object, weight: object,
+def _check_batch(model: GNOT | MIONet, x: object, inputs: object, theta: object, weight: object,
                  input_weights: object) -> tuple[Tensor, list[Tensor], Tensor | None,
                                                  Tensor | None, list[Tensor | None]]:
     """The arguments every model of this module takes, checked against ``model``'s widths

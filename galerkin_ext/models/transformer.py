@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -36,7 +38,7 @@ _DECODER_ARGUMENTS = {"activation": "decoder_activation", "dropout": "decoder_dr
                       "num_layers": "num_decoder_layers", "hidden": "decoder_hidden"}
 
 
-def _encoder(num_layers: int, **layer_kwargs: object) -> nn.ModuleList:
+def _encoder(num_layers: int, **layer_kwargs: Any) -> nn.ModuleList:
     check_int(num_layers, "num_layers")
     with arguments_named(dropout="encoder_dropout"):  # the models' name for the layers' dropout
         return nn.ModuleList(EncoderLayer(**layer_kwargs) for _ in range(num_layers))
