@@ -55,6 +55,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -186,7 +187,7 @@ def _shard_kv_reduce(
 
 def _summed_q_apply(q: Tensor, s: Tensor, *, group: dist.ProcessGroup,
                     weights: Sequence[Tensor | None] | None, normalizers: int,
-                    **kwargs: object) -> Tensor:
+                    **kwargs: Any) -> Tensor:
     """``q_apply`` of the ranks' summed ``S``: the normalised forms' one all-reduce, after
     every input's block is stacked into ``s``. Whether this rank's keys of each input have
     ``weights`` (checked by now) is counted in the same all-reduce: a rank's ``None`` (weight
@@ -444,10 +445,12 @@ class DomainSplit:
         valid = not isinstance(counts, (str, bytes)) and isinstance(counts, Sequence) and len(
             counts) == self.world_size and all(isinstance(c, numbers.Integral) and not isinstance(
                 c, bool) and c >= 0 for c in counts)
-        self.counts = tuple(int(c) for c in counts) if valid else None
+        # (ignore: None only on the way to the ValueError below, after the collective)
+        self.counts: tuple[int, ...] = (tuple(int(c) for c in counts)
+                                        if valid else None)  # type: ignore[assignment]
         # Every rank reaches the comparison, valid counts or not: a rank refusing its own
         # before it would leave the others waiting in the collective.
-        every = [self.counts]
+        every: list[tuple[int, ...] | None] = [self.counts]
         if self.world_size > 1:  # shards from different splits would overlap or miss points
             every = [None] * self.world_size
             dist.all_gather_object(every, self.counts, group=self.group)
@@ -476,7 +479,8 @@ class DomainSplit:
         size = 1 if world is None else dist.get_world_size(world)
         counts = None if problem else [n // size + (r < n % size) for r in range(size)]
         try:
-            return cls(counts, group)  # every rank reaches its collective
+            # (ignore: a None is refused by the constructor, on every rank, after its collective)
+            return cls(counts, group)  # type: ignore[arg-type]  # every rank reaches its collective
         except ValueError:
             if problem is not None:
                 raise problem from None
@@ -528,7 +532,8 @@ class DomainSplit:
             return x.detach()
         # What every rank holds (the shape with None on dim), compared before the gather, which
         # would mix shards of other shapes: garbage on one rank, an abort on another.
-        dim = None if problem else dim % x.dim()
+        # (ignore: None only where problem is raised below, after the collective)
+        dim = None if problem else dim % x.dim()  # type: ignore[assignment]
         layout = None if problem else (str(x.dtype), (*x.shape[:dim], None, *x.shape[dim + 1:]))
         every = [None] * self.world_size
         dist.all_gather_object(every, layout, group=self.group)
@@ -718,7 +723,9 @@ def make_domain_parallel(module: nn.Module,
         if isinstance(sub, (SimpleAttention, HeteroNormalizedAttention)):
             sub.domain_parallel = True
             sub.domain_group = group
-    module.domain_parallel = True  # what the Trainer's parallel="domain" asks of its model
+    # What the Trainer's parallel="domain" asks of its model. (ignore: torch types
+    # nn.Module.__setattr__ for tensors and modules only)
+    module.domain_parallel = True  # type: ignore[assignment]
     return module
 
 
