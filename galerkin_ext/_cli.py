@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ._checks import cannot_write_in
 
+_N = TypeVar("_N", int, float)
 
-def _number(text: str, kind: type, what: str) -> int | float:
+
+def _number(text: str, kind: Callable[[str], _N], what: str) -> _N:
     try:
         return kind(text)
     except ValueError:

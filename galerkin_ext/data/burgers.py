@@ -15,6 +15,7 @@ checks that this agrees with the full-resolution solve.
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import numpy as np
 import torch
@@ -88,6 +89,13 @@ def _truncate(u_hat: torch.Tensor, n_from: int, n_to: int) -> torch.Tensor:
     return out
 
 
+@overload
+def solve_burgers(u0: np.ndarray, nu: float = ..., t_end: float = ..., *,
+                  n_steps: int | None = ..., solve_resolution: int | None = ...) -> np.ndarray: ...
+@overload
+def solve_burgers(u0: torch.Tensor, nu: float = ..., t_end: float = ..., *,
+                  n_steps: int | None = ...,
+                  solve_resolution: int | None = ...) -> torch.Tensor: ...
 def solve_burgers(
     u0: np.ndarray | torch.Tensor,
     nu: float = 0.1,

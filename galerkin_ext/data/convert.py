@@ -26,7 +26,7 @@ import pickle
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def _source_file(path: object, name: str) -> Path:
     """The source file ``path`` (argument ``name``), which must exist."""
     if not check_path(path, name).is_file():
         raise FileNotFoundError(f"{name}: no such file: {path!r}")
-    return Path(path)
+    return Path(cast("str | os.PathLike[str]", path))  # (cast: check_path accepted it)
 
 
 def _load(path: str | os.PathLike[str], name: str, shape_doc: str, ndim: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from functools import lru_cache
 from multiprocessing import get_context
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -115,7 +116,7 @@ def _solve_task(args: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
 
 
 def sample_and_solve(
-    args: tuple[int, int, int, dict[str, float]],
+    args: tuple[int, int, int, dict[str, Any]],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Worker task of the generator: coefficient sample ``index`` and its solution.
 
@@ -163,7 +164,7 @@ def _map_solve(
     return executor.map(_solve_task, tasks)
 
 
-def _as_batch(a: object, f: object) -> tuple[np.ndarray, np.ndarray, bool, object]:
+def _as_batch(a: object, f: object) -> tuple[np.ndarray, np.ndarray, bool, torch.Tensor | None]:
     """Validate and broadcast ``a`` to ``(B, K, K)`` and ``f`` alike; remember the input kind."""
     like = None
     if isinstance(a, torch.Tensor):

@@ -280,11 +280,14 @@ def solve_elasticity(
         rhs += assemble_load(basis, body_force)
         if not np.isfinite(rhs).all():
             raise ValueError("body_force: f(x, y) gave NaN or inf")
+    item: object  # (both loops check the items they are given)
     for i, item in enumerate(traction):
         if not (isinstance(item, tuple) and len(item) == 2 and callable(item[0])):
             raise TypeError(f"traction[{i}]: expected a (where, (t_x, t_y)) pair")
         where = item[0]
-        rhs += assemble_traction(basis, lambda x, w=where: w(x[0], x[1]), item[1])
+        # (ignore: mypy infers no lambda with a default argument against a Callable)
+        rhs += assemble_traction(basis, lambda x, w=where: w(x[0], x[1]),  # type: ignore[misc]
+                                 item[1])
     components = basis.split_indices()
     x, y = basis.doflocs
     prescribed: dict[int, tuple[int, float]] = {}  # DOF: (the triple that fixed it, value)

@@ -58,6 +58,7 @@ __all__ = [
 ]
 
 Field = Callable[[np.ndarray, np.ndarray], np.ndarray]
+VectorField = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -476,7 +477,7 @@ def assemble_diffusion(basis, coefficient: np.ndarray) -> sp.csr_matrix:
     return form.assemble(basis, k=_per_element(basis, coefficient, "coefficient")).tocsr()
 
 
-def assemble_load(basis, source: np.ndarray | Field) -> np.ndarray:
+def assemble_load(basis, source: np.ndarray | Field | VectorField) -> np.ndarray:
     """Load vector ``∫ f·v``.
 
     ``source``: a constant per triangle ``(T,)`` (scalar basis), or a function ``f(x, y)`` of
@@ -518,7 +519,7 @@ def assemble_elasticity(basis, young: float, poisson: float) -> sp.csr_matrix:
 
 
 def assemble_traction(
-    basis, where: Callable[[np.ndarray], np.ndarray], traction: Sequence[float] | Field
+    basis, where: Callable[[np.ndarray], np.ndarray], traction: Sequence[float] | VectorField
 ) -> np.ndarray:
     """Load vector ``∫_Γ t·v ds`` over the boundary facets whose midpoints satisfy ``where``.
 

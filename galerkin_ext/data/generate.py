@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -242,7 +242,9 @@ def generate_darcy(
         del stored["high"], stored["low"]
     a_dtype = "f8" if coef == "lognormal" else "f4"
     # SPEC.md's files stay as they were: no statistics record
-    names, statistics = ((), None) if legacy else _darcy_statistics(coef, params["high"])
+    # (cast: coef is None only for the legacy files)
+    names, statistics = ((), None) if legacy else _darcy_statistics(cast(str, coef),
+                                                                      params["high"])
     writer = ChunkedWriter.open(
         out, generator="darcy", parameters=stored, seed=seed, n_samples=n_samples,
         chunk_size=chunk_size, resume=resume, overwrite=overwrite,
@@ -593,6 +595,7 @@ def generate_kolmogorov(
 
     def compute(start: int, stop: int) -> Arrays:
         w0 = sample_initial_vorticity(stop - start, solve_s, seed=seed, start=start)
+        pair: Any  # (the solved tensors, then their arrays)
         pair = solve_kolmogorov(
             torch.from_numpy(w0).to(device=dev, dtype=torch_dtype), time + dt_out,
             max_step=max_step,

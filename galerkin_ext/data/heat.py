@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from scipy.interpolate import CubicSpline
@@ -386,7 +387,9 @@ def heat_sample(index: int, *, seed: int, h: float, refine: bool = False) -> dic
         "query": {
             "points": points,
             "weights": lumped_weights(points, mesh.triangles),
-            "label": vertex_min_label(mesh.triangles, mesh.labels, len(points)),
+            # (cast: heat_mesh triangulates with regions, so every triangle has a label)
+            "label": vertex_min_label(mesh.triangles, cast(np.ndarray, mesh.labels),
+                                      len(points)),
         },
         "target": solution.temperature[:, None].copy(),
         "target_names": ["T"],

@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import h5py
 import numpy as np
@@ -53,6 +53,9 @@ from tqdm.auto import tqdm
 
 from .._checks import cannot_write_in, check_bool, check_int, check_path
 from .._locks import file_lock
+
+if TYPE_CHECKING:
+    from .ragged import RaggedWriter
 
 __all__ = [
     "SCHEMA",
@@ -323,7 +326,8 @@ def pending_chunks(completed: np.ndarray, chunk_size: int,
 
 def _n_written(completed: np.ndarray, chunk_size: int, n_samples: int) -> int:
     """Samples in the completed chunks."""
-    return int(sum(min(n_samples, (i + 1) * chunk_size) - i * chunk_size
+    # (cast: typeshed types min() of an int and a NumPy integer as a comparison protocol)
+    return int(sum(cast(int, min(n_samples, (i + 1) * chunk_size)) - i * chunk_size
                    for i in np.flatnonzero(completed)))
 
 
@@ -374,7 +378,7 @@ def _replace_on_disk(source: Path, target: Path) -> None:
 
 
 def run_chunks(
-    writer: PartialFileWriter,
+    writer: ChunkedWriter | RaggedWriter,
     compute: Callable[[int, int], Any],
     *,
     progress: bool,
@@ -540,7 +544,7 @@ def _combine(rows: np.ndarray) -> tuple[float, float, float]:
     return n, mean, m2
 
 
-def _allocated(ds: h5py.Dataset, row: int) -> bool:
+def _allocated(ds: h5py.Dataset, row: int | np.integer) -> bool:
     """Whether the HDF5 chunk that holds ``ds[row]`` was stored: HDF5 reads a chunk its index
     lost as the fill value, zeros, without an error."""
     origin = (row - row % ds.chunks[0], *(0 for _ in ds.shape[1:]))
@@ -774,8 +778,11 @@ class ChunkedWriter(PartialFileWriter):
 
             def copy(new: h5py.File) -> None:
                 for chunk in done:
-                    start, stop = chunk * chunk_size, min(n_samples, (chunk + 1) * chunk_size)
-                    rows = [(old[name], i) for name in arrays for i in range(start, stop)]
+                    # (cast: as in _n_written)
+                    start, stop = chunk * chunk_size, cast(int, min(n_samples,
+                                                                    (chunk + 1) * chunk_size))
+                    rows: list[tuple[Any, int | np.integer]] = [
+                        (old[name], i) for name in arrays for i in range(start, stop)]
                     if statistics:
                         rows.append((old["statistics"], chunk))
                     try:
