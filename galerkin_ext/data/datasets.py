@@ -58,7 +58,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, cast, overload
 
 import h5py
 import numpy as np
@@ -121,6 +121,9 @@ class UnitGaussianNormalizer(torch.nn.Module):
     population std of SPEC §4; ``correction=1``: the unbiased std of the GNOT reference
     (SPEC-gnot §3, there with ``eps=1e-8``).
     """
+
+    mean: torch.Tensor  # (buffers)
+    std: torch.Tensor
 
     def __init__(self, data: torch.Tensor | np.ndarray, eps: float = 1e-5, *,
                  correction: int = 0) -> None:
@@ -323,7 +326,8 @@ def _source_info(source: Source, mat_keys: tuple[str, str]) -> tuple[str, int, t
     raise DataFileError(f"source {str(p)!r} is neither a galerkin_ext .h5 file nor a .mat file")
 
 
-def _read_mat(path: str | os.PathLike[str], keys: tuple[str, str]) -> tuple[np.ndarray, ...]:
+def _read_mat(path: str | os.PathLike[str],
+              keys: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
     """The readers' account of a bad file (a missing variable, a wrong shape, non-finite
     samples) as the datasets' DataFileError."""
     try:
@@ -346,7 +350,7 @@ def _checked_source(source: Source, mat_keys: tuple[str, str]) -> Source:
             x = _mat.numeric("source arrays", key, x)
             _mat.finite_samples("source arrays", key, x)
             checked.append(x)
-        return tuple(checked)
+        return cast("tuple[np.ndarray, np.ndarray]", tuple(checked))  # (zip(strict) of a pair)
     return source
 
 
@@ -452,7 +456,9 @@ class BurgersDataset(Dataset):
             train = data if split == "train" else _load(source, ("a", "u"), np.arange(n_train),
                                                         {"u": sub["u"]})
             target_normalizer = UnitGaussianNormalizer(train["u"].reshape(-1))
-        self.target_normalizer = copy.deepcopy(target_normalizer).to(dtype)
+        # (cast: _needs_fit is True exactly where it was None, fitted above)
+        self.target_normalizer = copy.deepcopy(cast(UnitGaussianNormalizer,
+                                                    target_normalizer)).to(dtype)
         self.resolution = resolution
         self.x = torch.from_numpy(data["a"]).to(dtype)[..., None]
         self.target = torch.from_numpy(data["u"]).to(dtype)[..., None]
@@ -589,8 +595,11 @@ class DarcyDataset(Dataset):
             if target_normalizer is None:
                 target_normalizer = UnitGaussianNormalizer(train["u"])
         # A copy: Module.to() works in place and must not change the caller's normaliser.
-        self.input_normalizer = copy.deepcopy(input_normalizer).to(dtype)
-        self.target_normalizer = copy.deepcopy(target_normalizer).to(dtype)
+        # (casts: _needs_fit is True exactly where one was None, fitted above)
+        self.input_normalizer = copy.deepcopy(cast(UnitGaussianNormalizer,
+                                                   input_normalizer)).to(dtype)
+        self.target_normalizer = copy.deepcopy(cast(UnitGaussianNormalizer,
+                                                    target_normalizer)).to(dtype)
         self.resolution = resolution
         self.coeff = torch.from_numpy(data["a"]).to(dtype)
         self.target = torch.from_numpy(data["u"]).to(dtype)
@@ -652,7 +661,9 @@ class DarcyInverseDataset(Dataset):
                 train_u = _load(source, keys, np.arange(n_train), sub_u)["u"]
             input_normalizer = UnitGaussianNormalizer(train_u)
         # A copy: Module.to() works in place and must not change the caller's normaliser.
-        self.input_normalizer = copy.deepcopy(input_normalizer).to(dtype)
+        # (cast: _needs_fit is True exactly where it was None, fitted above)
+        self.input_normalizer = copy.deepcopy(cast(UnitGaussianNormalizer,
+                                                   input_normalizer)).to(dtype)
         x = self.input_normalizer.encode(torch.from_numpy(data["u"]))
         if noise > 0:
             # Static noise: drawn once per sample from (noise_seed, global index).
@@ -744,6 +755,9 @@ def _fit_scalar(*arrays: np.ndarray) -> UnitGaussianNormalizer:
 class _NormalizedFields(Dataset):
     """Shared part of the continuum datasets: reading a split of the input and target arrays
     (``keys``) and normalising both (see module doc)."""
+
+    x: torch.Tensor  # (set by _encode)
+    target: torch.Tensor
 
     def _setup(self, source: Source, split: str, keys: tuple[str, str], n_train: int,
                n_valid: int, n_test: int, input_normalizer: UnitGaussianNormalizer | None,

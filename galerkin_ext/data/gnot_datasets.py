@@ -25,7 +25,7 @@ import numbers
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -143,7 +143,7 @@ class RaggedNormalizers(nn.Module):
             if key not in state:
                 raise KeyError(f"state: missing {key!r}; not a RaggedNormalizers state dict "
                                f"(keys: {sorted(state)})")
-        eps = state["eps"]
+        eps: Tensor | float = state["eps"]
         if isinstance(eps, Tensor):
             if eps.numel() != 1:
                 raise ValueError(f"state['eps']: expected one number, got shape "
@@ -361,7 +361,9 @@ class RaggedDataset(Dataset):
             iw = (_segment_normalize(fn.weights, fn.offsets, f"inputs/{spec.name}/weights")
                   if weights == "mesh" and fn.weights is not None else _uniform(fn.offsets))
             self._inputs.append((fn.offsets, feats.to(dtype), t(iw).to(dtype)))
-        self._theta = None if data.theta is None else norm.theta.encode(t(data.theta)).to(dtype)
+        # (cast: check_layout matched the theta normaliser to the layout's theta_dim)
+        self._theta = (None if data.theta is None else
+                       cast(UnitGaussianNormalizer, norm.theta).encode(t(data.theta)).to(dtype))
         self.lengths = data.lengths
         self.input_lengths = {s.name: np.diff(off) for s, (off, _, _) in
                               zip(layout.inputs, self._inputs, strict=True)}
