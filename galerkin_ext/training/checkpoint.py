@@ -66,7 +66,7 @@ class CheckpointError(RuntimeError):
 _NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> Path:
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``.
 
     The data are flushed and fsync-ed before the rename, so after a crash ``path`` holds either

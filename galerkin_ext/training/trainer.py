@@ -34,11 +34,11 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -436,7 +436,8 @@ def relative_l2_metric(
     from ..layers.continuum import auto_quadrature_weights  # the TNO's own rule
 
     # A private copy that can follow the predictions to their device (Module.to is in place).
-    norm = copy.deepcopy(normalizer) if isinstance(normalizer, nn.Module) else normalizer
+    # (Any: what it needs is decode(), which nn.Module.__getattr__ would type as Tensor | Module)
+    norm: Any = copy.deepcopy(normalizer) if isinstance(normalizer, nn.Module) else normalizer
 
     def metric(pred: Tensor, batch: Batch) -> Tensor:
         target = batch["target"]
@@ -503,11 +504,12 @@ def per_sample_errors(
     dev = resolve_device(device)
     ctx = ctx or DistributedContext(device=dev)
     dev = ctx.device if ctx.enabled else dev
-    indices = range(ctx.rank, len(dataset), ctx.world_size)
+    # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
+    indices = range(ctx.rank, len(cast(Sized, dataset)), ctx.world_size)
     shard = Subset(dataset, indices)
     model.eval()
     # Each process fills its own entries; the sum over processes assembles the whole vector.
-    errors = torch.zeros(len(dataset), dtype=torch.float64, device=dev)
+    errors = torch.zeros(len(cast(Sized, dataset)), dtype=torch.float64, device=dev)
     done = 0
     for batch in _loader(shard, batch_size, dev, shuffle=False):
         err = _batch_errors(model, batch, dev, forward, metric)
@@ -561,11 +563,13 @@ def predict(
     _check_dataset(dataset, "dataset")
     _check_callables(forward=forward)
     dev = resolve_device(device)
+    # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
     if not isinstance(indices, Sequence) or not indices or any(
-        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(dataset)
+        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(cast(Sized, dataset))
         for i in indices
     ):
-        raise ValueError(f"indices: expected a non-empty list of ints in [0, {len(dataset)}), "
+        raise ValueError(f"indices: expected a non-empty list of ints in [0, "
+                         f"{len(cast(Sized, dataset))}), "
                          f"got {indices!r}")
     items = [dataset[i] for i in indices]
     collate = _collate(dataset)
@@ -727,9 +731,10 @@ class Trainer:
         self.train_set = _check_dataset(train_set, "train_set")
         self.eval_set = _check_dataset(eval_set, "eval_set")
         per_rank = config.batch_size // sample_ranks
-        if len(train_set) // sample_ranks < per_rank:
-            raise ConfigError(f"train_set: {len(train_set)} samples are fewer than one batch "
-                              f"of {config.batch_size}")
+        # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
+        if len(cast(Sized, train_set)) // sample_ranks < per_rank:
+            raise ConfigError(f"train_set: {len(cast(Sized, train_set))} samples are fewer than "
+                              f"one batch of {config.batch_size}")
         self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
         if config.tensorboard and self.ctx.is_main:
             tensorboard_writer_class()  # missing package: found before the folder is made
@@ -738,7 +743,7 @@ class Trainer:
         # training, not in a checkpoint that cannot be read back
         _check_loadable(self.run_config, "run_config", json_like=True)
         self.model = model.to(self.ctx.device)
-        self.sampler = DistributedSampler(
+        self.sampler: DistributedSampler[Any] = DistributedSampler(
             train_set, num_replicas=sample_ranks, rank=sample_rank, shuffle=True,
             seed=config.seed, drop_last=True,
         )
@@ -795,8 +800,10 @@ class Trainer:
 
     def _recorded(self) -> dict[str, Any]:
         """What the Trainer records in the run's config beside ``run_config``."""
+        # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
         return {"parallel": self.parallel, "train": dataclasses.asdict(self.config),
-                "train_samples": len(self.train_set), "eval_samples": len(self.eval_set)}
+                "train_samples": len(cast(Sized, self.train_set)),
+                "eval_samples": len(cast(Sized, self.eval_set))}
 
     def _full_config(self) -> dict[str, Any]:
         recorded = self._recorded()
@@ -965,7 +972,8 @@ class Trainer:
             # fallback_random: dropout draws its masks from torch's generator, as eager does
             # (inductor's own stream made a compiled run, or a resumption that switches
             # compile, another random experiment rather than a re-rounding of the plain one)
-            model = torch.compile(model, options={"fallback_random": True})
+            # (cast: torch types its result as a callable; for a module it is an OptimizedModule)
+            model = cast(nn.Module, torch.compile(model, options={"fallback_random": True}))
         bar = tqdm(total=cfg.epochs * self.steps_per_epoch, initial=start * self.steps_per_epoch,
                    unit="step", disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
         try:
@@ -1046,8 +1054,9 @@ class Trainer:
         Without gradients, in eval mode (the model's mode is restored); called before the RNG
         states are seeded or restored, since the DataLoader draws its base seed from them.
         """
+        # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
         first = Subset(self.eval_set, range(min(self.config.eval_batch_size,
-                                                len(self.eval_set))))
+                                                len(cast(Sized, self.eval_set)))))
         device = self.ctx.device
         mode = self.model.training
         self.model.eval()
