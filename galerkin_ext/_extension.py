@@ -36,8 +36,10 @@ def load_extension() -> ModuleType:
     try:
         from . import _C  # type: ignore[attr-defined]  # (compiled; no stub for mypy)
     except ImportError as err:
+        built_with: str | None
         try:
-            from ._build_info import TORCH_VERSION as built_with
+            from ._build_info import TORCH_VERSION
+            built_with = TORCH_VERSION
         except ImportError:
             built_with = None
         raise ImportError(load_error_message(err, built_with, torch.__version__,
