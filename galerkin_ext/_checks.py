@@ -509,7 +509,8 @@ def expand_grid(grid: object, name: str, batch: int, points: tuple[int, ...], di
 
 def check_norm(norm: object, name: str, like: Tensor,
                like_name: str = "q") -> tuple[Tensor, Tensor] | None:
-    """A ``(weight, bias)`` pair of shape ``(H, D)`` of ``like (B, H, ·, D)``, or None."""
+    """A ``(weight, bias)`` pair of shape ``(H, D)`` of ``like (B, H, ·, D)``, or None (the
+    values' norm: ``like`` is ``v``, whose width the message calls ``D_v``)."""
     if norm is None:
         return None
     if not isinstance(norm, (tuple, list)) or len(norm) != 2:
@@ -521,7 +522,8 @@ def check_norm(norm: object, name: str, like: Tensor,
         check_param_like(p, f"{name}[{i}]", like, like_name)
         if p.shape != (heads, dim):
             raise ValueError(
-                f"{name}[{i}]: expected shape (H, D) = ({heads}, {dim}), got {tuple(p.shape)}"
+                f"{name}[{i}]: expected shape (H, {'D_v' if like_name == 'v' else 'D'}) = "
+                f"({heads}, {dim}), got {tuple(p.shape)}"
             )
     return norm[0], norm[1]
 

@@ -5,8 +5,8 @@ values ``k (B, H, M, D)``, ``v (B, H, M, D_v)`` with ``kv_pos (B, M, P)`` or ``(
 ``pos`` when ``M == N``) and quadrature ``weight (B, M)`` or ``(M,)`` on the sum over keys
 (default uniform ``1/M``; zero masks a key out; the Galerkin and Fourier outputs are linear in
 it, so a padded sample's valid keys need weights of the same total, e.g. ``1/M_valid``); a
-norm is ``None`` or a ``(weight, bias)`` pair of
-shape ``(H, D)``, one affine layer norm per head. Coordinates go in front of every head after the
+norm is ``None`` or a ``(weight, bias)`` pair of shape ``(H, D)`` (``(H, D_v)`` for the values'
+``v_norm``), one affine layer norm per head. Coordinates go in front of every head after the
 norm, so outputs are ``(B, H, N, P + D_v)``.
 
 The op core (``csrc/attention/core.h``) is two compiled ops with compiled backwards, each with

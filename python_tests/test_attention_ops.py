@@ -369,7 +369,8 @@ def _good(gen):
 BAD = {
     "q rank 3": (lambda a: a.update(q=a["q"][0]), "q", ValueError),
     "v other M than k": (lambda a: a.update(k=a["k"][:, :, :4]), "v", ValueError),
-    "v other D than v_norm": (lambda a: a.update(v=torch.randn(2, 2, 5, 4)), "v_norm", ValueError),
+    "v other D than v_norm": (lambda a: a.update(v=torch.randn(2, 2, 5, 4)),
+                              "v_norm[0]: expected shape (H, D_v) = (2, 4)", ValueError),
     "cross-attention without kv_pos": (lambda a: a.update(k=a["k"][:, :, :4], v=a["v"][:, :, :4]),
                                        "kv_pos", ValueError),
     "k other B": (lambda a: a.update(k=torch.randn(1, 2, 5, 3)), "k", ValueError),

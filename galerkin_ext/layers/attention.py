@@ -155,7 +155,8 @@ class SimpleAttention(nn.Module):
                 Fourier and Galerkin attention are linear in them: keep their total at 1
                 (e.g. ``1/N_valid`` on a padded sample's valid points).
             return_attention: also return the attention matrix (after dropout), per head:
-                ``(B, H, N, N)`` for fourier/softmax, ``(B, H, d, d)`` for galerkin/linear;
+                ``(B, H, N, N)`` for fourier/softmax, ``(B, H, D + P, D + P)`` for
+                galerkin/linear (``D = d_model / H``, ``P = pos_dim``);
                 float32 for half-precision ``x`` for fourier/galerkin (the op accumulates in
                 it), else ``x``'s dtype.
 
