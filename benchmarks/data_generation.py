@@ -2,7 +2,7 @@
 
 Usage (run it niced on a shared machine)::
 
-    nice -n 19 python benchmarks/data_generation.py RESULTS.json \
+    nice -n 19 python benchmarks/data_generation.py RESULTS.json \\
         [--problem burgers|darcy|all] [--darcy-samples N] [--burgers-samples N] [--keep DIR]
 
 By default the full sets are generated (Burgers 2048 x 8192, Darcy 2048 x 421^2).  With

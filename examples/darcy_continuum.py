@@ -7,7 +7,7 @@ Transformer Neural Operator or one of the paper's baselines.
     python examples/darcy_continuum.py --model fno --coef piecewise --out runs/darcy_fno
     python examples/darcy_continuum.py --model vitno --coef piecewise --out runs/darcy_vitno
     python examples/darcy_continuum.py --preset paper --model tno --out runs/table1_tno  # GPU
-    python examples/darcy_continuum.py --preset paper --model fno --resolution 416 \
+    python examples/darcy_continuum.py --preset paper --model fno --resolution 416 \\
         --out runs/table3_fno                  # GPU; at s = 416 the paper preset is Table 3's
 
 Models (``--model``, see MODELS below): ``tno`` (continuum attention on the N = s^2 nodes, the
