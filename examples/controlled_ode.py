@@ -65,7 +65,8 @@ from galerkin_ext.training import (
 # 2 heads, Adam + OneCycle (max_lr 5e-3: the 2e-3 of §7's L63 row reached a median of 1.84e-3),
 # batch 32, 20 epochs.  Measured on 2 idle CPU cores from an empty data cache: median 1.13e-3
 # (normalised 1.76e-3), every zero-shot dt <= 1.15e-3, grid (41) 1.14e-3, in 29 s wall
-# (2026-11-24; on 2026-11-29, after rounding changes: 1.05e-3, normalised 1.62e-3, 1.05e-3).
+# (2026-11-24; on 2026-11-29, after rounding changes: 1.05e-3, normalised 1.62e-3, 1.05e-3;
+# after the weights' float64 log-ratio, 3f945ac: 1.11e-3, normalised 1.75e-3, 1.11e-3).
 ZERO_SHOT_DT = [0.005, 0.0075, 0.01, 0.015, 0.02]  # the paper's Fig 7
 PRESETS = {
     "quick": {

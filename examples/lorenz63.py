@@ -69,7 +69,9 @@ from galerkin_ext.training import (
 # cores from an empty data cache: task (b) median 2.09e-2, grid (41) 2.26e-2 vs 5.30e-2 for the
 # unweighted model (0.43x), both models in 102 s wall; task (a) median 1.46e-2 (normalised
 # 3.5e-2) in 55 s (2026-11-24; on 2026-11-29, after rounding changes: (b) 2.35e-2, grid (41)
-# 2.57e-2 vs 6.75e-2 (0.38x); (a) 1.65e-2, normalised 3.9e-2: the README's spread).
+# 2.57e-2 vs 6.75e-2 (0.38x); (a) 1.65e-2, normalised 3.9e-2: the README's spread; after the
+# weights' float64 log-ratio, 3f945ac: (b) 2.19e-2, 2.43e-2 vs 6.75e-2 (0.36x); (a) 1.76e-2,
+# normalised 4.2e-2).
 ZERO_SHOT_DT = [0.005, 0.0075, 0.01, 0.015, 0.02]  # the paper's Fig 7
 PRESETS = {
     "quick": {
