@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from galerkin_ext._checks import cannot_write_in
+from galerkin_ext._checks import cannot_make_folder, cannot_write_in
 from galerkin_ext._cli import writable_file
 from galerkin_ext.data.burgers import solve_burgers
 from galerkin_ext.data.generate import generate_burgers, generate_darcy
@@ -131,10 +131,9 @@ def main() -> int:
         if existing:
             parser.error(f"--keep: {existing} exist; the timed generation would replace them")
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gext_data_"))
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a file in the way, a place that makes no folder
-        parser.error(f"--keep: cannot make the folder {str(work)!r} ({err.strerror})")
+    why = cannot_make_folder(work)  # a file in the way, a place that makes no folder
+    if why is not None:
+        parser.error(f"--keep: cannot make the folder {str(work)!r} ({why})")
     why = cannot_write_in(work)
     if why is not None:
         parser.error(f"--keep: cannot write in {str(work)!r} ({why})")

@@ -549,6 +549,16 @@ def check_path(path: object, name: str = "path") -> Path:
     return Path(path)
 
 
+def cannot_make_folder(folder: Path) -> str | None:
+    """Why ``folder`` (with its parents) cannot be made (the OS's words, e.g. a file in the
+    way), or ``None`` once it exists."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
 def cannot_write_in(folder: Path) -> str | None:
     """Why no file can be made in ``folder`` (the OS's words), or ``None`` where one can: tried
     with a temporary file, since the permission bits let root write where the file system

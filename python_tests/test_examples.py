@@ -292,6 +292,9 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
      "--fine/--coarse: coarse_resolution: expected at most resolution = 64"),
     ("darcy_inverse.py", ("--model", "fno", "--fine", "43", "--coarse", "13"), 2,
      "onto the coarse one: coarse - 1 must divide 42, got coarse = 13"),
+    # a new folder in one no file can be made in (as root os.access passed /proc: the data
+    # were generated, then the Trainer failed)
+    ("burgers.py", ("--out", "/proc/x/run"), 1, "error: out_dir: cannot write to '/proc/x/run'"),
 ])
 def test_settings_that_need_no_data_are_refused_before_generating_any(tmp_path, script, flags,
                                                                       status, message):

@@ -1215,6 +1215,9 @@ def test_cached_data_names_a_cache_dir_it_cannot_use(tmp_path):
         cached_data("burgers", blocker / "x", n_samples=2, resolution=16)
     with pytest.raises(TypeError, match="cache_dir: expected a path"):
         cached_data("burgers", 5)
+    # tried, not judged from the permission bits (which root passes on /proc)
+    with pytest.raises(ConfigError, match=r"cache_dir: the folder '/proc' is not writable \("):
+        cached_data("burgers", "/proc", n_samples=2, resolution=16)
 
 
 def test_cached_data_progress_is_not_a_parameter_of_the_file(tmp_path, capsys):

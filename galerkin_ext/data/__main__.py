@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._checks import cannot_make_folder
 from .._cli import nonnegative_int, positive_float, positive_int
 
 PROBLEMS = ("burgers", "darcy", "lorenz63", "cde", "kolmogorov", "heat", "elasticity")
@@ -240,7 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(_finite(inspect(args.file)), indent=2, allow_nan=False))
             return 0
         if out is not None:  # (as the training scripts make theirs; the API, as open(), not)
-            _make_folder(Path(out).parent)
+            folder = Path(out).parent
+            why = cannot_make_folder(folder)
+            if why is not None:
+                raise ValueError(f"out: cannot create the folder {str(folder)!r} ({why})")
         if args.command == "convert":
             path = _convert(args)
             print(f"wrote {path}")
@@ -304,15 +308,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             ValueError, TypeError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-
-
-def _make_folder(folder: Path) -> None:
-    """Create ``folder`` (and its parents) for ``--out``; an error names it in one line."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # e.g. a file in the way, or no permission
-        raise ValueError(f"out: cannot create the folder {str(folder)!r} "
-                         f"({err.strerror})") from None
 
 
 def _published(out: str | None) -> tuple[int, int, int] | None:

@@ -27,7 +27,15 @@ from typing import Any, cast
 
 import torch
 
-from .._checks import check_bool, check_int, check_path, recorded_statistics, resolve_device
+from .._checks import (
+    cannot_make_folder,
+    cannot_write_in,
+    check_bool,
+    check_int,
+    check_path,
+    recorded_statistics,
+    resolve_device,
+)
 from .._cli import nonnegative_float, nonnegative_int, positive_float, positive_int, usable_device
 from .._locks import file_lock
 from ..complexity import parameter_count
@@ -304,7 +312,7 @@ def _check_out(path: str) -> None:
     try:
         if existing == folder:
             _writable_dir(path)
-        elif not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        elif cannot_write_in(existing) is not None:  # (tried: root passes os.access on /proc)
             raise ValueError(f"out_dir: cannot write to {str(folder)!r} ({str(existing)!r} "
                              "is not a folder this process can write to)")
     except ValueError as err:
@@ -842,13 +850,12 @@ def cached_data(
                      f"{digest}.h5")
     ctx = ctx or DistributedContext()
     if ctx.is_main and not path.is_file():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:  # e.g. a file on the way: a traceback from pathlib otherwise
-            raise ConfigError(f"cache_dir: cannot create the folder {str(folder)!r} "
-                              f"({err.strerror})") from None
-        if not os.access(folder, os.W_OK):
-            raise ConfigError(f"cache_dir: the folder {str(folder)!r} is not writable")
+        why = cannot_make_folder(folder)  # e.g. a file on the way
+        if why is not None:
+            raise ConfigError(f"cache_dir: cannot create the folder {str(folder)!r} ({why})")
+        why = cannot_write_in(folder)  # (tried: root passes os.access where /proc refuses)
+        if why is not None:
+            raise ConfigError(f"cache_dir: the folder {str(folder)!r} is not writable ({why})")
         # One process generates a cached file; another that needs it waits, then reuses it
         # (two at once both wrote into the one partial file, or one called it corrupt).
         def waiting() -> None:

@@ -48,6 +48,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from tqdm.auto import tqdm
 
 from .._checks import (
+    cannot_make_folder,
     cannot_write_in,
     check_bool,
     check_choice,
@@ -299,13 +300,8 @@ def _writable_dir(path: object) -> Path:
     """``path`` as a folder this process can write to (created if missing), checked now rather
     than after the first epoch."""
     folder = _check_out_dir(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # (a ConfigError: the example scripts end with its one line)
-        raise ConfigError(f"out_dir: cannot write to {str(folder)!r} "
-                          f"({err.strerror or err})") from None
-    why = cannot_write_in(folder)
-    if why is not None:
+    why = cannot_make_folder(folder) or cannot_write_in(folder)
+    if why is not None:  # (a ConfigError: the example scripts end with its one line)
         raise ConfigError(f"out_dir: cannot write to {str(folder)!r} ({why})")
     return folder
 
