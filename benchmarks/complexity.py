@@ -24,15 +24,15 @@ from galerkin_ext.training import command_line, write_json
 RESOLUTION = 416  # the paper's Darcy (piecewise) and Kolmogorov grids
 WIDTHS = (32, 64, 96, 128)
 # model -> (build_model name, the arguments set to the channel width, fixed arguments). The
-# transformers' feed-forward width follows d_model: the paper's Table 4 counts 6 d^2 + 2 d per
-# encoder layer, 4 d^2 for Q, K, V, W_o and 2 d^2 for a feed-forward block d -> d -> d (its
-# d_ff = 128 is the width-128 models'); the FNO's lift and projection stay 128 wide (Table 4).
+# transformers' feed-forward width follows d_model by default: the paper's Table 4 counts
+# 6 d^2 + 2 d per encoder layer, 4 d^2 for Q, K, V, W_o and 2 d^2 for a feed-forward block
+# d -> d -> d; the FNO's lift and projection stay 128 wide (Table 4).
 MODELS = {
     "FNO": ("fno_ca", ("width",), {}),
     "AFNO": ("afno", ("d_model",), {"grid": (RESOLUTION, RESOLUTION)}),
-    "TNO": ("tno_darcy", ("d_model", "dim_feedforward"), {}),
-    "ViT NO": ("vitno", ("d_model", "dim_feedforward"), {}),
-    "FANO": ("fano", ("d_model", "dim_feedforward"), {}),
+    "TNO": ("tno_darcy", ("d_model",), {}),
+    "ViT NO": ("vitno", ("d_model",), {}),
+    "FANO": ("fano", ("d_model",), {}),
 }
 
 

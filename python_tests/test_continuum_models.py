@@ -18,6 +18,7 @@ from galerkin_ext.layers import (
     AFNOFilter,
     ContinuumAttention,
     ContinuumEncoderLayer,
+    PatchedEncoderLayer,
     SpectralConv,
     SpectralConv1d,
     SpectralConv2d,
@@ -78,6 +79,22 @@ def test_encoder_layer_and_variant_counts():
     assert n_params(TNO(1, 1, 1, layer_norm=False)) == 6 * 99_072 + lift + projection
     # the Galerkin encoder's 'galerkin' row has the same count as 'fourier'
     assert n_params(build_model("gt_encoder", attention_type="galerkin")) == 534_657
+
+
+@pytest.mark.parametrize("width", [32, 64, 96, 128])
+def test_width_sweep_counts_follow_table_4(width):
+    """Figs 10-11 sweep d_model alone: the paper's Table 4 counts a feed-forward block of width
+    d_model at every width (6 d² per layer with the attention's 4 d²), so d_model sets it."""
+    d = width
+    layer = 6 * d * d + 10 * d  # weights of Table 4, plus the 6 Linear biases and 2 norms' 4d
+    assert n_params(ContinuumEncoderLayer(d, 8)) == layer
+    assert n_params(PatchedEncoderLayer(d, 8)) == layer
+    # lift Linear(d_u + d, d_model), projection Linear(d_model, d_z): Darcy d_u = d_z = 1, d = 2
+    assert n_params(build_model("tno_darcy", d_model=d)) == 6 * layer + 4 * d + d + 1
+    # ViT NO: the spectral lift (two blocks of 12 x 12 complex weights, each counted once, from
+    # d_u + 2 = 3 channels) and the final convolution (64 modes, 8,192 weights)
+    lift = 2 * 12 * 12 * 3 * d
+    assert n_params(build_model("vitno", d_model=d)) == 6 * layer + lift + d + 1 + 8_192
 
 
 # ---------------------------------------------------------------------------------------------

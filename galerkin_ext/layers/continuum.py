@@ -275,14 +275,15 @@ class ContinuumEncoderLayer(nn.Module):
 
     Args:
         d_model, n_head, scale, attn_dropout: the attention, see :class:`ContinuumAttention`.
-        dim_feedforward: hidden width of the feed-forward block.
+        dim_feedforward: hidden width of the feed-forward block (``None``: ``d_model``, as
+            in the paper's parameter counts, its Table 4, at every width).
         dropout: on the two residual branches (the paper: 1e-4).
         activation: of the feed-forward block (``'gelu'``, ``'relu'`` or ``'silu'``).
         layer_norm: whether the two residual-stream layer norms exist.
         eps: their epsilon.
     """
 
-    def __init__(self, d_model: int, n_head: int, dim_feedforward: int = 128,
+    def __init__(self, d_model: int, n_head: int, dim_feedforward: int | None = None,
                  dropout: float = 1e-4, *, activation: str = "gelu", layer_norm: bool = True,
                  scale: float | None = None, attn_dropout: float = 0.0,
                  eps: float = 1e-5) -> None:
@@ -290,9 +291,11 @@ class ContinuumEncoderLayer(nn.Module):
         check_bool(layer_norm, "layer_norm")
         eps = check_float(eps, "eps")
         self.attn = ContinuumAttention(d_model, n_head, scale=scale, attn_dropout=attn_dropout)
-        self.linear1 = nn.Linear(d_model, check_int(dim_feedforward, "dim_feedforward"))
+        hidden = d_model if dim_feedforward is None else check_int(dim_feedforward,
+                                                                   "dim_feedforward")
+        self.linear1 = nn.Linear(d_model, hidden)
         self.activation = make_activation(activation)
-        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.linear2 = nn.Linear(hidden, d_model)
         self.dropout1 = nn.Dropout(check_probability(dropout, "dropout"))
         self.dropout2 = nn.Dropout(dropout)
         if layer_norm:

@@ -285,7 +285,8 @@ class PatchedEncoderLayer(nn.Module):
     Args:
         d_model, n_head, qkv_modes, patch_extension, scale: the attention, see
             :class:`PatchedAttention`.
-        dim_feedforward: hidden width of the feed-forward block.
+        dim_feedforward: hidden width of the feed-forward block (``None``: ``d_model``, as
+            in the paper's parameter counts, its Table 4, at every width).
         dropout: on the two residual branches (the paper: 1e-4).
         activation: of the feed-forward block (``'gelu'``, ``'relu'`` or ``'silu'``).
         eps: of the two layer norms.
@@ -293,16 +294,18 @@ class PatchedEncoderLayer(nn.Module):
     Input and output ``(B, P, p₁, p₂, d_model)``.
     """
 
-    def __init__(self, d_model: int, n_head: int, dim_feedforward: int = 128,
+    def __init__(self, d_model: int, n_head: int, dim_feedforward: int | None = None,
                  dropout: float = 1e-4, *, qkv_modes: int | None = None,
                  patch_extension: str | None = None, scale: float = 1.0,
                  activation: str = "gelu", eps: float = 1e-5) -> None:
         super().__init__()
         self.attn = PatchedAttention(d_model, n_head, qkv_modes=qkv_modes,
                                      patch_extension=patch_extension, scale=scale)
-        self.linear1 = nn.Linear(d_model, check_int(dim_feedforward, "dim_feedforward"))
+        hidden = d_model if dim_feedforward is None else check_int(dim_feedforward,
+                                                                   "dim_feedforward")
+        self.linear1 = nn.Linear(d_model, hidden)
         self.activation = make_activation(activation)
-        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.linear2 = nn.Linear(hidden, d_model)
         self.dropout1 = nn.Dropout(check_probability(dropout, "dropout"))
         self.dropout2 = nn.Dropout(dropout)
         eps = check_float(eps, "eps")

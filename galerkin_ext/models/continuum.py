@@ -121,7 +121,7 @@ class TNO(nn.Module):
         d_model, n_head, num_layers: encoder width, heads and depth.
         token0_dim: width of the initial-condition token, or ``None``.
         layer_norm: ``True`` for the paper's TNO, ``False`` for the averaging variant.
-        dim_feedforward: hidden width of the feed-forward blocks.
+        dim_feedforward: hidden width of the feed-forward blocks (``None``: ``d_model``).
         dropout: on the encoder's residual branches.
         scale: attention logits' factor (``None``: ``1/sqrt(d_model / n_head)``).
         query_head: whether the model outputs at query points through the query head.
@@ -134,8 +134,9 @@ class TNO(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, domain_dim: int, d_model: int = 128,
                  n_head: int = 8, num_layers: int = 6, token0_dim: int | None = None,
-                 layer_norm: bool = True, dim_feedforward: int = 128, dropout: float = 1e-4,
-                 scale: float | None = None, query_head: bool = False) -> None:
+                 layer_norm: bool = True, dim_feedforward: int | None = None,
+                 dropout: float = 1e-4, scale: float | None = None,
+                 query_head: bool = False) -> None:
         super().__init__()
         self.in_dim = check_int(in_dim, "in_dim")
         self.out_dim = check_int(out_dim, "out_dim")
@@ -450,7 +451,7 @@ class _PatchedOperator(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, d_model: int, n_head: int, num_layers: int,
                  patches: int | tuple[int, int], final_modes: int | None,
-                 dim_feedforward: int, dropout: float,
+                 dim_feedforward: int | None, dropout: float,
                  smoothing: tuple[float, float] | None, qkv_modes: int | None,
                  patch_extension: str | None) -> None:
         super().__init__()
@@ -519,7 +520,8 @@ class ViTNO(_PatchedOperator):
 
     Args:
         in_dim, out_dim: ``d_u``, ``d_z``.
-        d_model, n_head, num_layers, dim_feedforward, dropout: the encoder.
+        d_model, n_head, num_layers, dim_feedforward, dropout: the encoder
+            (``dim_feedforward=None``: ``d_model``).
         patches: ``(P₁, P₂)`` (or one int for both).
         lift_modes, final_modes: modes of the lift's and the final spectral convolutions.
         smoothing: ``None`` or ``(ε, α)``.
@@ -530,7 +532,7 @@ class ViTNO(_PatchedOperator):
     def __init__(self, in_dim: int = 1, out_dim: int = 1, d_model: int = 128, n_head: int = 8,
                  num_layers: int = 6, patches: int | tuple[int, int] = (13, 13),
                  lift_modes: int = 12, final_modes: int | None = 64,
-                 dim_feedforward: int = 128, dropout: float = 1e-4,
+                 dim_feedforward: int | None = None, dropout: float = 1e-4,
                  smoothing: tuple[float, float] | None = None) -> None:
         super().__init__(in_dim, out_dim, d_model, n_head, num_layers, patches, final_modes,
                          dim_feedforward, dropout, smoothing, qkv_modes=None,
@@ -566,7 +568,7 @@ class FANO(_PatchedOperator):
     def __init__(self, in_dim: int = 1, out_dim: int = 1, d_model: int = 128, n_head: int = 8,
                  num_layers: int = 6, patches: int | tuple[int, int] = (13, 13),
                  qkv_modes: int = 9, final_modes: int | None = 64,
-                 dim_feedforward: int = 128, dropout: float = 1e-4,
+                 dim_feedforward: int | None = None, dropout: float = 1e-4,
                  smoothing: tuple[float, float] | None = None,
                  patch_extension: str | None = None) -> None:
         super().__init__(in_dim, out_dim, d_model, n_head, num_layers, patches, final_modes,
