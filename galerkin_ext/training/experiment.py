@@ -216,7 +216,10 @@ def add_patched_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoothing", type=nonnegative_float, nargs=2, metavar=("EPS", "ALPHA"),
                         default=None,
                         help="vitno, fano: multiply the output's Fourier mode k by "
-                             "(1 + EPS |k|^2)^-ALPHA (default: none)")
+                             "(1 + EPS |k|^2)^-ALPHA: the inverse of (I - EPS Laplacian)^ALPHA "
+                             "on a 2pi-periodic domain such as Kolmogorov's (the paper's Fig "
+                             "18: 1e-3 1.001); elsewhere, e.g. on Darcy's square, a low-pass "
+                             "filter that treats the grid as periodic (default: none)")
     parser.add_argument("--patch-extension", choices=("periodic",), default=None,
                         help="fano: its spectral Q, K, V act on each patch extended to a "
                              "periodic one (default: none)")

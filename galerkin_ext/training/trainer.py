@@ -420,8 +420,8 @@ def relative_l2_metric(
             the error is in physical units.
         weighted: the norms carry the quadrature weights of the batch's points,
             :func:`~galerkin_ext.layers.auto_quadrature_weights` of ``batch[grid_key][0]``
-            (trapezoid in 1-D, uniform on equispaced tensor grids, the product of per-axis
-            trapezoid weights on other tensor grids), derived per batch so that every
+            (trapezoid in 1-D, uniform on equispaced tensor grids, products of per-axis cell
+            widths on other tensor grids), derived per batch so that every
             evaluation grid gets its own.
         grid_key: the batch's coordinates, ``(B, *grid, d)``, shared by the batch.
     """
