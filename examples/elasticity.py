@@ -5,26 +5,27 @@ random cavity, learned from the mesh (and the cavity's boundary), by GNOT or a b
     python examples/elasticity.py --model gk --out runs/elasticity_gk    # the GK-Transformer
     python examples/elasticity.py --preset paper --out runs/elasticity_paper          # GPU work
 
-Models (``--model``): ``gnot`` (``gnot_elasticity``: heterogeneous normalised attention over
-the input functions), ``gk`` (``gk_elasticity``: the Galerkin Transformer encoder on the vertex
+Models (``--model``): ``gnot`` (``gnot_elasticity``: heterogeneous normalised attention over the
+input functions), ``gk`` (``gk_elasticity``: the Galerkin Transformer encoder on the vertex
 coordinates; no input functions) and ``mionet`` (``mionet_elasticity``: each input function
-flattened into a branch).  Input functions (``--inputs``): ``mesh``, the mesh's vertices with
-their lumped areas (the paper's), or ``mesh+cavity``, also the cavity's boundary vertices with
-their curve weights (SPEC-gnot §4.2's option; the quick preset's).  Every sample has its own
-mesh (about 340 vertices at the quick preset's h = 0.07), so batches are padded and masked: a
-sample's prediction never depends on its batch mates.  ``--weights mesh`` (default) attends
-with the lumped areas (and curve weights), ``uniform`` with 1/N.  Data: generated once (P2
-finite elements on Triangle meshes) and cached, or ``--data`` a converted copy of Geo-FNO's set
-(``python -m galerkin_ext.data convert geofno-elasticity``; it has no mesh, so ``--weights
+flattened into a branch); GNOT's ablations as in ``examples/heat.py`` (``--experts``,
+``--ffn-norm``, ``--paper-faithful``).  Input functions (``--inputs``): ``mesh``, the mesh's
+vertices with their lumped areas (the paper's), or ``mesh+cavity``, also the cavity's boundary
+vertices with their curve weights (SPEC-gnot §4.2's option; the quick preset's).  Every sample
+has its own mesh (about 340 vertices at the quick preset's h = 0.07), so batches are padded and
+masked: a sample's prediction never depends on its batch mates.  ``--weights mesh`` (default)
+attends with the lumped areas (and curve weights), ``uniform`` with 1/N.  Data: generated once
+(P2 finite elements on Triangle meshes) and cached, or ``--data`` a converted copy of Geo-FNO's
+set (``python -m galerkin_ext.data convert geofno-elasticity``; it has no mesh, so ``--weights
 uniform``, and no cavity input; converted with ``--rr``, its θ, the cavity's radii, goes to GNOT
-and MIONet, while the GK model ignores it); training on the first
-``n_train`` samples, evaluation on the last ``n_eval``; z-score normalisers fitted on the
-training split.  Loss and metric: the per-sample relative L2 over the valid points (metric in
-physical units).  Writes OUT/metrics.json (``test_rel_l2``: the last epoch, as SPEC-gnot §5
-reports, the mean over samples and target channels; ``test_rel_l2_per_channel``: per channel;
-``best_epoch_rel_l2``: the best epoch on the evaluation set, the reference code's other
-figure; the training split's normalisers in ``config``), OUT/best.pt, OUT/last.pt (resume
-with --resume), OUT/metrics.csv and OUT/prediction.png.
+and MIONet, while the GK model ignores it); training on the first ``n_train`` samples,
+evaluation on the last ``n_eval``; z-score normalisers fitted on the training split.  Loss and
+metric: the per-sample relative L2 over the valid points (metric in physical units).  Writes
+OUT/metrics.json (``test_rel_l2``: the last epoch, as SPEC-gnot §5 reports, the mean over
+samples and target channels; ``test_rel_l2_per_channel``: per channel; ``best_epoch_rel_l2``:
+the best epoch on the evaluation set, the reference code's other figure; the training split's
+normalisers in ``config``), OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv and
+OUT/prediction.png.
 """
 
 import copy
@@ -37,6 +38,7 @@ from galerkin_ext.losses import MaskedRelativeLoss
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    add_gnot_flags,
     build_run_model,
     cached_data,
     check_eval_layout,
@@ -45,6 +47,7 @@ from galerkin_ext.training import (
     enforce_thresholds,
     evaluation_only,
     experiment_parser,
+    gnot_model_options,
     load_checkpoint,
     normalizer_config,
     plot_ragged_predictions,
@@ -127,6 +130,7 @@ def main(argv=None):
     parser.add_argument("--inputs", choices=INPUTS,
                         help="input functions of generated data: the mesh, or the mesh and the "
                              "cavity's boundary (default: the preset's)")
+    add_gnot_flags(parser)
     args = parser.parse_args(argv)
     if args.inputs is not None and args.data is not None:
         parser.error("--inputs: applies to generated data; a --data file brings its own input "
@@ -135,8 +139,12 @@ def main(argv=None):
     if args.inputs is not None:
         cfg["data"]["with_cavity"] = args.inputs == "mesh+cavity"
     cfg["model"].update(MODELS[args.model].get(args.preset, {}))
+    ablation = gnot_model_options(parser, args, args.model)
+    cfg["model"].update(ablation)
     cfg["model_choice"], cfg["weights"] = args.model, args.weights
-    enforced = args.weights == "mesh" and preset_unchanged(cfg, PRESETS[args.preset], args)
+    # (the ablations set what the preset may leave to the model's defaults: see heat.py)
+    enforced = (args.weights == "mesh" and not ablation
+                and preset_unchanged(cfg, PRESETS[args.preset], args))
     thresholds = cfg.pop("thresholds", {}).get(args.model, {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])

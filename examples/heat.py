@@ -5,23 +5,27 @@ knot heights theta, by GNOT (with its geometric-gating mixture of experts) or MI
 
     python examples/heat.py --out runs/heat                           # quick preset, CPU
     python examples/heat.py --experts 1 --out runs/heat_k1            # without the mixture
+    python examples/heat.py --paper-faithful --ffn-norm post --out runs/heat_paper_form
     python examples/heat.py --model mionet --out runs/heat_mionet
     python examples/heat.py --preset paper --n-train 1000 --out runs/heat_part    # GPU work
 
 Models (``--model``): ``gnot`` (``gnot_heat``: K = 3 experts gated by position, theta joined to
 every query point) and ``mionet`` (``mionet_heat``: one branch per input function and one for
-theta).  Every sample has its own mesh (about 630 vertices at the quick preset's h = 0.5), so
-batches are padded and masked: a sample's prediction never depends on its batch mates.
-``--weights mesh`` (default) attends with the vertices' lumped areas and the interfaces' curve
-weights, ``uniform`` with 1/N.  Data: generated once (P2 finite elements on Triangle meshes,
-periodic in x) and cached; training on the first ``n_train`` samples (the paper's "part" is
-1000, "full" 5400), evaluation on the last ``n_eval``; z-score normalisers fitted on the
-training split.  Loss and metric: the per-sample relative L2 over the valid points (metric in
-physical units).  Writes OUT/metrics.json (``test_rel_l2``: the last epoch, as SPEC-gnot §5
-reports, the mean over samples and target channels; ``test_rel_l2_per_channel``: per channel;
-``best_epoch_rel_l2``: the best epoch on the evaluation set, the reference code's other
-figure; the training split's normalisers in ``config``), OUT/best.pt, OUT/last.pt (resume
-with --resume), OUT/metrics.csv and OUT/prediction.png.
+theta).  GNOT's ablations (SPEC-gnot §6): ``--experts K``, ``--ffn-norm post|pre`` and
+``--paper-faithful`` (the paper's forms where the reference code differs: the inputs' terms
+averaged, no self-attention skip, theta as an input function).  Every sample has its own mesh
+(about 630 vertices at the quick preset's h = 0.5), so batches are padded and masked: a sample's
+prediction never depends on its batch mates.  ``--weights mesh`` (default) attends with the
+vertices' lumped areas and the interfaces' curve weights, ``uniform`` with 1/N.  Data: generated
+once (P2 finite elements on Triangle meshes, periodic in x) and cached; training on the first
+``n_train`` samples (the paper's "part" is 1000, "full" 5400), evaluation on the last
+``n_eval``; z-score normalisers fitted on the training split.  Loss and metric: the per-sample
+relative L2 over the valid points (metric in physical units).  Writes OUT/metrics.json
+(``test_rel_l2``: the last epoch, as SPEC-gnot §5 reports, the mean over samples and target
+channels; ``test_rel_l2_per_channel``: per channel; ``best_epoch_rel_l2``: the best epoch on the
+evaluation set, the reference code's other figure; the training split's normalisers in
+``config``), OUT/best.pt, OUT/last.pt (resume with --resume), OUT/metrics.csv and
+OUT/prediction.png.
 """
 
 import copy
@@ -29,12 +33,12 @@ import sys
 
 import torch
 
-from galerkin_ext._cli import positive_int
 from galerkin_ext.data import RaggedDataset
 from galerkin_ext.losses import MaskedRelativeLoss
 from galerkin_ext.training import (
     TrainConfig,
     Trainer,
+    add_gnot_flags,
     build_run_model,
     cached_data,
     check_eval_layout,
@@ -43,6 +47,7 @@ from galerkin_ext.training import (
     enforce_thresholds,
     evaluation_only,
     experiment_parser,
+    gnot_model_options,
     load_checkpoint,
     normalizer_config,
     plot_ragged_predictions,
@@ -106,19 +111,16 @@ def main(argv=None):
                         help="GNOT or a baseline of SPEC-gnot §6 (default: %(default)s)")
     parser.add_argument("--weights", choices=("mesh", "uniform"), default="mesh",
                         help="quadrature weights of the points: the lumped areas or 1/N")
-    parser.add_argument("--experts", type=positive_int, default=None,
-                        help="GNOT's experts K (default: the preset's, 3)")
+    add_gnot_flags(parser)
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="heat")
     cfg["model"].update(MODELS[args.model].get(args.preset, {}))
-    if args.experts is not None:
-        if args.model != "gnot":
-            parser.error("--experts: only GNOT has experts")
-        cfg["model"]["n_experts"] = args.experts
+    ablation = gnot_model_options(parser, args, args.model)
+    cfg["model"].update(ablation)
     cfg["model_choice"], cfg["weights"] = args.model, args.weights
-    # --experts sets what the preset leaves to the model's default, which preset_unchanged
-    # cannot compare: any value is another experiment
-    enforced = (args.weights == "mesh" and args.experts is None
+    # the ablations set what the preset may leave to the model's defaults, which
+    # preset_unchanged cannot compare: any of them is another experiment
+    enforced = (args.weights == "mesh" and not ablation
                 and preset_unchanged(cfg, PRESETS[args.preset], args))
     thresholds = cfg.pop("thresholds", {}).get(args.model, {})  # not part of the run's identity
     if cfg["threads"]:

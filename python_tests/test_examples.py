@@ -905,7 +905,8 @@ def gnot_cache(tmp_path_factory) -> Path:
     ("elasticity.py", ["--model", "gnot"]), ("elasticity.py", ["--model", "gk"]),
     ("elasticity.py", ["--model", "mionet", "--weights", "uniform"]),
     ("elasticity.py", ["--model", "gnot", "--inputs", "mesh"]),
-    ("heat.py", ["--model", "gnot", "--experts", "2"]), ("heat.py", ["--model", "mionet"])])
+    ("heat.py", ["--model", "gnot", "--experts", "2", "--ffn-norm", "post", "--paper-faithful"]),
+    ("heat.py", ["--model", "mionet"])])
 def test_gnot_examples(tmp_path, gnot_cache, script, flags):
     """Each model trains on padded ragged batches of its own meshes and reports the last
     epoch (SPEC-gnot §5) beside the best one."""
@@ -923,8 +924,11 @@ def test_gnot_examples(tmp_path, gnot_cache, script, flags):
     assert (out / "prediction.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not m["thresholds"]["enforced"]
     _check_rebuilt(out, m)
-    if "--experts" in flags:
-        assert m["config"]["model"]["n_experts"] == 2
+    if "--experts" in flags:  # with SPEC-gnot §6's other ablations
+        model = m["config"]["model"]
+        assert model["n_experts"] == 2 and model["ffn_norm"] == "post"
+        assert (model["reduce"], model["self_skip"], model["theta_mode"]) == (
+            "mean", False, "branch")
     if "mionet" in flags:
         assert all(n >= 1 for n in m["config"]["model"]["input_points"])
     if script == "elasticity.py" and "gk" not in flags:  # the quick preset adds the cavity
@@ -991,10 +995,15 @@ def test_elasticity_example_learns_several_targets(tmp_path, model):
     assert m["config"]["model"]["out_dim"] == 3 and len(m["test_rel_l2_per_channel"]) == 3
 
 
-def test_gnot_example_refuses_experts_for_mionet(tmp_path):
-    proc = subprocess.run(_cmd("heat.py", tmp_path / "run", "--model", "mionet", "--experts",
-                               "2"), capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-    assert proc.returncode == 2 and "--experts: only GNOT has experts" in proc.stderr
+@pytest.mark.parametrize("script, flags", [
+    ("heat.py", ["--model", "mionet", "--experts", "2"]),
+    ("elasticity.py", ["--model", "gk", "--paper-faithful"]),
+    ("elasticity.py", ["--model", "mionet", "--ffn-norm", "pre"])])
+def test_gnot_examples_refuse_gnot_ablations_for_baselines(tmp_path, script, flags):
+    proc = subprocess.run(_cmd(script, tmp_path / "run", *flags), capture_output=True, text=True,
+                          timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 2
+    assert f"{flags[2]}: a setting of GNOT, not of {flags[1]}" in proc.stderr
 
 
 def _readme_block(after: str, name: str) -> dict:

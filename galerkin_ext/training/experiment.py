@@ -69,6 +69,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "ThresholdError",
     "VALIDATION_NORMALISED",
+    "add_gnot_flags",
     "add_patched_model_flags",
     "baseline_model",
     "build_run_model",
@@ -83,6 +84,7 @@ __all__ = [
     "error_summary",
     "evaluation_only",
     "experiment_parser",
+    "gnot_model_options",
     "load_trained_model",
     "plot_1d",
     "normalizer_config",
@@ -240,6 +242,40 @@ def patched_model_options(parser: argparse.ArgumentParser, args: argparse.Namesp
         if model != "fano":
             parser.error(f"--patch-extension: only fano extends its patches, not {model}")
         options["patch_extension"] = args.patch_extension
+    return options
+
+
+def add_gnot_flags(parser: argparse.ArgumentParser) -> None:
+    """GNOT's ablations of SPEC-gnot §6 as flags: ``--experts``, ``--ffn-norm`` and
+    ``--paper-faithful``; read them with :func:`gnot_model_options`."""
+    parser.add_argument("--experts", type=positive_int, default=None,
+                        help="gnot: its experts K (default: the preset's)")
+    parser.add_argument("--ffn-norm", choices=("post", "pre"), default=None,
+                        help="gnot: post-norm blocks, or pre-norm ones x + E(LN(x)) "
+                             "(default: the preset's)")
+    parser.add_argument("--paper-faithful", action="store_true",
+                        help="gnot: the paper's forms where the reference code differs: the "
+                             "inputs' attention terms averaged (reduce 'mean'), no skip in the "
+                             "self-attention, theta as one more input function")
+
+
+def gnot_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                       model: str) -> dict[str, Any]:
+    """The GNOT settings that :func:`add_gnot_flags`'s flags give (``{}`` without them: the
+    preset's model, whose thresholds then apply); ``parser.error`` where ``model`` is not
+    ``'gnot'``."""
+    options: dict[str, Any] = {}
+    if args.experts is not None:
+        options["n_experts"] = args.experts
+    if args.ffn_norm is not None:
+        options["ffn_norm"] = args.ffn_norm
+    if args.paper_faithful:
+        options.update(reduce="mean", self_skip=False, theta_mode="branch")
+    if options and model != "gnot":
+        flag = next(f for f, given in (("--experts", args.experts is not None),
+                                       ("--ffn-norm", args.ffn_norm is not None),
+                                       ("--paper-faithful", args.paper_faithful)) if given)
+        parser.error(f"{flag}: a setting of GNOT, not of {model}")
     return options
 
 
