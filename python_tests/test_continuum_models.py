@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -589,6 +590,42 @@ def test_spectral_conv_init_count_and_dtype_conversions():
     assert list(conv.state_dict()) == ["weight_pos", "weight_neg"]
     assert conv.float().weight_pos.dtype == torch.complex64
     assert conv.double().weight_pos.dtype == torch.complex128
+
+
+def test_spectral_weights_follow_the_default_dtype_and_take_channels_last(gen):
+    """Under torch.set_default_dtype(float64) the complex weights are complex128 like every
+    real parameter (they stayed complex64: a float64 run trained them in float32), and
+    to(memory_format=channels_last) converts a model with them (it failed: 'required rank 4
+    tensor', the weights' real view being 5-D)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(F64)
+    try:
+        model = build_model("vitno", d_model=8, n_head=2, num_layers=1, patches=2, lift_modes=2,
+                            final_modes=3)
+    finally:
+        torch.set_default_dtype(previous)
+    assert {p.dtype for p in model.parameters()} == {F64, torch.complex128}
+    assert SpectralConv(2, 3, 2).weight_pos.dtype == torch.complex64  # float32 default
+    u, x = torch.randn(2, 8, 8, 1, generator=gen, dtype=F64), square_grid(8, F64)
+    expected = model(u, x)
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    model.to(memory_format=torch.channels_last)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, before[name], rtol=0, atol=0)
+    torch.testing.assert_close(model(u, x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_coordinates_that_require_grad_raise_no_warning(gen):
+    """weight='auto' decides its rule from the coordinates' values: with coordinates that
+    require grad (to differentiate in x) it warned 'Converting a tensor with requires_grad=True
+    to a scalar'."""
+    model = TNO(1, 1, 2, d_model=8, n_head=2, num_layers=1).double()
+    x = square_grid(5, F64).reshape(-1, 2).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = model(torch.randn(1, 25, 1, generator=gen, dtype=F64), x)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert torch.isfinite(grad).all()
 
 
 def test_complex_parameters_move_to_and_from_meta_and_vmap_over_weights(gen):

@@ -137,6 +137,7 @@ def _equispaced(axis: Tensor) -> bool:
     margin without calling a grid at 1e5 with gaps 0.1, 0.2, 0.7 uniform."""
     if len(axis) < 3:
         return True
+    axis = axis.detach()  # a decision, not a value: coordinates that require grad warn in float()
     gaps = axis.diff()
     eps = max(torch.finfo(axis.dtype).eps, torch.finfo(torch.float32).eps)
     tolerance = 4 * eps * float(axis.abs().max())

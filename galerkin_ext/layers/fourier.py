@@ -206,16 +206,25 @@ def _spectral_product_matmul(x: Tensor, weight: Tensor, n_pos: int, norm: str) -
     return torch.cat([cos2 * factor, -sin2 * factor]).mT @ w1.view(batch, p1, 2 * cols, c_out)
 
 
+def _complex_dtype(real: torch.dtype) -> torch.dtype:
+    """The complex dtype of weights in a model of dtype ``real``: complex128 for float64,
+    complex64 otherwise (FFTs in half precision are poorly supported and the weights are
+    few)."""
+    return torch.complex128 if real == torch.float64 else torch.complex64
+
+
 def _apply_to_complex(fn: Callable[[Tensor], Tensor], t: Tensor) -> Tensor:
     """``fn`` (a ``Module._apply`` conversion) on a complex tensor through its real view: a
-    real dtype becomes the matching complex one; a half type keeps complex64 (FFTs in half
-    precision are poorly supported and the weights are few)."""
-    converted = fn(torch.view_as_real(t))
+    real dtype becomes the matching complex one (:func:`_complex_dtype`)."""
+    real = torch.view_as_real(t)
+    # The (re, im) pairs folded into the last axis keep t's rank, which a conversion may
+    # depend on: to(memory_format=torch.channels_last) takes 4-D tensors only.
+    converted = fn(real.flatten(-2) if t.dim() else real)
     if converted.is_complex():  # an explicit complex target dtype
         return fn(t)
     if converted.dtype in (torch.float32, torch.float64):
-        return torch.view_as_complex(converted.contiguous())
-    return t.to(converted.device)
+        return torch.view_as_complex(converted.reshape(real.shape).contiguous())
+    return t.to(converted.device, _complex_dtype(converted.dtype))
 
 
 class _ComplexParametersModule(nn.Module):
@@ -274,7 +283,8 @@ class SpectralConv(_ComplexParametersModule):
     that resolves it.
 
     Weights are complex parameters (a complex entry counts once in ``numel``), initialised with
-    real and imaginary parts ``U(0, 1/(c_in c_out))``. ``model.to(torch.float64)`` and
+    real and imaginary parts ``U(0, 1/(c_in c_out))``; complex128 when the default dtype is
+    float64 (``torch.set_default_dtype``), else complex64. ``model.to(torch.float64)`` and
     ``model.double()`` make them complex128.
 
     Args:
@@ -295,8 +305,9 @@ class SpectralConv(_ComplexParametersModule):
                                                                           "last_modes")
         shape = (in_channels, out_channels, self.modes, self.last_modes)
         bound = 1.0 / (in_channels * out_channels)
-        self.weight_pos = nn.Parameter(torch.empty(shape, dtype=torch.complex64))
-        self.weight_neg = nn.Parameter(torch.empty(shape, dtype=torch.complex64))
+        dtype = _complex_dtype(torch.get_default_dtype())  # as real parameters follow it
+        self.weight_pos = nn.Parameter(torch.empty(shape, dtype=dtype))
+        self.weight_neg = nn.Parameter(torch.empty(shape, dtype=dtype))
         with torch.no_grad():
             for weight in (self.weight_pos, self.weight_neg):
                 torch.view_as_real(weight).uniform_(0.0, bound)
