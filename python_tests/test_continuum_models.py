@@ -601,7 +601,7 @@ def test_spectral_weights_follow_the_default_dtype_and_take_channels_last(gen):
     torch.set_default_dtype(F64)
     try:
         model = build_model("vitno", d_model=8, n_head=2, num_layers=1, patches=2, lift_modes=2,
-                            final_modes=3)
+                            final_modes=3).eval()  # (no dropout between the two calls)
     finally:
         torch.set_default_dtype(previous)
     assert {p.dtype for p in model.parameters()} == {F64, torch.complex128}
