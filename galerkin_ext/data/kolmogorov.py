@@ -183,7 +183,8 @@ class _Spectral:
         self.mask = ((3 * kx.abs() < s) & (3 * ky < s)).to(dtype)
 
     def rfft2(self, field: Tensor) -> Tensor:
-        return torch.fft.rfft2(field)
+        # (contiguous: torch 2.5's MKL FFT refuses expanded, stride-0 input)
+        return torch.fft.rfft2(field.contiguous())
 
     def irfft2(self, spec: Tensor) -> Tensor:
         return torch.fft.irfft2(spec, s=(self.s, self.s))
@@ -205,9 +206,7 @@ class _Spectral:
                 device: torch.device) -> Tensor:
         """Spectrum of ``-A n cos(n y)`` (axis -1 is y); shape ``(s, s//2+1)``."""
         y = 2 * math.pi * torch.arange(self.s, dtype=dtype, device=device) / self.s
-        # Materialised: torch 2.5's MKL FFT refuses the stride-0 rows of an expanded tensor.
-        grid = (-amplitude * n * torch.cos(n * y)).expand(self.s, self.s).contiguous()
-        return self.rfft2(grid)
+        return self.rfft2((-amplitude * n * torch.cos(n * y)).expand(self.s, self.s))
 
 
 def _check_vorticity(omega: object, name: str, min_size: int = 4) -> Tensor:

@@ -175,7 +175,6 @@ def _spectral_product_matmul(x: Tensor, weight: Tensor, n_pos: int, norm: str) -
     cos2, sin2 = _dft_rows(k2, p2, dtype)  # (K, p₂)
     forward_scale = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1.0
     inverse_scale = 1 / math.sqrt(p1 * p2) if norm == "ortho" else 1 / (p1 * p2)
-    weight = weight.resolve_conj().resolve_neg()  # (view_as_real refuses lazy ones)
 
     # Forward. Along p₂, real: Z = [Zr; Zi] with Zr = Σ cos x, Zi = -Σ sin x.
     z = (torch.cat([cos2, -sin2]) * forward_scale) @ x  # (B, p₁, 2K, c)
@@ -188,7 +187,10 @@ def _spectral_product_matmul(x: Tensor, weight: Tensor, n_pos: int, norm: str) -
 
     # Each mode's mixing: [re; im] (2B rows) times [Wr | Wi] holds the four real products.
     spectrum = torch.cat([re, im]).permute(1, 2, 0, 3).reshape(rows * cols, 2 * batch, c_in)
-    w = torch.view_as_real(weight).permute(2, 3, 0, 4, 1).reshape(rows * cols, c_in, 2 * c_out)
+    # (real and imaginary parts stacked, not view_as_real: its backward in torch 2.5 refuses the
+    # permuted gradient, and it refuses lazily conjugated weights)
+    w = torch.stack([weight.real, weight.imag], dim=-1).permute(2, 3, 0, 4, 1).reshape(
+        rows * cols, c_in, 2 * c_out)
     mixed = torch.bmm(spectrum, w).view(rows, cols, 2 * batch, 2 * c_out)
     out_re = (mixed[:, :, :batch, :c_out] - mixed[:, :, batch:, c_out:]).permute(2, 0, 1, 3)
     out_im = (mixed[:, :, :batch, c_out:] + mixed[:, :, batch:, :c_out]).permute(2, 0, 1, 3)

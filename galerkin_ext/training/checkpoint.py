@@ -302,7 +302,10 @@ def load_checkpoint(
         raise ValueError(f"map_location: {str(map_location)!r}, but CUDA is not available here; "
                          "load with map_location='cpu'")
     try:
-        state = torch.load(p, map_location=map_location, weights_only=True)
+        # sets and complex numbers are loadable content (_check_loadable); torch 2.5 reads
+        # them under weights_only only when allowed by name
+        with torch.serialization.safe_globals([set, complex]):
+            state = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for damaged files (zip, pickle, EOF)
         if map_location is None and "on a CUDA device" in str(err):  # (saved on a GPU)
             raise ValueError("map_location: None keeps the checkpoint's CUDA devices, but CUDA "
