@@ -265,17 +265,18 @@ def gnot_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace
     preset's model, whose thresholds then apply); ``parser.error`` where ``model`` is not
     ``'gnot'``."""
     options: dict[str, Any] = {}
+    flags = []
     if args.experts is not None:
         options["n_experts"] = args.experts
+        flags.append("--experts")
     if args.ffn_norm is not None:
         options["ffn_norm"] = args.ffn_norm
+        flags.append("--ffn-norm")
     if args.paper_faithful:
         options.update(reduce="mean", self_skip=False, theta_mode="branch")
-    if options and model != "gnot":
-        flag = next(f for f, given in (("--experts", args.experts is not None),
-                                       ("--ffn-norm", args.ffn_norm is not None),
-                                       ("--paper-faithful", args.paper_faithful)) if given)
-        parser.error(f"{flag}: a setting of GNOT, not of {model}")
+        flags.append("--paper-faithful")
+    if flags and model != "gnot":
+        parser.error(f"{flags[0]}: a setting of GNOT, not of {model}")
     return options
 
 
