@@ -448,6 +448,9 @@ def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> 
         results["contexts_follow_the_group"] = _contexts_follow_the_group(rank, world)
         if rank == 0:
             Path(out_file).write_text(json.dumps(results))
+        # as cleanup_distributed: every rank done before the teardown (torch 2.5's gloo hung
+        # now and then in destroy_process_group without it, with the results already written)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

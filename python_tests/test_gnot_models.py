@@ -306,6 +306,7 @@ def test_compiled_models_take_every_padded_size_after_one_recompile(name):
     checking, which pinned them: a compile for every new padded size (25-30 s on a CPU)."""
     from torch._dynamo.testing import CompileCounter
 
+    torch._dynamo.reset()  # counting from a clean cache: earlier tests compile these forwards
     torch.manual_seed(0)
     model, dims, theta_dim = model_inputs(name)
     gen = torch.Generator().manual_seed(2)

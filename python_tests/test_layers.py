@@ -484,6 +484,8 @@ def test_compiled_spectral_products_follow_the_rule(gen, monkeypatch):
     from galerkin_ext import _checks
     from galerkin_ext.layers import fourier
 
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 6):
+        pytest.skip("torch 2.5's dynamo breaks the graph at an FFT of symbolic size")
     traced: list[str] = []
 
     def spy(name: str):
