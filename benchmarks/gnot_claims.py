@@ -8,7 +8,8 @@ Runs (``examples/heat.py`` / ``examples/elasticity.py`` with their quick presets
 (refused otherwise). Then the elasticity models trained with mesh and with uniform weights are
 evaluated on the refined evaluation set (the same geometries re-meshed, triangles near the
 cavity split, solved again; generated once into ``RUNS/elasticity_refined.h5``). Claims
-(SPEC-gnot §5, §8): heat GNOT ≤ ½ MIONet (§8 expects ≥ 1.5× at quick scale), heat K = 3 < K = 1
+(SPEC-gnot §5, §8): heat GNOT < MIONet by ≥ 1.5× (§8's expectation at quick scale) and by
+≥ 2× (§5's target for the paper's data), both reported, heat K = 3 < K = 1
 (a gap within ±10 % is "not shown at quick scale"), elasticity GNOT < GK < MIONet, and
 refined/base error ratio ≤ 1.25 with mesh weights and below the uniform-weight ratio. What
 makes up the refined error is measured at the base vertices, which the refinement keeps (the
@@ -147,12 +148,14 @@ def main() -> None:
         rec["refined_over_base"] = rec["refined_rel_l2"] / rec["test_rel_l2"]
 
     err = {name: r["test_rel_l2"] for name, r in records.items()}
+    heat_ratio = err["heat_mionet"] / err["heat_gnot"]
     k_gap = err["heat_gnot_k1"] / err["heat_gnot"] - 1
     mesh, uniform = records["elasticity_gnot"], records["elasticity_gnot_uniform"]
     claims = {
-        "heat: GNOT <= 1/2 MIONet (SPEC-gnot §5; paper: 4.2x)": {
-            "ratio": err["heat_mionet"] / err["heat_gnot"],
-            "holds": 2 * err["heat_gnot"] <= err["heat_mionet"]},
+        "heat: GNOT < MIONet, expected >= 1.5x at quick scale (SPEC-gnot §8)": {
+            "ratio": heat_ratio, "holds": heat_ratio >= 1.5},
+        "heat: GNOT <= 1/2 MIONet (SPEC-gnot §5, the paper-scale target; paper: 4.2x)": {
+            "ratio": heat_ratio, "holds": heat_ratio >= 2},
         "heat: K = 3 < K = 1": {
             "gap": k_gap, "holds": k_gap > 0.10 or ("not shown at quick scale"
                                                     if abs(k_gap) <= 0.10 else False)},
