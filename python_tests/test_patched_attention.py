@@ -520,14 +520,16 @@ def test_batch_independence_and_empty_batch(cls, gen):
 @pytest.mark.parametrize("cls", [ViTNO, FANO])
 def test_jit_trace_follows_the_grid(cls, gen):
     """Under torch.jit.trace the cell volume 1 / (points) is a 0-d tensor of the traced sizes:
-    the traced model gives eager's output at its own grid and at a finer one."""
+    the traced model gives eager's output at its own grid and at a finer one (to float64
+    rounding of two algorithms: traced, the spectral products run the FFTs; eager, at these
+    sizes, the DFT-matrix products; 1e-12 failed once by 2.6e-12)."""
     model = _tiny(cls, patches=(2, 2), final_modes=3).to(F64)
     u = randn(1, 8, 8, 1, gen=gen)
     traced = torch.jit.trace(model, (u, unit_grid(8, dtype=F64)))
     with torch.no_grad():
         for s in (8, 12):
             u, x = randn(2, s, s, 1, gen=gen), unit_grid(s, dtype=F64)
-            torch.testing.assert_close(traced(u, x), model(u, x), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(traced(u, x), model(u, x), rtol=1e-10, atol=1e-10)
 
 
 def test_smoothing_and_final_conv_act_on_the_output(gen):
