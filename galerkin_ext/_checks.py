@@ -187,11 +187,12 @@ def check_model_input(x: Tensor, name: str, model: torch.nn.Module) -> None:
     """``x``, a model's input, on the device and in the dtype of the model's real parameters
     (any floating dtype under autocast): the first layer would otherwise fail with a message
     about its own operands."""
-    # a list, not next(generator, None): torch 2.5's dynamo cannot trace the two-argument next
-    real = [p for p in model.parameters() if not p.is_complex()]
-    if not real:
+    # (a loop, not next(generator, None), which torch 2.5's dynamo cannot trace)
+    for p in model.parameters():
+        if not p.is_complex():
+            break
+    else:
         return
-    p = real[0]
     if x.device != p.device:
         raise ValueError(f"{name}: expected a tensor on {p.device} like the model's parameters, "
                          f"got one on {x.device}")

@@ -19,6 +19,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 SEED = int(os.environ.get("GALERKIN_TEST_SEED", random.SystemRandom().randrange(2**31)))
+# torch 2.5, the oldest admitted, cannot trace an FFT at symbolic sizes (export and dynamo)
+TORCH_BEFORE_2_6 = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 6)
 
 
 def pytest_report_header(config):

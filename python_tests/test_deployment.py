@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TORCH_BEFORE_2_6
 
 from galerkin_ext.layers import auto_quadrature_weights
 from galerkin_ext.models import available_models, build_model
@@ -84,10 +85,9 @@ def test_every_registered_model_is_covered():
 
 # torch 2.5's export fails inside rfft2 of a permuted input ("illegal argument '-1]'"), and
 # in rfft at symbolic sizes ("unsupported operator: aten._fft_r2c"): its bugs
-_TORCH_2_5 = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 6)
 _EXPORT_BROKEN = ({"darcy", "darcy_inverse", "fno2d", "fno_ca", "afno", "vitno", "fano"}
-                  if _TORCH_2_5 else set())
-_DYNAMIC_EXPORT_BROKEN = _EXPORT_BROKEN | ({"burgers", "fno1d"} if _TORCH_2_5 else set())
+                  if TORCH_BEFORE_2_6 else set())
+_DYNAMIC_EXPORT_BROKEN = _EXPORT_BROKEN | ({"burgers", "fno1d"} if TORCH_BEFORE_2_6 else set())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TORCH_BEFORE_2_6
 
 from galerkin_ext import reference
 from galerkin_ext.layers import (
@@ -484,7 +485,7 @@ def test_compiled_spectral_products_follow_the_rule(gen, monkeypatch):
     from galerkin_ext import _checks
     from galerkin_ext.layers import fourier
 
-    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 6):
+    if TORCH_BEFORE_2_6:
         pytest.skip("torch 2.5's dynamo breaks the graph at an FFT of symbolic size")
     traced: list[str] = []
 

@@ -8,6 +8,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from conftest import TORCH_BEFORE_2_6
 
 from galerkin_ext.data import block_average
 from galerkin_ext.layers import SimpleAttention
@@ -331,7 +332,7 @@ def test_compiled_layers_take_new_resolutions_in_one_graph():
     compiled = torch.compile(PatchedAttention(8, 2), backend="eager", fullgraph=True)
     for s in (5, 6, 7):
         compiled(torch.randn(2, 4, s, s, 8))
-    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 6):
+    if TORCH_BEFORE_2_6:
         return  # torch 2.5's dynamo breaks the graph at an rfft of symbolic size
     torch._dynamo.reset()
     model, _ = _small("burgers")

@@ -52,16 +52,23 @@ def explicit_s(k, v, kv_pos, weight, k_map, k_norm, v_map, v_norm, ones_column):
     return s
 
 
+def quotient_blocks(width, normalizers):
+    """The column slices (numerator, its normaliser) of each of the ``normalizers`` blocks of
+    Q̂ S, ``width`` columns in all."""
+    block = width // normalizers
+    return [(slice(lo, lo + block - 1), slice(lo + block - 1, lo + block))
+            for lo in range(0, width, block)]
+
+
 def explicit_apply(q, pos, q_map, q_norm, s, normalizers, skip=False):
     """Q̂ S, or Σ_l (Q̂ S_l) / (Q̂ s_l) with 0/0 := 0, row by row; plus Q̂ with skip."""
     q_hat = explicit_row(q, pos, q_map, q_norm)
     y = q_hat @ s.double()
     if normalizers > 0:
-        block = y.shape[-1] // normalizers
-        out = torch.zeros(*y.shape[:3], block - 1, dtype=F64)
-        for lo in range(0, y.shape[-1], block):
-            num, den = y[..., lo:lo + block - 1], y[..., lo + block - 1:lo + block]
-            out += torch.where(den != 0, num / torch.where(den != 0, den, 1.0), 0.0)
+        out = 0.0
+        for num, den in quotient_blocks(y.shape[-1], normalizers):
+            d = y[..., den]
+            out = out + torch.where(d != 0, y[..., num] / torch.where(d != 0, d, 1.0), 0.0)
         y = out
     return y + q_hat if skip else y
 
@@ -75,13 +82,12 @@ def apply_rounding_scale(q, pos, q_map, q_norm, s, normalizers):
     y, y_abs = q_hat @ s.double(), q_hat.abs() @ s.double().abs()
     if normalizers == 0:
         return y_abs
-    block = y.shape[-1] // normalizers
-    scale = torch.zeros(*y.shape[:3], block - 1, dtype=F64)
-    for lo in range(0, y.shape[-1], block):
-        num, den = y[..., lo:lo + block - 1], y[..., lo + block - 1:lo + block]
-        num_abs, den_abs = y_abs[..., lo:lo + block - 1], y_abs[..., lo + block - 1:lo + block]
-        safe = torch.where(den != 0, den.abs(), 1.0)
-        scale += torch.where(den != 0, (num_abs + (num / safe).abs() * den_abs) / safe, 0.0)
+    scale = 0.0
+    for num, den in quotient_blocks(y.shape[-1], normalizers):
+        d = y[..., den]
+        safe = torch.where(d != 0, d.abs(), 1.0)
+        scale = scale + torch.where(
+            d != 0, (y_abs[..., num] + (y[..., num] / safe).abs() * y_abs[..., den]) / safe, 0.0)
     return scale
 
 

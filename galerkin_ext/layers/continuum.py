@@ -257,6 +257,12 @@ class ContinuumAttention(nn.Module):
                              f"{self.d_model}, got {tuple(t.shape)}")
 
 
+def feedforward_width(dim_feedforward: int | None, d_model: int) -> int:
+    """The hidden width of the continuum-attention encoder layers' feed-forward block: given, or
+    ``d_model``, as the paper's parameter counts (its Table 4) have it at every width."""
+    return d_model if dim_feedforward is None else check_int(dim_feedforward, "dim_feedforward")
+
+
 def _last_dim(coords: object) -> int:
     """The coordinate dimension of ``coords (M, d)`` / ``(B, M, d)``, for the shape check."""
     return int(coords.shape[-1]) if isinstance(coords, Tensor) and coords.dim() >= 1 else 1
@@ -276,8 +282,8 @@ class ContinuumEncoderLayer(nn.Module):
 
     Args:
         d_model, n_head, scale, attn_dropout: the attention, see :class:`ContinuumAttention`.
-        dim_feedforward: hidden width of the feed-forward block (``None``: ``d_model``, as
-            in the paper's parameter counts, its Table 4, at every width).
+        dim_feedforward: hidden width of the feed-forward block (``None``: ``d_model``,
+            :func:`feedforward_width`).
         dropout: on the two residual branches (the paper: 1e-4).
         activation: of the feed-forward block (``'gelu'``, ``'relu'`` or ``'silu'``).
         layer_norm: whether the two residual-stream layer norms exist.
@@ -292,8 +298,7 @@ class ContinuumEncoderLayer(nn.Module):
         check_bool(layer_norm, "layer_norm")
         eps = check_float(eps, "eps")
         self.attn = ContinuumAttention(d_model, n_head, scale=scale, attn_dropout=attn_dropout)
-        hidden = d_model if dim_feedforward is None else check_int(dim_feedforward,
-                                                                   "dim_feedforward")
+        hidden = feedforward_width(dim_feedforward, d_model)
         self.linear1 = nn.Linear(d_model, hidden)
         self.activation = make_activation(activation)
         self.linear2 = nn.Linear(hidden, d_model)

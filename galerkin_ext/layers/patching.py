@@ -35,6 +35,7 @@ from .._checks import (
 )
 from ..functional import opmath_dtype
 from .activation import make_activation
+from .continuum import feedforward_width
 from .fourier import SpectralConv
 
 __all__ = ["PatchedAttention", "PatchedEncoderLayer", "SpectralSmoothing", "even_extension",
@@ -285,8 +286,8 @@ class PatchedEncoderLayer(nn.Module):
     Args:
         d_model, n_head, qkv_modes, patch_extension, scale: the attention, see
             :class:`PatchedAttention`.
-        dim_feedforward: hidden width of the feed-forward block (``None``: ``d_model``, as
-            in the paper's parameter counts, its Table 4, at every width).
+        dim_feedforward: hidden width of the feed-forward block (``None``: ``d_model``,
+            :func:`~galerkin_ext.layers.continuum.feedforward_width`).
         dropout: on the two residual branches (the paper: 1e-4).
         activation: of the feed-forward block (``'gelu'``, ``'relu'`` or ``'silu'``).
         eps: of the two layer norms.
@@ -301,8 +302,7 @@ class PatchedEncoderLayer(nn.Module):
         super().__init__()
         self.attn = PatchedAttention(d_model, n_head, qkv_modes=qkv_modes,
                                      patch_extension=patch_extension, scale=scale)
-        hidden = d_model if dim_feedforward is None else check_int(dim_feedforward,
-                                                                   "dim_feedforward")
+        hidden = feedforward_width(dim_feedforward, d_model)
         self.linear1 = nn.Linear(d_model, hidden)
         self.activation = make_activation(activation)
         self.linear2 = nn.Linear(hidden, d_model)
