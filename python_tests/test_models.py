@@ -365,10 +365,10 @@ def test_compiled_calls_still_check_their_float_arguments():
 
 @pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex")
 def test_compiled_spectral_layers_give_eager_gradients():
-    """Inductor (torch 2.13) got the AFNO filter's second weight wrong through complex einsums
-    (w2's gradient off by up to 6 for a largest of 4.7, silently), and failed a stride assertion
-    in the backward of SpectralConv's padded spectrum at dynamic sizes: both layers now avoid
-    those paths when compiled."""
+    """Inductor gets ``torch.complex`` wrong, silently: torch 2.13 the AFNO filter's w2 gradient
+    (off by up to 6 for a largest of 4.7), torch 2.5 its forward and every gradient (input
+    gradients 0.0065 off); and it failed a stride assertion in the backward of SpectralConv's
+    padded spectrum at dynamic sizes: both layers now avoid those paths."""
     from galerkin_ext.layers.fourier import AFNOFilter, SpectralConv
 
     gen = torch.Generator().manual_seed(0)
