@@ -125,6 +125,8 @@ def test_counting_holds_spectral_products_to_ffts_only_while_it_counts():
     was, after an error too, and whatever order two threads' counters close in."""
     import threading
 
+    from torch.utils import _python_dispatch as python_dispatch
+
     from galerkin_ext.layers import fourier
 
     x = torch.empty(0)
@@ -161,11 +163,20 @@ def test_counting_holds_spectral_products_to_ffts_only_while_it_counts():
             counted.append(products())
         counted.append(products())
 
+    # torch keeps "a dispatch mode is active" in process-wide flags that each mode restores on
+    # exit: closed out of order across threads, they stay set, and torch 2.5's dynamo then
+    # compiles nothing for the rest of the process (GNOT's compile-count tests saw no frame)
+    flags = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode")
+    saved = [getattr(python_dispatch, name) for name in flags]
     threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        for name, value in zip(flags, saved, strict=True):
+            setattr(python_dispatch, name, value)
     assert counted == [False, True]
     assert products()
 
