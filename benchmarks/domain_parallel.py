@@ -40,7 +40,13 @@ import torch.multiprocessing as mp
 from galerkin_ext import domain, ops
 from galerkin_ext._cli import nonnegative_int, positive_int, writable_file
 from galerkin_ext.domain import DomainSplit
-from galerkin_ext.training import command_line, describe_device, write_json
+from galerkin_ext.training import (
+    DistributedContext,
+    cleanup_distributed,
+    command_line,
+    describe_device,
+    write_json,
+)
 
 OPS = ("galerkin", "normalized")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -167,8 +173,10 @@ def _worker(rank: int, world: int, args: argparse.Namespace, init_file: str,
                 dist.barrier()  # the other ranks wait while rank 0 times one process
         if rank == 0:
             Path(result_file).write_text(json.dumps(records))
+        cleanup_distributed(DistributedContext(rank=rank, world_size=world))
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # failed on the way: leave without waiting for the others
+            dist.destroy_process_group()
 
 
 def _all_reduce_alone(meter: _Meter, size: int, dtype: torch.dtype,

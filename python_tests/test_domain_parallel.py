@@ -29,6 +29,7 @@ from galerkin_ext import domain, ops
 from galerkin_ext.domain import DomainSplit, make_domain_parallel, sum_gradients
 from galerkin_ext.layers import EncoderLayer, SimpleAttention
 from galerkin_ext.models import GNOT, GKTransformer, MIONet, SimpleTransformer1d
+from galerkin_ext.training import DistributedContext, cleanup_distributed
 
 F64 = torch.float64
 TOL = 1e-12
@@ -409,7 +410,7 @@ def _contexts_follow_the_group(rank: int, world: int) -> bool:
     samples wrongly without an error; setup_distributed, given a group initialised without
     torchrun's variables, returned a single-process context on every process (each then wrote
     the run's files); a process left out of a group got a message about an int."""
-    from galerkin_ext.training import DistributedContext, setup_distributed
+    from galerkin_ext.training import setup_distributed
 
     mine = f"this process is rank {rank} of {world}"
     ok = [_refused(lambda: DistributedContext(rank=(rank + 1) % world, world_size=world), mine),
@@ -448,11 +449,11 @@ def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> 
         results["contexts_follow_the_group"] = _contexts_follow_the_group(rank, world)
         if rank == 0:
             Path(out_file).write_text(json.dumps(results))
-        # as cleanup_distributed: every rank done before the teardown (torch 2.5's gloo hung
-        # now and then in destroy_process_group without it, with the results already written)
-        dist.barrier()
+        # every rank done before the teardown, which torch 2.5's gloo could hang in otherwise
+        cleanup_distributed(DistributedContext(rank=rank, world_size=world))
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # failed on the way: leave without waiting for the others
+            dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------------------------
