@@ -166,8 +166,8 @@ def test_counting_holds_spectral_products_to_ffts_only_while_it_counts():
     # torch keeps "a dispatch mode is active" in process-wide flags that each mode restores on
     # exit: closed out of order across threads, they stay set, and torch 2.5's dynamo then
     # compiles nothing for the rest of the process (GNOT's compile-count tests saw no frame)
-    flags = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode")
-    saved = [getattr(python_dispatch, name) for name in flags]
+    flags = {name: value for name, value in vars(python_dispatch).items()
+             if name.startswith("_is_in_")}
     threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
     try:
         for t in threads:
@@ -175,8 +175,11 @@ def test_counting_holds_spectral_products_to_ffts_only_while_it_counts():
         for t in threads:
             t.join(timeout=60)
     finally:
-        for name, value in zip(flags, saved, strict=True):
+        for name, value in flags.items():
             setattr(python_dispatch, name, value)
+        mirror = "_is_in_any_mode_without_ignore_compile_internals"  # torch 2.13: also in C++
+        if mirror in flags:
+            python_dispatch.set_is_in_mode_without_ignore_compile_internals(flags[mirror])
     assert counted == [False, True]
     assert products()
 
