@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -647,9 +648,47 @@ def test_cinn_sizes_of_the_paper(fine, coarse, down_middle, up_middle):
     assert cinn_sizes(fine, coarse) == (fine, down_middle, coarse, up_middle)
 
 
+def _reference_scaled_sizes(fine: int, coarse: int) -> tuple[int, int, int]:
+    """The reference's Darcy scripts' sizes, as they compute them (numpy, the factor's printed
+    last digit, torch's scale-factor interpolation): ``(down middle, reached, up middle)``."""
+    factor = np.round(np.sqrt(coarse / fine), 4)
+    last_digit = float(str(factor)[-1])
+    factor = np.round(factor, 3)
+    if last_digit < 5:
+        factor += 5e-3
+    factor = int(factor / 5e-3 + 5e-1) * 5e-3
+
+    def scaled(n: int) -> int:
+        return F.interpolate(torch.zeros(1, 1, n, n), scale_factor=factor, mode="bilinear",
+                             align_corners=True, recompute_scale_factor=True).shape[-1]
+
+    middle = scaled(fine)
+    return middle, scaled(middle), round(fine * factor) - 1
+
+
+def test_cinn_sizes_are_the_references_wherever_it_runs():
+    # every grid pair of the reference's Darcy scripts (421 subsampled by s: 421, 211, 141, …),
+    # and a sweep of small grids
+    grids = [420 // s + 1 for s in range(1, 61) if 420 % s == 0]
+    pairs = [(f, c) for f in grids for c in grids if c <= f]
+    pairs += [(f, c) for f in range(2, 60) for c in range(2, f + 1)]
+    runs = 0
+    for fine, coarse in pairs:
+        middle, reached, up = _reference_scaled_sizes(fine, coarse)
+        sizes = cinn_sizes(fine, coarse)
+        if reached == coarse:
+            runs += 1
+            assert sizes == (fine, middle, coarse, up), (fine, coarse)
+        else:  # a pair the reference cannot run (its attention grid would not be coarse²)
+            geometric = round(math.sqrt(fine * coarse))
+            assert sizes == (fine, geometric, coarse, geometric), (fine, coarse)
+    assert runs > len(pairs) // 4  # both branches are exercised
+
+
 def test_cinn_sizes_elsewhere_and_errors():
-    assert cinn_sizes(100, 25) == (100, 50, 25, 50)
-    assert cinn_sizes(16, 16) == (16, 16, 16, 16)
+    assert cinn_sizes(100, 25) == (100, 50, 25, 49)  # factor 0.5
+    assert cinn_sizes(85, 22) == (85, 43, 22, 43)  # the reference's scaling reaches 21
+    assert cinn_sizes(16, 16) == (16, 16, 16, 15)  # factor 1.005
     with pytest.raises(ValueError, match="coarse: expected at most fine"):
         cinn_sizes(20, 30)
     with pytest.raises(ValueError, match="fine"):

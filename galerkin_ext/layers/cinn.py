@@ -32,29 +32,41 @@ class CiNNSizes(NamedTuple):
     up_middle: int
 
 
-# The reference computes the sizes from a rounded scale factor; these are its results for the
-# paper's resolutions (its up path for 141/43 and 85/29 passes through 77 and 49, one less than
-# the down path).
-_PAPER_SIZES = {
-    (211, 61): (113, 113),
-    (141, 43): (78, 77),
-    (85, 29): (50, 49),
-    (141, 36): (71, 71),
-    (211, 71): (123, 122),
-}
+def _reference_factor(fine: int, coarse: int) -> float:
+    """The reference code's interpolation factor for ``fine → coarse`` (its Darcy scripts' rule,
+    restated): ``sqrt(coarse / fine)`` to 4 decimals, then to 3, plus 0.005 where the 4-decimal
+    value's last printed digit is below 5, then to the nearest multiple of 0.005. The same float
+    operations in the same order, so that the sizes below come out as the reference's."""
+    k = round(math.sqrt(coarse / fine) * 10_000)  # the 4-decimal value, in units of 1e-4
+    last_digit = k
+    while last_digit and last_digit % 10 == 0:  # printing drops the trailing zeros
+        last_digit //= 10
+    factor = round(k / 10_000 * 1000) / 1000
+    if last_digit % 10 < 5:
+        factor += 5e-3
+    return int(factor / 5e-3 + 5e-1) * 5e-3
 
 
 def cinn_sizes(fine: int, coarse: int) -> CiNNSizes:
     """The CiNN grid sizes for a ``fine × fine`` input and a ``coarse × coarse`` latent grid.
 
-    The paper's pairs (211/61, 141/43, 85/29 and the inverse problem's 141/36, 211/71) give the
-    reference's sizes; other pairs pass through the geometric mean ``round(sqrt(fine·coarse))``.
+    The reference's where it has them: it scales twice by one rounded factor ``f``
+    (:func:`_reference_factor`; ``fine → ⌊fine·f⌋ → ⌊⌊fine·f⌋·f⌋``) and comes back through
+    ``round(fine·f) − 1``, so the paper's pairs give 211/61 → 113, 113; 141/43 → 78, 77;
+    85/29 → 50, 49; 141/36 → 71, 71; 211/71 → 123, 122 (down, up middle). Where the second
+    scaling misses ``coarse`` (85/22 reaches 21), pairs the reference cannot run, both paths pass
+    through the geometric mean ``round(sqrt(fine·coarse))``.
     """
     check_int(fine, "fine", minimum=2)
     check_int(coarse, "coarse", minimum=2)
     if coarse > fine:
         raise ValueError(f"coarse: expected at most fine = {fine}, got {coarse}")
-    down, up = _PAPER_SIZES.get((fine, coarse), (round(math.sqrt(fine * coarse)),) * 2)
+    factor = _reference_factor(fine, coarse)
+    down = math.floor(fine * factor)  # as F.interpolate sizes a scale factor
+    if math.floor(down * factor) == coarse:
+        up = round(fine * factor) - 1
+    else:
+        down = up = round(math.sqrt(fine * coarse))
     return CiNNSizes(fine, down, coarse, up)
 
 
