@@ -1,156 +1,215 @@
-"""Fidelity against the original implementation (``galerkin-transformer`` 0.2.1 from PyPI) used
-as a test-time oracle: the paper's three models with the reference's weights copied into ours
-must give the same outputs. Skipped when that package is not installed (CI does not install it).
+"""Fidelity against the original implementation (``galerkin-transformer`` 0.2.1 from PyPI): its
+models' weights, read by :func:`galerkin_ext.models.from_original`, must give its outputs, in
+evaluation and in training (every dropout drawn from torch's generator in the same order).
 
-The reference is loaded and configured by ``benchmarks/original.py`` (only its ``layers.py`` and
-``model.py``, by file: its ``__init__`` pulls in plotting libraries the models do not need).
+* Recorded (runs everywhere): ``data/original_outputs.pt``, small models of the original with
+  their inputs and float64 outputs, written by ``data/make_original_outputs.py``.
+* Live: the paper's configurations against the installed original, loaded by
+  ``benchmarks/original.py`` (skipped where it is not installed, as in CI).
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from galerkin_ext.models import build_model
+from galerkin_ext.models import build_model, from_original
+
+DATA = Path(__file__).with_name("data") / "original_outputs.pt"
+RECORDED = torch.load(DATA, weights_only=True)["cases"]
+
+
+def _grid(n: int) -> torch.Tensor:
+    x = torch.linspace(0, 1, n, dtype=torch.float64)
+    return torch.stack(torch.meshgrid(x, x, indexing="xy"), dim=-1)
+
+
+def _case_id(case: dict[str, Any]) -> str:
+    return f"{case['name']}-{case['overrides']['attention_type']}"
+
+
+def _converted(case: dict[str, Any], **overrides: Any) -> torch.nn.Module:
+    model = from_original(case["name"], case["state_dict"],
+                          **{**case["overrides"], **overrides}).double()
+    if "mean" in case:
+        model.denormalizer.set_statistics(case["mean"].double(), case["std"].double())
+    return model
+
+
+def _inputs(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = case["x"].double()
+    if case["name"] == "burgers":
+        return x, torch.linspace(0, 1, x.shape[1], dtype=torch.float64)[:, None]
+    return x, _grid(x.shape[1])
+
+
+@pytest.mark.parametrize("case", RECORDED, ids=_case_id)
+def test_original_weights_give_the_originals_outputs(case):
+    model = _converted(case)
+    assert not model.training
+    x, grid = _inputs(case)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, grid), case["eval"], rtol=1e-12, atol=1e-13)
+        # in training, with the original's always-on attention dropout, the same masks
+        model = _converted(case, reference_dropout=True).train()
+        torch.manual_seed(case["seed"])
+        torch.testing.assert_close(model(x, grid), case["train"], rtol=1e-12, atol=1e-13)
+
+
+def test_original_sizes_are_read_from_the_weights():
+    by_id = {_case_id(case): case for case in RECORDED}
+    model = from_original("burgers", by_id["burgers-galerkin"]["state_dict"],
+                          attention_type="galerkin")
+    layer = model.encoder[0]
+    assert (len(model.encoder), layer.attn.n_head, layer.attn.norm) == (2, 2, "attn")
+    assert layer.ffn.linear1.out_features == 12
+    fourier = from_original("burgers", by_id["burgers-fourier"]["state_dict"],
+                            attention_type="fourier")
+    assert fourier.encoder[0].attn.norm == "layer"  # the original's layer_norm=True
+    inverse = from_original("darcy_inverse", by_id["darcy_inverse-galerkin"]["state_dict"],
+                            attention_type="galerkin", fine=29, coarse=15)
+    assert type(inverse.decoder).__name__ == "PointwiseRegressor"
+    # the original's norm_type='instance' has the same weights as its layer norms
+    instance = from_original("burgers", by_id["burgers-galerkin"]["state_dict"],
+                             attention_type="galerkin", norm="instance")
+    assert instance.encoder[0].attn.norm == "instance"
+
+
+def test_from_original_refuses_what_the_weights_contradict_or_lack():
+    by_id = {_case_id(case): case for case in RECORDED}
+    burgers = dict(by_id["burgers-galerkin"]["state_dict"])
+    darcy = by_id["darcy-galerkin"]["state_dict"]
+    with pytest.raises(ValueError, match="name: expected one of"):
+        from_original("fno2d", burgers, attention_type="galerkin")
+    with pytest.raises(ValueError, match=r"needs \['attention_type'\]"):
+        from_original("burgers", burgers)
+    with pytest.raises(ValueError, match=r"needs \['fine', 'coarse'\]"):
+        from_original("darcy", darcy, attention_type="galerkin")
+    with pytest.raises(ValueError, match="attention_type: the original's weights hold norms of "
+                                         "K and V"):
+        from_original("burgers", burgers, attention_type="fourier")
+    with pytest.raises(ValueError, match="d_model: the original's weights give 8, got 16"):
+        from_original("burgers", burgers, attention_type="galerkin", d_model=16)
+    with pytest.raises(ValueError, match="norm: the original's weights give 'attn'"):
+        from_original("burgers", burgers, attention_type="galerkin", norm="layer")
+    with pytest.raises(TypeError, match="pass model.state_dict()"):
+        from_original("burgers", torch.nn.Linear(2, 2), attention_type="galerkin")
+    with pytest.raises(TypeError, match="mapping of parameter names to tensors"):
+        from_original("burgers", [("a", torch.zeros(1))], attention_type="galerkin")
+    with pytest.raises(ValueError, match=r"\['feat_extract\.gcn\.weight'\] have no counterpart"):
+        from_original("burgers", {**burgers, "feat_extract.gcn.weight": torch.zeros(2)},
+                      attention_type="galerkin")
+    with pytest.raises(ValueError, match="both attention norms"):
+        from_original("burgers", {**burgers, "encoder_layers.0.layer_norm1.weight": torch.ones(8),
+                                  "encoder_layers.0.layer_norm1.bias": torch.zeros(8)},
+                      attention_type="galerkin")
+    with pytest.raises(ValueError, match="miss heads"):
+        from_original("burgers", {k: v for k, v in burgers.items()
+                                  if k != "encoder_layers.1.attn.norm_K.0.weight"},
+                      attention_type="galerkin")
+    with pytest.raises(ValueError, match=r"lacks the parameters for \['encoder\.1\.ffn\.linear1"):
+        from_original("burgers", {k: v for k, v in burgers.items()
+                                  if not k.startswith("encoder_layers.1.ff.lr1")},
+                      attention_type="galerkin")
+    bad = {**burgers, "encoder_layers.1.ff.lr2.bias": torch.zeros(9)}
+    with pytest.raises(ValueError, match=r"encoder\.1\.ffn\.linear2\.bias \(our name\) has shape "
+                                         r"\(9,\), .* expects \(8,\)"):
+        from_original("burgers", bad, attention_type="galerkin")
+    with pytest.raises(ValueError, match="no decoder of SimpleTransformer"):
+        from_original("burgers", {k: v for k, v in burgers.items()
+                                  if not k.startswith("regressor.")}, attention_type="galerkin")
+
+
+# ---------------------------------------------------------------------------------------------
+# Live: the paper's configurations against the installed original
 
 
 @pytest.fixture(scope="module")
 def original() -> Iterator[types.ModuleType]:
-    """benchmarks/original.py, the one loader of the reference, with its attention dropout off."""
+    """benchmarks/original.py, the one loader of the original."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     try:
         import original as loader
     finally:
         sys.path.pop(0)
     if not loader.available():
-        pytest.skip("the reference package galerkin-transformer==0.2.1 is not installed")
-    layers = loader.load().layers
-    # The reference drops half of every attention matrix on every call (F.dropout with its
-    # default p, even in eval); without that the two implementations compute the same function.
+        pytest.skip("the original package galerkin-transformer==0.2.1 is not installed")
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the original makes some tensors in the default dtype
+    yield loader
+    torch.set_default_dtype(saved)
+
+
+def _both_ways(original, reference, model, run_reference, run_ours) -> None:
+    """Evaluation (the original's always-on attention dropout off) and training (every dropout
+    on, the same seed) give the same outputs."""
+    layers = original.load().layers
     saved = layers.F
     layers.F = types.SimpleNamespace(**{**vars(F), "dropout": lambda x, *args, **kwargs: x})
-    yield loader
-    layers.F = saved
-
-
-_RULES = [  # reference parameter name -> ours
-    (r"feat_extract\.id\.", "lift."),
-    (r"encoder_layers\.(\d+)\.attn\.linears\.0\.", r"encoder.\1.attn.query."),
-    (r"encoder_layers\.(\d+)\.attn\.linears\.1\.", r"encoder.\1.attn.key."),
-    (r"encoder_layers\.(\d+)\.attn\.linears\.2\.", r"encoder.\1.attn.value."),
-    (r"encoder_layers\.(\d+)\.attn\.fc\.", r"encoder.\1.attn.out_proj."),
-    (r"encoder_layers\.(\d+)\.ff\.lr1\.", r"encoder.\1.ffn.linear1."),
-    (r"encoder_layers\.(\d+)\.ff\.lr2\.", r"encoder.\1.ffn.linear2."),
-    (r"encoder_layers\.(\d+)\.layer_norm(\d)\.", r"encoder.\1.norm\2."),
-    (r"regressor\.spectral_conv\.(\d+)\.linear\.", r"decoder.spectral.\1.linear."),
-    (r"regressor\.spectral_conv\.(\d+)\.fourier_weight$", r"decoder.spectral.\1.weight"),
-    (r"regressor\.spectral_conv\.(\d+)\.fourier_weight\.0$", r"decoder.spectral.\1.weight_pos"),
-    (r"regressor\.spectral_conv\.(\d+)\.fourier_weight\.1$", r"decoder.spectral.\1.weight_neg"),
-    (r"regressor\.regressor\.(\d)\.", r"decoder.mlp.\1."),
-    (r"regressor\.fc\.", "decoder.input.fc."),
-    (r"regressor\.ff\.(\d+)\.0\.", r"decoder.layers.\1.0."),
-    (r"regressor\.out\.", "decoder.out."),
-    (r"downscaler\.downsample\.conv0\.conv\.0\.", "downsampler.lift.0."),
-    (r"downscaler\.downsample\.conv(\d)\.conv\.0\.",
-     lambda m: f"downsampler.branches.{int(m[1]) - 1}.0."),
-    (r"upscaler\.upsample\.conv\.0\.conv\.0\.", "upsampler.conv.0.0."),
-]
-
-
-def _translate(reference_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The reference's state dict in our names; per-head norms ``(D,) × H`` become ``(H, D)``."""
-    ours, norms = {}, {}
-    for key, value in reference_state.items():
-        norm = re.fullmatch(r"encoder_layers\.(\d+)\.attn\.norm_([QKV])\.(\d+)\.(weight|bias)", key)
-        if norm:
-            layer, which, head, kind = norm.groups()
-            name = f"encoder.{layer}.attn.{which.lower()}_norm_{kind}"
-            norms.setdefault(name, {})[int(head)] = value
-            continue
-        for pattern, replacement in _RULES:
-            new, count = re.subn(pattern, replacement, key)
-            if count:
-                ours[new] = value
-                break
-        else:
-            raise KeyError(f"no rule for the reference parameter {key}")
-    for name, heads in norms.items():
-        ours[name] = torch.stack([heads[h] for h in sorted(heads)])
-    return ours
-
-
-def _copy_reference_weights(reference_model, model) -> None:
-    state = _translate(reference_model.state_dict())
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected
-    assert set(missing) <= {"denormalizer.shift", "denormalizer.scale"}
-
-
-def _grid(n: int) -> torch.Tensor:
-    x = torch.linspace(0, 1, n)
-    return torch.stack(torch.meshgrid(x, x, indexing="xy"), dim=-1)
+    try:
+        with torch.no_grad():
+            expected = run_reference(reference.eval())
+    finally:
+        layers.F = saved
+    with torch.no_grad():
+        torch.testing.assert_close(run_ours(model.eval()), expected, rtol=1e-12, atol=1e-13)
+        for module in model.modules():  # the original's attention dropout, in training only
+            if hasattr(module, "reference_dropout"):
+                module.reference_dropout = True
+        torch.manual_seed(7)
+        expected = run_reference(reference.train())
+        torch.manual_seed(7)
+        torch.testing.assert_close(run_ours(model.train()), expected, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize(
-    ("attention_type", "layer_norm"),
-    [("fourier", False), ("galerkin", False), ("galerkin", True), ("softmax", False),
-     ("linear", False)],
+    ("attention_type", "norm"),
+    [("fourier", "attn"), ("galerkin", "attn"), ("galerkin", "layer"), ("galerkin", "instance"),
+     ("softmax", "attn"), ("linear", "attn")],
 )
-def test_burgers_matches_reference(original, attention_type, layer_norm):
-    reference = original.burgers_model(attention_type, layer_norm=layer_norm,
-                                       attn_norm=not layer_norm)
-    model = build_model("burgers", attention_type=attention_type,
-                        norm="layer" if layer_norm else "attn")
-    _copy_reference_weights(reference, model)
-    reference.eval()
-    model.eval()
+def test_burgers_matches_the_original(original, attention_type, norm):
+    # its settings: attn_norm (the paper's), layer_norm, attn_norm with norm_type='instance'
+    reference = original.burgers_model(
+        attention_type, layer_norm=norm == "layer", attn_norm=norm != "layer",
+        norm_type="instance" if norm == "instance" else "layer").double()
+    # the weights cannot tell the instance norm from the attention's layer norm: it is passed
+    model = from_original("burgers", reference.state_dict(), attention_type=attention_type,
+                          **({"norm": "instance"} if norm == "instance" else {})).double()
+    assert model.encoder[0].attn.norm == norm
+    assert sum(p.numel() for p in model.parameters()) == sum(
+        p.numel() for p in build_model("burgers", attention_type=attention_type).parameters())
     n = 128
-    x, grid = torch.randn(3, n, 1), torch.linspace(0, 1, n)[None, :, None].expand(3, n, 1)
-    with torch.no_grad():
-        expected = reference(x, None, grid, grid)["preds"]
-        torch.testing.assert_close(model(x, grid[0]), expected, rtol=1e-4, atol=1e-5)
+    x, grid = torch.randn(3, n, 1, dtype=torch.float64), _grid(n)[0, :, :1]
+    points = grid[None].expand(3, n, 1)
+    _both_ways(original, reference, model, lambda m: m(x, None, points, points)["preds"],
+               lambda m: m(x, grid))
 
 
-@pytest.mark.parametrize("attention_type", ["galerkin", "fourier"])
-def test_darcy_matches_reference(original, attention_type):
-    fine, coarse = 85, 29
-    model = build_model("darcy", fine=fine, coarse=coarse, attention_type=attention_type)
-    sizes = model.sizes
-    mean, std = torch.randn(fine, fine, 1), torch.rand(fine, fine, 1)
-    reference = original.darcy_model(attention_type, coarse=coarse, down_middle=sizes.down_middle,
-                                     up_middle=sizes.up_middle, fine=fine,
-                                     normalizer=original.Denormalizer(mean, std))
-    _copy_reference_weights(reference, model)
-    model.denormalizer.set_statistics(mean, std)
-    reference.eval()
-    model.eval()
-    x, grid = torch.randn(2, fine, fine, 1), _grid(fine)
-    pos = _grid(coarse).reshape(1, coarse * coarse, 2).expand(2, -1, -1)
-    with torch.no_grad():
-        expected = reference(x, None, pos, grid.expand(2, fine, fine, 2))["preds"]
-        torch.testing.assert_close(model(x, grid), expected, rtol=1e-4, atol=1e-5)
-
-
-def test_darcy_inverse_matches_reference(original):
-    fine, coarse = 141, 36
-    model = build_model("darcy_inverse", fine=fine, coarse=coarse)
-    mean, std = torch.randn(coarse, coarse, 1), torch.rand(coarse, coarse, 1)
+@pytest.mark.parametrize(("name", "attention_type", "fine", "coarse"),
+                         [("darcy", "galerkin", 85, 29), ("darcy", "fourier", 85, 29),
+                          ("darcy_inverse", "galerkin", 141, 36)])
+def test_darcy_matches_the_original(original, name, attention_type, fine, coarse):
+    inverse = name == "darcy_inverse"
+    sizes = build_model(name, fine=fine, coarse=coarse).sizes
+    out = coarse if inverse else fine
+    mean = torch.randn(out, out, 1, dtype=torch.float64)
+    std = torch.rand(out, out, 1, dtype=torch.float64)
     reference = original.darcy_model(
-        "galerkin", coarse=coarse, down_middle=model.sizes.down_middle, up_middle=coarse,
-        fine=coarse, normalizer=original.Denormalizer(mean, std), inverse=True)
-    _copy_reference_weights(reference, model)
+        attention_type, coarse=coarse, down_middle=sizes.down_middle,
+        up_middle=coarse if inverse else sizes.up_middle, fine=out, inverse=inverse,
+        normalizer=original.Denormalizer(mean, std)).double()
+    model = from_original(name, reference.state_dict(), attention_type=attention_type,
+                          fine=fine, coarse=coarse).double()
     model.denormalizer.set_statistics(mean, std)
-    reference.eval()
-    model.eval()
-    x = torch.randn(1, fine, fine, 1)
-    coarse_grid = _grid(coarse)[None]
-    with torch.no_grad():
-        expected = reference(x, None, coarse_grid.reshape(1, -1, 2), coarse_grid)["preds"]
-        torch.testing.assert_close(model(x, _grid(fine)), expected, rtol=1e-4, atol=1e-5)
+    x, grid = torch.randn(1, fine, fine, 1, dtype=torch.float64), _grid(fine)
+    pos = _grid(coarse).reshape(1, -1, 2)
+    out_grid = _grid(coarse)[None] if inverse else grid[None]
+    _both_ways(original, reference, model, lambda m: m(x, None, pos, out_grid)["preds"],
+               lambda m: m(x, grid))

@@ -4,7 +4,9 @@
 ``'darcy'``, ``'darcy_inverse'``, ``'fno1d'``, ``'fno2d'``, and those of the continuum-attention
 paper, ``'tno_*'``, ``'vitno'``, ``'fano'``, ``'fno_ca'``, ``'afno'``, ``'gt_encoder'``, and
 GNOT's ``'gnot_heat'``, ``'gnot_elasticity'``, ``'mionet_heat'``, ``'mionet_elasticity'``,
-``'gk_elasticity'`` (see :func:`available_models`).
+``'gk_elasticity'`` (see :func:`available_models`);
+:func:`from_original` builds the first three with the weights of a model trained with the
+original code.
 The Galerkin Transformer's models are called as ``model(x, grid)`` with channels-last fields
 and the grid's coordinates, GNOT's as ``model(x, inputs, theta, weight=, input_weights=)`` on
 padded ragged batches; see :class:`GNOT`, :class:`SimpleTransformer1d`,
@@ -12,6 +14,7 @@ padded ragged batches; see :class:`GNOT`, :class:`SimpleTransformer1d`,
 """
 
 from .continuum import AFNO, FANO, TNO, FNOChannelMLP, GTEncoder, ViTNO
+from .conversion import from_original
 from .fno import FNO1d, FNO2d
 from .gnot import GNOT, GKTransformer, MIONet
 from .registry import available_models, build_model
@@ -33,5 +36,6 @@ __all__ = [
     "ViTNO",
     "available_models",
     "build_model",
+    "from_original",
     "zero_boundary",
 ]
