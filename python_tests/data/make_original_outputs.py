@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from galerkin_ext.layers import cinn_sizes
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import original  # noqa: E402  (benchmarks/original.py: the one loader of the original)
@@ -71,9 +73,7 @@ def build(name: str, attention: str, settings: dict[str, Any], case: dict[str, A
           ) -> torch.nn.Module:
     if name == "burgers":
         return original.burgers_model(attention, **SMALL, **settings)
-    from galerkin_ext.layers import cinn_sizes  # the original's sizes: checked in test_layers
-
-    sizes = cinn_sizes(FINE, COARSE)
+    sizes = cinn_sizes(FINE, COARSE)  # the original's sizes (test_layers checks them)
     inverse = name == "darcy_inverse"
     out = COARSE if inverse else FINE
     case["mean"] = bfloat16_exact(torch.randn(out, out, 1, dtype=torch.float64))
