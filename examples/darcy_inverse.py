@@ -13,8 +13,9 @@ on the --fine grid, its output averaged onto the coarse grid as the target is ("
 that grid alone ("only n_c"; its 12 modes need 24 nodes or more: the paper's 36, 71).
 
 The input is u after the pointwise normaliser plus static noise ``--noise * N(0, 1)`` (drawn once
-per sample, for training and evaluation alike); the target is a block-averaged to the coarse
-grid.  Data: generated once and cached (the same files as examples/darcy.py), or the original
+per sample, for training and evaluation alike); the target is the coefficient on the --fine
+grid, block-averaged to the coarse one as the original code does it (``data.block_average``).
+Data: generated once and cached (the same files as examples/darcy.py), or the original
 ``--data ...smooth1.mat --eval-data ...smooth2.mat``.  Writes OUT/metrics.json, OUT/best.pt,
 OUT/last.pt (resume with --resume), OUT/metrics.csv and OUT/prediction.png.
 """
@@ -112,10 +113,6 @@ def main(argv=None):
         check_darcy_grids(cfg["fine"], cfg["coarse"],
                           None if args.data else cfg["data"]["resolution"],
                           coarse_divides=True)
-        if args.model == "fno" and (cfg["fine"] - 1) % (cfg["coarse"] - 1):
-            raise ValueError(f"the FNO averages its output on the {cfg['fine']}-node grid onto "
-                             f"the coarse one: coarse - 1 must divide {cfg['fine'] - 1}, got "
-                             f"coarse = {cfg['coarse']}")
     except ValueError as err:
         parser.error(f"--fine/--coarse: {err}")
     if args.noise is not None:

@@ -199,20 +199,37 @@ def test_paired_coarse_follows_the_fine_grid():
         paired_coarse(85, (141, 36), INVERSE_COARSE)
 
 
-def test_block_average():
+def _pooled_as_the_original(a: np.ndarray, s: int) -> np.ndarray:
+    """The original's inverse-problem targets: ``a (..., K, K)`` padded with NaN to a multiple
+    of ``s`` (the smaller share in front), non-overlapping ``s × s`` blocks, NaN-ignoring
+    means."""
+    k = a.shape[-1]
+    blocks = -(-k // s)
+    front = (blocks * s - k) // 2
+    padded = np.full(a.shape[:-2] + (blocks * s, blocks * s), np.nan)
+    padded[..., front:front + k, front:front + k] = a
+    return np.nanmean(padded.reshape(a.shape[:-2] + (blocks, s, blocks, s)), axis=(-3, -1))
+
+
+def test_block_average(gen):
+    # the paper's pairs 141/36 and 211/71, the quick preset's 85/22, odd and even strides
+    for k, nc in ((141, 36), (211, 71), (85, 22), (25, 7), (25, 5), (25, 13), (9, 9)):
+        a = torch.rand(2, k, k, generator=gen, dtype=torch.float64).numpy()
+        np.testing.assert_allclose(block_average(a, nc),
+                                   _pooled_as_the_original(a, (k - 1) // (nc - 1)), rtol=1e-13)
+        np.testing.assert_allclose(block_average(np.full((3, k, k), 7.0), nc), 7.0)
     k = 25
     g = np.linspace(0, 1, k)
     xx, yy = np.meshgrid(g, g, indexing="ij")
     lin = 2 * xx + yy
-    for nc in (7, 5, 13):  # strides 4 (even: half-weight ends), 6, 2
-        avg = block_average(lin, nc)
-        gc = np.linspace(0, 1, nc)
-        cx, cy = np.meshgrid(gc, gc, indexing="ij")
-        np.testing.assert_allclose(avg[1:-1, 1:-1], (2 * cx + cy)[1:-1, 1:-1], atol=1e-12)
-        np.testing.assert_allclose(block_average(np.full((3, k, k), 7.0), nc), 7.0)
+    # an odd stride's blocks are centred: a linear field is exact inside
+    avg = block_average(lin, 9)
+    gc = np.linspace(0, 1, 9)
+    cx, cy = np.meshgrid(gc, gc, indexing="ij")
+    np.testing.assert_allclose(avg[1:-1, 1:-1], (2 * cx + cy)[1:-1, 1:-1], atol=1e-12)
     step = np.where(xx < 0.5 - 1e-9, 3.0, 12.0)
-    avg = block_average(step, 7)  # coarse node at x = 0.5 averages 3,3,12,12,12 (half ends)
-    np.testing.assert_allclose(avg[3, 3], (0.5 * 3 + 3 + 12 + 12 + 0.5 * 12) / 4)
+    avg = block_average(step, 7)  # stride 4: the node at x = 0.5 (fine 12) averages fine 11-14
+    np.testing.assert_allclose(avg[3, 3], (3 + 12 + 12 + 12) / 4)
     with pytest.raises(ValueError, match="divide"):
         block_average(lin, 6)
     # a tensor: the same average, in its dtype and differentiable (the FNO's output)
@@ -235,7 +252,9 @@ def test_inverse_dataset_noise_and_targets():
     item = clean[2]
     assert {k: tuple(v.shape) for k, v in item.items()} == {
         "x": (13, 13, 1), "grid": (13, 13, 2), "pos": (7, 7, 2), "target": (7, 7, 1)}
-    np.testing.assert_allclose(item["target"][..., 0].numpy(), block_average(a[2], 7))
+    stride = (a.shape[-1] - 1) // 12  # the coefficient on the 13-node grid, then averaged
+    np.testing.assert_allclose(item["target"][..., 0].numpy(),
+                               block_average(a[2, ::stride, ::stride], 7))
     diff = torch.stack([noisy[i]["x"] - clean[i]["x"] for i in range(6)])
     assert abs(diff.std().item() - 0.1) < 0.01
     torch.testing.assert_close(noisy[4]["x"], again[4]["x"])  # static noise

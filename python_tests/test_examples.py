@@ -291,7 +291,7 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
     ("darcy.py", ("--fine", "64", "--coarse", "70"), 2,
      "--fine/--coarse: coarse_resolution: expected at most resolution = 64"),
     ("darcy_inverse.py", ("--model", "fno", "--fine", "43", "--coarse", "13"), 2,
-     "onto the coarse one: coarse - 1 must divide 42, got coarse = 13"),
+     "onto the coarse one, so coarse_resolution - 1 must divide 42, got 13"),
     # a new folder in one no file can be made in (as root os.access passed /proc: the data
     # were generated, then the Trainer failed)
     ("burgers.py", ("--out", "/proc/x/run"), 1, "error: out_dir: cannot write to '/proc/x/run'"),
@@ -466,7 +466,8 @@ def test_domain_parallel_example_refuses_bad_arguments(tmp_path, darcy_file):
     ("darcy.py", ["--fine", "43"], "--fine/--coarse: coarse_resolution: no default for "
                                    "resolution 43 (the paper pairs 211 with 61, 141 with 43"),
     ("darcy_inverse.py", ["--coarse", "23"],
-     "--fine/--coarse: coarse_resolution - 1 must divide the stored 85"),
+     "--fine/--coarse: coarse_resolution: the targets are averaged from the 85-node grid onto "
+     "the coarse one, so coarse_resolution - 1 must divide 84, got 23"),
     ("domain_parallel.py", ["--resolution", "44"], "--resolution: resolution - 1 must divide")])
 def test_a_grid_the_data_cannot_give_is_refused_before_they_are_generated(tmp_path, script,
                                                                           flags, message):

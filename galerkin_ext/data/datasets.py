@@ -17,8 +17,8 @@ into a dict with a leading batch axis.  Layouts (``n`` fine points per axis, ``n
   on the training targets) is what the model uses to de-normalise its output.
 * :class:`DarcyInverseDataset`: ``x`` ``(n, n, 1)`` normalised solution plus static noise
   ``noise * N(0, 1)``, ``grid`` ``(n, n, 2)``, ``pos`` ``(nc, nc, 2)``, ``target`` ``(nc, nc, 1)``
-  coefficient block-averaged from the stored resolution to the coarse grid
-  (:func:`block_average`).
+  coefficient subsampled to the fine grid and block-averaged from it to the coarse one
+  (:func:`block_average`), as the original code does.
 
 Continuum-attention sets (SPEC-continuum §3-4; our ``.h5`` files only), with inputs *and*
 targets normalised by unit-Gaussian normalisers fitted on the training split (per component in
@@ -231,10 +231,12 @@ def central_gradient_2d(u: torch.Tensor, h: float, *, periodic: bool = False) ->
 
 
 def _block_weights(k: int, nc: int) -> np.ndarray:
-    """``(nc, k)`` averaging weights of the fine nodes around each coarse node (see below)."""
+    """``(nc, k)`` averaging weights of :func:`block_average`: row ``J`` is ``1 / count`` on the
+    fine nodes ``s J - (s - 1) // 2, …, s J - (s - 1) // 2 + s - 1`` that exist."""
     s = (k - 1) // (nc - 1)
-    offset = np.arange(k)[None, :] - s * np.arange(nc)[:, None]
-    w = np.where(2 * np.abs(offset) < s, 1.0, 0.0) + np.where(2 * np.abs(offset) == s, 0.5, 0.0)
+    first = s * np.arange(nc)[:, None] - (s - 1) // 2
+    offset = np.arange(k)[None, :] - first
+    w = np.where((offset >= 0) & (offset < s), 1.0, 0.0)
     return w / w.sum(axis=1, keepdims=True)
 
 
@@ -243,14 +245,17 @@ def block_average(a: np.ndarray, coarse: int) -> np.ndarray: ...
 @overload
 def block_average(a: torch.Tensor, coarse: int) -> torch.Tensor: ...
 def block_average(a: np.ndarray | torch.Tensor, coarse: int) -> np.ndarray | torch.Tensor:
-    """Average ``a`` of shape ``(..., K, K)`` onto ``coarse`` nodes per axis.
+    """Average ``a`` of shape ``(..., K, K)`` onto ``coarse`` nodes per axis, as the original
+    code makes the inverse problem's targets (SPEC §4: 141 → 36, 211 → 71).
 
-    ``s = (K - 1) / (coarse - 1)`` must be an integer.  Coarse node ``J`` sits on fine node
-    ``s J`` and averages the fine nodes within ``s / 2`` of it (half weight for nodes at
-    exactly ``s / 2``, i.e. trapezoidal control volumes of width ``s h``), clipped at the
-    boundary.  Returns ``(..., coarse, coarse)``: an array for an array (float64), a tensor of
-    ``a``'s dtype and device for a tensor (differentiable: the inverse problem's FNO averages
-    its output as its target was averaged).
+    ``s = (K - 1) / (coarse - 1)`` must be an integer. The nodes are cut into consecutive
+    blocks of ``s``, the first starting ``(s - 1) // 2`` nodes before node 0 (a block of an odd
+    ``s`` is centred on its coarse node ``s J``; of an even one, it reaches a node further to
+    the right), and each coarse node takes the plain mean of its block's nodes that exist: the
+    original's non-overlapping pooling of the NaN-padded field. Returns
+    ``(..., coarse, coarse)``: an array for an array (float64), a tensor of ``a``'s dtype and
+    device for a tensor (differentiable: the inverse problem's FNO averages its output as its
+    target was averaged).
     """
     is_tensor = isinstance(a, torch.Tensor)
     if not is_tensor:
@@ -521,9 +526,9 @@ def paired_coarse(fine: int, preset: tuple[int, int], pairs: Mapping[int, int]) 
 def check_darcy_grids(resolution: int, coarse_resolution: int, stored: int | None = None, *,
                       coarse_divides: bool = False) -> None:
     """The Darcy datasets' grid rules: ``3 <= resolution`` and ``2 <= coarse_resolution <=
-    resolution`` (the attention's grid is the coarse one) and, for ``stored`` nodes per axis,
-    ``resolution - 1`` (and with ``coarse_divides``, the inverse problem's block average,
-    ``coarse_resolution - 1``) dividing ``stored - 1``.  ``ValueError`` (a
+    resolution`` (the attention's grid is the coarse one), with ``coarse_divides`` (the inverse
+    problem's block average) ``coarse_resolution - 1`` dividing ``resolution - 1``, and for
+    ``stored`` nodes per axis ``resolution - 1`` dividing ``stored - 1``.  ``ValueError`` (a
     :class:`DataMismatchError` for the stored grid) otherwise; scripts check them with the
     preset's resolution before they generate any data."""
     resolution = check_int(resolution, "resolution", 3)
@@ -531,12 +536,12 @@ def check_darcy_grids(resolution: int, coarse_resolution: int, stored: int | Non
     if coarse_resolution > resolution:
         raise ValueError(f"coarse_resolution: expected at most resolution = {resolution} (the "
                          f"attention's grid is the coarse one), got {coarse_resolution}")
-    if stored is None:
-        return
-    _stride(stored, resolution, periodic=False)
-    if coarse_divides and (stored - 1) % (coarse_resolution - 1):
-        raise DataMismatchError(f"coarse_resolution - 1 must divide the stored {stored} - 1 "
-                                f"intervals, got {coarse_resolution}")
+    if coarse_divides and (resolution - 1) % (coarse_resolution - 1):
+        raise ValueError(f"coarse_resolution: the targets are averaged from the {resolution}-"
+                         f"node grid onto the coarse one, so coarse_resolution - 1 must divide "
+                         f"{resolution - 1}, got {coarse_resolution}")
+    if stored is not None:
+        _stride(stored, resolution, periodic=False)
 
 
 def _darcy_layout(
@@ -653,7 +658,9 @@ class DarcyInverseDataset(Dataset):
         fit = _needs_fit(n_train, input_normalizer, "input_normalizer",
                          (resolution, resolution))
         sub_u = {"u": lambda x: x[:, ::s, ::s]}
-        data = _load(source, keys, idx, {**sub_u, "a": lambda x: block_average(x, nc)})
+        # (the coefficient on the fine grid, then averaged: the original's order)
+        data = _load(source, keys, idx, {**sub_u, "a": lambda x: block_average(x[:, ::s, ::s],
+                                                                               nc)})
         if fit:
             if split == "train":
                 train_u = data["u"]
