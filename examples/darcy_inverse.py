@@ -89,6 +89,24 @@ NOISE_SEED = 0  # seed of the static input noise
 N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 
+def targets_grid(fine, coarse, preset_grids):
+    """The grid the targets are averaged from onto the coarse one: the fine grid, or for an
+    input on the coarse grid itself (the FNO's "only n_c" row) the fine grid that the preset
+    or the paper pairs with it, so that every row learns the same targets."""
+    if fine != coarse:
+        return fine
+    if coarse == preset_grids[1]:
+        return preset_grids[0]
+    paired = {c: f for f, c in INVERSE_COARSE.items()}
+    if coarse not in paired:
+        raise ValueError(f"--fine equal to --coarse reads the input on the coarse grid, whose "
+                         f"targets are averaged from the fine grid paired with it (the preset's "
+                         f"{preset_grids[1]} with {preset_grids[0]}, the paper's "
+                         + ", ".join(f"{c} with {f}" for c, f in paired.items())
+                         + f"); none is paired with {coarse}")
+    return paired[coarse]
+
+
 def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS, mat_files=True)
     parser.add_argument("--fine", type=grid_nodes, default=None,
@@ -110,9 +128,10 @@ def main(argv=None):
     cfg["fine"] = args.fine or cfg["fine"]
     try:  # found now, not after the data are generated (a file's grid: when it is read)
         cfg["coarse"] = args.coarse or paired_coarse(cfg["fine"], preset_grids, INVERSE_COARSE)
+        averaged_from = targets_grid(cfg["fine"], cfg["coarse"], preset_grids)
         check_darcy_grids(cfg["fine"], cfg["coarse"],
                           None if args.data else cfg["data"]["resolution"],
-                          coarse_divides=True)
+                          averaged_from=averaged_from)
     except ValueError as err:
         parser.error(f"--fine/--coarse: {err}")
     if args.noise is not None:
@@ -132,7 +151,8 @@ def main(argv=None):
                                     progress=not args.no_progress)
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"], "noise": cfg["noise"],
-             "noise_seed": NOISE_SEED, "n_train": cfg["n_train"], "n_test": cfg["n_eval"]}
+             "noise_seed": NOISE_SEED, "n_train": cfg["n_train"], "n_test": cfg["n_eval"],
+             "target_resolution": averaged_from}
     train_set = DarcyInverseDataset(data, "train", **grids)
     # Another file's samples draw their noise from another seed: the draws depend on the index
     # alone, so its sample k would carry training sample k's noise.

@@ -23,7 +23,7 @@ from galerkin_ext.data.datasets import (
     central_gradient_2d,
     paired_coarse,
 )
-from galerkin_ext.data.storage import DataFileError, read_h5
+from galerkin_ext.data.storage import DataFileError, DataMismatchError, read_h5
 
 
 def burgers_arrays(n=12, k=64):
@@ -255,6 +255,19 @@ def test_inverse_dataset_noise_and_targets():
     stride = (a.shape[-1] - 1) // 12  # the coefficient on the 13-node grid, then averaged
     np.testing.assert_allclose(item["target"][..., 0].numpy(),
                                block_average(a[2, ::stride, ::stride], 7))
+    # an input on the coarse grid itself keeps the targets averaged from the fine one
+    coarse_input = DarcyInverseDataset((a, u), "train", 7, coarse_resolution=7,
+                                       target_resolution=13, n_train=6, n_test=3,
+                                       dtype=torch.float64)
+    assert coarse_input[2]["x"].shape == (7, 7, 1)
+    torch.testing.assert_close(coarse_input[2]["target"], item["target"], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="coarse_resolution - 1 must divide 10, got 7"):
+        DarcyInverseDataset((a, u), "train", 7, coarse_resolution=7, target_resolution=11,
+                            n_train=6, n_test=3)
+    with pytest.raises(DataMismatchError, match="target_resolution - 1 must divide the stored "
+                                                "25 - 1 intervals, got 19"):
+        DarcyInverseDataset((a, u), "train", 7, coarse_resolution=7, target_resolution=19,
+                            n_train=6, n_test=3)
     diff = torch.stack([noisy[i]["x"] - clean[i]["x"] for i in range(6)])
     assert abs(diff.std().item() - 0.1) < 0.01
     torch.testing.assert_close(noisy[4]["x"], again[4]["x"])  # static noise

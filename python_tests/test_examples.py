@@ -334,6 +334,20 @@ def test_fno_baseline_rows(tmp_path, burgers_file, darcy_file, script, registere
     assert proc.returncode != 0 and "model_choice" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_inverse_targets_come_from_the_fine_grid_paired_with_the_coarse_one():
+    """Every row of the inverse problem learns the same targets: an input on the coarse grid
+    itself (the FNO's "only n_c", --fine equal to --coarse) takes them averaged from the fine
+    grid the preset or the paper pairs with that coarse one, not sampled at its nodes."""
+    targets_grid = _load_example("darcy_inverse").targets_grid
+    assert targets_grid(141, 36, (141, 36)) == 141
+    assert targets_grid(211, 36, (141, 36)) == 211  # a grid of one's own: its own fine grid
+    assert targets_grid(36, 36, (141, 36)) == 141
+    assert targets_grid(71, 71, (141, 36)) == 211
+    assert targets_grid(22, 22, (85, 22)) == 85
+    with pytest.raises(ValueError, match="none is paired with 29"):
+        targets_grid(29, 29, (85, 22))
+
+
 def test_resume_refuses_changed_settings(tmp_path, burgers_file):
     """A resumption that would change the model, the data or the schedule stops before any
     work, naming the setting, and leaves last.pt as it was."""

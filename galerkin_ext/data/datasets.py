@@ -17,8 +17,8 @@ into a dict with a leading batch axis.  Layouts (``n`` fine points per axis, ``n
   on the training targets) is what the model uses to de-normalise its output.
 * :class:`DarcyInverseDataset`: ``x`` ``(n, n, 1)`` normalised solution plus static noise
   ``noise * N(0, 1)``, ``grid`` ``(n, n, 2)``, ``pos`` ``(nc, nc, 2)``, ``target`` ``(nc, nc, 1)``
-  coefficient subsampled to the fine grid and block-averaged from it to the coarse one
-  (:func:`block_average`), as the original code does.
+  coefficient subsampled to the fine grid (or ``target_resolution``'s) and block-averaged from
+  it to the coarse one (:func:`block_average`), as the original code does.
 
 Continuum-attention sets (SPEC-continuum §3-4; our ``.h5`` files only), with inputs *and*
 targets normalised by unit-Gaussian normalisers fitted on the training split (per component in
@@ -524,11 +524,12 @@ def paired_coarse(fine: int, preset: tuple[int, int], pairs: Mapping[int, int]) 
 
 
 def check_darcy_grids(resolution: int, coarse_resolution: int, stored: int | None = None, *,
-                      coarse_divides: bool = False) -> None:
+                      averaged_from: int | None = None) -> None:
     """The Darcy datasets' grid rules: ``3 <= resolution`` and ``2 <= coarse_resolution <=
-    resolution`` (the attention's grid is the coarse one), with ``coarse_divides`` (the inverse
-    problem's block average) ``coarse_resolution - 1`` dividing ``resolution - 1``, and for
-    ``stored`` nodes per axis ``resolution - 1`` dividing ``stored - 1``.  ``ValueError`` (a
+    resolution`` (the attention's grid is the coarse one); for the inverse problem, whose
+    targets are averaged from the ``averaged_from`` grid onto the coarse one, ``coarse_resolution
+    - 1`` dividing ``averaged_from - 1``; for ``stored`` nodes per axis, ``resolution - 1`` (and
+    ``averaged_from - 1``) dividing ``stored - 1``.  ``ValueError`` (a
     :class:`DataMismatchError` for the stored grid) otherwise; scripts check them with the
     preset's resolution before they generate any data."""
     resolution = check_int(resolution, "resolution", 3)
@@ -536,20 +537,26 @@ def check_darcy_grids(resolution: int, coarse_resolution: int, stored: int | Non
     if coarse_resolution > resolution:
         raise ValueError(f"coarse_resolution: expected at most resolution = {resolution} (the "
                          f"attention's grid is the coarse one), got {coarse_resolution}")
-    if coarse_divides and (resolution - 1) % (coarse_resolution - 1):
-        raise ValueError(f"coarse_resolution: the targets are averaged from the {resolution}-"
-                         f"node grid onto the coarse one, so coarse_resolution - 1 must divide "
-                         f"{resolution - 1}, got {coarse_resolution}")
+    if averaged_from is not None:
+        averaged_from = check_int(averaged_from, "target_resolution", 2)
+        if averaged_from < coarse_resolution or (averaged_from - 1) % (coarse_resolution - 1):
+            raise ValueError(f"coarse_resolution: the targets are averaged from the "
+                             f"{averaged_from}-node grid onto the coarse one, so "
+                             f"coarse_resolution - 1 must divide {averaged_from - 1}, got "
+                             f"{coarse_resolution}")
     if stored is not None:
         _stride(stored, resolution, periodic=False)
+        if averaged_from is not None and (stored - 1) % (averaged_from - 1):
+            raise DataMismatchError(f"target_resolution - 1 must divide the stored {stored} - 1 "
+                                    f"intervals, got {averaged_from}")
 
 
 def _darcy_layout(
     source: Source, split: str, resolution: int, coarse_resolution: int | None,
-    defaults: dict[int, int], n_train: int, n_test: int, coarse_divides: bool = False,
+    defaults: dict[int, int], n_train: int, n_test: int, averaged_from: int | None = None,
 ) -> _DarcyLayout:
-    """The checks and sizes both 2-D datasets start from (``coarse_divides``: the inverse
-    problem's, whose targets are block averages on the coarse grid)."""
+    """The checks and sizes both 2-D datasets start from (``averaged_from``: the inverse
+    problem's grid of the targets before their average onto the coarse one)."""
     resolution = check_int(resolution, "resolution", 3)
     nc = coarse_resolution if coarse_resolution is not None else defaults.get(resolution)
     if nc is None:
@@ -562,7 +569,7 @@ def _darcy_layout(
     n = _n_samples(source, keys)
     idx = _split_indices(n, split, n_train, n_test)
     k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
-    check_darcy_grids(resolution, nc, k, coarse_divides=coarse_divides)
+    check_darcy_grids(resolution, nc, k, averaged_from=averaged_from)
     return _DarcyLayout(idx, k, (k - 1) // (resolution - 1), resolution, nc)
 
 
@@ -631,7 +638,12 @@ class DarcyDataset(Dataset):
 class DarcyInverseDataset(Dataset):
     """Inverse problem ``u + noise -> a`` (coarse), see module doc; noise is fixed per sample,
     drawn from ``(noise_seed, the sample's index in the file)`` alone: give the samples of
-    another file another ``noise_seed``, or its sample ``k`` carries this file's noise of ``k``."""
+    another file another ``noise_seed``, or its sample ``k`` carries this file's noise of ``k``.
+
+    ``target_resolution``: the grid the coefficient is taken on before its average onto the
+    coarse one (default ``resolution``). A model that reads its input on another grid than the
+    paper's fine one (the FNO's "only n_c" row, on the coarse grid) passes that fine grid, so
+    that it learns the same targets as the other rows."""
 
     def __init__(
         self,
@@ -645,13 +657,16 @@ class DarcyInverseDataset(Dataset):
         n_train: int = 1024,
         n_test: int = 100,
         input_normalizer: UnitGaussianNormalizer | None = None,
+        target_resolution: int | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         check_float_dtype(dtype)
         source = _checked_source(source, ("coeff", "sol"))
+        averaged_from = resolution if target_resolution is None else target_resolution
         idx, k, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_test,
-            coarse_divides=True)
+            averaged_from=averaged_from)
+        t = (k - 1) // (averaged_from - 1)
         noise = check_float(noise, "noise", low_inclusive=True)
         noise_seed = check_int(noise_seed, "noise_seed", 0)
         keys = ("coeff", "sol")
@@ -659,7 +674,7 @@ class DarcyInverseDataset(Dataset):
                          (resolution, resolution))
         sub_u = {"u": lambda x: x[:, ::s, ::s]}
         # (the coefficient on the fine grid, then averaged: the original's order)
-        data = _load(source, keys, idx, {**sub_u, "a": lambda x: block_average(x[:, ::s, ::s],
+        data = _load(source, keys, idx, {**sub_u, "a": lambda x: block_average(x[:, ::t, ::t],
                                                                                nc)})
         if fit:
             if split == "train":
