@@ -128,10 +128,10 @@ def main(argv=None):
     cfg["fine"] = args.fine or cfg["fine"]
     try:  # found now, not after the data are generated (a file's grid: when it is read)
         cfg["coarse"] = args.coarse or paired_coarse(cfg["fine"], preset_grids, INVERSE_COARSE)
-        averaged_from = targets_grid(cfg["fine"], cfg["coarse"], preset_grids)
+        target_resolution = targets_grid(cfg["fine"], cfg["coarse"], preset_grids)
         check_darcy_grids(cfg["fine"], cfg["coarse"],
                           None if args.data else cfg["data"]["resolution"],
-                          averaged_from=averaged_from)
+                          target_resolution=target_resolution)
     except ValueError as err:
         parser.error(f"--fine/--coarse: {err}")
     if args.noise is not None:
@@ -152,7 +152,7 @@ def main(argv=None):
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"], "noise": cfg["noise"],
              "noise_seed": NOISE_SEED, "n_train": cfg["n_train"], "n_test": cfg["n_eval"],
-             "target_resolution": averaged_from}
+             "target_resolution": target_resolution}
     train_set = DarcyInverseDataset(data, "train", **grids)
     # Another file's samples draw their noise from another seed: the draws depend on the index
     # alone, so its sample k would carry training sample k's noise.

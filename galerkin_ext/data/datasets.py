@@ -524,12 +524,12 @@ def paired_coarse(fine: int, preset: tuple[int, int], pairs: Mapping[int, int]) 
 
 
 def check_darcy_grids(resolution: int, coarse_resolution: int, stored: int | None = None, *,
-                      averaged_from: int | None = None) -> None:
+                      target_resolution: int | None = None) -> None:
     """The Darcy datasets' grid rules: ``3 <= resolution`` and ``2 <= coarse_resolution <=
     resolution`` (the attention's grid is the coarse one); for the inverse problem, whose
-    targets are averaged from the ``averaged_from`` grid onto the coarse one, ``coarse_resolution
-    - 1`` dividing ``averaged_from - 1``; for ``stored`` nodes per axis, ``resolution - 1`` (and
-    ``averaged_from - 1``) dividing ``stored - 1``.  ``ValueError`` (a
+    targets are averaged from the ``target_resolution`` grid onto the coarse one,
+    ``coarse_resolution - 1`` dividing ``target_resolution - 1``; for ``stored`` nodes per axis,
+    ``resolution - 1`` (and ``target_resolution - 1``) dividing ``stored - 1``.  ``ValueError`` (a
     :class:`DataMismatchError` for the stored grid) otherwise; scripts check them with the
     preset's resolution before they generate any data."""
     resolution = check_int(resolution, "resolution", 3)
@@ -537,25 +537,27 @@ def check_darcy_grids(resolution: int, coarse_resolution: int, stored: int | Non
     if coarse_resolution > resolution:
         raise ValueError(f"coarse_resolution: expected at most resolution = {resolution} (the "
                          f"attention's grid is the coarse one), got {coarse_resolution}")
-    if averaged_from is not None:
-        averaged_from = check_int(averaged_from, "target_resolution", 2)
-        if averaged_from < coarse_resolution or (averaged_from - 1) % (coarse_resolution - 1):
+    if target_resolution is not None:
+        target_resolution = check_int(target_resolution, "target_resolution", 2)
+        if target_resolution < coarse_resolution or (
+            (target_resolution - 1) % (coarse_resolution - 1)
+        ):
             raise ValueError(f"coarse_resolution: the targets are averaged from the "
-                             f"{averaged_from}-node grid onto the coarse one, so "
-                             f"coarse_resolution - 1 must divide {averaged_from - 1}, got "
+                             f"{target_resolution}-node grid onto the coarse one, so "
+                             f"coarse_resolution - 1 must divide {target_resolution - 1}, got "
                              f"{coarse_resolution}")
     if stored is not None:
         _stride(stored, resolution, periodic=False)
-        if averaged_from is not None and (stored - 1) % (averaged_from - 1):
+        if target_resolution is not None and (stored - 1) % (target_resolution - 1):
             raise DataMismatchError(f"target_resolution - 1 must divide the stored {stored} - 1 "
-                                    f"intervals, got {averaged_from}")
+                                    f"intervals, got {target_resolution}")
 
 
 def _darcy_layout(
     source: Source, split: str, resolution: int, coarse_resolution: int | None,
-    defaults: dict[int, int], n_train: int, n_test: int, averaged_from: int | None = None,
+    defaults: dict[int, int], n_train: int, n_test: int, target_resolution: int | None = None,
 ) -> _DarcyLayout:
-    """The checks and sizes both 2-D datasets start from (``averaged_from``: the inverse
+    """The checks and sizes both 2-D datasets start from (``target_resolution``: the inverse
     problem's grid of the targets before their average onto the coarse one)."""
     resolution = check_int(resolution, "resolution", 3)
     nc = coarse_resolution if coarse_resolution is not None else defaults.get(resolution)
@@ -569,7 +571,7 @@ def _darcy_layout(
     n = _n_samples(source, keys)
     idx = _split_indices(n, split, n_train, n_test)
     k = _load(source, keys, idx[:1], {"a": lambda x: x})["a"].shape[-1]
-    check_darcy_grids(resolution, nc, k, averaged_from=averaged_from)
+    check_darcy_grids(resolution, nc, k, target_resolution=target_resolution)
     return _DarcyLayout(idx, k, (k - 1) // (resolution - 1), resolution, nc)
 
 
@@ -662,11 +664,12 @@ class DarcyInverseDataset(Dataset):
     ) -> None:
         check_float_dtype(dtype)
         source = _checked_source(source, ("coeff", "sol"))
-        averaged_from = resolution if target_resolution is None else target_resolution
+        if target_resolution is None:
+            target_resolution = resolution
         idx, k, s, resolution, nc = _darcy_layout(
             source, split, resolution, coarse_resolution, INVERSE_COARSE, n_train, n_test,
-            averaged_from=averaged_from)
-        t = (k - 1) // (averaged_from - 1)
+            target_resolution=target_resolution)
+        t = (k - 1) // (target_resolution - 1)
         noise = check_float(noise, "noise", low_inclusive=True)
         noise_seed = check_int(noise_seed, "noise_seed", 0)
         keys = ("coeff", "sol")
