@@ -20,16 +20,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from galerkin_ext.data.datasets import uniform_grid_2d
 from galerkin_ext.models import build_model, from_original
 
 DATA = Path(__file__).with_name("data") / "original_outputs.pt"
 RECORD = torch.load(DATA, weights_only=True)
 RECORDED = RECORD["cases"]
-
-
-def _grid(n: int) -> torch.Tensor:
-    x = torch.linspace(0, 1, n, dtype=torch.float64)
-    return torch.stack(torch.meshgrid(x, x, indexing="xy"), dim=-1)
 
 
 def _case_id(case: dict[str, Any]) -> str:
@@ -44,11 +40,15 @@ def _converted(case: dict[str, Any], **overrides: Any) -> torch.nn.Module:
     return model
 
 
+def _line(n: int) -> torch.Tensor:
+    return torch.linspace(0, 1, n, dtype=torch.float64)[:, None]
+
+
 def _inputs(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     x = case["x"].double()
     if case["name"] == "burgers":
-        return x, torch.linspace(0, 1, x.shape[1], dtype=torch.float64)[:, None]
-    return x, _grid(x.shape[1])
+        return x, _line(x.shape[1])
+    return x, uniform_grid_2d(x.shape[1])
 
 
 @pytest.mark.parametrize("case", RECORDED, ids=_case_id)
@@ -199,7 +199,7 @@ def test_burgers_matches_the_original(original, attention_type, norm):
     assert sum(p.numel() for p in model.parameters()) == sum(
         p.numel() for p in build_model("burgers", attention_type=attention_type).parameters())
     n = 128
-    x, grid = torch.randn(3, n, 1, dtype=torch.float64), _grid(n)[0, :, :1]
+    x, grid = torch.randn(3, n, 1, dtype=torch.float64), _line(n)
     points = grid[None].expand(3, n, 1)
     _both_ways(original, reference, model, lambda m: m(x, None, points, points)["preds"],
                lambda m: m(x, grid))
@@ -221,8 +221,8 @@ def test_darcy_matches_the_original(original, name, attention_type, fine, coarse
     model = from_original(name, reference.state_dict(), attention_type=attention_type,
                           fine=fine, coarse=coarse).double()
     model.denormalizer.set_statistics(mean, std)
-    x, grid = torch.randn(1, fine, fine, 1, dtype=torch.float64), _grid(fine)
-    pos = _grid(coarse).reshape(1, -1, 2)
-    out_grid = _grid(coarse)[None] if inverse else grid[None]
+    x, grid = torch.randn(1, fine, fine, 1, dtype=torch.float64), uniform_grid_2d(fine)
+    pos = uniform_grid_2d(coarse).reshape(1, -1, 2)
+    out_grid = uniform_grid_2d(coarse)[None] if inverse else grid[None]
     _both_ways(original, reference, model, lambda m: m(x, None, pos, out_grid)["preds"],
                lambda m: m(x, grid))

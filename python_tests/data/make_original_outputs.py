@@ -9,9 +9,10 @@ Each case is one of the paper's three models, its sizes shrunk (and unlike the p
 :func:`galerkin_ext.models.from_original` must read them from the weights), built by the
 original's own classes with its own initialisation, its weights, inputs and target statistics
 rounded to bfloat16 (stored so, and exact in float64). The grids are uniform on [0, 1]
-(``torch.linspace``; not stored). Outputs are in float64: ``eval`` with the original's always-on
-attention dropout switched off; ``train`` in training mode with every dropout active (the
-always-on one included), torch's generator seeded with ``seed`` just before the call.
+(``torch.linspace``, ``data.datasets.uniform_grid_2d``; not stored). Outputs are in float64:
+``eval`` with the original's always-on attention dropout switched off; ``train`` in training mode
+with every dropout active (the always-on one included), torch's generator seeded with ``seed``
+just before the call.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from galerkin_ext.data.datasets import uniform_grid_2d
 from galerkin_ext.layers import cinn_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,11 +66,6 @@ def bfloat16_exact(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(t.dtype)
 
 
-def grid(n: int) -> torch.Tensor:
-    x = torch.linspace(0, 1, n, dtype=torch.float64)
-    return torch.stack(torch.meshgrid(x, x, indexing="xy"), dim=-1)
-
-
 def build(name: str, attention: str, settings: dict[str, Any], case: dict[str, Any]
           ) -> torch.nn.Module:
     if name == "burgers":
@@ -90,7 +87,7 @@ def run(model: torch.nn.Module, name: str, case: dict[str, Any]) -> torch.Tensor
     if name == "burgers":
         points = case["grid"][None].expand(x.shape[0], -1, -1)
         return model(x, None, points, points)["preds"]
-    coarse = grid(COARSE)
+    coarse = uniform_grid_2d(COARSE)
     pos = coarse.reshape(1, -1, 2).expand(x.shape[0], -1, -1)
     out_grid = coarse if name == "darcy_inverse" else case["grid"]
     return model(x, None, pos, out_grid[None].expand(x.shape[0], -1, -1, -1))["preds"]
@@ -113,7 +110,7 @@ def main() -> None:
             case["x"] = bfloat16_exact(torch.randn(3, POINTS, 1, dtype=torch.float64))
         else:
             case["overrides"].update(fine=FINE, coarse=COARSE)
-            case["grid"] = grid(FINE)
+            case["grid"] = uniform_grid_2d(FINE)
             case["x"] = bfloat16_exact(torch.randn(1, FINE, FINE, 1, dtype=torch.float64))
         saved, layers.F = layers.F, no_attention_dropout
         try:
