@@ -412,6 +412,23 @@ def test_layer_parameter_counts():
     assert n_params(spectral) == 3 * 2 * 16 * 16 * 9 + 16 * 16 + 16
 
 
+def test_initialised_as_the_authors_code():
+    """The ViT NO's pointwise Q, K, V keep nn.Linear's initialisation (weights and biases
+    U(±1/√d)), and the FANO's spectral ones are the authors' per-head operators d_model → d_head:
+    real and imaginary parts U(0, 1/(d_model d_head)). They were Glorot with zero biases, and
+    U(0, 1/d_model²), 8 times smaller at 8 heads."""
+    torch.manual_seed(0)
+    pointwise = PatchedAttention(64, 8)
+    for linear in (pointwise.query, pointwise.key, pointwise.value, pointwise.out_proj):
+        for parameter in (linear.weight, linear.bias):
+            assert 0.9 / 8 < float(parameter.detach().abs().max()) <= 1 / 8
+    spectral = PatchedAttention(64, 8, qkv_modes=3)
+    bound = 1 / (64 * 8)
+    for weight in (spectral.qkv.weight_pos, spectral.qkv.weight_neg):
+        parts = torch.view_as_real(weight.detach())
+        assert float(parts.min()) >= 0 and 0.9 * bound < float(parts.max()) <= bound
+
+
 @pytest.mark.parametrize(("qkv_modes", "extension"), [(None, None), (2, None),
                                                      (2, "periodic")])
 def test_layer_heads_against_an_explicit_computation(qkv_modes, extension, gen):

@@ -176,7 +176,8 @@ class ContinuumAttention(nn.Module):
             ``1.0`` for the paper's definition.
         attn_dropout: dropout on the attention probabilities, in training only.
 
-    Parameters: ``query``, ``key``, ``value``, ``out_proj``, ``4 (d_model² + d_model)`` in all.
+    Parameters: ``query``, ``key``, ``value``, ``out_proj``, ``4 (d_model² + d_model)`` in all,
+    with ``nn.Linear``'s initialisation (the authors' code).
     """
 
     def __init__(self, d_model: int, n_head: int, *, scale: float | None = None,
@@ -189,14 +190,10 @@ class ContinuumAttention(nn.Module):
         self.d_head = d_model // n_head
         self.scale = check_scale(scale, 1.0 / math.sqrt(self.d_head))
         self.attn_dropout = check_probability(attn_dropout, "attn_dropout")
+        # nn.Linear's own initialisation, as in the authors' TNO (not nn.MultiheadAttention's
+        # Glorot weights and zero biases: √3 times larger Q and K weights, 3 times the logits).
         self.query, self.key, self.value, self.out_proj = (
             nn.Linear(d_model, d_model) for _ in range(4))
-        with torch.no_grad():
-            # The usual attention init (as nn.MultiheadAttention): Glorot projections, zero bias.
-            for linear in (self.query, self.key, self.value):
-                nn.init.xavier_uniform_(linear.weight)
-            for linear in (self.query, self.key, self.value, self.out_proj):
-                nn.init.zeros_(linear.bias)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_head={self.n_head}, scale={self.scale:g}, "

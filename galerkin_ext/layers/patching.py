@@ -214,21 +214,17 @@ class PatchedAttention(nn.Module):
                 raise ValueError(f"patch_extension: {patch_extension!r} extends the patches "
                                  "for spectral Q, K, V (pointwise ones do not see the patch "
                                  "edges); pass qkv_modes or patch_extension=None")
+            # nn.Linear's own initialisation, as in the authors' ViT NO.
             self.query, self.key, self.value = (nn.Linear(d_model, d_model) for _ in range(3))
-            with torch.no_grad():
-                # As ContinuumAttention (and nn.MultiheadAttention): Glorot, zero bias.
-                for linear in (self.query, self.key, self.value):
-                    nn.init.xavier_uniform_(linear.weight)
-                    nn.init.zeros_(linear.bias)
         else:
             # Q, K and V as one operator with 3 d_model outputs: one FFT of the patches instead
-            # of three (the per-mode channel mixing is the same), initialised as three.
+            # of three (the per-mode channel mixing is the same). Initialised as the authors'
+            # per-head operators (d_model → d_head each): real and imaginary parts
+            # U(0, 1/(d_model d_head)), H times SpectralConv's bound for one d_model → d_model.
             self.qkv = SpectralConv(d_model, 3 * d_model, qkv_modes)
-            parts = [SpectralConv(d_model, d_model, qkv_modes) for _ in range(3)]
             with torch.no_grad():
-                for name in ("weight_pos", "weight_neg"):
-                    getattr(self.qkv, name).copy_(
-                        torch.cat([getattr(part, name) for part in parts], dim=1))
+                for weight in (self.qkv.weight_pos, self.qkv.weight_neg):
+                    torch.view_as_real(weight).uniform_(0.0, 1.0 / (d_model * self.d_head))
         self.out_proj = nn.Linear(d_model, d_model)
 
     def extra_repr(self) -> str:

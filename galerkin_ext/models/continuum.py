@@ -87,7 +87,8 @@ class TNO(nn.Module):
       are the only positional encoding).
     * ``num_layers`` :class:`~galerkin_ext.layers.ContinuumEncoderLayer` (post-LN, GELU
       feed-forward of width ``dim_feedforward``, dropout ``dropout``) attending with the
-      points' quadrature weights.
+      points' quadrature weights; in training, each attention probability is dropped with
+      probability ``attn_dropout``.
     * Projection ``P``: ``Linear(d_model, d_z)`` at every point.
 
     The output lives on the input points, or with ``query_head`` at any query points. One set
@@ -123,6 +124,9 @@ class TNO(nn.Module):
         layer_norm: ``True`` for the paper's TNO, ``False`` for the averaging variant.
         dim_feedforward: hidden width of the feed-forward blocks (``None``: ``d_model``).
         dropout: on the encoder's residual branches.
+        attn_dropout: on the attention probabilities. The default 0.1 is the authors' TNO's:
+            its attention keeps its own dropout's default, which their runs never set (their
+            ``dropout``, 1e-4, reaches only the residual branches).
         scale: attention logits' factor (``None``: ``1/sqrt(d_model / n_head)``).
         query_head: whether the model outputs at query points through the query head.
 
@@ -135,8 +139,8 @@ class TNO(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, domain_dim: int, d_model: int = 128,
                  n_head: int = 8, num_layers: int = 6, token0_dim: int | None = None,
                  layer_norm: bool = True, dim_feedforward: int | None = None,
-                 dropout: float = 1e-4, scale: float | None = None,
-                 query_head: bool = False) -> None:
+                 dropout: float = 1e-4, attn_dropout: float = 0.1,
+                 scale: float | None = None, query_head: bool = False) -> None:
         super().__init__()
         self.in_dim = check_int(in_dim, "in_dim")
         self.out_dim = check_int(out_dim, "out_dim")
@@ -166,7 +170,8 @@ class TNO(nn.Module):
 
         def layer() -> ContinuumEncoderLayer:
             return ContinuumEncoderLayer(d_model, n_head, dim_feedforward, dropout,
-                                         layer_norm=layer_norm, scale=scale)
+                                         layer_norm=layer_norm, scale=scale,
+                                         attn_dropout=attn_dropout)
 
         self.encoder = nn.ModuleList(layer() for _ in range(num_layers))
         self.query_lift = nn.Sequential(nn.Linear(domain_dim, d_model), nn.GELU(),
