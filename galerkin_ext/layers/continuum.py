@@ -191,7 +191,7 @@ class ContinuumAttention(nn.Module):
         self.scale = check_scale(scale, 1.0 / math.sqrt(self.d_head))
         self.attn_dropout = check_probability(attn_dropout, "attn_dropout")
         # nn.Linear's own initialisation, as in the authors' TNO (not nn.MultiheadAttention's
-        # Glorot weights and zero biases: √3 times larger Q and K weights, 3 times the logits).
+        # Glorot weights and zero biases: √3 times larger Q and K weights, ~3 times the logits).
         self.query, self.key, self.value, self.out_proj = (
             nn.Linear(d_model, d_model) for _ in range(4))
 
