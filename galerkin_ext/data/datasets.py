@@ -676,9 +676,9 @@ class DarcyInverseDataset(Dataset):
         fit = _needs_fit(n_train, input_normalizer, "input_normalizer",
                          (resolution, resolution))
         sub_u = {"u": lambda x: x[:, ::s, ::s]}
-        # (the coefficient on the fine grid, then averaged: the original's order)
-        data = _load(source, keys, idx, {**sub_u, "a": lambda x: block_average(x[:, ::t, ::t],
-                                                                               nc)})
+        # the coefficient on the target grid, then averaged: the original's order
+        average_a = {"a": lambda x: block_average(x[:, ::t, ::t], nc)}
+        data = _load(source, keys, idx, {**sub_u, **average_a})
         if fit:
             if split == "train":
                 train_u = data["u"]
