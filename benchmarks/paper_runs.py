@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,13 @@ def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]
     }
 
 
+def order(r: dict[str, Any]) -> tuple[Any, ...]:
+    """Records by experiment and model, then by the numbers of the setting (n=512 before
+    n=2048, as the paper's tables run)."""
+    numbers = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", r["setting"])]
+    return (r["experiment"], r["attention"], str(r["norm"]), numbers, r["reference_dropout"])
+
+
 def load(results: Path) -> list[dict[str, Any]]:
     return json.loads(results.read_text()) if results.is_file() else []
 
@@ -118,7 +126,7 @@ def add(results: Path, run: Path, command: str | None, device: str | None,
                          f"{old['train_seconds'] / 60:.0f} min); --replace replaces it")
     records = [r for r in records if r not in same]
     records.append(new)
-    records.sort(key=lambda r: tuple(str(r[k]) for k in KEY))
+    records.sort(key=order)
     write_json(results, records)  # atomic: a reader never sees half a file
     return new
 
@@ -127,7 +135,7 @@ def table(records: list[dict[str, Any]]) -> str:
     rows = ["| experiment | attention | setting | paper | ours, best epoch (paper's protocol) "
             "| ours, last epoch | epochs | device | training time |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for r in records:
+    for r in sorted(records, key=order):
         paper = "—" if r["paper_rel_l2"] is None else f"{r['paper_rel_l2']:.3e}"
         ratio = "" if r["ratio_to_paper"] is None else f" ({r['ratio_to_paper']:.2f}×)"
         attention = r["attention"] + (", original's p = 0.5 dropout" if r["reference_dropout"]

@@ -175,12 +175,15 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
                          "reference_dropout": True}}
     gt = _fake_run(tmp_path / "gt", burgers, 2.406e-3, 2.5e-3, command="python x.py",
                    device_name="cpu model")
+    gt2048 = _fake_run(tmp_path / "gt2048", {**burgers, "n": 2048}, 1e-3, 1e-3,
+                       command="python x.py", device_name="cpu model")
     inv = _fake_run(tmp_path / "inv", inverse, 3e-2, 3.1e-2)
     # an FNO row (--model fno records an empty model config): "only n_c" of the inverse table
     fno = _fake_run(tmp_path / "fno", {"preset": "paper", "fine": 36, "coarse": 36,
                                        "noise": 0.1, "model": {}, "model_choice": "fno"},
                     0.173, 0.18, command="python f.py", device_name="gpu")
-    for cmd in ([*script, "add", str(gt)],
+    for cmd in ([*script, "add", str(gt2048)],
+                [*script, "add", str(gt)],
                 [*script, "add", str(inv), "--command", "python y.py", "--device", "gpu"],
                 [*script, "add", str(fno)],
                 [*script, "add", str(gt), "--replace"]):  # the same run replaces its record
@@ -195,10 +198,11 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     records = json.loads(results.read_text())
-    assert len(records) == 3
+    assert len(records) == 4
     r = next(r for r in records if r["attention"] == "fno")
     assert (r["norm"], r["setting"], r["paper_rel_l2"]) == (None, "36/36, eps=0.1", 1.730e-1)
-    by_experiment = {r["experiment"]: r for r in records if r["attention"] != "fno"}
+    by_experiment = {r["experiment"]: r for r in records
+                     if r["attention"] != "fno" and r["setting"] != "n=2048"}
     r = by_experiment["burgers"]
     assert (r["attention"], r["norm"], r["setting"], r["reference_dropout"]) == (
         "galerkin", "attn", "n=512", False)
@@ -211,6 +215,8 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     table = subprocess.run([*script, "table"], capture_output=True, text=True, timeout=60)
     assert "| burgers | galerkin | n=512 | 1.203e-03 | 2.406e-03 (2.00×) (epoch 1) |" in (
         table.stdout)
+    # settings in the paper's order, by their numbers: n=512 before n=2048
+    assert table.stdout.index("| n=512 |") < table.stdout.index("| n=2048 |")
     # a run without a recorded command must be given one
     bad = subprocess.run([*script, "add", str(inv)], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--command" in bad.stderr
