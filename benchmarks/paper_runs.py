@@ -135,7 +135,7 @@ def table(records: list[dict[str, Any]]) -> str:
     rows = ["| experiment | attention | setting | paper | ours, best epoch (paper's protocol) "
             "| ours, last epoch | epochs | device | training time |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(records, key=order):
+    for r in records:  # in add's order
         paper = "—" if r["paper_rel_l2"] is None else f"{r['paper_rel_l2']:.3e}"
         ratio = "" if r["ratio_to_paper"] is None else f" ({r['ratio_to_paper']:.2f}×)"
         attention = r["attention"] + (", original's p = 0.5 dropout" if r["reference_dropout"]
