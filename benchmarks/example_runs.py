@@ -22,8 +22,11 @@ def runs_folder(text: str) -> Path:
 
 
 def _settings(command: list[str]) -> list[str]:
-    """The script and its flags, without the interpreter and ``--out``."""
-    args = list(command[1:])
+    """The script and its flags, without the interpreter, a launcher before the script
+    (``-m torch.distributed.run ...``: the run records its script's command line only) and
+    ``--out``."""
+    script = next((i for i, arg in enumerate(command) if arg.endswith(".py")), 1)
+    args = list(command[script:])
     if "--out" in args:
         at = args.index("--out")
         del args[at : at + 2]

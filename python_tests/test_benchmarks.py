@@ -428,3 +428,39 @@ def test_runs_folders_are_the_callers(tmp_path: Path, monkeypatch) -> None:
     assert example_runs.runs_folder("runs/x") == tmp_path.resolve() / "runs" / "x"
     for script in ("darcy_budget.py", "gnot_claims.py"):
         assert '"--runs", type=runs_folder' in (BENCHMARKS / script).read_text(), script
+
+
+def test_quick_presets_time_run_and_reuse(tmp_path: Path, monkeypatch) -> None:
+    """quick_presets.py records a run's wall time and the data it generated, reuses the run
+    afterwards (without running it again), and tabulates a missed threshold as missed."""
+    quick = _load_benchmark("quick_presets", monkeypatch)
+    script = tmp_path / "fake_example.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "with open(os.path.join(os.environ['GALERKIN_EXT_CACHE'], 'set.h5'), 'w') as f:\n"
+        "    f.write('data')\n"
+        "with open(os.path.join(out, 'metrics.json'), 'w') as f:\n"
+        "    json.dump({'command': 'python ' + ' '.join(sys.argv), 'test_rel_l2': 0.25,\n"
+        "               'train_seconds': 3.0, 'epochs': 2, 'n_params': 1234,\n"
+        "               'device_name': 'cpu model', 'thresholds': {'enforced': True, 'checks':\n"
+        "               {'test_rel_l2': {'value': 0.25, 'threshold': 0.2, 'met': False}}}}, f)\n"
+        "sys.exit(1)  # a missed threshold, as the examples exit\n")
+    monkeypatch.setattr(quick, "PRESETS", {"fake": [str(script)]})
+    monkeypatch.setenv("GALERKIN_EXT_CACHE", str(tmp_path / "elsewhere"))  # restored after
+    runs = tmp_path / "runs"
+    first = quick.measure("fake", runs)
+    assert first["wall_seconds"] > 0 and first["generated_data"] == ["set.h5"]
+    assert first["device"] == "cpu model" and first["test_rel_l2"] == 0.25
+    assert not first["thresholds"]["test_rel_l2"]["met"]
+    script.write_text("raise SystemExit('ran again')\n")  # a reuse must not run it
+    assert quick.measure("fake", runs) == first
+    line = quick.table([first]).splitlines()[-1]
+    assert line.startswith("| fake | 1,234 | 2 | ") and "(data made)" in line
+    assert "test_rel_l2 2.50e-01 ≤ 0.2 MISSED" in line
+
+    # a run under torchrun records its script's command line: it is reused all the same
+    settings = quick.run_example.__globals__["_settings"]
+    assert settings(["python", "-m", "torch.distributed.run", "--nproc_per_node=2", "x.py",
+                     "--a", "--out", "o"]) == settings(["python", "x.py", "--a", "--out", "p"])
