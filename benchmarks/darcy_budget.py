@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from example_runs import ROOT, run_example, runs_folder  # (this folder is on sys.path)
+from example_runs import ROOT, print_table, run_example, runs_folder  # (this folder is on sys.path)
 
 from galerkin_ext._cli import writable_file
 from galerkin_ext.training import command_line, write_json
@@ -84,14 +84,7 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="print the table of --out only")
     args = parser.parse_args()
     if args.table:
-        if not args.out.is_file():
-            parser.error(f"--out: no results file {str(args.out)!r} to tabulate")
-        try:
-            runs = json.loads(args.out.read_text())["runs"]
-        except (ValueError, KeyError, TypeError):
-            parser.error(f"--out: {str(args.out)!r} is not a results file of this script "
-                         "(JSON with its 'runs')")
-        print(table(runs))
+        print_table(parser, args.out, table)
         return
     if args.runs is None:
         parser.error("--runs: required to run the budgets (only --table runs nothing)")

@@ -4,10 +4,12 @@ a folder of other settings (another preset, other flags) is refused, never tabul
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +51,18 @@ def run_example(command: list[str], out: Path, *, check: bool) -> dict[str, Any]
     print(shlex.join(command), flush=True)
     subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=check)
     return json.loads(metrics_file.read_text())
+
+
+def print_table(parser: argparse.ArgumentParser, results: Path,
+                table: Callable[[list[dict[str, Any]]], str]) -> None:
+    """``--table``: print the runs of the results file ``results`` (``{"runs": [...]}``, as
+    the scripts write it) with ``table``; a missing or foreign file is a one-line error naming
+    ``--out``."""
+    if not results.is_file():
+        parser.error(f"--out: no results file {str(results)!r} to tabulate")
+    try:
+        runs = json.loads(results.read_text())["runs"]
+    except (ValueError, KeyError, TypeError):
+        parser.error(f"--out: {str(results)!r} is not a results file of this script "
+                     "(JSON with its 'runs')")
+    print(table(runs))

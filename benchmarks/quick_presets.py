@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from example_runs import ROOT, run_example, runs_folder  # (this folder is on sys.path)
+from example_runs import ROOT, print_table, run_example, runs_folder  # (this folder is on sys.path)
 
 from galerkin_ext._cli import writable_file
 from galerkin_ext.training import command_line, write_json
@@ -149,22 +149,16 @@ def main() -> int:
     parser.add_argument("--table", action="store_true", help="print the table of --out only")
     args = parser.parse_args()
     if args.table:
-        if not args.out.is_file():
-            parser.error(f"--out: no results file {str(args.out)!r} to tabulate")
-        try:
-            records = json.loads(args.out.read_text())["runs"]
-        except (ValueError, KeyError, TypeError):
-            parser.error(f"--out: {str(args.out)!r} is not a results file of this script "
-                         "(JSON with its 'runs')")
-        print(table(records))
+        print_table(parser, args.out, table)
         return 0
     if args.runs is None:
         parser.error("--runs: required to run the presets (only --table runs nothing)")
+    made_at = commit()  # before the runs: what they ran
     records = []
     for name in args.only or PRESETS:
         records.append(measure(name, args.runs))
         print(table(records[-1:]).splitlines()[-1], flush=True)
-    write_json(args.out, {"command": command_line(), "commit": commit(),
+    write_json(args.out, {"command": command_line(), "commit": made_at,
                           "torch": torch.__version__, "runs": records})
     print(table(records))
     print(f"wrote {args.out}")

@@ -397,6 +397,8 @@ def test_gpu_session_stops_without_a_gpu(tmp_path: Path) -> None:
      "--results: no such file"),
     (["darcy_budget.py", "--table", "--out", "{tmp}/other.json"],
      "is not a results file of this script"),
+    (["quick_presets.py", "--table", "--out", "{tmp}/none.json"], "--out: no results file"),
+    (["quick_presets.py", "--out", "{tmp}/q.json"], "--runs: required"),
     (["burgers_stability.py", "--data", "{tmp}/none.h5", "--out", "{tmp}/b.json"],
      "error: --data: "),
     (["burgers_stability.py", "--arms", "raw,raw", "--out", "{tmp}/b.json"],
