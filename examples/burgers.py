@@ -48,10 +48,9 @@ from galerkin_ext.training import (
 # ----------------------------------------------------------------------------------------------
 # Config.  "paper" is SPEC §5: 1024 train / 100 eval samples, the 530,305-parameter model,
 # Adam + OneCycle(max_lr 1e-3, div 1e4, final div 1e4, pct_start 0.2), 100 epochs, batch 8,
-# gradient clip 0.999.  "quick" is a small model on few samples at n = 512 for a laptop CPU:
-# measured 7.25e-3 evaluation rel. L2 in 39 s wall on 2 idle Intel Xeon cores (84 s on AMD
-# EPYC ones with earlier code), data generation included.  A run of the quick preset as
-# written (README) fails if it misses its threshold.
+# gradient clip 0.999.  "quick" is a small model on few samples at n = 512 for a laptop CPU
+# (what it reaches, and in what time: the README, from benchmarks/quick_presets.py).  A run of
+# the quick preset as written (README) fails if it misses its threshold.
 PRESETS = {
     "quick": {
         "threads": 1,  # small ops; two torch threads stall whenever another process takes a core

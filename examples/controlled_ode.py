@@ -63,9 +63,7 @@ from galerkin_ext.training import (
 # validation: --lr 1e-4), batch 64, 100 epochs, clip by value 10, early stopping after 20.
 # "quick" is SPEC-continuum §7: dt = 0.02 (101 times), 1000/100/200, a 32-wide 2-layer TNO with
 # 2 heads, Adam + OneCycle (max_lr 5e-3: the 2e-3 of §7's L63 row reached a median of 1.84e-3),
-# batch 32, 20 epochs.  Measured on 2 idle CPU cores from an empty data cache (2026-11-29,
-# e8ccb2a): median 1.02e-3 (normalised 1.59e-3), every zero-shot dt <= 1.11e-3, grid (41)
-# 1.11e-3, in 19 s wall.
+# batch 32, 20 epochs (what it reaches: the README, from benchmarks/quick_presets.py).
 ZERO_SHOT_DT = [0.005, 0.0075, 0.01, 0.015, 0.02]  # the paper's Fig 7
 PRESETS = {
     "quick": {

@@ -52,9 +52,9 @@ from galerkin_ext.training import (
 # Config.  "paper" is SPEC §5: 1024 train / 100 eval samples at 141 (coarse 43), the
 # 2,220,829-parameter model, Adam + OneCycle(max_lr 1e-3, div 1e4, final div 1e4,
 # pct_start 0.3), 100 epochs, batch 4, clip 0.999.  "quick": a small model at 85/29 on data
-# solved directly on the 85 x 85 grid, for a laptop CPU: measured 3.8e-2 evaluation rel. L2 in
-# 118-330 s wall on 2 idle CPU cores (VMs and versions differ), data generation included.  A
-# run of the quick preset as written (README) fails if it misses its threshold.
+# solved directly on the 85 x 85 grid, for a laptop CPU (what it reaches, and in what time: the
+# README, from benchmarks/quick_presets.py).  A run of the quick preset as written (README)
+# fails if it misses its threshold.
 PRESETS = {
     "quick": {
         "threads": 1,  # small ops: one thread is faster than OpenMP syncs on a busy 2-core CPU

@@ -61,10 +61,9 @@ from galerkin_ext.training import (
 # Config.  "paper" is SPEC §5: 1024 train / 100 eval samples, input 141 -> coefficient on 36 x 36,
 # the 2,383,873-parameter model, Adam + OneCycle(max_lr 1e-3, div 1e4, final div 1e4,
 # pct_start 0.3), 100 epochs, batch 4, clip 0.999, plain relative L2 loss (gamma = 0).
-# "quick": a small model at 85 -> 22 on data solved directly on the 85 x 85 grid: measured
-# 9.0e-2 evaluation rel. L2 in 108-225 s wall on 2 idle CPU cores with the data cached by
-# examples/darcy.py (+6 s to generate them).  A run of the quick preset as written (README)
-# fails if it misses its threshold.
+# "quick": a small model at 85 -> 22 on data solved directly on the 85 x 85 grid, the data of
+# examples/darcy.py (what it reaches: the README, from benchmarks/quick_presets.py).  A run of
+# the quick preset as written (README) fails if it misses its threshold.
 PRESETS = {
     "quick": {
         "threads": 1,  # small ops: one thread is faster than OpenMP syncs on a busy 2-core CPU

@@ -76,11 +76,8 @@ from galerkin_ext.training import (
 # 100 validation / 200 test, 4 x 4 patches, every model 32 wide with 2 layers (d_ff 64),
 # residual output, relative L2 loss, Adam + OneCycle (max_lr 5e-3: at 30 epochs 2e-3 gave
 # 0.163, 5e-3 0.150), 24 epochs (the FANO 15); zero-shot 50 pairs solved at 64^2 and read at
-# 16, 32 and 64 (half, the same and twice the training grid).  Measured on 2 idle cores from an
-# empty cache: ViT NO median 0.155 (persistence 0.187) in 148 s, FANO 0.161 in 134 s (AMD EPYC,
-# 2026-11-29, e8ccb2a), FNO 0.071 in 49 s (Intel Xeon; 172 s on AMD EPYC), AFNO 0.081 in 132 s
-# (on an Intel Xeon, with PhysicsNeMo's initialisation; with PyTorch's default one it was no
-# better than persistence: see the README).  The
+# 16, 32 and 64 (half, the same and twice the training grid); what they reach: the README, from
+# benchmarks/quick_presets.py (the AFNO learns only with PhysicsNeMo's initialisation).  The
 # generator's presets without their sample count: the data hold n_train + n_valid + n_eval
 # samples (the presets' 1300 and 10000), so a smaller run generates no more than it uses.
 DATA = {name: {k: v for k, v in KOLMOGOROV_PRESETS[name].items() if k != "n_samples"}

@@ -65,10 +65,8 @@ from galerkin_ext.training import (
 # validation: --lr 1e-4), batch 64, 100 epochs, clip by value 10, early stopping after 20.
 # "quick" is SPEC-continuum §7 at a budget re-measured on this package: dt = 0.02 (101 times),
 # 800/100/200, a 32-wide 2-layer TNO with 2 heads, Adam + OneCycle (max_lr 5e-3: 2e-3 reached
-# 0.022 only in 100 epochs), batch 32, 50 epochs (30 reached 0.21).  Measured on 2 idle CPU
-# cores from an empty data cache (2026-11-29, e8ccb2a): task (b) median 2.46e-2, grid (41)
-# 2.79e-2 vs 6.58e-2 for the unweighted model (0.42x), both models in 63 s wall; task (a)
-# median 2.36e-2 (normalised 5.7e-2) in 35 s.
+# 0.022 only in 100 epochs), batch 32, 50 epochs (30 reached 0.21).  What it reaches: the
+# README, from benchmarks/quick_presets.py.
 ZERO_SHOT_DT = [0.005, 0.0075, 0.01, 0.015, 0.02]  # the paper's Fig 7
 PRESETS = {
     "quick": {

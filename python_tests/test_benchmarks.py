@@ -455,6 +455,7 @@ def test_quick_presets_time_run_and_reuse(tmp_path: Path, monkeypatch) -> None:
     first = quick.measure("fake", runs)
     assert first["wall_seconds"] > 0 and first["generated_data"] == ["set.h5"]
     assert first["device"] == "cpu model" and first["test_rel_l2"] == 0.25
+    assert first["commit"] == quick.commit()  # the commit the run ran at
     assert not first["thresholds"]["test_rel_l2"]["met"]
     script.write_text("raise SystemExit('ran again')\n")  # a reuse must not run it
     assert quick.measure("fake", runs) == first
