@@ -11,7 +11,7 @@ the runs that generated data). A run whose ``metrics.json`` exists is reused whe
 command made it (refused otherwise), with the wall time and commit this script recorded beside
 it when it ran (so one preset is measured again by removing its folder). A run
 that misses one of its preset's thresholds still counts: the record says which (the script
-exits with 1 then, after writing everything).
+exits with 1 then, after writing everything, if the threshold was enforced).
 
 Writes ``benchmarks/results/quick_presets.json`` (``--out``): torch's version and per run the
 command, the commit it ran at, the device, wall and training seconds, parameters, epochs,
@@ -91,7 +91,6 @@ def made_files(cache: Path) -> set[str]:
 
 def measure(name: str, runs: Path) -> dict[str, Any]:
     """Run (or reuse) preset ``name`` into ``runs/name``; its record."""
-    made_at = commit()  # before the run: what it ran
     out = runs / name
     cache = runs / "data"
     command = ["python", *PRESETS[name], "--no-progress", "--out", str(out)]
@@ -100,6 +99,7 @@ def measure(name: str, runs: Path) -> dict[str, Any]:
     os.environ["GALERKIN_EXT_CACHE"] = str(cache)  # the runs inherit it
     fresh = not (out / "metrics.json").exists()
     if fresh:
+        made_at = commit()  # before the run: what it ran
         before = made_files(cache)
         start = time.perf_counter()
     metrics = run_example(command, out, check=False)  # reused only if the same command made it
@@ -164,7 +164,8 @@ def main() -> int:
                           "runs": records})
     print(table(records))
     print(f"wrote {args.out}")
-    missed = [r["name"] for r in records if not all(c["met"] for c in r["thresholds"].values())]
+    missed = [r["name"] for r in records  # as the scripts exit: enforced thresholds only
+              if r["thresholds_enforced"] and not all(c["met"] for c in r["thresholds"].values())]
     if missed:
         print(f"thresholds missed: {', '.join(missed)}", file=sys.stderr)
     return 1 if missed else 0

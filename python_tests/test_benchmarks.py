@@ -432,12 +432,13 @@ def test_runs_folders_are_the_callers(tmp_path: Path, monkeypatch) -> None:
         assert '"--runs", type=runs_folder' in (BENCHMARKS / script).read_text(), script
 
 
-def test_quick_presets_time_run_and_reuse(tmp_path: Path, monkeypatch) -> None:
-    """quick_presets.py records a run's wall time and the data it generated, reuses the run
-    afterwards (without running it again), and tabulates a missed threshold as missed."""
+def test_quick_presets_time_run_and_reuse(tmp_path: Path, monkeypatch, capsys) -> None:
+    """quick_presets.py records a run's wall time, commit and the data it generated, reuses the
+    run afterwards (without running it again), tabulates a missed threshold as missed, and
+    fails the set, as the examples fail, only for a missed threshold that was enforced."""
     quick = _load_benchmark("quick_presets", monkeypatch)
     script = tmp_path / "fake_example.py"
-    script.write_text(
+    text = (
         "import json, os, sys\n"
         "out = sys.argv[sys.argv.index('--out') + 1]\n"
         "os.makedirs(out, exist_ok=True)\n"
@@ -446,9 +447,11 @@ def test_quick_presets_time_run_and_reuse(tmp_path: Path, monkeypatch) -> None:
         "with open(os.path.join(out, 'metrics.json'), 'w') as f:\n"
         "    json.dump({'command': 'python ' + ' '.join(sys.argv), 'test_rel_l2': 0.25,\n"
         "               'train_seconds': 3.0, 'epochs': 2, 'n_params': 1234,\n"
-        "               'device_name': 'cpu model', 'thresholds': {'enforced': True, 'checks':\n"
+        "               'device_name': 'cpu model', 'thresholds': {'enforced':\n"
+        "               '--reported' not in sys.argv, 'checks':\n"
         "               {'test_rel_l2': {'value': 0.25, 'threshold': 0.2, 'met': False}}}}, f)\n"
         "sys.exit(1)  # a missed threshold, as the examples exit\n")
+    script.write_text(text)
     monkeypatch.setattr(quick, "PRESETS", {"fake": [str(script)]})
     monkeypatch.setenv("GALERKIN_EXT_CACHE", str(tmp_path / "elsewhere"))  # restored after
     runs = tmp_path / "runs"
@@ -462,6 +465,20 @@ def test_quick_presets_time_run_and_reuse(tmp_path: Path, monkeypatch) -> None:
     line = quick.table([first]).splitlines()[-1]
     assert line.startswith("| fake | 1,234 | 2 | ") and "(data made)" in line
     assert "test_rel_l2 2.50e-01 ≤ 0.2 MISSED" in line
+
+    # the whole set: a missed threshold that is only reported does not fail it
+    monkeypatch.setattr(quick, "PRESETS", {"fake": [str(script)],
+                                           "reported": [str(script), "--reported"]})
+    script.write_text(text)
+    results = tmp_path / "quick.json"
+    monkeypatch.setattr(sys, "argv", ["quick_presets.py", "--runs", str(runs), "--out",
+                                      str(results)])
+    assert quick.main() == 1  # fake's enforced threshold
+    assert "thresholds missed: fake\n" in capsys.readouterr().err
+    records = json.loads(results.read_text())["runs"]
+    assert [r["thresholds_enforced"] for r in records] == [True, False]
+    monkeypatch.setattr(quick, "PRESETS", {"reported": [str(script), "--reported"]})
+    assert quick.main() == 0
 
     # a run under torchrun records its script's command line: it is reused all the same
     settings = quick.run_example.__globals__["_settings"]
