@@ -1,6 +1,7 @@
-"""Example-script runs of the benchmarks that train (``darcy_budget.py``, ``gnot_claims.py``):
-each made once into its folder and reused afterwards only when the same command made it, so that
-a folder of other settings (another preset, other flags) is refused, never tabulated."""
+"""Example-script runs of the benchmarks that train (``darcy_budget.py``, ``gnot_claims.py``,
+``quick_presets.py``): each made once into its folder and reused afterwards only when the same
+command made it, so that a folder of other settings (another preset, other flags) is refused,
+never tabulated; and the ``--table`` action of their results files."""
 
 from __future__ import annotations
 

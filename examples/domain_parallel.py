@@ -86,7 +86,7 @@ PRESETS = {
                   "final_div_factor": 1e3, "pct_start": 0.2, "grad_clip": 1.0, "seed": 0},
     },
 }
-THRESHOLD = {"quick": 0.1}  # evaluation rel. L2 the quick preset must reach (README: measured)
+THRESHOLD = {"quick": 0.1}  # evaluation rel. L2 the quick preset must reach (measured: README)
 N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 

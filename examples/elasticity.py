@@ -96,7 +96,7 @@ PRESETS = {
         "train": {"epochs": 100, "batch_size": 4, "max_lr": 5e-3, "div_factor": 1e4,
                   "final_div_factor": 1e4, "pct_start": 0.2, "grad_clip": 1000.0,
                   "weight_decay": 5e-6, "eval_batch_size": 8, "seed": 2023},
-        "thresholds": {"gnot": {"test_rel_l2": 0.10}},  # SPEC-gnot §8 (README: measured)
+        "thresholds": {"gnot": {"test_rel_l2": 0.10}},  # SPEC-gnot §8 (measured: README)
     },
     "paper": {
         "data": {"h": 0.035, "seed": 0},
