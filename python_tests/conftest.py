@@ -14,11 +14,17 @@ import zlib
 _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="galerkin_ext_inductor_")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
 atexit.register(shutil.rmtree, _INDUCTOR_CACHE, ignore_errors=True)
+# Under pytest-xdist (the README's `-n auto`) each worker runs on one core: one torch thread per
+# worker, and for the scripts it starts, since two threads stall while another process holds a
+# core. Set before torch is imported, which reads it once.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 SEED = int(os.environ.get("GALERKIN_TEST_SEED", random.SystemRandom().randrange(2**31)))
+os.environ["GALERKIN_TEST_SEED"] = str(SEED)  # the xdist workers, started later, inherit it
 # torch 2.5, the oldest admitted, cannot trace an FFT at symbolic sizes (export and dynamo)
 TORCH_BEFORE_2_6 = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 6)
 
