@@ -59,6 +59,13 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return proc
 
 
+def _torchrun(cmd: list[str], log_dir: Path) -> list[str]:
+    """``cmd`` (a ``_cmd``) on 2 gloo processes. torchrun's logs go to ``log_dir``: by default
+    it makes a /tmp/torchelastic_* folder a run and never removes it."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "--log-dir", str(log_dir), *cmd[1:]]
+
+
 def _metrics(out: Path) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
@@ -417,9 +424,7 @@ def test_torchrun_two_processes_match_single_process(tmp_path, burgers_file):
     args = ("--data", str(burgers_file), "--n-train", "8", "--n-eval", "16", "--resolution",
             "128", "--epochs", "1", "--batch-size", "8")
     _run(_cmd("burgers.py", tmp_path / "single", *args))
-    cmd = _cmd("burgers.py", tmp_path / "ddp", *args)
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-          *cmd[1:]])
+    _run(_torchrun(_cmd("burgers.py", tmp_path / "ddp", *args), tmp_path / "logs"))
     single, ddp = _metrics(tmp_path / "single"), _metrics(tmp_path / "ddp")
     assert single["world_size"] == 1 and ddp["world_size"] == 2
     s, d = single["history"][0], ddp["history"][0]
@@ -436,9 +441,7 @@ def test_domain_parallel_example_matches_single_process(tmp_path, darcy_file):
     args = ("--data", str(darcy_file), "--resolution", "43", "--n-train",
             "8", "--n-eval", "2", "--epochs", "2", "--batch-size", "4")
     _run(_cmd("domain_parallel.py", tmp_path / "single", *args))
-    cmd = _cmd("domain_parallel.py", tmp_path / "domain", *args)
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-          *cmd[1:]])
+    _run(_torchrun(_cmd("domain_parallel.py", tmp_path / "domain", *args), tmp_path / "logs"))
     single, split = _check_outputs(tmp_path / "single", 2), _check_outputs(tmp_path / "domain", 2)
     assert single["config"]["points"] == {"n": 1849, "per_process": [1849]}
     assert split["config"]["points"] == {"n": 1849, "per_process": [925, 924]}

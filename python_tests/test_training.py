@@ -1303,6 +1303,7 @@ def test_cleanup_distributed_stops_the_group_threads(tmp_path):
     script = tmp_path / "leave_group.py"
     script.write_text(_LEAVE_GROUP)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", str(script)], capture_output=True, text=True,
+                           "--nproc_per_node=2", "--log-dir", str(tmp_path / "logs"),
+                           str(script)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
