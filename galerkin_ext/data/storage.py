@@ -1045,7 +1045,8 @@ def read_h5(
                     out[key] = ds[...][(slice(None, None, stride),) * int(ds.attrs["grid_ndim"])]
                     continue
                 sub = (slice(None, None, stride),) * int(ds.attrs.get("grid_ndim", ds.ndim - 1))
-                parts = [ds[_as_selection(idx[i : i + block])][(slice(None), *sub)]
+                # `+ sub`, not `*sub`: mypy on Python 3.10 takes `x[(a, *sub)]` for 3.11 syntax
+                parts = [ds[_as_selection(idx[i : i + block])][(slice(None),) + sub]
                          for i in range(0, idx.size, block)]
             except OSError as err:  # a chunk failing its checksum, or unreadable
                 raise DataFileError(f"{str(path)!r}: array {key!r} is corrupt (a stored chunk "
@@ -1053,5 +1054,5 @@ def read_h5(
             if parts:
                 out[key] = np.concatenate(parts)
             else:
-                out[key] = np.empty((0, *ds[(0, *sub)].shape), dtype=ds.dtype)
+                out[key] = np.empty((0, *ds[(0,) + sub].shape), dtype=ds.dtype)
     return out
