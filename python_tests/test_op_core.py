@@ -466,7 +466,7 @@ def test_cpu_products_give_the_same_bits_at_either_vector_width(tmp_path):
                               capture_output=True, text=True, timeout=120, cwd=tmp_path,
                               env={**env, "OMP_NUM_THREADS": "1"})  # (cwd: not the sources)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        runs[capability] = torch.load(path)
+        runs[capability] = torch.load(path, weights_only=True)
     for a, b in zip(runs[None], runs["avx2"], strict=True):
         assert torch.equal(a, b)
 
