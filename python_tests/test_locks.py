@@ -107,6 +107,9 @@ def _sleep(started, seconds):
     time.sleep(seconds)
 
 
+# It forks on purpose, as a DataLoader does; the child only sleeps (Python 3.12+ warns of
+# forking a multi-threaded process).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
 def test_a_forked_child_does_not_keep_the_lock(tmp_path):
     """A DataLoader worker is a forked child: it inherited the lock's descriptor, and a run
     killed with SIGKILL stayed locked (a --resume refused) until its orphaned workers ended."""
