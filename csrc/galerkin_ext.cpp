@@ -1,6 +1,6 @@
 // The galerkin_ext op library (schemas) and the Python module that loads it.
-// Implementations are registered per device in attention/core.cpp, autograd in
-// attention/autograd.cpp.
+// Implementations are registered per device in attention/core.cpp and dropout/dropout_cpu.cpp,
+// the op core's autograd in attention/autograd.cpp (dropout's in ops.py).
 #include "attention/cuda_limits.h"
 
 #include <pybind11/pybind11.h>
@@ -43,6 +43,11 @@ TORCH_LIBRARY(galerkin_ext, m) {
       "q_apply_backward_formula(Tensor grad_out, Tensor q, Tensor? pos, str q_map, "
       "Tensor? q_norm_weight, Tensor? q_norm_bias, Tensor s, float eps, int normalizers, "
       "bool skip, bool pos_grad) -> Tensor[]");
+  // Inverted dropout (0 < p < 1) whose mask is a function of seed (a 0-dim int64 tensor) and
+  // of each element's place in memory in the output's layout, empty_like(x)'s
+  // (dropout/dropout_cpu.cpp): the backward is the same op on the gradient in that layout.
+  // CPU only: on CUDA, torch's own dropout is fused.
+  m.def("dropout(Tensor x, float p, Tensor seed) -> Tensor");
 }
 
 PYBIND11_MODULE(_C, m) {

@@ -20,6 +20,9 @@ fake kernels and the formula backwards of second-order gradients (the ops' autog
 ``csrc/attention/autograd.cpp``). Where the compiled core does not run (CPU half types, CUDA rows
 wider than ``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the plain formulas
 of :mod:`galerkin_ext.functional` compute the same.
+
+:func:`dropout`, the layers' dropout, is a compiled CPU op too (``torch.ops.galerkin_ext.dropout``,
+``csrc/dropout/``): its mask is a function of a seed and of each element's index.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from . import functional
 from ._checks import (
     check_attention_operands,
+    check_bool,
     check_cell_weight,
     check_choice,
     check_has_keys,
@@ -51,8 +55,8 @@ from ._checks import (
 )
 from ._extension import load_extension
 
-__all__ = ["continuum_attention", "cuda_built", "fourier_attention", "galerkin_attention",
-           "hetero_normalized_attention", "kernel_attention", "kv_reduce",
+__all__ = ["continuum_attention", "cuda_built", "dropout", "fourier_attention",
+           "galerkin_attention", "hetero_normalized_attention", "kernel_attention", "kv_reduce",
            "normalized_attention", "patched_attention", "q_apply"]
 
 Norm = tuple[Tensor, Tensor] | None
@@ -568,6 +572,38 @@ def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:
     return (None, None) if norm is None else norm
 
 
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Inverted dropout: each element of ``x`` zeroed with probability ``p``, the others
+    multiplied by ``1 / (1 - p)``; ``x`` itself when not ``training`` or when ``p = 0``.
+
+    On CPU float32 and float64 tensors the mask comes from ``torch.ops.galerkin_ext.dropout``: a
+    counter-based generator (Threefry-2x32-20) keyed by a seed drawn from torch's default
+    generator, so ``torch.manual_seed`` repeats it; the backward regenerates the mask instead of
+    storing it. It costs a fraction of torch's CPU dropout, whose mask is drawn element by element
+    (``benchmarks/dropout_cpu.py``). Elsewhere (CUDA, half types, forward-mode AD, ``torch.func``
+    transforms) torch's dropout runs: the two draw different masks of the same distribution.
+
+    Args:
+        x: any shape.
+        p: the probability of zeroing an element, in ``[0, 1)``.
+        training: drop only when true, as ``F.dropout``.
+
+    Returns:
+        ``x``'s shape and dtype, laid out as ``torch.empty_like(x)``: as ``x`` when dense.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
+    p = check_probability(p, "p")
+    check_bool(training, "training")
+    if not training or p == 0.0:
+        return x
+    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64)
+            or _autodiff_beyond_the_op()):
+        return torch.nn.functional.dropout(x, p, training=True)
+    seed = torch.randint(2**62, (), dtype=torch.int64)
+    return torch.ops.galerkin_ext.dropout(x, p, seed)
+
+
 # ----------------------------------------------------------------------------------------------
 # Second-order gradients and fake (meta) kernels of the compiled ops
 
@@ -641,6 +677,31 @@ _FORMULA_BACKWARDS.impl("q_apply_backward_formula", _q_apply_backward_formula,
 def _grad_like(t: Tensor | None, wanted: bool, like: Tensor) -> Tensor:
     """A gradient's fake: like ``t`` where wanted, else ``like``'s empty placeholder."""
     return t.new_empty(t.shape) if wanted and t is not None else like.new_empty((0,))
+
+
+@torch.library.register_fake("galerkin_ext::dropout")
+def _dropout_fake(x, p, seed):
+    return torch.empty_like(x)  # as the kernel
+
+
+def _dropout_setup_context(ctx, inputs, output) -> None:
+    _, ctx.p, seed = inputs
+    ctx.strides = output.stride()
+    ctx.save_for_backward(seed)
+
+
+def _dropout_backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+    # Linear in x: the same mask, regenerated from the seed (differentiable in turn). The mask
+    # follows memory order, so the gradient must be laid out as the output was.
+    (seed,) = ctx.saved_tensors
+    if grad.stride() != ctx.strides:
+        grad = torch.empty_strided(grad.shape, ctx.strides, dtype=grad.dtype,
+                                   device=grad.device).copy_(grad)
+    return torch.ops.galerkin_ext.dropout(grad, ctx.p, seed), None, None
+
+
+torch.library.register_autograd("galerkin_ext::dropout", _dropout_backward,
+                                setup_context=_dropout_setup_context)
 
 
 @torch.library.register_fake("galerkin_ext::kv_reduce")

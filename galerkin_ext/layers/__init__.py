@@ -20,6 +20,8 @@
 * :class:`CiNNDownsampler`, :class:`CiNNUpsampler`, :func:`cinn_sizes` (:class:`CiNNSizes`)
   — the 2-D CiNN.
 * :class:`Denormalizer` — target de-normalisation with statistics in buffers.
+* :class:`Dropout`, :func:`draw_torch_masks` — ``nn.Dropout`` on the compiled CPU op
+  :func:`galerkin_ext.ops.dropout`.
 
 All fields are channels-last: ``(B, N, C)`` token sequences, ``(B, n, C)`` 1-D and
 ``(B, n, n, C)`` 2-D grids, ``(B, P, p₁, p₂, C)`` patch tokens.
@@ -34,6 +36,7 @@ from .continuum import (
     auto_quadrature_weights,
     resolve_quadrature_weight,
 )
+from .dropout import Dropout, draw_torch_masks
 from .encoder import EncoderLayer, FeedForward
 from .fourier import AFNOBlock, AFNOFilter, SpectralConv
 from .gnot import GeometricGate, GNOTBlock, HeteroNormalizedAttention, MixtureFFN, ResidualMLP
@@ -62,6 +65,7 @@ __all__ = [
     "ContinuumAttention",
     "ContinuumEncoderLayer",
     "Denormalizer",
+    "Dropout",
     "EncoderLayer",
     "FeedForward",
     "GNOTBlock",
@@ -80,6 +84,7 @@ __all__ = [
     "SpectralSmoothing",
     "auto_quadrature_weights",
     "cinn_sizes",
+    "draw_torch_masks",
     "even_extension",
     "patchify",
     "periodic_extension",

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from .._checks import check_int, check_probability, check_tensor
 from .activation import make_activation
+from .dropout import Dropout
 
 
 class CiNNSizes(NamedTuple):
@@ -74,7 +75,7 @@ def _conv_block(in_channels: int, out_channels: int, activation: str, dropout: f
     """``conv3×3 (no bias) → dropout → act``, size-preserving."""
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, bias=False),
-        nn.Dropout(dropout),
+        Dropout(dropout),
         make_activation(activation),
     )
 
@@ -164,7 +165,7 @@ class CiNNUpsampler(nn.Module):
         check_probability(dropout, "dropout")
         self.in_channels, self.sizes = in_channels, _check_sizes(sizes)
         self.conv = nn.Sequential(_conv_block(in_channels, out_channels, activation, dropout),
-                                  nn.Dropout(dropout), make_activation(activation))
+                                  Dropout(dropout), make_activation(activation))
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, m, m, in_channels)`` → ``(B, fine, fine, out_channels)``."""

@@ -35,6 +35,7 @@ from .._checks import (
 from ..functional import opmath_dtype
 from ..quadrature import trapezoid_weights
 from .activation import make_activation
+from .dropout import Dropout
 
 __all__ = ["ContinuumAttention", "ContinuumEncoderLayer", "auto_quadrature_weights",
            "resolve_quadrature_weight"]
@@ -299,8 +300,8 @@ class ContinuumEncoderLayer(nn.Module):
         self.linear1 = nn.Linear(d_model, hidden)
         self.activation = make_activation(activation)
         self.linear2 = nn.Linear(hidden, d_model)
-        self.dropout1 = nn.Dropout(check_probability(dropout, "dropout"))
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(check_probability(dropout, "dropout"))
+        self.dropout2 = Dropout(dropout)
         if layer_norm:
             self.norm1: nn.Module = nn.LayerNorm(d_model, eps=eps)
             self.norm2: nn.Module = nn.LayerNorm(d_model, eps=eps)

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from .._checks import check_features, check_int, check_probability
 from .activation import make_activation
 from .attention import SimpleAttention
+from .dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -22,7 +23,7 @@ class FeedForward(nn.Module):
         check_int(dim_feedforward, "dim_feedforward")
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.activation = make_activation(activation)
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        self.dropout = Dropout(check_probability(dropout, "dropout"))
         self.linear2 = nn.Linear(dim_feedforward, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -76,10 +77,10 @@ class EncoderLayer(nn.Module):
             xavier_init=xavier_init, diagonal_weight=diagonal_weight,
             reference_dropout=reference_dropout,
         )
-        self.dropout1 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
         self.ffn = FeedForward(d_model, 2 * d_model if dim_feedforward is None else dim_feedforward,
                                activation, dropout if ffn_dropout is None else ffn_dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
         if norm == "layer":  # eps was validated by SimpleAttention
             self.norm1: nn.Module = nn.LayerNorm(d_model, eps=eps)
             self.norm2: nn.Module = nn.LayerNorm(d_model, eps=eps)

@@ -34,6 +34,7 @@ from .._checks import (
     check_tensor,
 )
 from .activation import make_activation
+from .dropout import Dropout
 
 __all__ = ["GNOTBlock", "GeometricGate", "HeteroNormalizedAttention", "MixtureFFN",
            "ResidualMLP"]
@@ -228,7 +229,7 @@ class GNOTBlock(nn.Module):
         self.norm_ffn2 = nn.LayerNorm(d_model)
         self.ffn1 = MixtureFFN(d_model, hidden, n_experts, activation)
         self.ffn2 = MixtureFFN(d_model, hidden, n_experts, activation)
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        self.dropout = Dropout(check_probability(dropout, "dropout"))
 
     def _mixture(self, ffn: MixtureFFN, norm: nn.LayerNorm, x: Tensor,
                  probs: Tensor | None) -> Tensor:

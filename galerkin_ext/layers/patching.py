@@ -36,6 +36,7 @@ from .._checks import (
 from ..functional import opmath_dtype
 from .activation import make_activation
 from .continuum import feedforward_width
+from .dropout import Dropout
 from .fourier import SpectralConv
 
 __all__ = ["PatchedAttention", "PatchedEncoderLayer", "SpectralSmoothing", "even_extension",
@@ -302,8 +303,8 @@ class PatchedEncoderLayer(nn.Module):
         self.linear1 = nn.Linear(d_model, hidden)
         self.activation = make_activation(activation)
         self.linear2 = nn.Linear(hidden, d_model)
-        self.dropout1 = nn.Dropout(check_probability(dropout, "dropout"))
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(check_probability(dropout, "dropout"))
+        self.dropout2 = Dropout(dropout)
         eps = check_float(eps, "eps")
         self.norm1 = nn.LayerNorm(d_model, eps=eps)
         self.norm2 = nn.LayerNorm(d_model, eps=eps)

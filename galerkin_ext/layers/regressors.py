@@ -19,6 +19,7 @@ from .._checks import (
     expand_grid,
 )
 from .activation import make_activation
+from .dropout import Dropout
 from .spectral import SpectralConv1d, SpectralConv2d
 
 _SPECTRAL = {1: SpectralConv1d, 2: SpectralConv2d}
@@ -148,7 +149,7 @@ class PointwiseRegressor(nn.Module):
         widths = [hidden if spatial_fc else in_channels] + [hidden] * num_layers
         self.layers = nn.Sequential(*(
             nn.Sequential(nn.Linear(widths[i], widths[i + 1]), make_activation(activation),
-                          nn.Dropout(dropout))
+                          Dropout(dropout))
             for i in range(num_layers)
         ))
         self.out = nn.Linear(hidden, check_int(out_channels, "out_channels"))

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .._checks import check_int, check_probability, check_tensor
 from .activation import make_activation
+from .dropout import Dropout
 from .fourier import spectral_dtypes, spectral_product, spectral_product_1d
 
 
@@ -44,7 +45,7 @@ class SpectralConv1d(nn.Module):
         self.linear = nn.Linear(in_channels, out_channels)
         self.weight = nn.Parameter(torch.empty(in_channels, out_channels, modes, 2))
         nn.init.xavier_normal_(self.weight, gain=1.0 / (in_channels * out_channels))
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        self.dropout = Dropout(check_probability(dropout, "dropout"))
         self.activation = _activation_or_identity(activation)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -88,7 +89,7 @@ class SpectralConv2d(nn.Module):
         shape = (in_channels, out_channels, modes, modes, 2)
         self.weight_pos = nn.Parameter(nn.init.xavier_normal_(torch.empty(shape), gain=gain))
         self.weight_neg = nn.Parameter(nn.init.xavier_normal_(torch.empty(shape), gain=gain))
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        self.dropout = Dropout(check_probability(dropout, "dropout"))
         self.activation = _activation_or_identity(activation)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -26,10 +26,12 @@ from ..layers import (
     CiNNDownsampler,
     CiNNUpsampler,
     Denormalizer,
+    Dropout,
     EncoderLayer,
     PointwiseRegressor,
     SpectralRegressor,
     cinn_sizes,
+    draw_torch_masks,
 )
 
 # the decoders' arguments by the names the models give them
@@ -73,7 +75,9 @@ class SimpleTransformer1d(nn.Module):
         xavier_init, diagonal_weight: init of the attention projections.
         encoder_dropout, ffn_dropout, attn_dropout: encoder dropouts (the last two default
             to ``encoder_dropout``).
-        reference_dropout: the original code's always-on ``p = 0.5`` attention dropout.
+        reference_dropout: the original code's always-on ``p = 0.5`` attention dropout, and
+            every dropout's mask drawn by torch's dropout, as the original's (so that its
+            seeded training repeats; :func:`~galerkin_ext.layers.draw_torch_masks`).
         dropout: on the encoder output.
         freq_dim, modes, num_decoder_layers, decoder_dim_feedforward, decoder_dropout,
             decoder_activation: the spectral decoder.
@@ -116,7 +120,7 @@ class SimpleTransformer1d(nn.Module):
             ffn_dropout=ffn_dropout, attn_dropout=attn_dropout, eps=eps, xavier_init=xavier_init,
             diagonal_weight=diagonal_weight, reference_dropout=reference_dropout,
         )
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        self.dropout = Dropout(check_probability(dropout, "dropout"))
         with arguments_named(**_DECODER_ARGUMENTS):
             self.decoder = SpectralRegressor(
                 d_model, freq_dim, out_channels, modes, num_layers=num_decoder_layers,
@@ -124,6 +128,8 @@ class SimpleTransformer1d(nn.Module):
                 activation=decoder_activation, dropout=decoder_dropout,
             )
         self.denormalizer = Denormalizer()
+        if reference_dropout:
+            draw_torch_masks(self)
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
         """``x (B, n, in_channels)``, ``grid (n, 1)`` or ``(B, n, 1)`` →
@@ -226,7 +232,7 @@ class SimpleTransformer2d(nn.Module):
                 in_channels, d_model, (self.sizes.down_middle, coarse),
                 activation=downsampler_activation, dropout=downsampler_dropout,
             )
-        self.dropout = nn.Dropout(check_probability(dropout, "dropout"))
+        self.dropout = Dropout(check_probability(dropout, "dropout"))
         self.encoder = _encoder(
             num_layers, d_model=d_model, n_head=n_head, attention_type=attention_type,
             pos_dim=2, dim_feedforward=dim_feedforward, norm=norm, dropout=encoder_dropout,
@@ -257,6 +263,8 @@ class SimpleTransformer2d(nn.Module):
                     activation=decoder_activation, dropout=decoder_dropout,
                 )
         self.denormalizer = Denormalizer()
+        if reference_dropout:
+            draw_torch_masks(self)
 
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
         """``x (B, n, n, in_channels)``, ``grid (n, n, 2)`` or ``(B, n, n, 2)`` →
