@@ -1,30 +1,43 @@
-"""The compiled CPU dropout (``galerkin_ext.ops.dropout``) against torch's, forward and
-forward+backward, at the shapes the models drop.
+"""The compiled CPU dropout (``galerkin_ext.ops.dropout``) against torch's: the op at the shapes
+the models drop, and training steps of the quick presets' models that drop.
 
     python benchmarks/dropout_cpu.py --out benchmarks/results/dropout_cpu.json
     python benchmarks/dropout_cpu.py --threads 2 --out benchmarks/results/dropout_cpu_2t.json
 
-Shapes (float32): the Darcy model's down-sampler at 85² (the quick preset's grid) and 141²
-(the paper's), (B, 32, n, n); its encoder's residual and feed-forward streams at the quick
-preset's 29² tokens, (B, 841, 32) and (B, 841, 64), and at the paper's 43² tokens, (B, 1849,
-128) and (B, 1849, 256); batch 4. ``torch`` is ``F.dropout`` (a Bernoulli mask drawn element by
-element, saved for the backward as a boolean tensor); ``ours`` draws its mask from a
-counter-based generator and regenerates it in the backward. Medians of ``--reps`` repetitions
-interleaved over the two.
+The op, forward and forward+backward (float32, p = 0.05, the Darcy model's): the Darcy model's
+down-sampler at 85² (the quick preset's grid) and 141² (the paper's), (B, 32, n, n); its
+encoder's residual and feed-forward streams at the quick preset's 29² tokens, (B, 841, 32) and
+(B, 841, 64), and at the paper's 43² tokens, (B, 1849, 128) and (B, 1849, 256); batch 4.
+``torch`` is ``F.dropout`` (a Bernoulli mask drawn element by element, saved for the backward as
+a boolean tensor); ``ours`` draws its mask from a counter-based generator and regenerates it in
+the backward. Medians of ``--reps`` repetitions interleaved over the two.
+
+Training steps (forward, mean squared error, backward, Adam) of the models of
+``examples/darcy.py`` (Galerkin Transformer, 85/29, batch 4) and ``examples/darcy_continuum.py
+--model tno`` (32², batch 8) and ``--model vitno`` (64², batch 8) at their quick presets' sizes,
+on random data: ``ours`` as built, ``torch`` a copy of it with
+:func:`~galerkin_ext.layers.draw_torch_masks`. Medians over ``--reps`` rounds of ``--steps``
+steps of each in turn.
 """
 
 from __future__ import annotations
 
-import argparse
+import copy
+import math
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from timing import WARMUP, forward_backward_medians, op_parser, write_results  # (this folder)
+from torch import Tensor, nn
 
 from galerkin_ext import ops
-from galerkin_ext._cli import positive_int, writable_file
-from galerkin_ext.training import command_line, describe_device, write_json
+from galerkin_ext._cli import positive_int
+from galerkin_ext.layers import draw_torch_masks
+from galerkin_ext.models import build_model
 
 SHAPES = {
     "down_85": (4, 32, 85, 85),
@@ -44,48 +57,91 @@ def time_impls(shape: tuple[int, ...], reps: int) -> dict[str, tuple[float, floa
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen, requires_grad=True)
     grad = torch.randn(shape, generator=gen)
-    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in IMPLS}
-    for rep in range(reps + 2):  # two warm-up rounds
-        for name, impl in IMPLS.items():
+    return forward_backward_medians({name: partial(impl, x) for name, impl in IMPLS.items()},
+                                    (x,), grad, reps)
+
+
+def _grid(s: int) -> Tensor:
+    """The ``(s, s, 2)`` nodes of the unit square."""
+    axis = torch.linspace(0, 1, s)
+    return torch.stack(torch.meshgrid(axis, axis, indexing="ij"), dim=-1)
+
+
+def quick_models() -> dict[str, tuple[nn.Module, tuple[Tensor, ...]]]:
+    """The quick presets' models that drop, each with a batch of its inputs."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    return {
+        "darcy_gt": (build_model("darcy", fine=85, coarse=29, d_model=32, n_head=4, num_layers=3,
+                                 dim_feedforward=64, freq_dim=16, modes=12,
+                                 decoder_dim_feedforward=32),
+                     (torch.rand(4, 85, 85, 1, generator=gen), _grid(85))),
+        "darcy_tno": (build_model("tno_darcy", d_model=32, n_head=2, num_layers=2,
+                                  dim_feedforward=64, attn_dropout=0.0),
+                      (torch.rand(8, 32 * 32, 1, generator=gen), _grid(32).reshape(-1, 2))),
+        "darcy_vitno": (build_model("vitno", d_model=32, n_head=4, num_layers=2,
+                                    dim_feedforward=64, patches=(4, 4), lift_modes=6,
+                                    final_modes=16),
+                        (torch.rand(8, 64, 64, 1, generator=gen), _grid(64))),
+    }
+
+
+def time_steps(model: nn.Module, inputs: tuple[Tensor, ...], steps: int,
+               reps: int) -> dict[str, float]:
+    """Median milliseconds of a training step of ``model`` (ours) and of a copy drawing torch's
+    masks, ``steps`` steps of each in turn per round."""
+    models = {"ours": model, "torch": copy.deepcopy(model)}
+    draw_torch_masks(models["torch"])
+    with torch.no_grad():
+        target = torch.randn_like(model(*inputs))
+    steppers: dict[str, Callable[[], None]] = {}
+    for name, m in models.items():
+        m.train()
+        optimizer = torch.optim.Adam(m.parameters(), lr=1e-4)
+
+        def step(m: nn.Module = m, optimizer: torch.optim.Optimizer = optimizer) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            F.mse_loss(m(*inputs), target).backward()
+            optimizer.step()
+
+        steppers[name] = step
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for rep in range(WARMUP + reps):
+        for name, step in steppers.items():
             start = time.perf_counter()
-            with torch.no_grad():
-                impl(x)
-            middle = time.perf_counter()
-            impl(x).backward(grad)
-            end = time.perf_counter()
-            if rep >= 2:
-                times[name][0].append((middle - start) * 1e3)
-                times[name][1].append((end - middle) * 1e3)
-    return {name: (statistics.median(f), statistics.median(fb))
-            for name, (f, fb) in times.items()}
+            for _ in range(steps):
+                step()
+            if rep >= WARMUP:
+                times[name].append((time.perf_counter() - start) / steps * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
-    p.add_argument("--reps", type=positive_int, default=15,
-                   help="timed repetitions per measurement (default: %(default)s)")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    p = op_parser(__doc__, reps=15)
+    p.add_argument("--steps", type=positive_int, default=3,
+                   help="training steps per round (default: %(default)s)")
+    p.add_argument("--step-reps", type=positive_int, default=7,
+                   help="rounds of training steps (default: %(default)s)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
+    rows, steps = [], []
     print(f"{'shape':10s} {'elements':>9s}   fwd ms torch / ours        fwd+bwd ms torch / ours")
     for name, shape in SHAPES.items():
         t = time_impls(shape, args.reps)
-        numel = 1
-        for size in shape:
-            numel *= size
+        numel = math.prod(shape)
         rows.append({"shape_name": name, "shape": list(shape), "p": P,
                      "torch_fwd_ms": t["torch"][0], "ours_fwd_ms": t["ours"][0],
                      "torch_fwd_bwd_ms": t["torch"][1], "ours_fwd_bwd_ms": t["ours"][1]})
         print(f"{name:10s} {numel:9d}   {t['torch'][0]:7.3f} / {t['ours'][0]:6.3f} "
               f"({t['torch'][0] / t['ours'][0]:5.1f}x)   {t['torch'][1]:7.3f} / "
               f"{t['ours'][1]:6.3f} ({t['torch'][1] / t['ours'][1]:5.1f}x)")
-    write_json(args.out, {"command": command_line(), "device": describe_device("cpu"),
-                          "torch": torch.__version__, "threads": args.threads,
-                          "reps": args.reps, "rows": rows})
-    print(f"wrote {args.out}")
+    print(f"{'model':12s} training step ms torch / ours")
+    for name, (model, inputs) in quick_models().items():
+        t = time_steps(model, inputs, args.steps, args.step_reps)
+        steps.append({"model": name, "steps": args.steps, "rounds": args.step_reps,
+                      "torch_step_ms": t["torch"], "ours_step_ms": t["ours"]})
+        print(f"{name:12s} {t['torch']:8.2f} / {t['ours']:8.2f} ({t['torch'] / t['ours']:5.2f}x)")
+    write_results(args, rows, training_steps=steps)
 
 
 if __name__ == "__main__":

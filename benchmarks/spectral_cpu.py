@@ -16,15 +16,13 @@ the rule picks and whether it was the faster one.
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+from functools import partial
 
 import torch
+from timing import forward_backward_medians, op_parser, write_results  # (this folder)
 
-from galerkin_ext._cli import positive_int, writable_file
+from galerkin_ext._cli import positive_int
 from galerkin_ext.layers import fourier
-from galerkin_ext.training import command_line, describe_device, write_json
 
 SIZES = (8, 16, 29, 32, 36, 43, 64, 85, 104, 128, 141, 211, 256, 416)
 MODES = (4, 8, 12, 16, 24)
@@ -54,29 +52,13 @@ def time_paths(batch: int, p1: int, p2: int, n_pos: int, n_neg: int, cols: int,
     w = torch.randn(CHANNELS, CHANNELS, n_pos + n_neg, cols, generator=gen,
                     dtype=torch.complex64, requires_grad=True)
     grad = torch.randn(batch, p1, p2, CHANNELS, generator=gen)
-    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in PATHS}
-    for rep in range(reps + 2):  # two warm-up rounds
-        for name, path in PATHS.items():
-            start = time.perf_counter()
-            with torch.no_grad():
-                path(x, w, n_pos, "ortho")
-            middle = time.perf_counter()
-            torch.autograd.grad(path(x, w, n_pos, "ortho"), (x, w), grad)
-            end = time.perf_counter()
-            if rep >= 2:
-                times[name][0].append((middle - start) * 1e3)
-                times[name][1].append((end - middle) * 1e3)
-    return {name: (statistics.median(f), statistics.median(fb))
-            for name, (f, fb) in times.items()}
+    return forward_backward_medians(
+        {name: partial(path, x, w, n_pos, "ortho") for name, path in PATHS.items()}, (x, w),
+        grad, reps)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=writable_file, required=True, help="JSON file to write")
-    p.add_argument("--reps", type=positive_int, default=8,
-                   help="timed repetitions per measurement")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    p = op_parser(__doc__, reps=8)
     p.add_argument("--sizes", type=positive_int, nargs="+", default=list(SIZES),
                    help="the square grids' sides (default: %(default)s)")
     p.add_argument("--modes", type=positive_int, nargs="+", default=list(MODES),
@@ -101,10 +83,7 @@ def main() -> None:
         print(f"{batch:3d} {p1:4d} {p2:5d} {n_pos + n_neg:3d} {cols:3d}   "
               f"{t['fft'][1]:9.2f} / {t['matmul'][1]:8.2f}     "
               f"{t['fft'][1] / t['matmul'][1]:6.2f}x   {rule:6s}  {faster}")
-    write_json(args.out, {"command": command_line(), "device": describe_device("cpu"),
-                          "torch": torch.__version__, "threads": args.threads,
-                          "reps": args.reps, "rows": rows})
-    print(f"wrote {args.out}")
+    write_results(args, rows)
 
 
 if __name__ == "__main__":

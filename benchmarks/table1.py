@@ -11,9 +11,6 @@ and Galerkin (GT) attention, and the Darcy model 141/43 (batch 4) with Galerkin 
 attention, each for
 
   ours      galerkin_ext.models.build_model("burgers" | "darcy", attention_type=...)
-  ours_torch_dropout  the same with torch's dropout in place of galerkin_ext.ops.dropout (the
-            compiled CPU dropout of every Dropout module and attention matrix): what ours ran
-            before that op; the same on CUDA, where ops.dropout is torch's
   ours_fft  the same with its spectral convolutions on FFTs (layers.fourier.ffts_only): what
             ours ran on the CPU before those took DFT-matrix products where these are faster
   ours_compiled  ours through torch.compile, as the trainer's --compile takes it (the warm-up
@@ -50,17 +47,15 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import original  # benchmarks/original.py: the script's folder is first on sys.path
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from galerkin_ext import ops
 from galerkin_ext._checks import check_choice, check_int
 from galerkin_ext._cli import writable_file
 from galerkin_ext.layers import cinn_sizes
@@ -75,7 +70,7 @@ BATCH = 4
 BURGERS_N = 8192
 DARCY_FINE, DARCY_COARSE = 141, 43
 MODELS = ("burgers", "darcy")
-IMPLS = ("ours", "ours_torch_dropout", "ours_fft", "ours_compiled", "original")
+IMPLS = ("ours", "ours_fft", "ours_compiled", "original")
 ATTENTION = {  # the rows of each model when --attention is not given
     "burgers": ("softmax", "fourier", "linear", "galerkin"),
     "darcy": ("galerkin", "fourier"),
@@ -223,8 +218,7 @@ class Workload:
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.precision == "bf16"
                     else nullcontext())
         spectral = ffts_only if self.impl == "ours_fft" else nullcontext
-        dropout = torch_dropout if self.impl == "ours_torch_dropout" else nullcontext
-        with spectral(), dropout(), autocast:
+        with spectral(), autocast:
             pred = self.forward()
         if self.output_shape is None:
             self.output_shape = tuple(pred.shape)
@@ -283,18 +277,6 @@ def make_workload(model_name: str, attention: str, impl: str, data: dict[str, Te
                 return model(data["x"], None, pos, grid)["preds"]
     model.to(data["x"].device).train()
     return Workload(impl, model, forward, loss_fn, data, args.precision)
-
-
-@contextmanager
-def torch_dropout() -> Iterator[None]:
-    """Inside, the layers' ``ops.dropout`` is torch's ``F.dropout`` (the layers look it up at
-    each call)."""
-    compiled = ops.dropout
-    ops.dropout = lambda x, p, training=True: F.dropout(x, p, training)
-    try:
-        yield
-    finally:
-        ops.dropout = compiled
 
 
 def _compiled(model: nn.Module) -> nn.Module:

@@ -22,7 +22,7 @@ wider than ``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the
 of :mod:`galerkin_ext.functional` compute the same.
 
 :func:`dropout`, the layers' dropout, is a compiled CPU op too (``torch.ops.galerkin_ext.dropout``,
-``csrc/dropout/``): its mask is a function of a seed and of each element's index.
+``csrc/dropout/``): its mask is a function of a seed and of each element's place in memory.
 """
 
 from __future__ import annotations

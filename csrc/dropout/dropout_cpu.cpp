@@ -48,14 +48,23 @@ inline Words rotate_left(Words x) {
 
 // One Threefry-2x32 round on every vector.
 template <int R>
-inline void mix(Words* x0, Words* x1) {
+inline void threefry_round(Words* x0, Words* x1) {
   for (int v = 0; v < kVectors; ++v) {
     x0[v] += x1[v];
     x1[v] = rotate_left<R>(x1[v]) ^ x0[v];
   }
 }
 
-// A key injection: a onto word 0, b onto word 1.
+// Four rounds, rotating by R0 .. R3.
+template <int R0, int R1, int R2, int R3>
+inline void four_rounds(Words* x0, Words* x1) {
+  threefry_round<R0>(x0, x1);
+  threefry_round<R1>(x0, x1);
+  threefry_round<R2>(x0, x1);
+  threefry_round<R3>(x0, x1);
+}
+
+// Key injection s after rounds 4 s: k[s mod 3] onto word 0, k[(s + 1) mod 3] + s onto word 1.
 inline void inject(Words* x0, Words* x1, uint32_t a, uint32_t b) {
   for (int v = 0; v < kVectors; ++v) {
     x0[v] += a;
@@ -74,32 +83,15 @@ inline void threefry(uint64_t first, uint32_t k0, uint32_t k1, Words* x0, Words*
       x1[v][l] = static_cast<uint32_t>(c >> 32) + k1;
     }
   }
-  // Five groups of four rounds (rotations 13 15 26 6, then 17 29 16 24), each followed by
-  // key injection s: (k[s mod 3], k[(s + 1) mod 3] + s) with k = (k0, k1, k2).
-  mix<13>(x0, x1);
-  mix<15>(x0, x1);
-  mix<26>(x0, x1);
-  mix<6>(x0, x1);
+  four_rounds<13, 15, 26, 6>(x0, x1);
   inject(x0, x1, k1, k2 + 1);
-  mix<17>(x0, x1);
-  mix<29>(x0, x1);
-  mix<16>(x0, x1);
-  mix<24>(x0, x1);
+  four_rounds<17, 29, 16, 24>(x0, x1);
   inject(x0, x1, k2, k0 + 2);
-  mix<13>(x0, x1);
-  mix<15>(x0, x1);
-  mix<26>(x0, x1);
-  mix<6>(x0, x1);
+  four_rounds<13, 15, 26, 6>(x0, x1);
   inject(x0, x1, k0, k1 + 3);
-  mix<17>(x0, x1);
-  mix<29>(x0, x1);
-  mix<16>(x0, x1);
-  mix<24>(x0, x1);
+  four_rounds<17, 29, 16, 24>(x0, x1);
   inject(x0, x1, k1, k2 + 4);
-  mix<13>(x0, x1);
-  mix<15>(x0, x1);
-  mix<26>(x0, x1);
-  mix<6>(x0, x1);
+  four_rounds<13, 15, 26, 6>(x0, x1);
   inject(x0, x1, k2, k0 + 5);
 }
 
