@@ -14,8 +14,8 @@ the backward. Medians of ``--reps`` repetitions interleaved over the two.
 
 Training steps (forward, mean squared error, backward, Adam) of the models of
 ``examples/darcy.py`` (Galerkin Transformer, 85/29, batch 4) and ``examples/darcy_continuum.py
---model tno`` (32², batch 8) and ``--model vitno`` (64², batch 8) at their quick presets' sizes,
-on random data: ``ours`` as built, ``torch`` a copy of it with
+--model tno`` (32², batch 8) and ``--model vitno`` (64², batch 8), configured by those scripts'
+quick presets, on random data: ``ours`` as built, ``torch`` a copy of it with
 :func:`~galerkin_ext.layers.draw_torch_masks`. Medians over ``--reps`` rounds of ``--steps``
 steps of each in turn.
 """
@@ -28,10 +28,13 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
-from timing import WARMUP, forward_backward_medians, op_parser, write_results  # (this folder)
+from example_runs import ROOT  # (this folder is on sys.path)
+from original import exec_file
+from timing import WARMUP, forward_backward_medians, op_parser, write_results
 from torch import Tensor, nn
 
 from galerkin_ext import ops
@@ -67,23 +70,34 @@ def _grid(s: int) -> Tensor:
     return torch.stack(torch.meshgrid(axis, axis, indexing="ij"), dim=-1)
 
 
+def _example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module, for its presets (importing it runs nothing)."""
+    return exec_file(name, ROOT / "examples" / f"{name}.py")
+
+
 def quick_models() -> dict[str, tuple[nn.Module, tuple[Tensor, ...]]]:
-    """The quick presets' models that drop, each with a batch of its inputs."""
+    """The quick presets' models that drop, as the examples configure them, each with a batch
+    of its inputs at its preset's grid and batch size."""
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    return {
-        "darcy_gt": (build_model("darcy", fine=85, coarse=29, d_model=32, n_head=4, num_layers=3,
-                                 dim_feedforward=64, freq_dim=16, modes=12,
-                                 decoder_dim_feedforward=32),
-                     (torch.rand(4, 85, 85, 1, generator=gen), _grid(85))),
-        "darcy_tno": (build_model("tno_darcy", d_model=32, n_head=2, num_layers=2,
-                                  dim_feedforward=64, attn_dropout=0.0),
-                      (torch.rand(8, 32 * 32, 1, generator=gen), _grid(32).reshape(-1, 2))),
-        "darcy_vitno": (build_model("vitno", d_model=32, n_head=4, num_layers=2,
-                                    dim_feedforward=64, patches=(4, 4), lift_modes=6,
-                                    final_modes=16),
-                        (torch.rand(8, 64, 64, 1, generator=gen), _grid(64))),
-    }
+    darcy = _example("darcy").PRESETS["quick"]
+    fine, coarse, batch = darcy["fine"], darcy["coarse"], darcy["train"]["batch_size"]
+    models = {"darcy_gt": (build_model("darcy", fine=fine, coarse=coarse, **darcy["model"]),
+                           (torch.rand(batch, fine, fine, 1, generator=gen), _grid(fine)))}
+    continuum = _example("darcy_continuum")
+    preset = continuum.PRESETS["quick"]
+    for name in ("tno", "vitno"):
+        spec = continuum.MODELS[name]
+        quick = spec["quick"]
+        s = quick.get("data", {}).get("resolution", preset["data"]["resolution"])
+        batch = preset["train"]["batch_size"]
+        model = build_model(spec["name"], **{**preset["model"], **quick["model"]})
+        u = torch.rand(batch, s, s, 1, generator=gen)
+        # the TNO takes the s² nodes as a point set, the ViT NO the grid
+        inputs = ((u.reshape(batch, s * s, 1), _grid(s).reshape(-1, 2)) if name == "tno"
+                  else (u, _grid(s)))
+        models[f"darcy_{name}"] = (model, inputs)
+    return models
 
 
 def time_steps(model: nn.Module, inputs: tuple[Tensor, ...], steps: int,
