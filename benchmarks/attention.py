@@ -5,14 +5,17 @@
 
 Ops (``op``): galerkin, fourier, normalized (GNOT's normalised attention, with its skip term),
 galerkin_no_norm (Galerkin without its K, V norms, as SimpleAttention runs it with norm='layer',
-'instance' or None: identity row maps).
+'instance' or None: identity row maps), fourier_dropout (Fourier attention with dropout p = 0.05,
+the Darcy models', on its N×M matrix: the pairwise order, as a training step runs it).
 Shapes are (B, H, N, M, D, P): M keys for N queries (cross-attention where M != N).
 
 Implementations (``impl`` in the JSON):
-  ours      galerkin_ext.ops (Fourier with path="auto", i.e. the factored path)
+  ours      galerkin_ext.ops (Fourier with path="auto", i.e. the factored path; with dropout the
+            pairwise order, on the CPU the fused op that stores no N×M matrix)
   eager     galerkin_ext.reference, computed the way the original codes do: a Python loop of
             per-head layer norms, torch.cat of the coordinates, then the matmuls (Fourier through
-            the N×M matrix); GNOT's feature softmax and einsums for normalized
+            the N×M matrix, with dropout a mask from F.dropout); GNOT's feature softmax and
+            einsums for normalized
   compiled  the same reference under torch.compile
   original  the original package (galerkin-transformer 0.2.1, pip install --no-deps): its
             per-head nn.LayerNorm modules, pos.repeat + torch.cat, and its attention() /
@@ -48,13 +51,15 @@ SHAPES = {  # name: (B, H, N, M, D, P)
     "burgers": (4, 1, 8192, 8192, 96, 1),
     "burgers_quick": (8, 1, 512, 512, 96, 1),  # the quick preset's n and batch, paper width
     "host": (1, 1, 16, 16, 8, 1),  # next to no work: the per-call cost on the host
+    "darcy_quick": (4, 4, 29 * 29, 29 * 29, 8, 2),  # the quick preset's 85/29 model
     "darcy_coarse": (4, 4, 43 * 43, 43 * 43, 32, 2),
     "large": (4, 4, 65536, 65536, 32, 2),
     "gnot": (4, 4, 8192, 2048, 32, 0),  # a GNOT-sized cross-attention
     "narrow_heads": (4, 8, 8192, 8192, 12, 0),  # width 96 in 8 heads: rows of 12, no coordinates
 }
 SWEEP = [(4, 4, 2**e, 2**e, 32, 2) for e in range(6, 17)]  # B·H·N from 2^10 to 2^20 tokens
-OPS = ("galerkin", "fourier", "normalized", "galerkin_no_norm")
+OPS = ("galerkin", "fourier", "normalized", "galerkin_no_norm", "fourier_dropout")
+ATTN_DROPOUT = 0.05  # fourier_dropout's p: the Darcy models' attention dropout
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
@@ -160,10 +165,17 @@ def make_fn(op: str, impl: str, shape, device: str, dtype: torch.dtype = torch.f
         def fn(x):
             return module.normalized_attention(x["q"], x["k"], x["v"], skip=True)
     else:
+        B, H, N, M = shape[:4]
+
         def fn(x):
-            return module.fourier_attention(x["q"], x["k"], x["v"], pos=x["pos"],
-                                            kv_pos=x["kv_pos"],
-                                            q_norm=x["norm_a"], k_norm=x["norm_b"])
+            kwargs = dict(pos=x["pos"], kv_pos=x["kv_pos"], q_norm=x["norm_a"],
+                          k_norm=x["norm_b"])
+            if op == "fourier_dropout" and impl == "ours":
+                kwargs["dropout_p"] = ATTN_DROPOUT
+            elif op == "fourier_dropout":  # a mask drawn as the original codes' F.dropout draws
+                ones = torch.ones(B, H, N, M, device=device, dtype=dtype)
+                kwargs["dropout_mask"] = torch.nn.functional.dropout(ones, ATTN_DROPOUT)
+            return module.fourier_attention(x["q"], x["k"], x["v"], **kwargs)
     return torch.compile(fn) if impl == "compiled" else fn
 
 
@@ -279,7 +291,8 @@ def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> li
             skipped[impl] = ("measured for the original's two normed types of self-attention "
                              "only")
             continue
-        quadratic = op == "fourier" and impl != "ours"
+        quadratic = op.startswith("fourier") and (
+            impl != "ours" or (op == "fourier_dropout" and dev.cuda))
         needed = quadratic_bytes(shape, element) * (4 / 3 if impl == "original" else 1) \
             if quadratic else 0  # the original also keeps its dropout mask
         if needed > 0.6 * dev.free_bytes():

@@ -13,11 +13,12 @@ a boolean tensor); ``ours`` draws its mask from a counter-based generator and re
 the backward. Medians of ``--reps`` repetitions interleaved over the two.
 
 Training steps (forward, mean squared error, backward, Adam) of the models of
-``examples/darcy.py`` (Galerkin Transformer, 85/29, batch 4) and ``examples/darcy_continuum.py
---model tno`` (32², batch 8) and ``--model vitno`` (64², batch 8), configured by those scripts'
-quick presets, on random data: ``ours`` as built, ``torch`` a copy of it with
-:func:`~galerkin_ext.layers.draw_torch_masks`. Medians over ``--reps`` rounds of ``--steps``
-steps of each in turn.
+``examples/darcy.py`` (Galerkin Transformer, 85/29, batch 4, and the same with ``--attention
+fourier``) and ``examples/darcy_continuum.py --model tno`` (32², batch 8) and ``--model vitno``
+(64², batch 8), configured by those scripts' quick presets, on random data: ``ours`` as built,
+``torch`` a copy of it with :func:`~galerkin_ext.layers.draw_torch_masks`. The Fourier type's
+attention dropout is the fused quadratic op in ``ours``, the N×N matrix with torch's mask in
+``torch``. Medians over ``--reps`` rounds of ``--steps`` steps of each in turn.
 """
 
 from __future__ import annotations
@@ -82,8 +83,11 @@ def quick_models() -> dict[str, tuple[nn.Module, tuple[Tensor, ...]]]:
     torch.manual_seed(0)
     darcy = _example("darcy").PRESETS["quick"]
     fine, coarse, batch = darcy["fine"], darcy["coarse"], darcy["train"]["batch_size"]
-    models = {"darcy_gt": (build_model("darcy", fine=fine, coarse=coarse, **darcy["model"]),
-                           (torch.rand(batch, fine, fine, 1, generator=gen), _grid(fine)))}
+    inputs = (torch.rand(batch, fine, fine, 1, generator=gen), _grid(fine))
+    models = {f"darcy_{short}": (build_model("darcy", fine=fine, coarse=coarse,
+                                             **{**darcy["model"], "attention_type": attention}),
+                                 inputs)
+              for short, attention in (("gt", "galerkin"), ("ft", "fourier"))}
     continuum = _example("darcy_continuum")
     preset = continuum.PRESETS["quick"]
     for name in ("tno", "vitno"):

@@ -1,6 +1,7 @@
 // The galerkin_ext op library (schemas) and the Python module that loads it.
-// Implementations are registered per device in attention/core.cpp and dropout/dropout_cpu.cpp,
-// the op core's autograd in attention/autograd.cpp (dropout's in ops.py).
+// Implementations are registered per device in attention/core.cpp, attention/quadratic_cpu.cpp
+// and dropout/dropout_cpu.cpp, the op core's autograd in attention/autograd.cpp (the other
+// ops' in ops.py).
 #include "attention/cuda_limits.h"
 
 #include <pybind11/pybind11.h>
@@ -48,6 +49,14 @@ TORCH_LIBRARY(galerkin_ext, m) {
   // (dropout/dropout_cpu.cpp): the backward is the same op on the gradient in that layout.
   // CPU only: on CUDA, torch's own dropout is fused.
   m.def("dropout(Tensor x, float p, Tensor seed) -> Tensor");
+  // out = (Q Kᵀ ∘ D) V (B, H, N, d_v) for q (B, H, N, d), k (B, H, M, d), v (B, H, M, d_v),
+  // float32 or float64, with D the dropout op's multipliers of the (B, H, N, M) matrix Q Kᵀ
+  // stored contiguously (none at p = 0), fused so that the matrix is never stored
+  // (attention/quadratic_cpu.cpp); its backward gives (grad_q, grad_k, grad_v). CPU only.
+  m.def("quadratic_attention(Tensor q, Tensor k, Tensor v, float p, Tensor seed) -> Tensor");
+  m.def(
+      "quadratic_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, float p, "
+      "Tensor seed) -> Tensor[]");
 }
 
 PYBIND11_MODULE(_C, m) {

@@ -189,14 +189,15 @@ def kernel_attention(
     eps: float,
     scale: float,
     path: str,
-    dropout_mask: Tensor | None,
+    dropout: Callable[[Tensor], Tensor] | None,
 ) -> tuple[Tensor, Tensor]:
     """The formula of :func:`galerkin_ext.ops.kernel_attention` in differentiable PyTorch (the
     op calls it, with checked arguments, where no compiled op applies).
 
     ``Q̂ = [pos | LN(q)]``, ``K̂, V̂ = [kv_pos | LN(·)]`` (a norm only where given);
     ``A = scale · K̂ᵀ W V̂`` and ``out = Q̂ A`` (``"factored"``) or ``A = scale · Q̂ K̂ᵀ W`` and
-    ``out = A V̂`` (``"quadratic"``); ``A`` is multiplied by ``dropout_mask`` when given.
+    ``out = A V̂`` (``"quadratic"``); ``dropout``, when given, is applied to ``A`` (the op's
+    inverted dropout).
     Returns ``(out, A)``: ``out`` in ``q``'s dtype, ``A`` in the opmath dtype (float32 for half
     types), in which both paths compute: the quadratic path's products too, as cuBLAS would
     otherwise be allowed to reduce half-precision products in half under ATen's default flags.
@@ -204,9 +205,35 @@ def kernel_attention(
     if path == "factored":
         return factored_attention(q, k, v, pos=pos, kv_pos=kv_pos, weight=weight,
                                   q_norm=q_norm, k_norm=k_norm, v_norm=v_norm, eps=eps,
-                                  scale=scale, dropout_mask=dropout_mask,
+                                  scale=scale, dropout=dropout,
                                   kv_reduce_fn=_kv_reduce, q_apply_fn=_q_apply)
-    out_dtype = q.dtype
+    q_hat, k_hat, v_hat = quadratic_operands(q, k, v, pos=pos, kv_pos=kv_pos, weight=weight,
+                                             q_norm=q_norm, k_norm=k_norm, v_norm=v_norm,
+                                             eps=eps, scale=scale)
+    attn = q_hat @ k_hat.transpose(-2, -1)
+    if dropout is not None:
+        attn = dropout(attn)
+    return (attn @ v_hat).to(q.dtype), attn
+
+
+def quadratic_operands(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    pos: Tensor | None,
+    kv_pos: Tensor | None,
+    weight: Tensor | None,
+    q_norm: Norm,
+    k_norm: Norm,
+    v_norm: Norm,
+    eps: float,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The quadratic path's operands in the opmath dtype: ``Q̂`` ``(B, H, N, P + D)``, ``K̂``
+    with its rows scaled by ``scale · w`` ``(B, H, M, P + D)`` and ``V̂`` ``(B, H, M, P + D_v)``,
+    so that ``Q̂ K̂ᵀ`` is ``A = scale · Q̂ K̂ᵀ W`` (the weights on the ``M`` key rows rather than
+    on the ``N × M`` matrix: no pass over it, forward or backward)."""
     # (ignores: mypy cannot follow that each item keeps its None-ness through the generators)
     q, k, v, pos, kv_pos, weight = (None if t is None else _opmath(t)  # type: ignore[assignment]
                                     for t in (q, k, v, pos, kv_pos, weight))
@@ -217,12 +244,8 @@ def kernel_attention(
     k_hat = row_map(k, kv_pos, norm_map(k_norm), k_norm, eps)
     v_hat = row_map(v, kv_pos, norm_map(v_norm), v_norm, eps)
     batch, _, m, _ = k.shape
-    w = (k.new_full((1, m), 1.0 / m) if weight is None
-         else weight.expand(batch, m))[:, None, None, :]
-    attn = scale * (q_hat @ k_hat.transpose(-2, -1)) * w
-    if dropout_mask is not None:
-        attn = attn * dropout_mask
-    return (attn @ v_hat).to(out_dtype), attn
+    w = k.new_full((1, m), scale / m) if weight is None else scale * weight.expand(batch, m)
+    return q_hat, k_hat * w[:, None, :, None], v_hat
 
 
 def factored_attention(
@@ -238,11 +261,11 @@ def factored_attention(
     v_norm: Norm,
     eps: float,
     scale: float,
-    dropout_mask: Tensor | None,
+    dropout: Callable[[Tensor], Tensor] | None,
     kv_reduce_fn: Callable[..., Tensor],
     q_apply_fn: Callable[..., Tensor],
 ) -> tuple[Tensor, Tensor]:
-    """``out = Q̂ A`` with ``A = scale · S ∘ mask``, ``S = K̂ᵀ W V̂``, composed from a key-side
+    """``out = Q̂ A`` with ``A = dropout(scale · S)``, ``S = K̂ᵀ W V̂``, composed from a key-side
     reduction and a query-side apply with the signatures of :func:`kv_reduce` and
     :func:`q_apply` (these formulas or the compiled ops). Returns ``(out, A)``, ``A`` in the
     opmath dtype (float32 for half types) in which ``S`` is accumulated."""
@@ -251,8 +274,8 @@ def factored_attention(
                         ones_column=False)
     if scale != 1.0:
         attn = attn * scale
-    if dropout_mask is not None:
-        attn = attn * dropout_mask
+    if dropout is not None:
+        attn = dropout(attn)
     out = q_apply_fn(q, attn, pos=pos, q_map=norm_map(q_norm), q_norm=q_norm, eps=eps,
                      normalizers=0)
     return out, attn

@@ -21,15 +21,17 @@ fake kernels and the formula backwards of second-order gradients (the ops' autog
 wider than ``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the plain formulas
 of :mod:`galerkin_ext.functional` compute the same.
 
-:func:`dropout`, the layers' dropout, is a compiled CPU op too (``torch.ops.galerkin_ext.dropout``,
-``csrc/dropout/``): its mask is a function of a seed and of each element's place in memory.
+:func:`dropout`, the layers' dropout and the quadratic path's, is a compiled CPU op too
+(``torch.ops.galerkin_ext.dropout``, ``csrc/dropout/``): its mask is a function of a seed and of
+each element's place in memory.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from functools import partial
 from typing import NamedTuple, cast
 
 import torch
@@ -128,10 +130,14 @@ def fourier_attention(
 
     ``scale=None`` means ``1/sqrt(D + P)``. Without softmax the product reassociates exactly, so
     ``path="factored"`` computes ``Q̂ (K̂ᵀ W V̂)`` in O((N + M) d²) and ``path="quadratic"``
-    materialises the ``N × M`` matrix (needed for dropout on it: ``dropout_p > 0`` drops its
-    entries on every call, as in ``F.scaled_dot_product_attention``). ``"auto"`` takes the
-    factored path unless ``dropout_p > 0``. Returns ``(B, H, N, P + D_v)``; the shapes of the
-    arguments, the norms and the weights: the module doc.
+    evaluates ``(Q̂ K̂ᵀ W) V̂`` through the ``N × M`` matrix (needed for dropout on it:
+    ``dropout_p > 0`` drops its entries on every call, as in ``F.scaled_dot_product_attention``,
+    with :func:`dropout`'s masks). With dropout on the CPU that order is one fused op,
+    ``torch.ops.galerkin_ext.quadratic_attention``, which never stores the matrix (forward and
+    backward regenerate its blocks); elsewhere, and under forward-mode AD or ``torch.func``, the
+    matrix is formed. ``"auto"`` takes the factored path unless ``dropout_p > 0``. Returns
+    ``(B, H, N, P + D_v)``; the shapes of the arguments, the norms and the weights: the module
+    doc.
     """
     dropout_p = check_probability(dropout_p, "dropout_p")
     check_choice(path, "path", ("auto", "factored", "quadratic"))
@@ -140,12 +146,29 @@ def fourier_attention(
             "path: dropout on the N×M attention matrix needs path='quadratic' (or 'auto'), "
             f"got path='factored' with dropout_p={dropout_p}"
         )
+    if dropout_p > 0.0 and not _autodiff_beyond_the_op():
+        a = kernel_arguments(q, k, v, pos, kv_pos, weight, q_norm, k_norm, None, eps, scale,
+                             dropout_p)
+        if a.q.device.type == "cpu":
+            return _fused_quadratic_attention(a)
     out, _ = kernel_attention(
         q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps,
         scale=scale, path="quadratic" if path == "quadratic" or dropout_p > 0.0 else "factored",
         dropout_p=dropout_p,
     )
     return out
+
+
+def _fused_quadratic_attention(a: KernelArguments) -> Tensor:
+    """``(Q̂ K̂ᵀ W) V̂ · scale`` with :func:`dropout`'s mask on the ``N × M`` matrix, by the fused
+    CPU op (checked arguments)."""
+    with _own_precision(a.q):
+        q_hat, k_hat, v_hat = functional.quadratic_operands(
+            a.q, a.k, a.v, pos=a.pos, kv_pos=a.kv_pos, weight=a.weight, q_norm=a.q_norm,
+            k_norm=a.k_norm, v_norm=a.v_norm, eps=a.eps, scale=a.scale)
+        seed = torch.randint(2**62, (), dtype=torch.int64)
+        out = torch.ops.galerkin_ext.quadratic_attention(q_hat, k_hat, v_hat, a.dropout_p, seed)
+    return out.to(a.q.dtype)
 
 
 class KernelArguments(NamedTuple):
@@ -214,6 +237,7 @@ def kernel_attention(
     scale: float | None = None,
     path: str = "factored",
     dropout_p: float = 0.0,
+    torch_masks: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Softmax-free kernel attention, the general op behind the Galerkin and Fourier types;
     also returns the attention matrix.
@@ -222,7 +246,10 @@ def kernel_attention(
     computes ``out = Q̂ A`` with ``A = scale · K̂ᵀ W V̂`` of shape ``(B, H, P + D, P + D_v)``
     (``path="factored"``), or ``out = A V̂`` with ``A = scale · Q̂ K̂ᵀ W`` of shape
     ``(B, H, N, M)`` (``path="quadratic"``). ``dropout_p > 0`` applies inverted dropout to ``A``
-    (always: callers decide on training). ``scale=None`` means ``1/sqrt(D + P)``. Returns
+    (always: callers decide on training): the factored path's ``d × d_v`` mask from torch's
+    generator, the quadratic path's ``N × M`` one by :func:`dropout` (on the CPU the compiled
+    op, which stores no mask), or by torch's dropout with ``torch_masks=True`` (the original
+    code's masks from the same seed). ``scale=None`` means ``1/sqrt(D + P)``. Returns
     ``(out (B, H, N, P + D_v), A)``; ``A`` is differentiable too, for losses or visualisation,
     and is in the dtype the products accumulate in (float32 for half types).
     """
@@ -232,20 +259,23 @@ def kernel_attention(
     q_norm, k_norm, v_norm, eps, scale, dropout_p = (a.q_norm, a.k_norm, a.v_norm, a.eps,
                                                      a.scale, a.dropout_p)
     quadratic = check_choice(path, "path", ("factored", "quadratic")) == "quadratic"
-    mask = None
-    if dropout_p > 0.0:
-        shape = (a.n, a.m) if quadratic else a.attn_shape[2:]
-        # 1 / keep unrounded, as A is
-        mask = dropout_mask((a.batch, a.heads, *shape), dropout_p, functional.opmath_dtype(q),
-                            q.device)
+    check_bool(torch_masks, "torch_masks")
+    drop: Callable[[Tensor], Tensor] | None = None
+    if dropout_p > 0.0 and quadratic:
+        drop = partial(torch.nn.functional.dropout if torch_masks else dropout, p=dropout_p,
+                       training=True)
+    elif dropout_p > 0.0:
+        # 1 / keep unrounded, as A is; drawn as the domain-parallel form draws it
+        mask = dropout_mask(a.attn_shape, dropout_p, functional.opmath_dtype(q), q.device)
+        drop = mask.mul
     with _own_precision(q):
         if quadratic:
             return functional.kernel_attention(
                 q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
-                v_norm=v_norm, eps=eps, scale=scale, path="quadratic", dropout_mask=mask)
+                v_norm=v_norm, eps=eps, scale=scale, path="quadratic", dropout=drop)
         return functional.factored_attention(
             q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm,
-            v_norm=v_norm, eps=eps, scale=scale, dropout_mask=mask, kv_reduce_fn=_kv_reduce,
+            v_norm=v_norm, eps=eps, scale=scale, dropout=drop, kv_reduce_fn=_kv_reduce,
             q_apply_fn=_q_apply)
 
 
@@ -702,6 +732,47 @@ def _dropout_backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
 
 torch.library.register_autograd("galerkin_ext::dropout", _dropout_backward,
                                 setup_context=_dropout_setup_context)
+
+
+@torch.library.register_fake("galerkin_ext::quadratic_attention")
+def _quadratic_attention_fake(q, k, v, p, seed):
+    return q.new_empty((*q.shape[:3], v.shape[3]))
+
+
+@torch.library.register_fake("galerkin_ext::quadratic_attention_backward")
+def _quadratic_attention_backward_fake(grad_out, q, k, v, p, seed):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
+
+
+def _quadratic_attention_setup_context(ctx, inputs, output) -> None:
+    q, k, v, ctx.p, seed = inputs
+    ctx.save_for_backward(q, k, v, seed)
+
+
+def _quadratic_attention_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+    q, k, v, seed = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: the formulas, differentiable in turn
+        grads = _quadratic_attention_backward_formula(grad, q, k, v, ctx.p, seed)
+    else:
+        grads = torch.ops.galerkin_ext.quadratic_attention_backward(grad, q, k, v, ctx.p, seed)
+    return (*grads, None, None)
+
+
+def _quadratic_attention_backward_formula(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                                          p: float, seed: Tensor) -> tuple[Tensor, ...]:
+    """The fused op's gradients through the ``N × M`` matrix, with its mask: the dropout op's
+    over that matrix stored contiguously."""
+    attn, grad_attn = q @ k.transpose(-2, -1), grad @ v.transpose(-2, -1)
+    if p > 0.0:
+        mask = torch.ops.galerkin_ext.dropout(
+            torch.ones(attn.shape, dtype=attn.dtype, device=attn.device), p, seed)
+        attn, grad_attn = attn * mask, grad_attn * mask
+    return grad_attn @ k, grad_attn.transpose(-2, -1) @ q, attn.transpose(-2, -1) @ grad
+
+
+torch.library.register_autograd("galerkin_ext::quadratic_attention",
+                                _quadratic_attention_backward,
+                                setup_context=_quadratic_attention_setup_context)
 
 
 @torch.library.register_fake("galerkin_ext::kv_reduce")

@@ -116,18 +116,24 @@ def _with_dropout(x, quadratic, **kw):
                                 path="quadratic" if quadratic else "factored", **norms, **kw)
 
 
-@pytest.mark.parametrize("quadratic", [False, True])
-def test_dropout_mask_matches_reference(quadratic, gen):
-    """The op draws its inverted-dropout mask (on the N × M matrix, or on S) from torch's
-    generator and applies it as the reference does."""
+@pytest.mark.parametrize("quadratic, torch_masks", [(False, False), (True, False), (True, True)])
+def test_dropout_mask_matches_reference(quadratic, torch_masks, gen):
+    """The op draws its inverted-dropout mask from torch's default generator and applies it as
+    the reference does: on S a torch Bernoulli mask; on the N × M matrix ops.dropout's (the
+    compiled op's Threefry mask over the contiguous matrix, test_dropout.py), or torch's with
+    torch_masks=True."""
     case = Case(2, 2, 13, 5, P=1, weight="batched")
     x = make_inputs(case, gen)
     side = case.N if quadratic else case.D + case.P
     scale = 1 / math.sqrt(case.D + case.P) if quadratic else 1.0
     torch.manual_seed(3)
-    got, _ = _with_dropout(x, quadratic, scale=scale, dropout_p=0.4)
+    got, _ = _with_dropout(x, quadratic, scale=scale, dropout_p=0.4, torch_masks=torch_masks)
     torch.manual_seed(3)
-    mask = torch.bernoulli(torch.full((2, 2, side, side), 0.6, dtype=F64)).div_(0.6)
+    shape = (2, 2, side, side)
+    if quadratic and not torch_masks:
+        mask = ops.dropout(torch.ones(shape, dtype=F64), 0.4)
+    else:
+        mask = torch.bernoulli(torch.full(shape, 0.6, dtype=F64)).div_(0.6)
     expected = (fourier if quadratic else galerkin)(x, reference, dropout_mask=mask)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
@@ -485,6 +491,10 @@ def test_fourier_specific_errors(gen):
     with pytest.raises(ValueError, match="^q_norm"):
         ops.fourier_attention(q, k, v, q_norm=(torch.ones(3, 2), torch.zeros(3, 2)))
     ops.fourier_attention(q, k, v, path="factored", dropout_p=0.0)  # without dropout: fine
+    with pytest.raises(TypeError, match="^q: expected a tensor"):  # the fused path's checks too
+        ops.fourier_attention([[1.0]], k, v, dropout_p=0.1)
+    with pytest.raises(TypeError, match="^torch_masks: expected a bool"):
+        ops.kernel_attention(q, k, v, path="quadratic", dropout_p=0.1, torch_masks=1)
 
 
 def test_meta_tensors_give_shapes(gen):

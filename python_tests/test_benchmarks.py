@@ -80,8 +80,8 @@ def test_dropout_cpu_smoke(tmp_path: Path) -> None:
     for r in result["rows"]:
         assert all(r[f"{impl}_{t}_ms"] > 0 for impl in ("torch", "ours")
                    for t in ("fwd", "fwd_bwd"))
-    assert [r["model"] for r in result["training_steps"]] == ["darcy_gt", "darcy_tno",
-                                                             "darcy_vitno"]
+    assert [r["model"] for r in result["training_steps"]] == ["darcy_gt", "darcy_ft",
+                                                             "darcy_tno", "darcy_vitno"]
     assert all(r[f"{impl}_step_ms"] > 0 for r in result["training_steps"]
                for impl in ("torch", "ours"))
 
@@ -347,7 +347,8 @@ def test_attention_cpu_smoke(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert {"device", "command", "rows"} <= set(result) and "attention.py" in result["command"]
     assert sorted((r["op"], r["impl"]) for r in result["rows"]) == [
-        (op, impl) for op in ("fourier", "galerkin", "galerkin_no_norm", "normalized")
+        (op, impl) for op in ("fourier", "fourier_dropout", "galerkin", "galerkin_no_norm",
+                              "normalized")
         for impl in ("eager", "ours")]
     for r in result["rows"]:
         assert (r["B"], r["H"], r["N"], r["D"]) == (1, 1, 16, 8)

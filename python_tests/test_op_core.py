@@ -577,7 +577,7 @@ def test_compiled_core_agrees_with_the_formulas_and_compiles(gen):
     formula = (functional.kernel_attention(
         x["q"], x["k"], x["v"], pos=x["pos"], kv_pos=x["kv_pos"], weight=x["weight"],
         q_norm=None, k_norm=x["k_norm"], v_norm=x["v_norm"], eps=1e-5, scale=1.0,
-        path="factored", dropout_mask=None)[0]
+        path="factored", dropout=None)[0]
         + functional.normalized_attention(*args[:3], pos=x["pos"], kv_pos=x["kv_pos"],
                                           weight=x["weight"], skip=True))
     torch.testing.assert_close(eager, formula, rtol=1e-5, atol=1e-5)

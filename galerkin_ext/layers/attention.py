@@ -84,6 +84,10 @@ class SimpleAttention(nn.Module):
     # process's shard of the sample's, split over domain_group (None: the world group).
     domain_parallel: bool = False
     domain_group: dist.ProcessGroup | None = None
+    # Set by galerkin_ext.layers.draw_torch_masks: the quadratic Fourier path drops its N × N
+    # matrix with torch's dropout, not the compiled CPU ops' masks (the other paths' masks are
+    # torch's).
+    torch_masks: bool = False
 
     def __init__(
         self,
@@ -197,13 +201,21 @@ class SimpleAttention(nn.Module):
             dropout_p = self.attn_dropout if self.training else 0.0
 
         attn: Tensor | None
-        if self.attention_type in ("fourier", "galerkin"):
-            fourier = self.attention_type == "fourier"
+        fourier = self.attention_type == "fourier"
+        if fourier and dropout_p > 0.0 and not (return_attention or self.torch_masks):
+            # Dropout on the N×N matrix needs the pairwise order, which the op fuses on the CPU
+            # (domain-parallel models refuse Fourier attention's dropout).
+            out, attn = ops.fourier_attention(
+                q, k, v, pos=pos, weight=weight, q_norm=norms.get("q"), k_norm=norms.get("k"),
+                eps=self.eps, dropout_p=dropout_p), None
+        elif self.attention_type in ("fourier", "galerkin"):
             # The N×N matrix is only needed to return it or to drop entries of it; otherwise the
             # op reassociates Fourier attention into the O(N d²) product.
             quadratic = fourier and (return_attention or dropout_p > 0.0)
+            # (domain-parallel: the factored path, whose masks are torch's anyway)
             attention = (partial(domain.kernel_attention, group=self.domain_group)
-                         if self.domain_parallel else ops.kernel_attention)
+                         if self.domain_parallel
+                         else partial(ops.kernel_attention, torch_masks=self.torch_masks))
             out, attn = attention(
                 q, k, v, pos=pos, weight=weight, q_norm=norms.get("q"), k_norm=norms.get("k"),
                 v_norm=norms.get("v"), eps=self.eps, scale=None if fourier else 1.0,

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from .. import ops
 from .._checks import check_probability
+from .attention import SimpleAttention
 
 
 class Dropout(nn.Dropout):
@@ -29,9 +30,10 @@ class Dropout(nn.Dropout):
 
 
 def draw_torch_masks(module: nn.Module) -> None:
-    """Every :class:`Dropout` in ``module`` draws its masks with torch's dropout, in place: the
-    masks of a model written with ``nn.Dropout``, as the original code's were, from the same
+    """Every :class:`Dropout` in ``module``, and every :class:`SimpleAttention`'s dropout of its
+    attention matrix, draws its masks with torch's dropout, in place: the masks of a model
+    written with ``nn.Dropout`` and ``F.dropout``, as the original code's were, from the same
     seed."""
     for m in module.modules():
-        if isinstance(m, Dropout):
+        if isinstance(m, (Dropout, SimpleAttention)):
             m.torch_masks = True
