@@ -13,9 +13,11 @@ The op core (``csrc/attention/core.h``) is two compiled ops with compiled backwa
 a CPU and a CUDA twin: ``torch.ops.galerkin_ext.kv_reduce`` builds ``S = K̂ᵀ W V̂`` and
 ``q_apply`` applies it to ``Q̂``, each forming its prepared operands in cache (CPU) or registers
 (CUDA), never in memory. Galerkin, factored Fourier and GNOT's normalised attention are
-compositions of the two; the quadratic Fourier order and ``continuum_attention`` are pairwise and
-run on ATen (SDPA for the latter), as does ``patched_attention`` (patch functions as tokens,
-SPEC-continuum §1.2: two batched GEMMs). This module adds input validation, dropout masks,
+compositions of the two. The quadratic Fourier order and ``continuum_attention`` are pairwise:
+the former runs as one compiled CPU op, ``torch.ops.galerkin_ext.quadratic_attention``, where it
+drops entries of its ``N × M`` matrix (``csrc/attention/quadratic_cpu.cpp``), else on ATen, as
+does the latter (SDPA) and ``patched_attention`` (patch functions as tokens, SPEC-continuum
+§1.2: two batched GEMMs). This module adds input validation, dropout masks,
 fake kernels and the formula backwards of second-order gradients (the ops' autograd is C++,
 ``csrc/attention/autograd.cpp``). Where the compiled core does not run (CPU half types, CUDA rows
 wider than ``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the plain formulas

@@ -40,7 +40,7 @@ int64_t block_rows(int64_t m) {
 // (and b[e - first] when b is given), by their dropout multipliers: a product, not a select,
 // so that a dropped NaN stays NaN, as in the dropout op.
 template <typename T>
-GALERKIN_EXT_THREEFRY_KERNEL void drop(const threefry::Mask& mask, T scale, int64_t first,
+GALERKIN_EXT_THREEFRY_KERNEL void drop(threefry::Mask mask, T scale, int64_t first,
                                        int64_t count, T* a, T* b) {
   const uint32_t threshold = mask.threshold;
   const int64_t end = first + count;

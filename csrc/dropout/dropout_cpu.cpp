@@ -28,8 +28,7 @@ using threefry::kBlock;
 // select, so that a dropped NaN stays NaN, as in torch's dropout).
 template <typename T>
 GALERKIN_EXT_THREEFRY_KERNEL void dropout_blocks(const T* x, T* out, int64_t n, int64_t begin,
-                                                 int64_t end, const threefry::Mask& mask,
-                                                 T scale) {
+                                                 int64_t end, threefry::Mask mask, T scale) {
   const uint32_t threshold = mask.threshold;
   uint32_t u[kBlock];
   for (int64_t b = begin; b < end; ++b) {

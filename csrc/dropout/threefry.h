@@ -76,15 +76,17 @@ struct Mask {
 
   // The kBlock words of block b: element kBlock b + e takes words[e].
   inline void block(int64_t b, uint32_t* words) const {
-    Words x0[kVectors], x1[kVectors];
+    // Counters kCounters b + i, i < kCounters: their high word is one, as kCounters divides
+    // 2^32; the low words are formed as vectors (set lane by lane, GCC left them scalar).
     const uint64_t first = static_cast<uint64_t>(b) * kCounters;
+    const uint32_t low = static_cast<uint32_t>(first), high = static_cast<uint32_t>(first >> 32);
     const uint32_t k2 = 0x1BD11BDAu ^ k0 ^ k1;
+    const Words lanes = {0, 1, 2, 3, 4, 5, 6, 7};
+    static_assert(kLanes == 8, "lanes lists kLanes counters");
+    Words x0[kVectors], x1[kVectors];
     for (int v = 0; v < kVectors; ++v) {
-      for (int l = 0; l < kLanes; ++l) {
-        const uint64_t c = first + static_cast<uint64_t>(v * kLanes + l);
-        x0[v][l] = static_cast<uint32_t>(c) + k0;
-        x1[v][l] = static_cast<uint32_t>(c >> 32) + k1;
-      }
+      x0[v] = lanes + (low + static_cast<uint32_t>(v * kLanes) + k0);
+      x1[v] = Words{} + (high + k1);
     }
     four_rounds<13, 15, 26, 6>(x0, x1);
     inject(x0, x1, k1, k2 + 1);
