@@ -76,8 +76,8 @@ struct Mask {
 
   // The kBlock words of block b: element kBlock b + e takes words[e].
   inline void block(int64_t b, uint32_t* words) const {
-    // Counters kCounters b + i, i < kCounters: their high word is one, as kCounters divides
-    // 2^32; the low words are formed as vectors (set lane by lane, GCC left them scalar).
+    // Counters kCounters b + i, i < kCounters, share one high word, as kCounters divides 2^32;
+    // the low words are formed as vectors (set lane by lane, GCC left them scalar).
     const uint64_t first = static_cast<uint64_t>(b) * kCounters;
     const uint32_t low = static_cast<uint32_t>(first), high = static_cast<uint32_t>(first >> 32);
     const uint32_t k2 = 0x1BD11BDAu ^ k0 ^ k1;
