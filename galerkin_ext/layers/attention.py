@@ -66,7 +66,8 @@ class SimpleAttention(nn.Module):
             affine instance norm over the points on the same tensors), ``'layer'`` (the norm is
             on the residual stream, see :class:`~galerkin_ext.layers.EncoderLayer`; nothing
             inside the attention) or ``None``.
-        attn_dropout: dropout on the attention matrix, in training only.
+        attn_dropout: dropout on the attention matrix, in training only (the Fourier type's
+            N × N matrix: on the CPU by a fused op that never stores it).
         eps: epsilon of the norms.
         xavier_init: gain of the ``xavier_uniform_`` init of the Q, K, V projections.
         diagonal_weight: added to their diagonal (the paper's diagonal-dominant init).
