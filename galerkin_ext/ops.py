@@ -148,16 +148,12 @@ def fourier_attention(
             "path: dropout on the N×M attention matrix needs path='quadratic' (or 'auto'), "
             f"got path='factored' with dropout_p={dropout_p}"
         )
-    if dropout_p > 0.0 and not _autodiff_beyond_the_op():
-        a = kernel_arguments(q, k, v, pos, kv_pos, weight, q_norm, k_norm, None, eps, scale,
-                             dropout_p)
-        if a.q.device.type == "cpu":
-            return _fused_quadratic_attention(a)
-    out, _ = kernel_attention(
-        q, k, v, pos=pos, kv_pos=kv_pos, weight=weight, q_norm=q_norm, k_norm=k_norm, eps=eps,
-        scale=scale, path="quadratic" if path == "quadratic" or dropout_p > 0.0 else "factored",
-        dropout_p=dropout_p,
-    )
+    a = kernel_arguments(q, k, v, pos, kv_pos, weight, q_norm, k_norm, None, eps, scale,
+                         dropout_p)
+    if dropout_p > 0.0 and a.q.device.type == "cpu" and not _autodiff_beyond_the_op():
+        return _fused_quadratic_attention(a)
+    out, _ = _kernel_attention(a, quadratic=path == "quadratic" or dropout_p > 0.0,
+                               torch_masks=False)
     return out
 
 
@@ -257,11 +253,18 @@ def kernel_attention(
     """
     a = kernel_arguments(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm, eps, scale,
                          dropout_p)
+    quadratic = check_choice(path, "path", ("factored", "quadratic")) == "quadratic"
+    check_bool(torch_masks, "torch_masks")
+    return _kernel_attention(a, quadratic, torch_masks)
+
+
+def _kernel_attention(a: KernelArguments, quadratic: bool,
+                      torch_masks: bool) -> tuple[Tensor, Tensor]:
+    """:func:`kernel_attention` on checked arguments, through the ``N × M`` matrix where
+    ``quadratic``."""
     q, k, v, pos, kv_pos, weight = a.q, a.k, a.v, a.pos, a.kv_pos, a.weight
     q_norm, k_norm, v_norm, eps, scale, dropout_p = (a.q_norm, a.k_norm, a.v_norm, a.eps,
                                                      a.scale, a.dropout_p)
-    quadratic = check_choice(path, "path", ("factored", "quadratic")) == "quadratic"
-    check_bool(torch_masks, "torch_masks")
     drop: Callable[[Tensor], Tensor] | None = None
     if dropout_p > 0.0 and quadratic:
         drop = partial(torch.nn.functional.dropout if torch_masks else dropout, p=dropout_p,
