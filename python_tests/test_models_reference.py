@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from galerkin_ext.data.datasets import uniform_grid_2d
+from galerkin_ext.layers import draw_torch_masks
 from galerkin_ext.models import build_model, from_original
 
 DATA = Path(__file__).with_name("data") / "original_outputs.pt"
@@ -176,6 +177,7 @@ def _both_ways(original, reference, model, run_reference, run_ours) -> None:
         for module in model.modules():  # the original's attention dropout, in training only
             if hasattr(module, "reference_dropout"):
                 module.reference_dropout = True
+        draw_torch_masks(model)  # and its masks, as reference_dropout=True models draw them
         torch.manual_seed(7)
         expected = run_reference(reference.train())
         torch.manual_seed(7)
