@@ -3,74 +3,46 @@
 the masks of an independent numpy Threefry: values, gradients, thread-count invariance, what it
 keeps for the backward, its checks, and its place in ops and layers."""
 
-import math
-
-import numpy as np
 import pytest
 import torch
 from attention_cases import F64
-from threefry_reference import reference_keep
+from pairwise_cases import (
+    SIZES,
+    assert_close,
+    draw_seed,
+    largest_saved,
+    multipliers,
+    operands,
+)
 
 from galerkin_ext import ops
 from galerkin_ext.layers import SimpleAttention, draw_torch_masks
-
-# (B, H, N, M, d, d_v): N = M = 1; sizes off the vector widths; several blocks of query rows
-# (64 rows a block at M = 200, 8 at M = 3000 in float64) with a short last one; N = 1.
-SIZES = [(1, 1, 1, 1, 1, 1), (2, 3, 13, 29, 5, 4), (1, 2, 65, 64, 10, 10),
-         (3, 1, 130, 200, 3, 17), (2, 2, 1, 70, 4, 2), (1, 1, 20, 3000, 3, 2)]
-# Relative to the largest |element|: sums of M products round by about their magnitude's eps.
-TOLERANCE = {torch.float32: 4e-6, F64: 1e-13}
-
-
-def _mask(shape: tuple[int, ...], p: float, seed: int) -> torch.Tensor:
-    """The dropout multipliers of the (B, H, N, M) matrix stored contiguously, in float64."""
-    keep = reference_keep(math.prod(shape), p, seed).reshape(shape)
-    return torch.from_numpy(np.where(keep, 1.0 / (1.0 - p), 0.0))
 
 
 def _formula(q, k, v, p: float, seed: int) -> torch.Tensor:
     attn = q @ k.transpose(-2, -1)
     if p > 0.0:
-        attn = attn * _mask(attn.shape, p, seed).to(attn.dtype)
+        attn = attn * multipliers(attn.shape, p, seed).to(attn.dtype)
     return attn @ v
-
-
-def _assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:
-    """``got`` (float32 or float64) within its dtype's tolerance of the float64 ``expected``."""
-    assert got.shape == expected.shape
-    scale = expected.abs().max().item() if expected.numel() else 0.0
-    torch.testing.assert_close(got.double(), expected, rtol=0,
-                               atol=TOLERANCE[got.dtype] * max(scale, 1.0))
-
-
-def _operands(size, dtype, gen):
-    b, h, n, m, d, dv = size
-    return (torch.randn(b, h, n, d, generator=gen, dtype=dtype),
-            torch.randn(b, h, m, d, generator=gen, dtype=dtype),
-            torch.randn(b, h, m, dv, generator=gen, dtype=dtype))
-
-
-def _seed(gen) -> int:
-    return int(torch.randint(2**62, (), generator=gen))
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
 @pytest.mark.parametrize("size", SIZES, ids=str)
 def test_the_op_and_its_backward_are_the_formulas(size, dtype, p, gen):
-    q, k, v = _operands(size, dtype, gen)
-    seed = _seed(gen)
+    q, k, v = operands(size, dtype, gen)
+    seed = draw_seed(gen)
     out = torch.ops.galerkin_ext.quadratic_attention(q, k, v, p, torch.tensor(seed))
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
     expected = _formula(*leaves, p, seed)
-    _assert_close(out, expected)
+    assert_close(out, expected)
     grad = torch.randn(out.shape, generator=gen, dtype=dtype)
     grads = torch.ops.galerkin_ext.quadratic_attention_backward(grad, q, k, v, p,
                                                                 torch.tensor(seed))
     expected.backward(grad.double())
     for got, leaf in zip(grads, leaves, strict=True):
         assert got.dtype == dtype and got.is_contiguous()
-        _assert_close(got, leaf.grad)
+        assert_close(got, leaf.grad)
 
 
 def test_non_contiguous_operands(gen):
@@ -78,22 +50,22 @@ def test_non_contiguous_operands(gen):
     q = torch.randn(2, 11, 3, 4, generator=gen, dtype=F64).transpose(1, 2)
     k = torch.randn(2, 17, 3, 4, generator=gen, dtype=F64).transpose(1, 2)
     v = torch.randn(2, 3, 17, 9, generator=gen, dtype=F64)[..., ::2]
-    seed = _seed(gen)
+    seed = draw_seed(gen)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     out = torch.ops.galerkin_ext.quadratic_attention(*leaves, 0.25, torch.tensor(seed))
-    _assert_close(out, _formula(q, k, v, 0.25, seed))
+    assert_close(out, _formula(q, k, v, 0.25, seed))
     grad = torch.randn(out.shape, generator=gen, dtype=F64)
     out.backward(grad)
     references = [t.detach().requires_grad_() for t in (q, k, v)]
     _formula(*references, 0.25, seed).backward(grad)
     for leaf, reference in zip(leaves, references, strict=True):
-        _assert_close(leaf.grad, reference.grad)
+        assert_close(leaf.grad, reference.grad)
 
 
 @pytest.mark.parametrize("p", [0.0, 0.4])
 def test_gradcheck_and_gradgradcheck(p, gen):
-    q, k, v = (t.requires_grad_() for t in _operands((2, 1, 5, 7, 3, 2), F64, gen))
-    seed = torch.tensor(_seed(gen))
+    q, k, v = (t.requires_grad_() for t in operands((2, 1, 5, 7, 3, 2), F64, gen))
+    seed = torch.tensor(draw_seed(gen))
 
     def f(q, k, v):
         return torch.ops.galerkin_ext.quadratic_attention(q, k, v, p, seed)
@@ -106,15 +78,15 @@ def test_gradcheck_and_gradgradcheck(p, gen):
 @pytest.mark.parametrize("size", [(1, 1, 1, 1, 1, 1), (2, 3, 9, 70, 5, 4), (1, 2, 0, 4, 3, 2)],
                          ids=str)
 def test_opcheck(size, p, gen):
-    q, k, v = (t.requires_grad_() for t in _operands(size, torch.float32, gen))
+    q, k, v = (t.requires_grad_() for t in operands(size, torch.float32, gen))
     torch.library.opcheck(torch.ops.galerkin_ext.quadratic_attention.default,
-                          (q, k, v, p, torch.tensor(_seed(gen))))
+                          (q, k, v, p, torch.tensor(draw_seed(gen))))
 
 
 def test_the_result_does_not_depend_on_the_thread_count(gen):
-    q, k, v = _operands((2, 3, 150, 90, 6, 5), torch.float32, gen)
+    q, k, v = operands((2, 3, 150, 90, 6, 5), torch.float32, gen)
     grad = torch.randn(2, 3, 150, 5, generator=gen)
-    seed = torch.tensor(_seed(gen))
+    seed = torch.tensor(draw_seed(gen))
     threads = torch.get_num_threads()
     results = []
     try:
@@ -165,19 +137,6 @@ def test_the_op_refuses_bad_arguments():
                                                             seed)
 
 
-def _largest_saved(fn) -> int:
-    """The most elements of any tensor autograd keeps for the backward of ``fn()``."""
-    sizes = []
-
-    def pack(t):
-        sizes.append(t.numel())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return max(sizes)
-
-
 def _fourier_inputs(gen, n=120, m=100):
     """ops.fourier_attention's arguments in float64, every tensor requiring grad."""
     q = torch.randn(2, 3, n, 4, generator=gen, dtype=F64, requires_grad=True)
@@ -208,12 +167,12 @@ def test_fourier_attention_with_dropout_is_the_materialised_path_without_its_mat
     torch.manual_seed(5)
     materialised, _ = ops.kernel_attention(**x, path="quadratic", dropout_p=0.3)
     expected = torch.autograd.grad(materialised.square().sum(), leaves)
-    _assert_close(fused, materialised)
+    assert_close(fused, materialised)
     for got, want in zip(grads, expected, strict=True):
-        _assert_close(got, want)
+        assert_close(got, want)
     n_by_m = 2 * 3 * 120 * 100
-    assert _largest_saved(lambda: ops.fourier_attention(**x, dropout_p=0.3)) < n_by_m / 10
-    assert _largest_saved(lambda: ops.kernel_attention(**x, path="quadratic",
+    assert largest_saved(lambda: ops.fourier_attention(**x, dropout_p=0.3)) < n_by_m / 10
+    assert largest_saved(lambda: ops.kernel_attention(**x, path="quadratic",
                                                        dropout_p=0.3)) >= n_by_m
 
 
@@ -253,13 +212,13 @@ def test_the_layer_trains_on_the_fused_op_and_draws_torchs_masks_when_asked(gen)
     x = torch.randn(2, 150, 12, generator=gen)
     pos = torch.rand(150, 2, generator=gen)
     n_by_m = 2 * 3 * 150 * 150
-    assert _largest_saved(lambda: layer(x, pos)) < n_by_m / 10
+    assert largest_saved(lambda: layer(x, pos)) < n_by_m / 10
     torch.manual_seed(4)
     ours = layer(x, pos)
     draw_torch_masks(layer)
-    assert _largest_saved(lambda: layer(x, pos)) >= n_by_m
+    assert largest_saved(lambda: layer(x, pos)) >= n_by_m
     torch.manual_seed(4)
     torchs = layer(x, pos)
     assert ours.shape == torchs.shape and not torch.allclose(ours, torchs)
     layer.eval()  # no dropout: the factored path, whichever masks
-    assert _largest_saved(lambda: layer(x, pos)) < n_by_m / 10
+    assert largest_saved(lambda: layer(x, pos)) < n_by_m / 10

@@ -11,8 +11,7 @@
 // Each output element is a sum in a fixed order (gemm_cpu.h; the key-side gradients over the
 // query blocks in order), and the backward runs each (batch, head) on one thread, so results do
 // not depend on the thread count.
-#include "../dropout/threefry.h"
-#include "gemm_cpu.h"
+#include "pairwise_cpu.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -26,76 +25,13 @@
 namespace galerkin_ext::cpu {
 namespace {
 
-using threefry::kBlock;
-
-// Query rows per block: the block's rows of Q Kᵀ (and, in the backward, of dO Vᵀ) fill about
-// 128 KiB, which stays in L2; at least 8 rows, so that the key-side products of the backward
-// are not dominated by adding their M × d results up.
-template <typename T>
-int64_t block_rows(int64_t m) {
-  return std::clamp<int64_t>(131072 / (std::max<int64_t>(m, 1) * sizeof(T)), 8, 64);
-}
-
-// Multiplies elements [first, first + count) of the contiguous matrix, held at a[e - first]
-// (and b[e - first] when b is given), by their dropout multipliers: a product, not a select,
-// so that a dropped NaN stays NaN, as in the dropout op.
-template <typename T>
-GALERKIN_EXT_THREEFRY_KERNEL void drop(threefry::Mask mask, T scale, int64_t first,
-                                       int64_t count, T* a, T* b) {
-  const uint32_t threshold = mask.threshold;
-  const int64_t end = first + count;
-  uint32_t u[kBlock];
-  for (int64_t block = first / kBlock; block * kBlock < end; ++block) {
-    mask.block(block, u);
-    const int64_t lo = std::max(first, block * kBlock);
-    const int64_t len = std::min(end, (block + 1) * kBlock) - lo;
-    const uint32_t* ub = u + (lo - block * kBlock);
-    T* ab = a + (lo - first);
-    if (b == nullptr) {
-      for (int64_t e = 0; e < len; ++e) ab[e] *= ub[e] < threshold ? scale : T(0);
-    } else {
-      T* bb = b + (lo - first);
-      for (int64_t e = 0; e < len; ++e) {
-        const T multiplier = ub[e] < threshold ? scale : T(0);
-        ab[e] *= multiplier;
-        bb[e] *= multiplier;
-      }
-    }
-  }
-}
-
-struct Sizes {
-  int64_t batch_heads, n, m, d, dv;
-};
-
-Sizes check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double p,
-                     const at::Tensor& seed) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "q, k, v: expected (B, H, N, d), (B, H, M, d), (B, H, M, d_v), got ", q.sizes(),
-              ", ", k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && k.size(0) == v.size(0) &&
-                  k.size(1) == v.size(1) && q.size(3) == k.size(3) && k.size(2) == v.size(2),
-              "q, k, v: expected (B, H, N, d), (B, H, M, d), (B, H, M, d_v), got ", q.sizes(),
-              ", ", k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "q: expected float32 or float64, got ", q.scalar_type());
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-              "k, v: expected q's dtype ", q.scalar_type(), ", got ", k.scalar_type(), ", ",
-              v.scalar_type());
-  TORCH_CHECK(p >= 0.0 && p < 1.0, "p: expected 0 <= p < 1, got ", p);
-  TORCH_CHECK(seed.dim() == 0 && seed.scalar_type() == at::kLong && seed.device().is_cpu(),
-              "seed: expected a 0-dim int64 CPU tensor, got ", seed.scalar_type(), " ",
-              seed.sizes(), " on ", seed.device());
-  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
-}
-
 at::Tensor quadratic_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    double p, const at::Tensor& seed) {
-  const Sizes z = check_operands(q, k, v, p, seed);
+  const PairwiseSizes z = check_pairwise_operands(q, k, v, p, seed);
   at::Tensor out = at::empty({q.size(0), q.size(1), z.n, z.dv}, q.options());
   if (out.numel() == 0) return out;
   if (z.m == 0) return out.zero_();
-  const threefry::Mask mask(seed.item<int64_t>(), p > 0.0 ? p : 0.5);  // (unused at p = 0)
+  const threefry::Mask mask = pairwise_mask(seed, p);
   const at::Tensor qc = q.contiguous(), vc = v.contiguous();
   const at::Tensor kt = k.transpose(2, 3).contiguous();  // (B, H, d, M): Q Kᵀ's right factor
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "galerkin_ext_quadratic_attention", [&] {
@@ -124,30 +60,18 @@ at::Tensor quadratic_attention_cpu(const at::Tensor& q, const at::Tensor& k, con
   return out;
 }
 
-// Rows [0, rows) of x (row stride ld, width w) into buf with rows of vector_width(w): the right
-// factor of rows_transposed_times_rows, whose loads run to whole vectors.
-template <typename T>
-const T* padded_rows(const T* x, int64_t ld, int64_t rows, int64_t w, std::vector<T>& buf) {
-  const int64_t width = vector_width(w);
-  for (int64_t r = 0; r < rows; ++r) std::copy(x + r * ld, x + r * ld + w, &buf[r * width]);
-  return buf.data();
-}
-
 std::vector<at::Tensor> quadratic_attention_backward_cpu(const at::Tensor& grad_out,
                                                          const at::Tensor& q,
                                                          const at::Tensor& k,
                                                          const at::Tensor& v, double p,
                                                          const at::Tensor& seed) {
-  const Sizes z = check_operands(q, k, v, p, seed);
-  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({q.size(0), q.size(1), z.n, z.dv}) &&
-                  grad_out.scalar_type() == q.scalar_type(),
-              "grad_out: expected ", q.scalar_type(), " of shape (", q.size(0), ", ", q.size(1),
-              ", ", z.n, ", ", z.dv, "), got ", grad_out.scalar_type(), " ", grad_out.sizes());
+  const PairwiseSizes z = check_pairwise_operands(q, k, v, p, seed);
+  check_grad_out(grad_out, q, z);
   at::Tensor grad_q = at::zeros_like(q, at::MemoryFormat::Contiguous);
   at::Tensor grad_k = at::zeros_like(k, at::MemoryFormat::Contiguous);
   at::Tensor grad_v = at::zeros_like(v, at::MemoryFormat::Contiguous);
   if (z.batch_heads * z.n * z.m == 0) return {grad_q, grad_k, grad_v};
-  const threefry::Mask mask(seed.item<int64_t>(), p > 0.0 ? p : 0.5);  // (unused at p = 0)
+  const threefry::Mask mask = pairwise_mask(seed, p);
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), gc = grad_out.contiguous();
   const at::Tensor kt = k.transpose(2, 3).contiguous(), vt = v.transpose(2, 3).contiguous();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "galerkin_ext_quadratic_attention_backward", [&] {

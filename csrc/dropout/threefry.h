@@ -1,6 +1,6 @@
 // The counter-based mask of galerkin_ext's CPU dropout, shared by the dropout op
-// (dropout_cpu.cpp) and the fused quadratic attention (attention/quadratic_cpu.cpp), which
-// drops the entries of its N × M matrix exactly as the dropout op drops that matrix stored
+// (dropout_cpu.cpp) and the fused pairwise attention ops (attention/pairwise_cpu.h), which
+// drop the entries of their N × M matrix exactly as the dropout op drops that matrix stored
 // contiguously.
 //
 // Element i of a dense tensor, in memory order, is kept iff word w of Threefry-2x32-20

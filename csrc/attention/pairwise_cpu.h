@@ -1,0 +1,108 @@
+// What the two fused pairwise CPU ops share (quadratic_cpu.cpp: Fourier attention's (Q Kᵀ ∘ D) V;
+// softmax_cpu.cpp: (softmax(s Q Kᵀ + b) ∘ D) V): their operands' checks, the size of the blocks
+// of query rows in which they form the N × M matrix, and its dropout, D the dropout op's
+// multipliers (kept ? 1 / (1 - p) : 0) of the (B, H, N, M) matrix as if it were stored
+// contiguously (../dropout/threefry.h).
+#pragma once
+
+#include "../dropout/threefry.h"
+#include "gemm_cpu.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace galerkin_ext::cpu {
+
+// Query rows per block: the block's rows of Q Kᵀ (and, in the backward, of dO Vᵀ) fill about
+// 128 KiB, which stays in L2; at least 8 rows, so that the key-side products of the backward
+// are not dominated by adding their M × d results up.
+template <typename T>
+int64_t block_rows(int64_t m) {
+  return std::clamp<int64_t>(131072 / (std::max<int64_t>(m, 1) * sizeof(T)), 8, 64);
+}
+
+// Multiplies elements [first, first + count) of the contiguous matrix, held at a[e - first]
+// (and b[e - first] when b is given), by their dropout multipliers: a product, not a select,
+// so that a dropped NaN stays NaN, as in the dropout op.
+template <typename T>
+GALERKIN_EXT_THREEFRY_KERNEL void drop(threefry::Mask mask, T scale, int64_t first,
+                                       int64_t count, T* a, T* b) {
+  using threefry::kBlock;
+  const uint32_t threshold = mask.threshold;
+  const int64_t end = first + count;
+  uint32_t u[kBlock];
+  for (int64_t block = first / kBlock; block * kBlock < end; ++block) {
+    mask.block(block, u);
+    const int64_t lo = std::max(first, block * kBlock);
+    const int64_t len = std::min(end, (block + 1) * kBlock) - lo;
+    const uint32_t* ub = u + (lo - block * kBlock);
+    T* ab = a + (lo - first);
+    if (b == nullptr) {
+      for (int64_t e = 0; e < len; ++e) ab[e] *= ub[e] < threshold ? scale : T(0);
+    } else {
+      T* bb = b + (lo - first);
+      for (int64_t e = 0; e < len; ++e) {
+        const T multiplier = ub[e] < threshold ? scale : T(0);
+        ab[e] *= multiplier;
+        bb[e] *= multiplier;
+      }
+    }
+  }
+}
+
+// Rows [0, rows) of x (row stride ld, width w) into buf with rows of vector_width(w): the right
+// factor of rows_transposed_times_rows, whose loads run to whole vectors.
+template <typename T>
+const T* padded_rows(const T* x, int64_t ld, int64_t rows, int64_t w, std::vector<T>& buf) {
+  const int64_t width = vector_width(w);
+  for (int64_t r = 0; r < rows; ++r) std::copy(x + r * ld, x + r * ld + w, &buf[r * width]);
+  return buf.data();
+}
+
+struct PairwiseSizes {
+  int64_t batch_heads, n, m, d, dv;
+};
+
+// q (B, H, N, d), k (B, H, M, d), v (B, H, M, d_v) of one floating dtype, a drop probability
+// p in [0, 1) and its seed, a 0-dim int64 CPU tensor.
+inline PairwiseSizes check_pairwise_operands(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, double p,
+                                             const at::Tensor& seed) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "q, k, v: expected (B, H, N, d), (B, H, M, d), (B, H, M, d_v), got ", q.sizes(),
+              ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && k.size(0) == v.size(0) &&
+                  k.size(1) == v.size(1) && q.size(3) == k.size(3) && k.size(2) == v.size(2),
+              "q, k, v: expected (B, H, N, d), (B, H, M, d), (B, H, M, d_v), got ", q.sizes(),
+              ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "q: expected float32 or float64, got ", q.scalar_type());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "k, v: expected q's dtype ", q.scalar_type(), ", got ", k.scalar_type(), ", ",
+              v.scalar_type());
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "p: expected 0 <= p < 1, got ", p);
+  TORCH_CHECK(seed.dim() == 0 && seed.scalar_type() == at::kLong && seed.device().is_cpu(),
+              "seed: expected a 0-dim int64 CPU tensor, got ", seed.scalar_type(), " ",
+              seed.sizes(), " on ", seed.device());
+  return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+}
+
+// The mask of the seed and p (any at p = 0, where nothing is dropped).
+inline threefry::Mask pairwise_mask(const at::Tensor& seed, double p) {
+  return threefry::Mask(seed.item<int64_t>(), p > 0.0 ? p : 0.5);
+}
+
+// grad_out: out's (B, H, N, d_v) in q's dtype.
+inline void check_grad_out(const at::Tensor& grad_out, const at::Tensor& q,
+                           const PairwiseSizes& z) {
+  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({q.size(0), q.size(1), z.n, z.dv}) &&
+                  grad_out.scalar_type() == q.scalar_type(),
+              "grad_out: expected ", q.scalar_type(), " of shape (", q.size(0), ", ", q.size(1),
+              ", ", z.n, ", ", z.dv, "), got ", grad_out.scalar_type(), " ", grad_out.sizes());
+}
+
+}  // namespace galerkin_ext::cpu

@@ -1,0 +1,59 @@
+"""What the tests of the fused pairwise ops (test_quadratic_attention.py, test_softmax_attention.py)
+share: their operands, the dropout multipliers of the independent numpy Threefry, a comparison
+with float64 formulas, and what autograd keeps for a backward."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from threefry_reference import reference_keep
+
+# (B, H, N, M, d, d_v): N = M = 1; sizes off the vector widths; several blocks of query rows
+# (64 rows a block at M = 200, 8 at M = 3000 in float64) with a short last one; N = 1.
+SIZES = [(1, 1, 1, 1, 1, 1), (2, 3, 13, 29, 5, 4), (1, 2, 65, 64, 10, 10),
+         (3, 1, 130, 200, 3, 17), (2, 2, 1, 70, 4, 2), (1, 1, 20, 3000, 3, 2)]
+# Relative to the largest |element|: sums of M products round by about their magnitude's eps.
+TOLERANCE = {torch.float32: 4e-6, torch.float64: 1e-13}
+
+
+def multipliers(shape: tuple[int, ...], p: float, seed: int) -> torch.Tensor:
+    """The dropout multipliers of the (B, H, N, M) matrix stored contiguously, in float64."""
+    keep = reference_keep(math.prod(shape), p, seed).reshape(shape)
+    return torch.from_numpy(np.where(keep, 1.0 / (1.0 - p), 0.0))
+
+
+def assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """``got`` (float32 or float64) within its dtype's tolerance of the float64 ``expected``."""
+    assert got.shape == expected.shape
+    scale = expected.abs().max().item() if expected.numel() else 0.0
+    torch.testing.assert_close(got.double(), expected, rtol=0,
+                               atol=TOLERANCE[got.dtype] * max(scale, 1.0))
+
+
+def operands(size: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random ``q (B, H, N, d)``, ``k (B, H, M, d)``, ``v (B, H, M, d_v)`` of
+    ``size = (B, H, N, M, d, d_v)``."""
+    b, h, n, m, d, dv = size
+    return (torch.randn(b, h, n, d, generator=gen, dtype=dtype),
+            torch.randn(b, h, m, d, generator=gen, dtype=dtype),
+            torch.randn(b, h, m, dv, generator=gen, dtype=dtype))
+
+
+def draw_seed(gen: torch.Generator) -> int:
+    return int(torch.randint(2**62, (), generator=gen))
+
+
+def largest_saved(fn) -> int:
+    """The most elements of any tensor autograd keeps for the backward of ``fn()``."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return max(sizes)
