@@ -6,16 +6,21 @@
 Ops (``op``): galerkin, fourier, normalized (GNOT's normalised attention, with its skip term),
 galerkin_no_norm (Galerkin without its K, V norms, as SimpleAttention runs it with norm='layer',
 'instance' or None: identity row maps), fourier_dropout (Fourier attention with dropout p = 0.05,
-the Darcy models', on its N×M matrix: the pairwise order, as a training step runs it).
+the Darcy models', on its N×M matrix: the pairwise order, as a training step runs it),
+continuum_dropout (the TNO's attention in training: softmax attention with quadrature weights on
+the keys, ops.continuum_attention, and dropout p = 0.1 on the probabilities; P = 0).
 Shapes are (B, H, N, M, D, P): M keys for N queries (cross-attention where M != N).
 
 Implementations (``impl`` in the JSON):
   ours      galerkin_ext.ops (Fourier with path="auto", i.e. the factored path; with dropout the
-            pairwise order, on the CPU the fused op that stores no N×M matrix)
+            pairwise order, on the CPU the fused op that stores no N×M matrix; continuum_dropout
+            on the CPU the fused softmax op)
   eager     galerkin_ext.reference, computed the way the original codes do: a Python loop of
             per-head layer norms, torch.cat of the coordinates, then the matmuls (Fourier through
             the N×M matrix, with dropout a mask from F.dropout); GNOT's feature softmax and
-            einsums for normalized
+            einsums for normalized; for continuum_dropout PyTorch's
+            scaled_dot_product_attention with the weights' log as a mask and its dropout (on the
+            CPU its math kernel: the N×M matrix formed, torch's mask)
   compiled  the same reference under torch.compile
   original  the original package (galerkin-transformer 0.2.1, pip install --no-deps): its
             per-head nn.LayerNorm modules, pos.repeat + torch.cat, and its attention() /
@@ -56,10 +61,14 @@ SHAPES = {  # name: (B, H, N, M, D, P)
     "large": (4, 4, 65536, 65536, 32, 2),
     "gnot": (4, 4, 8192, 2048, 32, 0),  # a GNOT-sized cross-attention
     "narrow_heads": (4, 8, 8192, 8192, 12, 0),  # width 96 in 8 heads: rows of 12, no coordinates
+    "tno_quick": (8, 2, 32 * 32, 32 * 32, 16, 0),  # the quick Darcy TNO (s = 32, 2 heads of 16)
+    "tno_paper": (2, 8, 64 * 64, 64 * 64, 16, 0),  # the paper's Darcy TNO (s = 64, batch 2)
 }
 SWEEP = [(4, 4, 2**e, 2**e, 32, 2) for e in range(6, 17)]  # B·H·N from 2^10 to 2^20 tokens
-OPS = ("galerkin", "fourier", "normalized", "galerkin_no_norm", "fourier_dropout")
+OPS = ("galerkin", "fourier", "normalized", "galerkin_no_norm", "fourier_dropout",
+       "continuum_dropout")
 ATTN_DROPOUT = 0.05  # fourier_dropout's p: the Darcy models' attention dropout
+TNO_ATTN_DROPOUT = 0.1  # continuum_dropout's: the TNO authors' attention dropout
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
@@ -120,7 +129,9 @@ def make_inputs(shape, device, dtype, gen):
     for w, b in norms:
         w.requires_grad_()
         b.requires_grad_()
-    return dict(q=q, k=k, v=v, pos=pos, kv_pos=kv_pos, norm_a=norms[0], norm_b=norms[1])
+    weight = 0.5 + torch.rand(B, M, generator=gen).to(device, dtype)  # continuum_dropout's
+    return dict(q=q, k=k, v=v, pos=pos, kv_pos=kv_pos, norm_a=norms[0], norm_b=norms[1],
+                weight=weight)
 
 
 def make_original_fn(op: str, shape, device: str, dtype: torch.dtype):
@@ -164,6 +175,10 @@ def make_fn(op: str, impl: str, shape, device: str, dtype: torch.dtype = torch.f
     elif op == "normalized":
         def fn(x):
             return module.normalized_attention(x["q"], x["k"], x["v"], skip=True)
+    elif op == "continuum_dropout":
+        def fn(x):  # (torch_masks: SDPA with its dropout)
+            return ops.continuum_attention(x["q"], x["k"], x["v"], weight=x["weight"],
+                                           dropout_p=TNO_ATTN_DROPOUT, torch_masks=impl != "ours")
     else:
         B, H, N, M = shape[:4]
 
@@ -265,9 +280,9 @@ def _proc_status_kb(key: str) -> int:
 
 
 def op_shape(op: str, shape):
-    """The shape an op runs: normalised attention takes no coordinates here (P = 0: no pos to
-    read, an output of width D)."""
-    return (*shape[:5], 0) if op == "normalized" else tuple(shape)
+    """The shape an op runs: normalised and continuum attention take no coordinates here (P = 0:
+    no pos to read, an output of width D)."""
+    return (*shape[:5], 0) if op in ("normalized", "continuum_dropout") else tuple(shape)
 
 
 def workload(op, shape, device, dtype, gen):
@@ -287,12 +302,13 @@ def bench_shape(dev: Device, op: str, shape, impls, dtype, reps: int, gen) -> li
     element = torch.empty((), dtype=dtype).element_size()
     runnable, skipped = {}, {}
     for impl in impls:
-        if impl == "original" and (op in ("normalized", "galerkin_no_norm") or M != N):
+        if impl == "original" and (op in ("normalized", "galerkin_no_norm", "continuum_dropout")
+                                   or M != N):
             skipped[impl] = ("measured for the original's two normed types of self-attention "
                              "only")
             continue
-        quadratic = op.startswith("fourier") and (
-            impl != "ours" or (op == "fourier_dropout" and dev.cuda))
+        quadratic = (op.startswith("fourier") or op == "continuum_dropout") and (
+            impl != "ours" or (op.endswith("_dropout") and dev.cuda))
         needed = quadratic_bytes(shape, element) * (4 / 3 if impl == "original" else 1) \
             if quadratic else 0  # the original also keeps its dropout mask
         if needed > 0.6 * dev.free_bytes():

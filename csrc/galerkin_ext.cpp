@@ -1,7 +1,7 @@
 // The galerkin_ext op library (schemas) and the Python module that loads it.
-// Implementations are registered per device in attention/core.cpp, attention/quadratic_cpu.cpp
-// and dropout/dropout_cpu.cpp, the op core's autograd in attention/autograd.cpp (the other
-// ops' in ops.py).
+// Implementations are registered per device in attention/core.cpp, attention/quadratic_cpu.cpp,
+// attention/softmax_cpu.cpp and dropout/dropout_cpu.cpp, the op core's autograd in
+// attention/autograd.cpp (the other ops' in ops.py).
 #include "attention/cuda_limits.h"
 
 #include <pybind11/pybind11.h>
@@ -57,6 +57,17 @@ TORCH_LIBRARY(galerkin_ext, m) {
   m.def(
       "quadratic_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, float p, "
       "Tensor seed) -> Tensor[]");
+  // (out, lse) = (softmax(scale Q Kᵀ + b) ∘ D) V (B, H, N, d_v) and each row's log-sum-exp
+  // (B, H, N) for q, k, v as above, bias b None or (B, M) in their dtype (the same for every
+  // head and query; -inf removes a key), D as above on the probabilities: fused, the matrix never
+  // stored (attention/softmax_cpu.cpp). Its backward takes the forward's out and lse and gives
+  // (grad_q, grad_k, grad_v, grad_bias), grad_bias empty without a bias. CPU only.
+  m.def(
+      "softmax_attention(Tensor q, Tensor k, Tensor v, Tensor? bias, float scale, float p, "
+      "Tensor seed) -> (Tensor, Tensor)");
+  m.def(
+      "softmax_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? bias, "
+      "Tensor out, Tensor lse, float scale, float p, Tensor seed) -> Tensor[]");
 }
 
 PYBIND11_MODULE(_C, m) {

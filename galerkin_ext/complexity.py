@@ -115,19 +115,22 @@ def _fft_c2c_flops(x, dim, normalization, forward, *args, out_shape, **kwargs) -
     return round(sum(_fft_length_flops(math.prod(x) // n, n) for n in sizes))
 
 
-def _cpu_sdpa_flops(query, key, value, *args, out_shape, **kwargs) -> int:
-    """The CPU's fused softmax attention: PyTorch counts its GPU kernels, not this one."""
+def _pairwise_flops(query, key, value, *args, out_shape, **kwargs) -> int:
+    """Attention through the ``N × M`` matrix, fused: ``Q Kᵀ`` and the product with ``V``, as
+    PyTorch counts its GPU kernels. For the CPU's fused softmax attention, which it does not
+    count, and the package's fused quadratic and softmax ops."""
     return flop_counter.sdpa_flop_count(query, key, value)
 
 
-def _cpu_sdpa_backward_flops(grad_out, query, key, value, *args, out_shape, **kwargs) -> int:
+def _pairwise_backward_flops(grad_out, query, key, value, *args, out_shape, **kwargs) -> int:
+    """Their backwards: ``Q Kᵀ`` recomputed, then ``dP``, ``dV``, ``dQ`` and ``dK``."""
     return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
 
 
 def flop_formulas() -> dict[Any, Any]:
     """The formulas this module adds to PyTorch's, as ``FlopCounterMode``'s ``custom_mapping``:
     the package's compiled ops (forward and backward), the FFTs, and the CPU's fused softmax
-    attention."""
+    attention (SDPA's)."""
     compiled = torch.ops.galerkin_ext
     return {
         compiled.kv_reduce: _kv_reduce_flops,
@@ -137,8 +140,12 @@ def flop_formulas() -> dict[Any, Any]:
         _aten._fft_r2c: _fft_r2c_flops,
         _aten._fft_c2r: _fft_c2r_flops,
         _aten._fft_c2c: _fft_c2c_flops,
-        _aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops,
-        _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
+        compiled.quadratic_attention: _pairwise_flops,
+        compiled.quadratic_attention_backward: _pairwise_backward_flops,
+        compiled.softmax_attention: _pairwise_flops,
+        compiled.softmax_attention_backward: _pairwise_backward_flops,
+        _aten._scaled_dot_product_flash_attention_for_cpu: _pairwise_flops,
+        _aten._scaled_dot_product_flash_attention_for_cpu_backward: _pairwise_backward_flops,
     }
 
 

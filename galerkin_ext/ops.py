@@ -14,16 +14,17 @@ a CPU and a CUDA twin: ``torch.ops.galerkin_ext.kv_reduce`` builds ``S = K̂ᵀ 
 ``q_apply`` applies it to ``Q̂``, each forming its prepared operands in cache (CPU) or registers
 (CUDA), never in memory. Galerkin, factored Fourier and GNOT's normalised attention are
 compositions of the two. The quadratic Fourier order and ``continuum_attention`` are pairwise:
-the former runs as one compiled CPU op, ``torch.ops.galerkin_ext.quadratic_attention``, where it
-drops entries of its ``N × M`` matrix (``csrc/attention/quadratic_cpu.cpp``), else on ATen, as
-does the latter (SDPA) and ``patched_attention`` (patch functions as tokens, SPEC-continuum
-§1.2: two batched GEMMs). This module adds input validation, dropout masks,
+where they drop entries of their ``N × M`` matrix on the CPU, each runs as one compiled op that
+never stores it, ``torch.ops.galerkin_ext.quadratic_attention`` and ``softmax_attention``
+(``csrc/attention/quadratic_cpu.cpp``, ``softmax_cpu.cpp``); else on ATen (the latter on
+SDPA), as does ``patched_attention`` (patch functions as tokens, SPEC-continuum §1.2: two
+batched GEMMs). This module adds input validation, dropout masks,
 fake kernels and the formula backwards of second-order gradients (the ops' autograd is C++,
 ``csrc/attention/autograd.cpp``). Where the compiled core does not run (CPU half types, CUDA rows
 wider than ``_C.cuda_max_width``, forward-mode and ``torch.func`` autodiff), the plain formulas
 of :mod:`galerkin_ext.functional` compute the same.
 
-:func:`dropout`, the layers' dropout and the quadratic path's, is a compiled CPU op too
+:func:`dropout`, the layers' dropout and the fused ops' mask, is a compiled CPU op too
 (``torch.ops.galerkin_ext.dropout``, ``csrc/dropout/``): its mask is a function of a seed and of
 each element's place in memory.
 """
@@ -435,16 +436,24 @@ def continuum_attention(
     weight: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    torch_masks: bool = False,
 ) -> Tensor:
     """Continuum (softmax) attention with quadrature weights on the keys:
     ``z_t = Σ_j w_j exp(scale q_t·k_j) v_j / Σ_j w_j exp(scale q_t·k_j)``.
 
     The quadrature of the continuum-attention operator (SPEC-continuum §1): on a non-uniform
     grid or mesh, ``weight`` (e.g. :mod:`galerkin_ext.quadrature`) makes it converge to the
-    integral instead of over-counting densely sampled regions.  Computed by
-    ``scaled_dot_product_attention`` with ``log(w / max_j w)`` as an additive key bias, so only
-    the weights' ratios matter, ``w_j = 0`` removes key ``j`` exactly, and constant weights give
-    plain softmax attention (``weight=None`` is exactly ``F.scaled_dot_product_attention``).
+    integral instead of over-counting densely sampled regions. The weights enter as the additive
+    key bias ``log(w / max_j w)``, so only their ratios matter, ``w_j = 0`` removes key ``j``
+    exactly, and constant weights give plain softmax attention (``weight=None`` is exactly
+    ``F.scaled_dot_product_attention``).
+
+    Computed by ``scaled_dot_product_attention``, except with dropout on CPU float32 and float64
+    tensors: there SDPA leaves its fused kernel for one that stores the ``N × M`` matrix and draws
+    torch's mask element by element, so one fused op, ``torch.ops.galerkin_ext.softmax_attention``
+    (``csrc/attention/softmax_cpu.cpp``), forms the matrix block by block in cache, drops its
+    probabilities with :func:`dropout`'s mask and keeps only each row's log-sum-exp for the
+    backward.
 
     Args:
         q: ``(B, H, N, D)`` queries.
@@ -455,13 +464,15 @@ def continuum_attention(
         scale: the logits' factor, ``None`` for ``1/sqrt(D)``.
         dropout_p: dropout of the attention probabilities, on every call where ``> 0`` (as in
             ``F.scaled_dot_product_attention``: a module passes it only in training).
+        torch_masks: drop through SDPA with torch's masks on the CPU too (the Galerkin
+            Transformer's reference mode repeats the original code's seeded masks).
 
     Returns:
         ``(B, H, N, D_v)``.  Gradients with respect to ``weight`` are exact where ``w > 0`` and
         0 for removed keys.  Forward mode (``torch.func.jvp``, dual tensors) and ``torch.func``
         transforms run on PyTorch's math kernel; second-order gradients need it too: compute
-        the forward under ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`` (the fused
-        kernels have no double backward).
+        the forward under ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`` (SDPA's fused
+        kernels have no double backward; the fused dropout op has one).
 
     Raises:
         ValueError: naming ``weight`` where a batch element has no key of positive weight (its
@@ -472,17 +483,26 @@ def continuum_attention(
     dim = q.shape[3]
     scale = check_scale(scale, 1.0 / math.sqrt(dim))
     dropout_p = check_probability(dropout_p, "dropout_p")
-    mask, has_keys = None, None
+    check_bool(torch_masks, "torch_masks")
+    bias, has_keys = None, None
     if weight is not None:
         check_quadrature_weight(weight, batch, m, k, "k", axis="M")
         check_has_keys(weight, batch, m)
         bias, has_keys = functional.log_weight_bias(weight, batch, m)
-        mask = bias[:, None, None, :].to(q.dtype)
-    # The fused kernels have no forward derivative and no functorch rules; the math one has
-    # (otherwise the user's choice of kernels, e.g. sdpa_kernel for second-order gradients).
-    with sdpa_kernel(SDPBackend.MATH) if _autodiff_beyond_the_op() else nullcontext():
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                               dropout_p=dropout_p, scale=scale)
+        bias = bias.to(q.dtype)
+    if (dropout_p > 0.0 and not torch_masks and q.device.type == "cpu"
+            and q.dtype in (torch.float32, torch.float64) and not under_autocast(q)
+            and not _autodiff_beyond_the_op()):
+        seed = torch.randint(2**62, (), dtype=torch.int64)
+        out, _ = torch.ops.galerkin_ext.softmax_attention(q, k, v, bias, scale, dropout_p, seed)
+    else:
+        mask = None if bias is None else bias[:, None, None, :]
+        # The fused kernels have no forward derivative and no functorch rules; the math one
+        # has (otherwise the user's choice of kernels, e.g. sdpa_kernel for second-order
+        # gradients).
+        with sdpa_kernel(SDPBackend.MATH) if _autodiff_beyond_the_op() else nullcontext():
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     return out if has_keys is None else out * has_keys[:, :, None, None].to(out.dtype)
 
 
@@ -778,6 +798,62 @@ def _quadratic_attention_backward_formula(grad: Tensor, q: Tensor, k: Tensor, v:
 torch.library.register_autograd("galerkin_ext::quadratic_attention",
                                 _quadratic_attention_backward,
                                 setup_context=_quadratic_attention_setup_context)
+
+
+@torch.library.register_fake("galerkin_ext::softmax_attention")
+def _softmax_attention_fake(q, k, v, bias, scale, p, seed):
+    return q.new_empty((*q.shape[:3], v.shape[3])), q.new_empty(q.shape[:3])
+
+
+@torch.library.register_fake("galerkin_ext::softmax_attention_backward")
+def _softmax_attention_backward_fake(grad_out, q, k, v, bias, out, lse, scale, p, seed):
+    grads = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
+    return [*grads, q.new_empty((0,)) if bias is None else bias.new_empty(bias.shape)]
+
+
+def _softmax_attention_setup_context(ctx, inputs, output) -> None:
+    q, k, v, bias, ctx.scale, ctx.p, seed = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, bias, out, lse, seed)
+
+
+def _softmax_attention_backward(ctx, grad: Tensor, _grad_lse: Tensor | None
+                                ) -> tuple[Tensor | None, ...]:
+    q, k, v, bias, out, lse, seed = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: the formulas, differentiable in turn
+        grads = _softmax_attention_backward_formula(grad, q, k, v, bias, ctx.scale, ctx.p, seed)
+    else:
+        grads = torch.ops.galerkin_ext.softmax_attention_backward(
+            grad, q, k, v, bias, out, lse, ctx.scale, ctx.p, seed)
+    grad_q, grad_k, grad_v, grad_bias = grads
+    return grad_q, grad_k, grad_v, None if bias is None else grad_bias, None, None, None
+
+
+def _softmax_attention_backward_formula(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                                        bias: Tensor | None, scale: float, p: float,
+                                        seed: Tensor) -> tuple[Tensor, ...]:
+    """The fused op's gradients through the ``N × M`` matrix of probabilities ``P``, with its
+    mask ``D`` (the dropout op's over that matrix stored contiguously): ``dV = (P ∘ D)ᵀ dO``,
+    ``dS = P ∘ (dP - Σ_j P dP)`` with ``dP = dO Vᵀ ∘ D``, ``dQ = scale dS K``,
+    ``dK = scale dSᵀ Q``, ``db`` the sum of ``dS`` over heads and queries."""
+    logits = scale * (q @ k.transpose(-2, -1))
+    if bias is not None:
+        logits = logits + bias[:, None, None, :]
+    probs = logits.softmax(dim=-1)
+    kept, grad_probs = probs, grad @ v.transpose(-2, -1)
+    if p > 0.0:
+        mask = torch.ops.galerkin_ext.dropout(
+            torch.ones(probs.shape, dtype=probs.dtype, device=probs.device), p, seed)
+        kept, grad_probs = probs * mask, grad_probs * mask
+    grad_logits = probs * (grad_probs - (probs * grad_probs).sum(dim=-1, keepdim=True))
+    grad_bias = grad_logits.sum(dim=(1, 2)) if bias is not None else q.new_empty((0,))
+    return (scale * (grad_logits @ k), scale * (grad_logits.transpose(-2, -1) @ q),
+            kept.transpose(-2, -1) @ grad, grad_bias)
+
+
+torch.library.register_autograd("galerkin_ext::softmax_attention", _softmax_attention_backward,
+                                setup_context=_softmax_attention_setup_context)
 
 
 @torch.library.register_fake("galerkin_ext::kv_reduce")

@@ -347,8 +347,8 @@ def test_attention_cpu_smoke(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert {"device", "command", "rows"} <= set(result) and "attention.py" in result["command"]
     assert sorted((r["op"], r["impl"]) for r in result["rows"]) == [
-        (op, impl) for op in ("fourier", "fourier_dropout", "galerkin", "galerkin_no_norm",
-                              "normalized")
+        (op, impl) for op in ("continuum_dropout", "fourier", "fourier_dropout", "galerkin",
+                              "galerkin_no_norm", "normalized")
         for impl in ("eager", "ours")]
     for r in result["rows"]:
         assert (r["B"], r["H"], r["N"], r["D"]) == (1, 1, 16, 8)

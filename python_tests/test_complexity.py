@@ -88,6 +88,21 @@ def test_cpu_softmax_attention(gen):
         forward + backward)
 
 
+def test_fused_attention_with_dropout(gen):
+    """The fused CPU ops that drop the N × M matrix count as SDPA does: the Fourier type's
+    quadratic product and softmax attention."""
+    b, h, n, m, d = 2, 2, 9, 6, 4
+    q = torch.randn(b, h, n, d, generator=gen, requires_grad=True)
+    k, v = (torch.randn(b, h, m, d, generator=gen, requires_grad=True) for _ in range(2))
+    forward = 4 * b * h * n * m * d
+    backward = 5 * forward // 2
+    for attention in (lambda: ops.continuum_attention(q, k, v, dropout_p=0.2),
+                      lambda: torch.ops.galerkin_ext.quadratic_attention(
+                          q, k, v, 0.2, torch.tensor(1))):
+        assert counted(attention) == forward
+        assert counted(lambda f=attention: f().sum().backward()) == forward + backward
+
+
 def test_tno_forward_flops_closed_form(gen):
     """TNO: lift, per layer Q, K, V, O projections, softmax attention and the feed-forward
     block, then the projection."""

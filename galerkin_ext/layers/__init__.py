@@ -20,8 +20,8 @@
 * :class:`CiNNDownsampler`, :class:`CiNNUpsampler`, :func:`cinn_sizes` (:class:`CiNNSizes`)
   — the 2-D CiNN.
 * :class:`Denormalizer` — target de-normalisation with statistics in buffers.
-* :class:`Dropout`, :func:`draw_torch_masks` — ``nn.Dropout`` on the compiled CPU op
-  :func:`galerkin_ext.ops.dropout`.
+* :class:`Dropout` — ``nn.Dropout`` on the compiled CPU op :func:`galerkin_ext.ops.dropout`;
+  :func:`draw_torch_masks` switches it, and the attention layers' dropout, to torch's masks.
 
 All fields are channels-last: ``(B, N, C)`` token sequences, ``(B, n, C)`` 1-D and
 ``(B, n, n, C)`` 2-D grids, ``(B, P, p₁, p₂, C)`` patch tokens.
@@ -36,10 +36,11 @@ from .continuum import (
     auto_quadrature_weights,
     resolve_quadrature_weight,
 )
-from .dropout import Dropout, draw_torch_masks
+from .dropout import Dropout
 from .encoder import EncoderLayer, FeedForward
 from .fourier import AFNOBlock, AFNOFilter, SpectralConv
 from .gnot import GeometricGate, GNOTBlock, HeteroNormalizedAttention, MixtureFFN, ResidualMLP
+from .masks import draw_torch_masks
 from .normalization import Denormalizer
 from .patching import (
     PatchedAttention,

@@ -85,9 +85,9 @@ class SimpleAttention(nn.Module):
     # process's shard of the sample's, split over domain_group (None: the world group).
     domain_parallel: bool = False
     domain_group: dist.ProcessGroup | None = None
-    # Set by galerkin_ext.layers.draw_torch_masks: the quadratic Fourier path drops its N × N
-    # matrix with torch's dropout, not the compiled CPU ops' masks (the other paths' masks are
-    # torch's).
+    # Set by galerkin_ext.layers.draw_torch_masks: the quadratic Fourier and the softmax types
+    # drop their N × N matrix with torch's dropout, not the compiled CPU ops' masks (the other
+    # paths' masks are torch's).
     torch_masks: bool = False
 
     def __init__(
@@ -224,7 +224,7 @@ class SimpleAttention(nn.Module):
             )
         elif self.attention_type == "softmax":
             out, attn = _softmax_attention(q, k, v, pos, weight, norms, self.eps, dropout_p,
-                                           return_attention)
+                                           return_attention, self.torch_masks)
         else:
             out, attn = _linear_attention(q, k, v, pos, weight, norms, self.eps, dropout_p)
 
@@ -293,14 +293,14 @@ def _dropout(attn: Tensor, p: float) -> Tensor:
 
 def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
                        weight: Tensor | None, norms: dict[str, tuple[Tensor, Tensor]],
-                       eps: float, dropout_p: float,
-                       return_attention: bool) -> tuple[Tensor, Tensor | None]:
+                       eps: float, dropout_p: float, return_attention: bool,
+                       torch_masks: bool) -> tuple[Tensor, Tensor | None]:
     q_hat = concat_pos(per_head_layer_norm(q, norms.get("q"), eps), pos)
     k_hat = concat_pos(per_head_layer_norm(k, norms.get("k"), eps), pos)
     v_hat = concat_pos(v, pos)
     if not return_attention:
-        return ops.continuum_attention(q_hat, k_hat, v_hat, weight=weight,
-                                       dropout_p=dropout_p), None
+        return ops.continuum_attention(q_hat, k_hat, v_hat, weight=weight, dropout_p=dropout_p,
+                                       torch_masks=torch_masks), None
     # softmax(QKᵀ/sqrt(d) + log w), with continuum_attention's bias and its rule for samples
     # without keys (an error; 0 where tracing skips that check)
     logits = q_hat @ k_hat.transpose(-2, -1) / math.sqrt(q_hat.shape[-1])

@@ -181,6 +181,10 @@ class ContinuumAttention(nn.Module):
     with ``nn.Linear``'s initialisation (the authors' code).
     """
 
+    # Set by galerkin_ext.layers.draw_torch_masks: the attention probabilities are dropped with
+    # torch's masks (through SDPA) on the CPU too, not the compiled op's.
+    torch_masks: bool = False
+
     def __init__(self, d_model: int, n_head: int, *, scale: float | None = None,
                  attn_dropout: float = 0.0) -> None:
         super().__init__()
@@ -244,7 +248,7 @@ class ContinuumAttention(nn.Module):
         out = ops.continuum_attention(
             heads(x, self.query), heads(context, self.key), heads(context, self.value),
             weight=weight, scale=self.scale,
-            dropout_p=self.attn_dropout if self.training else 0.0)
+            dropout_p=self.attn_dropout if self.training else 0.0, torch_masks=self.torch_masks)
         return self.out_proj(out.transpose(1, 2).reshape(batch, n, self.d_model))
 
     def _check_tokens(self, t: object, name: str) -> None:

@@ -7,13 +7,12 @@ from torch import Tensor, nn
 
 from .. import ops
 from .._checks import check_probability
-from .attention import SimpleAttention
 
 
 class Dropout(nn.Dropout):
     """``nn.Dropout`` (not in place) whose CPU mask comes from the compiled op
     :func:`galerkin_ext.ops.dropout`; torch's dropout elsewhere, and wherever ``torch_masks``
-    is set (:func:`draw_torch_masks`). ``p`` in ``[0, 1)``.
+    is set (:func:`~galerkin_ext.layers.draw_torch_masks`). ``p`` in ``[0, 1)``.
 
     Input and output: any shape.
     """
@@ -27,13 +26,3 @@ class Dropout(nn.Dropout):
         if self.torch_masks:
             return F.dropout(x, self.p, self.training)
         return ops.dropout(x, self.p, self.training)
-
-
-def draw_torch_masks(module: nn.Module) -> None:
-    """Every :class:`Dropout` in ``module``, and every :class:`SimpleAttention`'s dropout of its
-    attention matrix, draws its masks with torch's dropout, in place: the masks of a model
-    written with ``nn.Dropout`` and ``F.dropout``, as the original code's were, from the same
-    seed."""
-    for m in module.modules():
-        if isinstance(m, (Dropout, SimpleAttention)):
-            m.torch_masks = True
