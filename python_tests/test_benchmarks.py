@@ -80,8 +80,8 @@ def test_dropout_cpu_smoke(tmp_path: Path) -> None:
     for r in result["rows"]:
         assert all(r[f"{impl}_{t}_ms"] > 0 for impl in ("torch", "ours")
                    for t in ("fwd", "fwd_bwd"))
-    assert [r["model"] for r in result["training_steps"]] == ["darcy_gt", "darcy_ft",
-                                                             "darcy_tno", "darcy_vitno"]
+    assert [r["model"] for r in result["training_steps"]] == [
+        "darcy_gt", "darcy_ft", "darcy_tno", "darcy_tno_no_attn", "darcy_vitno"]
     assert all(r[f"{impl}_step_ms"] > 0 for r in result["training_steps"]
                for impl in ("torch", "ours"))
 
