@@ -126,8 +126,9 @@ class TNO(nn.Module):
         dropout: on the encoder's residual branches.
         attn_dropout: on the attention probabilities. The default 0.1 is the authors' TNO's:
             its attention keeps its own dropout's default, which their runs never set (their
-            ``dropout``, 1e-4, reaches only the residual branches). On the CPU it takes SDPA
-            off its fused kernel (the quick Darcy TNO trained 5x slower with it).
+            ``dropout``, 1e-4, reaches only the residual branches). On the CPU it runs in the
+            fused op behind :func:`~galerkin_ext.ops.continuum_attention` (a training step of
+            the quick Darcy TNO 1.5x that without it; through SDPA, 5x).
         scale: attention logits' factor (``None``: ``1/sqrt(d_model / n_head)``).
         query_head: whether the model outputs at query points through the query head.
 
