@@ -449,8 +449,9 @@ def continuum_attention(
     ``F.scaled_dot_product_attention``).
 
     Computed by ``scaled_dot_product_attention``, except with dropout on CPU float32 and float64
-    tensors: there SDPA leaves its fused kernel for one that stores the ``N × M`` matrix and draws
-    torch's mask element by element, so one fused op, ``torch.ops.galerkin_ext.softmax_attention``
+    tensors (outside autocast, forward-mode AD and ``torch.func``; without ``torch_masks``):
+    there SDPA leaves its fused kernel for one that stores the ``N × M`` matrix and draws torch's
+    mask element by element, so one fused op, ``torch.ops.galerkin_ext.softmax_attention``
     (``csrc/attention/softmax_cpu.cpp``), forms the matrix block by block in cache, drops its
     probabilities with :func:`dropout`'s mask and keeps only each row's log-sum-exp for the
     backward.

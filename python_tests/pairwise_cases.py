@@ -57,3 +57,17 @@ def largest_saved(fn) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return max(sizes)
+
+
+def assert_thread_count_invariant(fn) -> None:
+    """``fn()``, a list of tensors, gives the same bits on one thread and on two."""
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results.append(fn())
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*results, strict=True):
+        assert torch.equal(one, two)

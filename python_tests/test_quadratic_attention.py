@@ -9,6 +9,7 @@ from attention_cases import F64
 from pairwise_cases import (
     SIZES,
     assert_close,
+    assert_thread_count_invariant,
     draw_seed,
     largest_saved,
     multipliers,
@@ -87,18 +88,9 @@ def test_the_result_does_not_depend_on_the_thread_count(gen):
     q, k, v = operands((2, 3, 150, 90, 6, 5), torch.float32, gen)
     grad = torch.randn(2, 3, 150, 5, generator=gen)
     seed = torch.tensor(draw_seed(gen))
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            results.append([torch.ops.galerkin_ext.quadratic_attention(q, k, v, 0.2, seed),
-                            *torch.ops.galerkin_ext.quadratic_attention_backward(
-                                grad, q, k, v, 0.2, seed)])
-    finally:
-        torch.set_num_threads(threads)
-    for one, two in zip(*results, strict=True):
-        assert torch.equal(one, two)
+    assert_thread_count_invariant(lambda: [
+        torch.ops.galerkin_ext.quadratic_attention(q, k, v, 0.2, seed),
+        *torch.ops.galerkin_ext.quadratic_attention_backward(grad, q, k, v, 0.2, seed)])
 
 
 def test_empty_operands(gen):

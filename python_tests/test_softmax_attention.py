@@ -14,6 +14,7 @@ from pairwise_cases import (
     SIZES,
     TOLERANCE,
     assert_close,
+    assert_thread_count_invariant,
     draw_seed,
     largest_saved,
     multipliers,
@@ -177,18 +178,13 @@ def test_the_result_does_not_depend_on_the_thread_count(gen):
     bias = torch.randn(2, 90, generator=gen)
     grad = torch.randn(2, 3, 150, 5, generator=gen)
     seed = torch.tensor(draw_seed(gen))
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            out, lse = torch.ops.galerkin_ext.softmax_attention(q, k, v, bias, SCALE, 0.2, seed)
-            results.append([out, lse, *torch.ops.galerkin_ext.softmax_attention_backward(
-                grad, q, k, v, bias, out, lse, SCALE, 0.2, seed)])
-    finally:
-        torch.set_num_threads(threads)
-    for one, two in zip(*results, strict=True):
-        assert torch.equal(one, two)
+
+    def forward_and_backward():
+        out, lse = torch.ops.galerkin_ext.softmax_attention(q, k, v, bias, SCALE, 0.2, seed)
+        return [out, lse, *torch.ops.galerkin_ext.softmax_attention_backward(
+            grad, q, k, v, bias, out, lse, SCALE, 0.2, seed)]
+
+    assert_thread_count_invariant(forward_and_backward)
 
 
 def test_empty_operands(gen):

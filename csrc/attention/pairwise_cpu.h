@@ -1,8 +1,8 @@
 // What the two fused pairwise CPU ops share (quadratic_cpu.cpp: Fourier attention's (Q Kᵀ ∘ D) V;
 // softmax_cpu.cpp: (softmax(s Q Kᵀ + b) ∘ D) V): their operands' checks, the size of the blocks
-// of query rows in which they form the N × M matrix, and its dropout, D the dropout op's
+// of query rows in which they form the N × M matrix, its dropout, D the dropout op's
 // multipliers (kept ? 1 / (1 - p) : 0) of the (B, H, N, M) matrix as if it were stored
-// contiguously (../dropout/threefry.h).
+// contiguously (../dropout/threefry.h), and the backward's sums over the query blocks.
 #pragma once
 
 #include "../dropout/threefry.h"
@@ -54,14 +54,33 @@ GALERKIN_EXT_THREEFRY_KERNEL void drop(threefry::Mask mask, T scale, int64_t fir
   }
 }
 
-// Rows [0, rows) of x (row stride ld, width w) into buf with rows of vector_width(w): the right
-// factor of rows_transposed_times_rows, whose loads run to whole vectors.
+// A key-side gradient of the backward, out (M × W) = Σ over the query blocks, in order, of
+// xᵀ y, x the block's rows × M (a row buffer, stride M) and y its rows × W: the first block
+// writes out, each later one adds its product, formed apart. (y's rows are copied to rows of
+// vector_width(W), rows_transposed_times_rows's right factor, whose loads run to whole vectors.)
 template <typename T>
-const T* padded_rows(const T* x, int64_t ld, int64_t rows, int64_t w, std::vector<T>& buf) {
-  const int64_t width = vector_width(w);
-  for (int64_t r = 0; r < rows; ++r) std::copy(x + r * ld, x + r * ld + w, &buf[r * width]);
-  return buf.data();
-}
+class KeySideSum {
+ public:
+  KeySideSum(int64_t rows_per_block, int64_t m, int64_t w)
+      : m_(m), w_(w), y_rows_(rows_per_block * vector_width(w)), part_(m * w) {}
+
+  // Adds the block of `rows` rows at x and y (row stride ldy) to out.
+  void add(const T* x, const T* y, int64_t ldy, int64_t rows, bool first_block, T* out) {
+    const int64_t width = vector_width(w_);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(y + r * ldy, y + r * ldy + w_, &y_rows_[r * width]);
+    }
+    rows_transposed_times_rows<T>(x, m_, y_rows_.data(), width, rows, m_, w_,
+                                  first_block ? out : part_.data(), w_);
+    if (!first_block) {
+      for (int64_t e = 0; e < m_ * w_; ++e) out[e] += part_[e];
+    }
+  }
+
+ private:
+  int64_t m_, w_;
+  std::vector<T> y_rows_, part_;
+};
 
 struct PairwiseSizes {
   int64_t batch_heads, n, m, d, dv;

@@ -89,9 +89,7 @@ std::vector<at::Tensor> quadratic_attention_backward_cpu(const at::Tensor& grad_
     // One (batch, head) per task: its key-side gradients are sums over all its query blocks.
     at::parallel_for(0, z.batch_heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> s(rows_per_block * z.m), ds(rows_per_block * z.m);
-      std::vector<T> q_rows(rows_per_block * vector_width(z.d));
-      std::vector<T> g_rows(rows_per_block * vector_width(z.dv));
-      std::vector<T> part_k(z.m * z.d), part_v(z.m * z.dv);
+      KeySideSum<T> sum_k(rows_per_block, z.m, z.d), sum_v(rows_per_block, z.m, z.dv);
       for (int64_t bh = begin; bh < end; ++bh) {
         T* dk = dkp + bh * z.m * z.d;
         T* dv = dvp + bh * z.m * z.dv;
@@ -107,17 +105,8 @@ std::vector<at::Tensor> quadratic_attention_backward_cpu(const at::Tensor& grad_
           // dQ = dS K; dK += dSᵀ Q and dV += Pᵀ dO, over the query blocks in order
           rows_times_matrix<T>(ds.data(), z.m, kp + bh * z.m * z.d, z.d, rows, z.m, z.d,
                                dqp + row * z.d, z.d);
-          const bool add = i0 > 0;
-          rows_transposed_times_rows<T>(
-              ds.data(), z.m, padded_rows(qp + row * z.d, z.d, rows, z.d, q_rows),
-              vector_width(z.d), rows, z.m, z.d, add ? part_k.data() : dk, z.d);
-          rows_transposed_times_rows<T>(
-              s.data(), z.m, padded_rows(gp + row * z.dv, z.dv, rows, z.dv, g_rows),
-              vector_width(z.dv), rows, z.m, z.dv, add ? part_v.data() : dv, z.dv);
-          if (add) {
-            for (int64_t e = 0; e < z.m * z.d; ++e) dk[e] += part_k[e];
-            for (int64_t e = 0; e < z.m * z.dv; ++e) dv[e] += part_v[e];
-          }
+          sum_k.add(ds.data(), qp + row * z.d, z.d, rows, i0 == 0, dk);
+          sum_v.add(s.data(), gp + row * z.dv, z.dv, rows, i0 == 0, dv);
         }
       }
     });

@@ -336,9 +336,7 @@ std::vector<at::Tensor> softmax_attention_backward_cpu(
     at::parallel_for(0, z.batch_heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> s(rows_per_block * z.m), ds(rows_per_block * z.m);
       std::vector<T> dropped(p > 0.0 ? rows_per_block * z.m : 0);
-      std::vector<T> q_rows(rows_per_block * vector_width(z.d));
-      std::vector<T> g_rows(rows_per_block * vector_width(z.dv));
-      std::vector<T> part_k(z.m * z.d), part_v(z.m * z.dv);
+      KeySideSum<T> sum_k(rows_per_block, z.m, z.d), sum_v(rows_per_block, z.m, z.dv);
       for (int64_t bh = begin; bh < end; ++bh) {
         const T* b = bp == nullptr ? nullptr : bp + bh / heads * z.m;
         T* db = dbp == nullptr ? nullptr : dbp + bh * z.m;
@@ -363,10 +361,7 @@ std::vector<at::Tensor> softmax_attention_backward_cpu(
             drop<T>(mask, keep_scale, row * z.m, rows * z.m, dropped.data(), ds.data());
             kept = dropped.data();
           }
-          const bool add = i0 > 0;
-          rows_transposed_times_rows<T>(
-              kept, z.m, padded_rows(gp + row * z.dv, z.dv, rows, z.dv, g_rows),
-              vector_width(z.dv), rows, z.m, z.dv, add ? part_v.data() : dv, z.dv);
+          sum_v.add(kept, gp + row * z.dv, z.dv, rows, i0 == 0, dv);
           // dS = P ∘ (dP - δ), δ_i = dO_i · out_i; the bias gradient sums it over the rows
           for (int64_t r = 0; r < rows; ++r) {
             const T* g = gp + (row + r) * z.dv;
@@ -380,13 +375,7 @@ std::vector<at::Tensor> softmax_attention_backward_cpu(
           rows_times_matrix<T>(ds.data(), z.m, kp + bh * z.m * z.d, z.d, rows, z.m, z.d, dq,
                                z.d);
           for (int64_t e = 0; e < rows * z.d; ++e) dq[e] *= logit_scale;
-          rows_transposed_times_rows<T>(
-              ds.data(), z.m, padded_rows(qp + row * z.d, z.d, rows, z.d, q_rows),
-              vector_width(z.d), rows, z.m, z.d, add ? part_k.data() : dk, z.d);
-          if (add) {
-            for (int64_t e = 0; e < z.m * z.d; ++e) dk[e] += part_k[e];
-            for (int64_t e = 0; e < z.m * z.dv; ++e) dv[e] += part_v[e];
-          }
+          sum_k.add(ds.data(), qp + row * z.d, z.d, rows, i0 == 0, dk);
         }
         for (int64_t e = 0; e < z.m * z.d; ++e) dk[e] *= logit_scale;
       }
