@@ -124,6 +124,26 @@ def test_each_probability_to_its_dtypes_precision_over_the_whole_range(dtype):
     assert got[-1] == 0
 
 
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_non_finite_inputs_give_softmaxs_non_finite_rows(p, gen):
+    """NaN in a query reaches that row only, NaN in a key every row, and an infinite key the rows
+    whose logit it makes +inf or NaN: where SDPA's rows are NaN the op's are, with or without
+    dropout (a dropped NaN stays NaN), and the other rows agree with it."""
+    q, k, v = operands((1, 1, 5, 70, 3, 2), torch.float32, gen)
+    q[0, 0, 1, 0] = math.nan
+    nan_key, inf_key = k.clone(), k.clone()
+    nan_key[0, 0, 5, 1] = math.nan
+    inf_key[0, 0, 5, 1] = math.inf
+    for keys in (k, nan_key, inf_key):
+        out, _ = torch.ops.galerkin_ext.softmax_attention(q, keys, v, None, 1.0, p,
+                                                          torch.tensor(3))
+        expected = torch.nn.functional.scaled_dot_product_attention(q, keys, v, scale=1.0)
+        nan_rows = expected.isnan().any(dim=-1)
+        assert torch.equal(out.isnan().any(dim=-1), nan_rows) and nan_rows.any()
+        if p == 0.0:
+            torch.testing.assert_close(out[~nan_rows], expected[~nan_rows])
+
+
 def test_non_contiguous_operands(gen):
     """Heads split from projected rows ((B, N, H, d) transposed), a sliced value, a broadcast
     bias."""
