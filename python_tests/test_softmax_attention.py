@@ -237,6 +237,8 @@ def test_the_op_refuses_bad_arguments():
         ((q, k, v, None, 1.0, 0.5, torch.tensor(1.0)), "seed: expected a 0-dim int64"),
         ((q, k, v, torch.ones(1, 4), 1.0, 0.5, seed), r"bias: expected Float of shape \(1, 5\)"),
         ((q, k, v, torch.ones(1, 5, dtype=F64), 1.0, 0.5, seed), "bias: expected Float"),
+        ((q, k, v, None, math.inf, 0.5, seed), "scale: expected a finite float, got inf"),
+        ((q, k, v, None, math.nan, 0.5, seed), "scale: expected a finite float, got nan"),
     ]
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):

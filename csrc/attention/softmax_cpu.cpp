@@ -201,11 +201,13 @@ GALERKIN_EXT_ROW_KERNEL T exp_row(T* x, T shift, int64_t m) {
   return lane_sum<T>(sum);
 }
 
-// Checks q, k, v, p and seed (pairwise_cpu.h) and bias: undefined, or (B, M) in q's dtype.
+// Checks q, k, v, p and seed (pairwise_cpu.h), bias: undefined, or (B, M) in q's dtype, and
+// the logits' scale: finite.
 PairwiseSizes check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const std::optional<at::Tensor>& bias, double p,
+                             const std::optional<at::Tensor>& bias, double scale, double p,
                              const at::Tensor& seed) {
   const PairwiseSizes z = check_pairwise_operands(q, k, v, p, seed);
+  TORCH_CHECK(std::isfinite(scale), "scale: expected a finite float, got ", scale);
   if (bias.has_value()) {
     TORCH_CHECK(bias->sizes() == at::IntArrayRef({q.size(0), z.m}) &&
                     bias->scalar_type() == q.scalar_type() && bias->device().is_cpu(),
@@ -222,7 +224,7 @@ std::tuple<at::Tensor, at::Tensor> softmax_attention_cpu(const at::Tensor& q,
                                                          const std::optional<at::Tensor>& bias,
                                                          double scale, double p,
                                                          const at::Tensor& seed) {
-  const PairwiseSizes z = check_operands(q, k, v, bias, p, seed);
+  const PairwiseSizes z = check_operands(q, k, v, bias, scale, p, seed);
   const int64_t heads = q.size(1);
   at::Tensor out = at::empty({q.size(0), heads, z.n, z.dv}, q.options());
   at::Tensor lse = at::empty({q.size(0), heads, z.n}, q.options());
@@ -288,7 +290,7 @@ std::vector<at::Tensor> softmax_attention_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& bias, const at::Tensor& out, const at::Tensor& lse,
     double scale, double p, const at::Tensor& seed) {
-  const PairwiseSizes z = check_operands(q, k, v, bias, p, seed);
+  const PairwiseSizes z = check_operands(q, k, v, bias, scale, p, seed);
   check_grad_out(grad_out, q, z);
   TORCH_CHECK(out.sizes() == grad_out.sizes() && out.scalar_type() == q.scalar_type(),
               "out: expected the forward's output, ", q.scalar_type(), " of shape ",
