@@ -11,9 +11,11 @@ import torch
 from threefry_reference import reference_keep
 
 # (B, H, N, M, d, d_v): N = M = 1; sizes off the vector widths; several blocks of query rows
-# (64 rows a block at M = 200, 8 at M = 3000 in float64) with a short last one; N = 1.
+# (64 rows a block at M = 200, 8 at M = 3000 in float64) with a short last one; N = 1; the
+# backward's chunks of query blocks: one block each (B·H = 3 at M = 200), and at B·H = 1,
+# M = 3000 two blocks each with one left for the last (float64: 19 blocks in 10 chunks).
 SIZES = [(1, 1, 1, 1, 1, 1), (2, 3, 13, 29, 5, 4), (1, 2, 65, 64, 10, 10),
-         (3, 1, 130, 200, 3, 17), (2, 2, 1, 70, 4, 2), (1, 1, 20, 3000, 3, 2)]
+         (3, 1, 130, 200, 3, 17), (2, 2, 1, 70, 4, 2), (1, 1, 150, 3000, 3, 2)]
 # Relative to the largest |element|: sums of M products round by about their magnitude's eps.
 TOLERANCE = {torch.float32: 4e-6, torch.float64: 1e-13}
 

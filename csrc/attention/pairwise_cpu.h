@@ -8,6 +8,7 @@
 #include "../dropout/threefry.h"
 #include "gemm_cpu.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -81,6 +82,54 @@ class KeySideSum {
   int64_t m_, w_;
   std::vector<T> y_rows_, part_;
 };
+
+// The backward's tasks: each (batch, head)'s query blocks in runs of consecutive blocks
+// ("chunks"), so that a small B·H still gives every thread work; about kBackwardTasks tasks in
+// all (at most one per block), a function of the sizes alone, so that results do not depend on
+// the thread count. for_chunk(bh, first_block, end_block, targets) runs one: it sums its blocks'
+// parts of each key-side gradient g (sizes[g] elements per (batch, head)) into targets[g], in
+// order. A head's first chunk sums into the gradients themselves, the others into buffers of
+// their own (zero on entry, as the gradients must be), added to the gradients in order after.
+constexpr int64_t kBackwardTasks = 16;
+
+template <typename T, typename ForChunk>
+void run_backward_chunks(int64_t batch_heads, int64_t blocks, const std::vector<T*>& gradients,
+                         const std::vector<int64_t>& sizes, const ForChunk& for_chunk) {
+  const int64_t wanted = std::clamp<int64_t>((kBackwardTasks + batch_heads - 1) / batch_heads,
+                                             1, std::max<int64_t>(blocks, 1));
+  const int64_t per_chunk = (blocks + wanted - 1) / wanted;
+  const int64_t chunks = (blocks + per_chunk - 1) / per_chunk;
+  const size_t count = gradients.size();
+  std::vector<std::vector<T>> partial(count);
+  for (size_t g = 0; g < count; ++g) {
+    partial[g].assign(batch_heads * (chunks - 1) * sizes[g], T(0));
+  }
+  auto part = [&](size_t g, int64_t bh, int64_t c) {  // chunk c >= 1's sum of gradient g
+    return partial[g].data() + (bh * (chunks - 1) + c - 1) * sizes[g];
+  };
+  at::parallel_for(0, batch_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T*> targets(count);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / chunks, c = task % chunks;
+      for (size_t g = 0; g < count; ++g) {
+        targets[g] = c == 0 ? gradients[g] + bh * sizes[g] : part(g, bh, c);
+      }
+      for_chunk(bh, c * per_chunk, std::min(blocks, (c + 1) * per_chunk), targets.data());
+    }
+  });
+  if (chunks == 1) return;
+  at::parallel_for(0, batch_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      for (size_t g = 0; g < count; ++g) {
+        T* out = gradients[g] + bh * sizes[g];
+        for (int64_t c = 1; c < chunks; ++c) {
+          const T* add = part(g, bh, c);
+          for (int64_t e = 0; e < sizes[g]; ++e) out[e] += add[e];
+        }
+      }
+    }
+  });
+}
 
 struct PairwiseSizes {
   int64_t batch_heads, n, m, d, dv;

@@ -9,8 +9,8 @@
 // and keeps it, and its mask, for the backward.
 //
 // Each output element is a sum in a fixed order (gemm_cpu.h; the key-side gradients over the
-// query blocks in order), and the backward runs each (batch, head) on one thread, so results do
-// not depend on the thread count.
+// query blocks in chunks fixed by the sizes, pairwise_cpu.h), so results do not depend on the
+// thread count.
 #include "pairwise_cpu.h"
 
 #include <ATen/ATen.h>
@@ -86,30 +86,28 @@ std::vector<at::Tensor> quadratic_attention_backward_cpu(const at::Tensor& grad_
     T* dqp = grad_q.mutable_data_ptr<T>();
     T* dkp = grad_k.mutable_data_ptr<T>();
     T* dvp = grad_v.mutable_data_ptr<T>();
-    // One (batch, head) per task: its key-side gradients are sums over all its query blocks.
-    at::parallel_for(0, z.batch_heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t blocks = (z.n + rows_per_block - 1) / rows_per_block;
+    auto for_chunk = [&](int64_t bh, int64_t first_block, int64_t end_block, T* const* sums) {
       std::vector<T> s(rows_per_block * z.m), ds(rows_per_block * z.m);
       KeySideSum<T> sum_k(rows_per_block, z.m, z.d), sum_v(rows_per_block, z.m, z.dv);
-      for (int64_t bh = begin; bh < end; ++bh) {
-        T* dk = dkp + bh * z.m * z.d;
-        T* dv = dvp + bh * z.m * z.dv;
-        for (int64_t i0 = 0; i0 < z.n; i0 += rows_per_block) {
-          const int64_t rows = std::min(rows_per_block, z.n - i0);
-          const int64_t row = bh * z.n + i0;
-          // P = Q Kᵀ ∘ D and dS = dO Vᵀ ∘ D on the block's rows
-          rows_times_matrix<T>(qp + row * z.d, z.d, ktp + bh * z.d * z.m, z.m, rows, z.d, z.m,
-                               s.data(), z.m);
-          rows_times_matrix<T>(gp + row * z.dv, z.dv, vtp + bh * z.dv * z.m, z.m, rows, z.dv,
-                               z.m, ds.data(), z.m);
-          if (p > 0.0) drop<T>(mask, scale, row * z.m, rows * z.m, s.data(), ds.data());
-          // dQ = dS K; dK += dSᵀ Q and dV += Pᵀ dO, over the query blocks in order
-          rows_times_matrix<T>(ds.data(), z.m, kp + bh * z.m * z.d, z.d, rows, z.m, z.d,
-                               dqp + row * z.d, z.d);
-          sum_k.add(ds.data(), qp + row * z.d, z.d, rows, i0 == 0, dk);
-          sum_v.add(s.data(), gp + row * z.dv, z.dv, rows, i0 == 0, dv);
-        }
+      for (int64_t block = first_block; block < end_block; ++block) {
+        const int64_t i0 = block * rows_per_block, rows = std::min(rows_per_block, z.n - i0);
+        const int64_t row = bh * z.n + i0;
+        // P = Q Kᵀ ∘ D and dS = dO Vᵀ ∘ D on the block's rows
+        rows_times_matrix<T>(qp + row * z.d, z.d, ktp + bh * z.d * z.m, z.m, rows, z.d, z.m,
+                             s.data(), z.m);
+        rows_times_matrix<T>(gp + row * z.dv, z.dv, vtp + bh * z.dv * z.m, z.m, rows, z.dv, z.m,
+                             ds.data(), z.m);
+        if (p > 0.0) drop<T>(mask, scale, row * z.m, rows * z.m, s.data(), ds.data());
+        // dQ = dS K; dK += dSᵀ Q and dV += Pᵀ dO, over the chunk's blocks in order
+        rows_times_matrix<T>(ds.data(), z.m, kp + bh * z.m * z.d, z.d, rows, z.m, z.d,
+                             dqp + row * z.d, z.d);
+        sum_k.add(ds.data(), qp + row * z.d, z.d, rows, block == first_block, sums[0]);
+        sum_v.add(s.data(), gp + row * z.dv, z.dv, rows, block == first_block, sums[1]);
       }
-    });
+    };
+    run_backward_chunks<T>(z.batch_heads, blocks, {dkp, dvp}, {z.m * z.d, z.m * z.dv},
+                           for_chunk);
   });
   return {grad_q, grad_k, grad_v};
 }

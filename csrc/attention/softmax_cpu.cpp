@@ -16,9 +16,9 @@
 //
 // PyTorch's CPU attention with dropout forms the whole matrix and draws torch's mask element
 // by element; its fused kernel has no dropout. The exponential is this file's own (vectorised,
-// the same bits on every instruction set). Each output element is a sum in a fixed order, and
-// the backward runs each (batch, head) on one thread, so results do not depend on the thread
-// count.
+// the same bits on every instruction set). Each output element is a sum in a fixed order (the
+// backward's key-side ones over chunks of query blocks fixed by the sizes, pairwise_cpu.h), so
+// results do not depend on the thread count.
 #include "cpu_clones.h"
 #include "pairwise_cpu.h"
 
@@ -334,53 +334,57 @@ std::vector<at::Tensor> softmax_attention_backward_cpu(
     T* dkp = grad_k.mutable_data_ptr<T>();
     T* dvp = grad_v.mutable_data_ptr<T>();
     T* dbp = bp == nullptr ? nullptr : grad_bias_heads.mutable_data_ptr<T>();
-    // One (batch, head) per task: its key-side gradients are sums over all its query blocks.
-    at::parallel_for(0, z.batch_heads, 1, [&](int64_t begin, int64_t end) {
+    const int64_t blocks = (z.n + rows_per_block - 1) / rows_per_block;
+    auto for_chunk = [&](int64_t bh, int64_t first_block, int64_t end_block, T* const* sums) {
       std::vector<T> s(rows_per_block * z.m), ds(rows_per_block * z.m);
       std::vector<T> dropped(p > 0.0 ? rows_per_block * z.m : 0);
       KeySideSum<T> sum_k(rows_per_block, z.m, z.d), sum_v(rows_per_block, z.m, z.dv);
-      for (int64_t bh = begin; bh < end; ++bh) {
-        const T* b = bp == nullptr ? nullptr : bp + bh / heads * z.m;
-        T* db = dbp == nullptr ? nullptr : dbp + bh * z.m;
-        T* dk = dkp + bh * z.m * z.d;
-        T* dv = dvp + bh * z.m * z.dv;
-        for (int64_t i0 = 0; i0 < z.n; i0 += rows_per_block) {
-          const int64_t rows = std::min(rows_per_block, z.n - i0);
-          const int64_t row = bh * z.n + i0;
-          // P on the block's rows, from the forward's lse; dO Vᵀ
-          rows_times_matrix<T>(qp + row * z.d, z.d, ktp + bh * z.d * z.m, z.m, rows, z.d, z.m,
-                               s.data(), z.m);
-          for (int64_t r = 0; r < rows; ++r) {
-            logits_row<T>(s.data() + r * z.m, b, logit_scale, z.m);
-            exp_row<T>(s.data() + r * z.m, lp[row + r], z.m);
-          }
-          rows_times_matrix<T>(gp + row * z.dv, z.dv, vtp + bh * z.dv * z.m, z.m, rows, z.dv,
-                               z.m, ds.data(), z.m);
-          // P ∘ D (for dV) and dP = dO Vᵀ ∘ D
-          const T* kept = s.data();
-          if (p > 0.0) {
-            std::copy(s.begin(), s.begin() + rows * z.m, dropped.begin());
-            drop<T>(mask, keep_scale, row * z.m, rows * z.m, dropped.data(), ds.data());
-            kept = dropped.data();
-          }
-          sum_v.add(kept, gp + row * z.dv, z.dv, rows, i0 == 0, dv);
-          // dS = P ∘ (dP - δ), δ_i = dO_i · out_i; the bias gradient sums it over the rows
-          for (int64_t r = 0; r < rows; ++r) {
-            const T* g = gp + (row + r) * z.dv;
-            const T* o = outp + (row + r) * z.dv;
-            T delta = 0;
-            for (int64_t c = 0; c < z.dv; ++c) delta += g[c] * o[c];
-            logit_grad_row<T>(s.data() + r * z.m, ds.data() + r * z.m, delta, db, z.m);
-          }
-          // dQ = scale dS K; dK += dSᵀ Q over the query blocks in order (times scale below)
-          T* dq = dqp + row * z.d;
-          rows_times_matrix<T>(ds.data(), z.m, kp + bh * z.m * z.d, z.d, rows, z.m, z.d, dq,
-                               z.d);
-          for (int64_t e = 0; e < rows * z.d; ++e) dq[e] *= logit_scale;
-          sum_k.add(ds.data(), qp + row * z.d, z.d, rows, i0 == 0, dk);
+      const T* b = bp == nullptr ? nullptr : bp + bh / heads * z.m;
+      T* db = bp == nullptr ? nullptr : sums[2];
+      for (int64_t block = first_block; block < end_block; ++block) {
+        const int64_t i0 = block * rows_per_block, rows = std::min(rows_per_block, z.n - i0);
+        const int64_t row = bh * z.n + i0;
+        // P on the block's rows, from the forward's lse; dO Vᵀ
+        rows_times_matrix<T>(qp + row * z.d, z.d, ktp + bh * z.d * z.m, z.m, rows, z.d, z.m,
+                             s.data(), z.m);
+        for (int64_t r = 0; r < rows; ++r) {
+          logits_row<T>(s.data() + r * z.m, b, logit_scale, z.m);
+          exp_row<T>(s.data() + r * z.m, lp[row + r], z.m);
         }
-        for (int64_t e = 0; e < z.m * z.d; ++e) dk[e] *= logit_scale;
+        rows_times_matrix<T>(gp + row * z.dv, z.dv, vtp + bh * z.dv * z.m, z.m, rows, z.dv, z.m,
+                             ds.data(), z.m);
+        // P ∘ D (for dV) and dP = dO Vᵀ ∘ D
+        const T* kept = s.data();
+        if (p > 0.0) {
+          std::copy(s.begin(), s.begin() + rows * z.m, dropped.begin());
+          drop<T>(mask, keep_scale, row * z.m, rows * z.m, dropped.data(), ds.data());
+          kept = dropped.data();
+        }
+        sum_v.add(kept, gp + row * z.dv, z.dv, rows, block == first_block, sums[1]);
+        // dS = P ∘ (dP - δ), δ_i = dO_i · out_i; the bias gradient sums it over the rows
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* g = gp + (row + r) * z.dv;
+          const T* o = outp + (row + r) * z.dv;
+          T delta = 0;
+          for (int64_t c = 0; c < z.dv; ++c) delta += g[c] * o[c];
+          logit_grad_row<T>(s.data() + r * z.m, ds.data() + r * z.m, delta, db, z.m);
+        }
+        // dQ = scale dS K; dK += dSᵀ Q over the chunk's blocks in order (times scale below)
+        T* dq = dqp + row * z.d;
+        rows_times_matrix<T>(ds.data(), z.m, kp + bh * z.m * z.d, z.d, rows, z.m, z.d, dq, z.d);
+        for (int64_t e = 0; e < rows * z.d; ++e) dq[e] *= logit_scale;
+        sum_k.add(ds.data(), qp + row * z.d, z.d, rows, block == first_block, sums[0]);
       }
+    };
+    std::vector<T*> gradients{dkp, dvp};
+    std::vector<int64_t> sizes{z.m * z.d, z.m * z.dv};
+    if (dbp != nullptr) {
+      gradients.push_back(dbp);
+      sizes.push_back(z.m);
+    }
+    run_backward_chunks<T>(z.batch_heads, blocks, gradients, sizes, for_chunk);
+    at::parallel_for(0, z.batch_heads * z.m * z.d, 1 << 16, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) dkp[e] *= logit_scale;
     });
   });
   return result();
