@@ -165,8 +165,8 @@ def _fused_quadratic_attention(a: KernelArguments) -> Tensor:
         q_hat, k_hat, v_hat = functional.quadratic_operands(
             a.q, a.k, a.v, pos=a.pos, kv_pos=a.kv_pos, weight=a.weight, q_norm=a.q_norm,
             k_norm=a.k_norm, v_norm=a.v_norm, eps=a.eps, scale=a.scale)
-        seed = torch.randint(2**62, (), dtype=torch.int64)
-        out = torch.ops.galerkin_ext.quadratic_attention(q_hat, k_hat, v_hat, a.dropout_p, seed)
+        out = torch.ops.galerkin_ext.quadratic_attention(q_hat, k_hat, v_hat, a.dropout_p,
+                                                         _draw_seed())
     return out.to(a.q.dtype)
 
 
@@ -494,8 +494,8 @@ def continuum_attention(
     if (dropout_p > 0.0 and not torch_masks and q.device.type == "cpu"
             and q.dtype in (torch.float32, torch.float64) and not under_autocast(q)
             and not _autodiff_beyond_the_op()):
-        seed = torch.randint(2**62, (), dtype=torch.int64)
-        out, _ = torch.ops.galerkin_ext.softmax_attention(q, k, v, bias, scale, dropout_p, seed)
+        out, _ = torch.ops.galerkin_ext.softmax_attention(q, k, v, bias, scale, dropout_p,
+                                                          _draw_seed())
     else:
         mask = None if bias is None else bias[:, None, None, :]
         # The fused kernels have no forward derivative and no functorch rules; the math one
@@ -628,6 +628,12 @@ def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:
     return (None, None) if norm is None else norm
 
 
+def _draw_seed() -> Tensor:
+    """The compiled ops' mask seed, a 0-dim int64 tensor from torch's default generator (so
+    ``torch.manual_seed`` repeats the masks)."""
+    return torch.randint(2**62, (), dtype=torch.int64)
+
+
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout: each element of ``x`` zeroed with probability ``p``, the others
     multiplied by ``1 / (1 - p)``; ``x`` itself when not ``training`` or when ``p = 0``.
@@ -656,8 +662,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64)
             or _autodiff_beyond_the_op()):
         return torch.nn.functional.dropout(x, p, training=True)
-    seed = torch.randint(2**62, (), dtype=torch.int64)
-    return torch.ops.galerkin_ext.dropout(x, p, seed)
+    return torch.ops.galerkin_ext.dropout(x, p, _draw_seed())
 
 
 # ----------------------------------------------------------------------------------------------
