@@ -18,10 +18,9 @@ fourier``) and ``examples/darcy_continuum.py --model tno`` (32², batch 8) and `
 (64², batch 8), configured by those scripts' quick presets, on random data: ``ours`` as built,
 ``torch`` a copy of it with :func:`~galerkin_ext.layers.draw_torch_masks`; ``darcy_tno`` drops
 its attention probabilities with p = 0.1 (its authors'), ``darcy_tno_no_attn`` is the same
-model without that dropout. The
-Fourier type's attention dropout is the fused quadratic op in ``ours``, the TNO's the fused
-softmax op; in ``torch`` the N×N matrix with torch's mask (SDPA's for the TNO). Medians over
-``--reps`` rounds of ``--steps`` steps of each in turn.
+model without that dropout. The Fourier type's attention dropout is the fused quadratic op in
+``ours``, the TNO's the fused softmax op; in ``torch`` the N×N matrix with torch's mask (SDPA's
+for the TNO). Medians over ``--reps`` rounds of ``--steps`` steps of each in turn.
 """
 
 from __future__ import annotations

@@ -153,9 +153,7 @@ inline PairwiseSizes check_pairwise_operands(const at::Tensor& q, const at::Tens
               "k, v: expected q's dtype ", q.scalar_type(), ", got ", k.scalar_type(), ", ",
               v.scalar_type());
   TORCH_CHECK(p >= 0.0 && p < 1.0, "p: expected 0 <= p < 1, got ", p);
-  TORCH_CHECK(seed.dim() == 0 && seed.scalar_type() == at::kLong && seed.device().is_cpu(),
-              "seed: expected a 0-dim int64 CPU tensor, got ", seed.scalar_type(), " ",
-              seed.sizes(), " on ", seed.device());
+  threefry::check_seed(seed);
   return {q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
 }
 

@@ -49,9 +49,7 @@ at::Tensor dropout_cpu(const at::Tensor& x, double p, const at::Tensor& seed) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
               "x: expected float32 or float64, got ", x.scalar_type());
   TORCH_CHECK(p > 0.0 && p < 1.0, "p: expected 0 < p < 1, got ", p);
-  TORCH_CHECK(seed.dim() == 0 && seed.scalar_type() == at::kLong && seed.device().is_cpu(),
-              "seed: expected a 0-dim int64 CPU tensor, got ", seed.scalar_type(), " ",
-              seed.sizes(), " on ", seed.device());
+  threefry::check_seed(seed);
   const threefry::Mask mask(seed.item<int64_t>(), p);
   // out is dense (x's layout if x is dense, else the one torch suggests for x), so it spans
   // numel() consecutive elements from its data pointer; the input is read in that layout.

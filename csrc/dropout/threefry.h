@@ -12,6 +12,9 @@
 
 #include "../attention/cpu_clones.h"
 
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -102,5 +105,12 @@ struct Mask {
     std::memcpy(words + kCounters, x1, sizeof x1);
   }
 };
+
+// The seed argument of the ops that draw these masks: a 0-dim int64 CPU tensor.
+inline void check_seed(const at::Tensor& seed) {
+  TORCH_CHECK(seed.dim() == 0 && seed.scalar_type() == at::kLong && seed.device().is_cpu(),
+              "seed: expected a 0-dim int64 CPU tensor, got ", seed.scalar_type(), " ",
+              seed.sizes(), " on ", seed.device());
+}
 
 }  // namespace galerkin_ext::cpu::threefry
