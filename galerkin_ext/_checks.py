@@ -185,8 +185,8 @@ def check_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None
 
 def check_model_input(x: Tensor, name: str, model: torch.nn.Module) -> None:
     """``x``, a model's input, on the device and in the dtype of the model's real parameters
-    (any floating dtype under autocast): the first layer would otherwise fail with a message
-    about its own operands."""
+    (under autocast also float32 or the autocast dtype, unless the model is float64): the first
+    layer would otherwise fail with a message about its own operands."""
     # (a loop, not next(generator, None), which torch 2.5's dynamo cannot trace)
     for p in model.parameters():
         if not p.is_complex():
@@ -196,10 +196,20 @@ def check_model_input(x: Tensor, name: str, model: torch.nn.Module) -> None:
     if x.device != p.device:
         raise ValueError(f"{name}: expected a tensor on {p.device} like the model's parameters, "
                          f"got one on {x.device}")
-    if x.dtype != p.dtype and not (x.device.type in ("cpu", "cuda")
-                                   and torch.is_autocast_enabled(x.device.type)):
-        raise TypeError(f"{name}: expected {p.dtype} like the model's parameters, got {x.dtype} "
-                        f"(convert the model, e.g. model.to({x.dtype}), or the input)")
+    if x.dtype == p.dtype:
+        return
+    under = ""
+    if (p.dtype != torch.float64 and x.device.type in ("cpu", "cuda")
+            and torch.is_autocast_enabled(x.device.type)):
+        # Autocast casts float32 and its own dtype to the latter; it leaves float64 alone (which
+        # then meets half-precision weights), and torch refuses float16 beside bfloat16.
+        accepted = [d for d in (torch.float32, torch.get_autocast_dtype(x.device.type))
+                    if d != p.dtype]
+        if x.dtype in accepted:
+            return
+        under = f" (or, under autocast, {' or '.join(map(str, accepted))})"
+    raise TypeError(f"{name}: expected {p.dtype} like the model's parameters{under}, got "
+                    f"{x.dtype} (convert the model, e.g. model.to({x.dtype}), or the input)")
 
 
 def check_param_like(t: Tensor, name: str, like: Tensor, like_name: str = "q") -> None:

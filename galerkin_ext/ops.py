@@ -590,10 +590,11 @@ def _cast(dtype: torch.dtype, *items):
 
 
 def under_autocast(x: object) -> bool:
-    """Whether autocast is on for ``x``'s device (it exists for CPU and CUDA only: meta tensors,
-    e.g., go straight to the op)."""
+    """Whether autocast applies to ``x``: it is on for ``x``'s device (it exists for CPU and
+    CUDA only: meta tensors, e.g., go straight to the op) and ``x`` is not float64, which
+    autocast leaves alone (``q @ k.mT`` of float64 tensors stays float64 under it)."""
     return (isinstance(x, Tensor) and x.device.type in ("cpu", "cuda")
-            and torch.is_autocast_enabled(x.device.type))
+            and x.dtype != torch.float64 and torch.is_autocast_enabled(x.device.type))
 
 
 def _autocast(q, k, v, pos, kv_pos, weight, q_norm, k_norm, v_norm):

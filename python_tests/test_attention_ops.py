@@ -541,6 +541,26 @@ def test_autocast_runs_both_paths_in_one_precision(dropout_p, gen):
             torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-6)
 
 
+def test_autocast_leaves_float64_alone(gen):
+    """Autocast does not touch float64 operands (a float64 matmul under it stays float64): nor
+    do the ops, which computed them in float32 and returned float32."""
+    q, k, v = (torch.randn(2, 2, 7, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    pos = torch.rand(7, 1, generator=gen, dtype=torch.float64)
+    calls = {
+        "galerkin": lambda: ops.galerkin_attention(q, k, v, pos=pos),
+        "fourier": lambda: ops.fourier_attention(q, k, v, pos=pos),
+        "continuum": lambda: ops.continuum_attention(q, k, v),
+        "normalized": lambda: ops.normalized_attention(q, k, v, pos=pos),
+        "hetero": lambda: ops.hetero_normalized_attention(q, [k], [v], pos=pos, kv_pos=[pos]),
+    }
+    for name, call in calls.items():
+        expected = call()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = call()
+        assert out.dtype == torch.float64, name
+        torch.testing.assert_close(out, expected, rtol=0, atol=0, msg=name)
+
+
 def test_autocast_of_the_normalized_ops_like_the_others(gen):
     """GNOT's ops under autocast: bf16 activations meet float32 coordinates and weights, as in
     galerkin_attention (they used to refuse pos as 'expected dtype torch.bfloat16 like q')."""

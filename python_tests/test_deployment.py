@@ -119,6 +119,14 @@ def test_an_input_of_another_dtype_is_named(name):
     with pytest.raises(TypeError, match=f"^{argument}: expected torch.float32 like the "
                                         "model's parameters, got torch.float64"):
         model(*inputs)
+    # under autocast too, where float16 also failed in torch's messages about its operands
+    accepted = re.escape(f"{argument}: expected torch.float32 like the model's parameters (or, "
+                         "under autocast, torch.bfloat16), got")
+    for dtype in (torch.float64, torch.float16):
+        inputs[0] = inputs[0].to(dtype)
+        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
+                TypeError, match=f"^{accepted} {dtype}"):
+            model(*inputs)
     model.double()
     with torch.no_grad():  # (the GNOT models take a list of input functions)
         out = model(*(t.double() if isinstance(t, torch.Tensor) else

@@ -246,6 +246,61 @@ def test_return_attention(attention_type, gen):
         torch.testing.assert_close(matrix.sum(-1), torch.ones(2, 3, 9, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("attention_type", ["fourier", "softmax"])
+def test_returning_the_matrix_keeps_the_training_masks(attention_type, gen):
+    """The N×N dropout draws the same masks whether the matrix is returned or not: the softmax
+    type's returned-matrix path drew torch's masks (its output 0.15 from the plain one's)."""
+    attn = SimpleAttention(16, 2, attention_type, pos_dim=1, attn_dropout=0.3).train()
+    x, pos = torch.randn(2, 10, 16, generator=gen), torch.rand(10, 1, generator=gen)
+    torch.manual_seed(3)
+    plain = attn(x, pos)
+    torch.manual_seed(3)
+    out, matrix = attn(x, pos, return_attention=True)
+    torch.testing.assert_close(out, plain)
+    assert bool((matrix == 0).any())
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_autocast_takes_coordinates_of_any_float_dtype_and_leaves_float64(attention_type, gen):
+    """Under CPU autocast float64 or float16 coordinates reach every type (the softmax and
+    linear types failed on their mixed products), and a float64 layer stays float64, as a float64
+    matmul does (the ops cast it to float32, and its output projection then failed)."""
+    attn = SimpleAttention(8, 2, attention_type, pos_dim=2).eval()
+    x = torch.randn(2, 7, 8, generator=gen)
+    pos = torch.rand(7, 2, generator=gen)
+    with torch.no_grad():
+        reference = attn(x, pos)
+        for dtype in (torch.float64, torch.float16):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                low = attn(x, pos.to(dtype))
+            assert low.dtype == torch.bfloat16
+            torch.testing.assert_close(low.float(), reference, rtol=0.05, atol=0.02)
+        exact = copy.deepcopy(attn).double()
+        expected = exact(x.double(), pos.double())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = exact(x.double(), pos.double())
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("return_attention", [False, True])
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_half_model_takes_float32_weights(attention_type, return_attention, gen):
+    """A bfloat16 layer takes float32 quadrature weights, as the weight check says, in every
+    type: the linear type and the softmax type's returned-matrix path failed on a dtype mix."""
+    attn = SimpleAttention(8, 2, attention_type, pos_dim=2).eval()
+    x, pos = torch.randn(2, 7, 8, generator=gen), torch.rand(7, 2, generator=gen)
+    weight = torch.rand(7, generator=gen) + 0.1
+    weight = weight / weight.sum()
+    with torch.no_grad():
+        reference = attn(x, pos, weight)
+        low = copy.deepcopy(attn).bfloat16()(x.bfloat16(), pos.bfloat16(), weight,
+                                             return_attention=return_attention)
+    low = low[0] if return_attention else low
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), reference, rtol=0.05, atol=0.02)
+
+
 def test_attention_gradients_flow_to_every_parameter(gen):
     for attention_type in ATTENTION_TYPES:
         attn = SimpleAttention(8, 2, attention_type, pos_dim=1)

@@ -175,6 +175,9 @@ class SimpleAttention(nn.Module):
             raise ValueError(f"x: expected shape (B, N, d_model) with N >= 1 and d_model = "
                              f"{self.d_model}, got {tuple(x.shape)}")
         self._check_pos(pos, x)
+        if pos is not None and pos.dtype != x.dtype:  # (under autocast: _check_pos)
+            pos = pos.float()  # as autocast's float32 operands; float64 or float16 beside
+            # bfloat16 activations would fail in the softmax and linear types' products
         if weight is not None:
             # Where the op validates the values itself, one host sync, not two; its messages
             # would name its own operand k where the user passed x.
@@ -302,13 +305,17 @@ def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
         return ops.continuum_attention(q_hat, k_hat, v_hat, weight=weight, dropout_p=dropout_p,
                                        torch_masks=torch_masks), None
     # softmax(QKᵀ/sqrt(d) + log w), with continuum_attention's bias and its rule for samples
-    # without keys (an error; 0 where tracing skips that check)
-    logits = q_hat @ k_hat.transpose(-2, -1) / math.sqrt(q_hat.shape[-1])
+    # without keys (an error; 0 where tracing skips that check); half types' logits and
+    # softmax in float32, which the weights' bias may be
+    work = opmath_dtype(q_hat)
+    logits = q_hat.to(work) @ k_hat.to(work).transpose(-2, -1) / math.sqrt(q_hat.shape[-1])
     if weight is not None:
         check_has_keys(weight, q.shape[0], k.shape[2])
         bias, has_keys = log_weight_bias(weight, q.shape[0], k.shape[2])
-        logits = logits + bias[:, None, None, :]
-    attn = _dropout(logits.softmax(dim=-1), dropout_p)
+        logits = logits + bias[:, None, None, :].to(work)
+    attn = logits.softmax(dim=-1).to(v_hat.dtype)
+    if dropout_p > 0.0:  # continuum_attention's masks: ops.dropout's over this matrix
+        attn = (F.dropout if torch_masks else ops.dropout)(attn, dropout_p, training=True)
     if weight is not None:
         attn = attn * has_keys[:, :, None, None]
     return attn @ v_hat, attn
@@ -329,7 +336,7 @@ def _linear_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None,
         # softmax; its weights zero the output).
         removed = (w == 0) & (w > 0).any(dim=1, keepdim=True)
         k_logits = k_logits.masked_fill(removed[:, None, :, None], -math.inf)
-        v_hat = v_hat * w[:, None, :, None]
+        v_hat = (v_hat * w[:, None, :, None]).to(v_hat.dtype)  # (float32 w of half types)
     k_hat = k_logits.softmax(dim=-2)
     attn = _dropout(k_hat.transpose(-2, -1) @ v_hat, dropout_p)
     return q_hat @ attn, attn
