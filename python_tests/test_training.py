@@ -821,6 +821,20 @@ def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path):
         load_trained_model(tmp_path / "old.pt")
     with pytest.raises(ValueError, match="device"):
         load_trained_model(tmp_path / "best.pt", device="tpu")
+    # a float64 run's model comes back in float64 (it was built as float32, load_state_dict
+    # rounding the weights)
+    torch.set_default_dtype(torch.float64)
+    try:
+        model64 = build_run_model(cfg, "fno1d", in_channels=2).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    save_checkpoint(tmp_path / "double.pt", "best", epoch=1, model=model64.state_dict(),
+                    config=cfg, metric=0.5)
+    rebuilt, _ = load_trained_model(tmp_path / "double.pt")
+    assert {p.dtype for p in rebuilt.parameters()} == {torch.float64}
+    assert torch.get_default_dtype() == torch.float32
+    x, grid = x.double(), grid.double()
+    torch.testing.assert_close(rebuilt(x, grid), model64(x, grid), rtol=0, atol=0)
 
 
 def test_resume_of_another_experiment_names_both():

@@ -557,7 +557,8 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
     ``OUT/last.pt``) alone: ``(model, checkpoint)``.
 
     ``model`` is :func:`~galerkin_ext.models.build_model`'s model under the name and arguments
-    the run recorded, with the checkpoint's weights, on ``device``, in ``eval()`` mode;
+    the run recorded, with the checkpoint's weights, in their precision (float64 if they all
+    are, else float32), on ``device``, in ``eval()`` mode;
     ``checkpoint`` is :func:`~galerkin_ext.training.load_checkpoint`'s dict (``config`` holds
     the run's settings and, where its script records them, the data's normalisers).  A run of
     your own with a registered model records it the same way: ``config = {"model": {...}}``,
@@ -578,7 +579,15 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
             f"{str(path)!r} does not record which model it holds (a checkpoint of an older "
             "galerkin_ext, or of a Trainer run outside the example scripts): build the model "
             "as its run did and load the checkpoint's 'model' state_dict")
-    model = build_model(build["name"], **build["arguments"])
+    # in the weights' precision: a float64 run's model built as float32 would round them
+    floating = {t.dtype for t in state["model"].values()
+                if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64 if floating == {torch.float64} else torch.float32)
+    try:
+        model = build_model(build["name"], **build["arguments"])
+    finally:
+        torch.set_default_dtype(previous)
     _load_weights(model, state["model"], path, f"the model it records ({build['name']!r})")
     return model.to(device).eval(), state
 
