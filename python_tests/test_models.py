@@ -4,6 +4,7 @@ state_dict round trips and torch.compile."""
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -76,6 +77,9 @@ def test_build_model_configurations():
     assert build_model("darcy", fine=211, coarse=61,
                        attention_type="fourier").encoder[0].attn.eps == 1e-7
     assert build_model("darcy", fine=211, coarse=61, eps=1e-6).encoder[0].attn.eps == 1e-6
+    # the rule reads a numpy integer as the int it is (it took the other epsilon)
+    assert build_model("darcy", fine=np.int64(211),
+                       coarse=np.int64(61)).encoder[0].attn.eps == 1e-5
     # Softmax and linear attention get the reference's encoder dropout 0.1.
     softmax = build_model("darcy", attention_type="softmax")
     assert softmax.encoder[0].attn.attn_dropout == 0.1 and softmax.encoder[0].dropout1.p == 0.1
@@ -101,6 +105,15 @@ def test_build_model_errors():
         build_model("darcy", decoder="conv")
     with pytest.raises(ValueError, match="modes: expected at most 10"):
         build_model("darcy", fine=21, coarse=9)
+    # the decoder not built checks its arguments too (they were taken, whatever they were)
+    for name, overrides, message in [
+        ("darcy_inverse", {"modes": -1}, "modes: expected an int >= 1, got -1"),
+        ("darcy_inverse", {"freq_dim": "wide"}, "freq_dim: expected an int >= 1, got 'wide'"),
+        ("darcy_inverse", {"decoder_dim_feedforward": 0.5}, "decoder_dim_feedforward: "),
+        ("darcy", {"decoder_hidden": -3}, "decoder_hidden: expected an int >= 1, got -3"),
+    ]:
+        with pytest.raises((TypeError, ValueError), match=f"^{re.escape(message)}"):
+            build_model(name, **overrides)
     with pytest.raises(ValueError, match="x: expected shape"):
         zero_boundary(torch.randn(4, 4))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -139,9 +140,8 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
 
     if name == "darcy" and "eps" not in overrides:
         fine = default("fine")
-        fine_galerkin = default("attention_type") == "galerkin" and isinstance(fine, int) and (
-            fine >= 211
-        )
+        fine_galerkin = (default("attention_type") == "galerkin" and not isinstance(fine, bool)
+                         and isinstance(fine, numbers.Integral) and fine >= 211)
         config["eps"] = 1e-5 if fine_galerkin else 1e-7
     if "encoder_dropout" in allowed and default("attention_type") in ("softmax", "linear") and (
         "encoder_dropout" not in overrides

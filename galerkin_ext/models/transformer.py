@@ -245,8 +245,15 @@ class SimpleTransformer2d(nn.Module):
             self.upsampler = CiNNUpsampler(d_model, d_model, up_sizes,
                                            activation=upsampler_activation,
                                            dropout=upsampler_dropout)
+        # Both decoders' arguments, the unused one's too: a wrong value is a mistake either way.
+        check_int(freq_dim, "freq_dim")
+        check_int(modes, "modes")
+        for name, value in (("decoder_dim_feedforward", decoder_dim_feedforward),
+                            ("decoder_hidden", decoder_hidden)):
+            if value is not None:
+                check_int(value, name)
         out_size = fine if output_grid == "fine" else coarse
-        if decoder == "spectral" and isinstance(modes, int) and out_size < 2 * modes:
+        if decoder == "spectral" and out_size < 2 * modes:
             raise ValueError(f"modes: expected at most {out_size // 2} for the {out_size}×"
                              f"{out_size} output grid of the spectral decoder, got {modes}")
         with arguments_named(**_DECODER_ARGUMENTS):
