@@ -413,7 +413,8 @@ def _check_points(x: object, dim: object, n: int, what: str) -> None:
     """``x`` a tensor with ``n`` points (``what`` names them) on its axis ``dim``."""
     if not isinstance(x, Tensor):
         raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+    if (isinstance(dim, bool) or not isinstance(dim, numbers.Integral)
+            or not -x.dim() <= dim < x.dim()):
         raise ValueError(f"dim: expected an axis of x, which has {x.dim()}, got {dim!r}")
     if x.shape[dim] != n:
         raise ValueError(f"x: expected {what} = {n} points on axis {dim}, got shape "
@@ -574,7 +575,7 @@ class PointShards(Dataset):
         if not isinstance(split, DomainSplit):
             raise TypeError(f"split: expected a DomainSplit, got {type(split).__name__}")
         if not isinstance(point_dims, Mapping) or not point_dims or not all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1
                 for d in point_dims.values()):
             raise ValueError(f"point_dims: expected a non-empty dict of key -> number of "
                              f"grid axes (int >= 1), got {point_dims!r}")

@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -637,6 +638,14 @@ def test_make_domain_parallel_marks_the_attention_layers() -> None:
     gnot = make_domain_parallel(GNOT(space_dim=2, query_dim=2, input_dims=[3], out_dim=1,
                                      n_hidden=8, n_layers=1, n_head=2))
     assert gnot.blocks[0].cross.domain_parallel and gnot.blocks[0].self_attn.domain_parallel
+
+
+def test_numpy_integers_are_axes() -> None:
+    """An axis given as a numpy integer is the int it is (it was refused as 'not an axis')."""
+    x = torch.arange(10.0).reshape(2, 5)
+    split = DomainSplit([5])
+    assert torch.equal(split.shard(x, dim=np.int64(1)), split.shard(x, dim=1))
+    assert torch.equal(split.gather(x, dim=np.int64(-1)), split.gather(x, dim=-1))
 
 
 def test_argument_errors(gen: torch.Generator) -> None:

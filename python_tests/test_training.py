@@ -593,6 +593,9 @@ def test_predict_keeps_a_float64_models_precision():
     data.x, data.target, data.grid = data.x.double(), data.target.double(), data.grid.double()
     pred, _ = predict(model, data, [0, 1])
     assert pred.dtype == torch.float64
+    # numpy's integers are indices like Python's (they were refused)
+    again, _ = predict(model, data, list(np.arange(2)))
+    torch.testing.assert_close(again, pred, rtol=0, atol=0)
 
 
 def test_checkpoint_checksum_finds_a_flipped_bit(tmp_path):

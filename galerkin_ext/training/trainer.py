@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import numbers
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
@@ -560,14 +561,14 @@ def predict(
     _check_callables(forward=forward)
     dev = resolve_device(device)
     # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
+    size = len(cast(Sized, dataset))
     if not isinstance(indices, Sequence) or not indices or any(
-        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(cast(Sized, dataset))
+        isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < size
         for i in indices
     ):
-        raise ValueError(f"indices: expected a non-empty list of ints in [0, "
-                         f"{len(cast(Sized, dataset))}), "
+        raise ValueError(f"indices: expected a non-empty list of ints in [0, {size}), "
                          f"got {indices!r}")
-    items = [dataset[i] for i in indices]
+    items = [dataset[int(i)] for i in indices]
     collate = _collate(dataset)
     batch = collate(items) if collate is not None else {
         k: torch.stack([it[k] for it in items]) for k in items[0]}
