@@ -383,6 +383,10 @@ def check_cell_weight(cell_weight: object, n: int, like: Tensor) -> float | Tens
         # One volume as a 0-d tensor: what 1 / (number of points) becomes under torch.jit.trace.
         if not cell_weight.is_floating_point():
             raise TypeError(f"{expected()}, got a {cell_weight.dtype} tensor")
+        if cell_weight.device not in (like.device, torch.device("cpu")):  # (a CPU scalar mixes)
+            also = "" if like.device.type == "cpu" else " (or on the CPU)"
+            raise ValueError(f"cell_weight: expected a 0-dim tensor on {like.device} like q"
+                             f"{also}, got one on {cell_weight.device}")
         if not is_tracing(cell_weight) and not bool(
             torch.isfinite(cell_weight) & (cell_weight > 0)
         ):

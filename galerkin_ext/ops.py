@@ -647,15 +647,16 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     transforms) torch's dropout runs: the two draw different masks of the same distribution.
 
     Args:
-        x: any shape.
+        x: any shape, a floating dtype.
         p: the probability of zeroing an element, in ``[0, 1)``.
         training: drop only when true, as ``F.dropout``.
 
     Returns:
         ``x``'s shape and dtype, laid out as ``torch.empty_like(x)``: as ``x`` when dense.
     """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"x: expected a floating-point tensor, got {got}")
     p = check_probability(p, "p")
     check_bool(training, "training")
     if not training or p == 0.0:

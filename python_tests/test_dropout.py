@@ -175,8 +175,12 @@ def test_ops_dropout_names_a_bad_probability(bad, name, error):
 
 
 def test_ops_dropout_names_bad_x_and_training():
-    with pytest.raises(TypeError, match="^x: expected a tensor"):
+    with pytest.raises(TypeError, match="^x: expected a floating-point tensor, got list"):
         ops.dropout([1.0, 2.0], 0.5)
+    # (integer and bool tensors reached torch's 'result type Float can't be cast')
+    for dtype in (torch.int64, torch.bool):
+        with pytest.raises(TypeError, match=f"^x: expected a floating-point tensor, got {dtype}"):
+            ops.dropout(torch.ones(3, dtype=dtype), 0.5)
     with pytest.raises(TypeError, match="^training: expected a bool"):
         ops.dropout(torch.ones(3), 0.5, training=1)
 

@@ -174,6 +174,8 @@ def test_op_errors():
         (lambda: call(q, k, v, torch.ones(4, dtype=F64)), TypeError, "cell_weight: expected dtype"),
         (lambda: call(q, k, v, torch.tensor(0.0)), ValueError, "cell_weight: .*got 0.0"),
         (lambda: call(q, k, v, torch.tensor(1)), TypeError, "cell_weight: .*int64 tensor"),
+        (lambda: call(q, k, v, torch.tensor(0.5, device="meta")), ValueError,
+         "cell_weight: expected a 0-dim tensor on cpu like q, got one on meta"),
         (lambda: call(q, k, v, 1.0, scale=math.nan), ValueError, "scale: expected a finite"),
         (lambda: call(q, k, v, 1.0, scale="1"), TypeError, "scale: expected a finite"),
     ]
