@@ -971,13 +971,22 @@ def test_numpy_settings_become_python_numbers_and_the_run_resumes(tmp_path, chan
     assert again.fit(resume=True)["history"] == first["history"]
 
 
-def test_a_one_step_warm_up_is_refused(tmp_path):
+def test_a_one_step_warm_up_runs_that_step_at_the_initial_rate(tmp_path):
     """pct_start * steps == 1: OneCycleLR's first phase would have no length (ZeroDivisionError
-    while the Trainer was built)."""
-    with pytest.raises(ConfigError, match="pct_start: 0.5 of the 2 steps makes a warm-up of "
-                                          "exactly one step"):
-        Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
-                TrainConfig(epochs=1, pct_start=0.5, progress=False), tmp_path)
+    while the Trainer was built; then a refusal naming pct_start, which no script has a flag
+    for, of runs the sample count, batch and epochs happened to give 1 / pct_start steps)."""
+    config = TrainConfig(epochs=2, batch_size=4, pct_start=0.25, max_lr=1e-3, div_factor=10.0,
+                         final_div_factor=10.0, progress=False)
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), config, tmp_path)
+    rates = [trainer.scheduler.get_last_lr()[0]]
+    for _ in range(3):
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        rates.append(trainer.scheduler.get_last_lr()[0])
+    assert rates[0] == pytest.approx(1e-4)  # the initial rate, then annealed from 1e-3
+    assert 1e-3 > rates[1] > rates[2] > rates[3] == pytest.approx(1e-5)
+    assert len(Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), config,
+                       tmp_path / "run").fit()["history"]) == 2
 
 
 def test_an_empty_out_dir_is_refused(tmp_path, monkeypatch):

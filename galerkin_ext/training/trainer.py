@@ -197,7 +197,7 @@ class TrainConfig:
             ``pct_start`` of the steps and ends at ``max_lr / div_factor / final_div_factor``).
             A run of fewer than ``1 / pct_start`` steps in all (a smoke test) has a warm-up
             shorter than one step: torch's OneCycleLR then starts in its annealing phase, near
-            ``max_lr`` (a warm-up of exactly one step it cannot schedule: refused).
+            ``max_lr`` (a warm-up of exactly one step: that step at the initial rate).
         scheduler: ``'onecycle'`` (above, stepped per batch) or ``'plateau'``
             (``ReduceLROnPlateau`` on the evaluation error, stepped per epoch: the rate starts
             at ``max_lr`` and is multiplied by ``plateau_factor`` after ``plateau_patience``
@@ -763,15 +763,16 @@ class Trainer:
                 self.optimizer, mode="min", factor=config.plateau_factor,
                 patience=config.plateau_patience)
         else:
-            total = config.epochs * self.steps_per_epoch
-            if config.pct_start * total == 1.0:  # OneCycleLR would divide by 0 (its end - start)
-                raise ConfigError(f"pct_start: {config.pct_start} of the {total} steps makes a "
-                                  "warm-up of exactly one step, which OneCycleLR cannot "
-                                  "schedule; choose another pct_start")
+            total, pct_start = config.epochs * self.steps_per_epoch, config.pct_start
+            # A warm-up of exactly one step is a first phase of no length to OneCycleLR (0 / 0
+            # at step 0); a hair longer, that step runs at the initial rate, and the annealing
+            # starts from max_lr after it.
+            while pct_start * total == 1.0:
+                pct_start = math.nextafter(pct_start, 1.0)
             self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
                 self.optimizer, max_lr=config.max_lr, epochs=config.epochs,
                 steps_per_epoch=self.steps_per_epoch, div_factor=config.div_factor,
-                final_div_factor=config.final_div_factor, pct_start=config.pct_start,
+                final_div_factor=config.final_div_factor, pct_start=pct_start,
             )
         _check_recorded(self.run_config, self._recorded())
         # made last: a refusal above leaves no folder behind
