@@ -132,6 +132,7 @@ def main(argv=None):
     # the preset's targets hold for the preset as written, on its own data
     enforced = args.weight == "auto" and preset_unchanged(cfg, PRESETS[args.preset], args)
     thresholds = cfg.pop("thresholds", {})  # not part of the run's identity
+    weight = cfg["weight"] = None if args.weight == "none" else "auto"
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     check_resume(cfg, args)  # before any data are generated
@@ -170,8 +171,6 @@ def main(argv=None):
                                            target=norms["target_normalizer"])
 
     # -- model, loss, training -----------------------------------------------------------------
-    weight = None if args.weight == "none" else "auto"
-    cfg["weight"] = weight
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
     model = build_run_model(cfg, "tno_cde")
     # relative L2 with the training times' trapezoid weights (SPEC-continuum §4)

@@ -277,7 +277,7 @@ def main(argv=None):
     enforced = not options and preset_unchanged(cfg, presets[args.preset], args)
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
-    check_resume(cfg, args)  # before any data are generated
+    check_resume(cfg, args, zero_shot=True)  # before any data are generated
     ctx = setup_distributed(args.device)
 
     # -- data: train/validation/test from one file, one scalar normaliser from the training split

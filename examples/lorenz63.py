@@ -163,6 +163,7 @@ def main(argv=None):
     # the preset's targets hold for the preset as written, on its own data
     enforced = args.weight == "auto" and preset_unchanged(cfg, PRESETS[args.preset], args)
     thresholds = cfg.pop("thresholds", {}).get(args.task, {})  # not part of the run's identity
+    weight = cfg["weight"] = None if args.weight == "none" else "auto"  # (the twin's: None)
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     check_resume(cfg, args)  # before any data are generated
@@ -201,7 +202,6 @@ def main(argv=None):
                                            target=norms["target_normalizer"])
 
     # -- training: the weighted TNO (and, task (b), the same network without weights) --------
-    weight = None if args.weight == "none" else "auto"
     model, result = train_one(cfg, args, ctx, args.out, train_set, valid_set, weight)
     unweighted = None
     if baseline:

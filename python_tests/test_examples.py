@@ -369,7 +369,11 @@ def test_resume_refuses_changed_settings(tmp_path, burgers_file):
         (("--attention", "fourier"), "model.attention_type"),
         (("--n-train", "12"), "n_train"),
         (("--epochs", "3"), "train.epochs"),
-        (("--data", str(other)), "data_identity.train.seed"),
+        # (the files are compared before any data are generated)
+        (("--data", str(other)), f"--data {str(other)!r} holds other data than the run's "
+                                 "training file"),
+        (("--eval-data", str(other)), f"--eval-data {str(other)!r} holds other data than the "
+                                      "run's evaluation file"),
     ]
     for change, setting in changes:
         changed = dict(zip(args[::2], args[1::2], strict=True))
@@ -622,6 +626,14 @@ def test_lorenz63_task_a_and_controlled_ode_examples(tmp_path):
         "none")
     assert set(m["thresholds"]["checks"]) == {"test_rel_l2_median", "zero_shot_dt_worst_median"}
     assert len(list(cache.glob("cde_n24_dt0.05_*.h5"))) == 1
+    # resuming with the weights on is refused before any data are generated (it was refused
+    # after the training set and every zero-shot set were made)
+    fresh = tmp_path / "fresh"
+    proc = subprocess.run(_cmd("controlled_ode.py", out, *tiny[2:], "--data-dir", str(fresh),
+                               "--resume"), capture_output=True, text=True, timeout=TIMEOUT,
+                          env=ENV)
+    assert proc.returncode == 1 and "['weight'] differ" in proc.stderr, proc.stderr[-2000:]
+    assert not fresh.exists()
 
 
 @pytest.fixture(scope="module")

@@ -359,15 +359,18 @@ def _check_out(path: str) -> None:
         raise ConfigError(str(err)) from None
 
 
-def check_resume(cfg: Mapping[str, Any], args: argparse.Namespace) -> None:
+def check_resume(cfg: Mapping[str, Any], args: argparse.Namespace, *,
+                 zero_shot: bool = False) -> None:
     """With ``--resume`` and an ``OUT/last.pt``: refuse now, before any data are generated, a
-    setting of ``cfg`` that differs from the checkpoint's (``CheckpointError``); without
-    ``--resume``, an ``OUT/last.pt`` or ``OUT/best.pt`` of another experiment, which the run
-    would overwrite (``ConfigError``).
+    setting of ``cfg`` that differs from the checkpoint's, or a ``--data`` or ``--eval-data``
+    file that holds other data than the run read (``CheckpointError``); without ``--resume``,
+    an ``OUT/last.pt`` or ``OUT/best.pt`` of another experiment, which the run would overwrite
+    (``ConfigError``).
 
     Scripts call it once ``cfg`` holds every setting of the command line.  The
     :class:`~galerkin_ext.training.Trainer` compares the whole configuration again once the
-    data are read (normalisers, sample counts, data files).
+    data are read (normalisers, sample counts, data files).  ``zero_shot``: ``--eval-data`` is
+    a zero-shot set, which a resumption may change (:func:`record_data_files`).
     """
     out = Path(args.out)
     if not args.resume:  # a fresh run overwrites them: refused for another experiment's run
@@ -390,6 +393,18 @@ def check_resume(cfg: Mapping[str, Any], args: argparse.Namespace) -> None:
     stored = load_checkpoint(last, "last")["config"]
     current = {**cfg, "train": dataclasses.asdict(TrainConfig(**cfg["train"]))}
     check_resumable_config(stored, current, last, partial=True)
+    # The files the command line names exist already (the generated ones: once made).
+    recorded = stored.get("data_identity") or {}
+    files = {"train": ("--data", args.data)}
+    if not zero_shot:  # (without --eval-data the evaluation split is --data's)
+        files["eval"] = ("--eval-data", args.eval_data) if args.eval_data else files["train"]
+    for split, (flag, path) in files.items():
+        if (path is not None and split in recorded and Path(path).is_file()
+                and data_identity(path) != recorded[split]):
+            raise CheckpointError(
+                f"cannot resume from {str(last)!r}: {flag} {str(path)!r} holds other data than "
+                f"the run's {'training' if split == 'train' else 'evaluation'} file (recorded "
+                f"in its data_files); use that file or another out_dir")
 
 
 def run_main(main: Callable[[], object]) -> int:
