@@ -34,7 +34,7 @@ import sys
 
 import torch
 
-from galerkin_ext._cli import nonnegative_int, positive_int
+from galerkin_ext._cli import nonnegative_int, periodic_points, positive_int
 from galerkin_ext.data import KOLMOGOROV_PRESETS, KolmogorovDataset, inspect_h5
 from galerkin_ext.losses import RelativeLoss, relative_l2
 from galerkin_ext.training import (
@@ -213,7 +213,7 @@ def main(argv=None):
                              "%(default)s)")
     parser.add_argument("--n-valid", type=positive_int, default=None,
                         help="validation samples (pick the best epoch, drive the schedule)")
-    parser.add_argument("--eval-resolution", type=positive_int, nargs="*", default=None,
+    parser.add_argument("--eval-resolution", type=periodic_points, nargs="*", default=None,
                         help="grids s per axis at which the zero-shot set is read (default: "
                              "the preset's; quick 16 32 64, paper 208 312 416 624 832); give "
                              "the flag alone for none")

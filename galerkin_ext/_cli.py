@@ -42,6 +42,15 @@ def grid_nodes(text: str) -> int:
     return value
 
 
+def periodic_points(text: str) -> int:
+    """Points per axis of a periodic grid that a Kolmogorov data set is read at: at least 4
+    (:class:`~galerkin_ext.data.KolmogorovDataset`)."""
+    value = _number(text, int, "an integer >= 4")
+    if value < 4:
+        raise argparse.ArgumentTypeError(f"expected at least 4 points per axis, got {value}")
+    return value
+
+
 def nonnegative_float(text: str) -> float:
     value = _number(text, float, "a number >= 0")
     if not (value >= 0 and math.isfinite(value)):

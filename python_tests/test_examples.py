@@ -292,6 +292,8 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
      "error: batch_size: the batch of 16 is larger than the 8 training samples"),
     ("controlled_ode.py", ("--dt", "3"), 2, "argument --dt: dt: expected a step <= t_end = 2.0"),
     ("domain_parallel.py", ("--resolution", "2"), 2, "argument --resolution: expected at least 3"),
+    ("kolmogorov.py", ("--model", "fno", "--eval-resolution", "2"), 2,
+     "argument --eval-resolution: expected at least 4 points per axis, got 2"),
     ("darcy_inverse.py", ("--noise", "-0.1"), 2, "argument --noise: expected a finite number >= 0"),
     ("burgers.py", ("--eval-n", "1024", "1000"), 2,
      "--eval-n: expected a divisor of the generated data's 2048 points, got 1000"),
