@@ -161,7 +161,7 @@ def main(argv=None):
                                           seed=zs["seed"], **grid, progress=not args.no_progress)
                        for name, grid in grids.items()}
     for path in zero_shot_files.values():
-        check_zero_shot_law(data, path, ("dt", "grid", "n_times"), "--eval-dt and --eval-grid")
+        check_zero_shot_law(data, path, "--eval-dt and --eval-grid")
     zero_shot_sets = {
         name: ODEDataset(path, "test", **evaluation_only({**split, "n_test": zs["n_samples"]}),
                          **norms)

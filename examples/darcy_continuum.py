@@ -63,6 +63,7 @@ from galerkin_ext.training import (
     setup_distributed,
     threshold_report,
     write_metrics,
+    zero_shot_seed,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -317,6 +318,7 @@ def main(argv=None):
             parser.error(f"--eval-data: its coefficients are {test_set.coef}, the training "
                          f"data's {train_set.coef}")
     zs = cfg["zero_shot"]
+    zs["seed"] = zero_shot_seed(data, "darcy", zs["seed"])  # never draws of the training seed
     zero_shot_sets, skipped = {}, {}
     for res in zs["resolution"]:
         if spec.get("grid_bound") and res != s:
@@ -327,7 +329,7 @@ def main(argv=None):
                   "seed": zs["seed"]}
         path = cached_data("darcy", args.data_dir, ctx, **params,
                            progress=not args.no_progress)
-        check_zero_shot_law(data, path, ("resolution",), "--eval-resolution")
+        check_zero_shot_law(data, path, "--eval-resolution")
         zero_shot_sets[f"s={res}"] = ContinuumDarcyDataset(
             path, "test", **evaluation_only({**split, "n_test": zs["n_samples"]}), **norms)
     cfg["normalizers"] = normalizer_config(input=norms["input_normalizer"],

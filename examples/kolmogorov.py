@@ -143,9 +143,6 @@ MODELS = {
 # to a threshold.
 PERSISTENCE_FACTOR = {"vitno": 0.9}
 N_PLOT = 3  # test samples drawn in prediction.png
-# what a zero-shot set changes on purpose: the grids (stored and solved) and the solver's step
-# and precision; every other recorded parameter is the law, which must be --data's
-SOLVER_KEYS = ("resolution", "solve_resolution", "max_step", "solve_dtype")
 
 
 def presets_for(model):
@@ -289,7 +286,7 @@ def main(argv=None):
         zs_data["seed"] = zero_shot_seed(data, "kolmogorov", zs_data["seed"])  # other draws
         zero_shot_data = cached_data("kolmogorov", args.data_dir, ctx, **zs_data,
                                      progress=not args.no_progress)
-        check_zero_shot_law(data, zero_shot_data, SOLVER_KEYS, "--eval-resolution")
+        check_zero_shot_law(data, zero_shot_data, "--eval-resolution")
     # (a resumed run must read the same --data, and may take another zero-shot set or none;
     # every zero-shot sample is evaluated)
     record_data_files(cfg, data, zero_shot_data, evaluated=n_zero_shot, zero_shot=True)

@@ -1087,7 +1087,7 @@ def test_readme_use_block_runs_as_written():
 def test_darcy_continuum_checks_its_eval_data_before_training(tmp_path, capsys):
     """An --eval-data grid the model cannot take failed with a traceback after all of
     training (no metrics.json), and a file of other coefficients was scored without a word."""
-    from galerkin_ext.data import generate_darcy
+    from galerkin_ext.data import DataMismatchError, generate_darcy
 
     darcy = _load_example("darcy_continuum")
     make = {"n_samples": 8, "workers": 1, "progress": False}
@@ -1100,15 +1100,20 @@ def test_darcy_continuum_checks_its_eval_data_before_training(tmp_path, capsys):
     for model, eval_data, message in (
             ("vitno", odd, "--eval-data: vitno's 4 x 4 patches must divide its grid, got s = 18"),
             ("afno", odd, "--eval-data: afno is tied to the 16x16 training grid, the file's "
-                          "grid is 18x18"),
-            ("fno", piecewise, "--eval-data: its coefficients are piecewise, the training "
-                               "data's lognormal")):
+                          "grid is 18x18")):
         out = tmp_path / model
         with pytest.raises(SystemExit):
             darcy.main([*common, "--model", model, "--eval-data", str(eval_data), "--out",
                         str(out)])
         assert message in capsys.readouterr().err
         assert not (out / "last.pt").exists()
+    # (a file the package generated records its law, refused before the data are read)
+    with pytest.raises(DataMismatchError, match=r"^--eval-data: its samples follow another law "
+                                                r"than --data's \(coef 'lognormal' vs "
+                                                r"'piecewise'; high None vs 12.0"):
+        darcy.main([*common, "--model", "fno", "--eval-data", str(piecewise), "--out",
+                    str(tmp_path / "fno")])
+    assert not (tmp_path / "fno" / "last.pt").exists()
 
 
 def test_zero_shot_sets_of_another_law_than_the_data_are_refused(tmp_path):

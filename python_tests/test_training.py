@@ -1306,6 +1306,31 @@ def test_an_evaluation_file_of_the_training_draws_is_refused(tmp_path):
         record_data_files(dict(config), train, small)  # (it named samples -1 to 2)
 
 
+def test_an_evaluation_file_of_another_law_is_refused(tmp_path):
+    """An --eval-data file of the training file's generator drawn by another law (the
+    controlled ODE's decaying control: a test median of 0.29) was taken, as a zero-shot file
+    of another law given to kolmogorov.py; files that differ in their grid alone are one law."""
+    from galerkin_ext.data import generate
+    from galerkin_ext.data.storage import DataMismatchError
+    from galerkin_ext.training import DISCRETISATION_KEYS, check_zero_shot_law, record_data_files
+
+    assert {"dt", "grid", "n_times", "resolution"} <= DISCRETISATION_KEYS
+    train = generate.generate_cde(tmp_path / "train.h5", 12, dt=0.5, progress=False)
+    finer = generate.generate_cde(tmp_path / "finer.h5", 4, seed=1, dt=0.25, progress=False)
+    decay = generate.generate_cde(tmp_path / "decay.h5", 4, seed=1, dt=0.5, decay=True,
+                                  progress=False)
+    config = {"n_train": 6, "n_valid": 2, "n_eval": 4, "zero_shot": {}}
+    record_data_files(dict(config), train, finer)
+    check_zero_shot_law(train, finer, "--eval-dt")
+    for zero_shot in (False, True):
+        with pytest.raises(DataMismatchError, match=r"^--eval-data: its samples follow another "
+                                                     r"law than --data's \(decay False vs True\)"):
+            record_data_files(dict(config), train, decay, zero_shot=zero_shot)
+    with pytest.raises(ConfigError, match=r"another law than the zero-shot sets, which are drawn "
+                                          r"with the preset's \(decay False vs True\)"):
+        check_zero_shot_law(train, decay, "--eval-dt")
+
+
 _LEAVE_GROUP = """
 import gc, os, torch
 from galerkin_ext.training import cleanup_distributed, setup_distributed

@@ -880,8 +880,9 @@ def data_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
 def same_draws(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether the files of two :func:`data_identity` records hold the same random draws at
     each index: files of one of the package's generators with one seed, whose sample ``i``
-    depends on ``(seed, i)`` alone, whatever their other parameters (a finer grid of the same
-    coefficients or geometries); converted files (their parameters name a source) never."""
+    depends on ``(seed, i)`` alone, whatever their other parameters (on a finer grid: the same
+    coefficients or geometries, or, for a Darcy field, whose ``K x K`` normals are drawn in
+    row order, correlated ones); converted files (their parameters name a source) never."""
     if "seed" not in a or "seed" not in b or (a["generator"], a["seed"]) != (b["generator"],
                                                                              b["seed"]):
         return False

@@ -42,6 +42,7 @@ from .distributed import (
 )
 from .experiment import (
     ATTENTION_TYPES,
+    DISCRETISATION_KEYS,
     VALIDATION_NORMALISED,
     ThresholdError,
     add_gnot_flags,
@@ -99,6 +100,7 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "CheckpointError",
     "ConfigError",
+    "DISCRETISATION_KEYS",
     "DistributedContext",
     "NonFiniteLossError",
     "ThresholdError",

@@ -67,6 +67,7 @@ from .trainer import (
 
 __all__ = [
     "ATTENTION_TYPES",
+    "DISCRETISATION_KEYS",
     "ThresholdError",
     "VALIDATION_NORMALISED",
     "add_gnot_flags",
@@ -478,22 +479,40 @@ def recorded_setting(parser: argparse.ArgumentParser, data: str | os.PathLike[st
     return stored
 
 
+#: Recorded generator parameters that set a data set's discretisation (its grid, time steps,
+#: mesh or solver), not the law of its samples: sets that differ in these alone are draws of
+#: one law, which a zero-shot set or an ``--eval-data`` file must be.
+DISCRETISATION_KEYS = frozenset({"resolution", "solve_resolution", "n_steps", "max_step",
+                                 "solve_dtype", "method", "dt", "grid", "n_times", "h", "refine"})
+
+
+def _law_differences(data: str | os.PathLike[str], other: str | os.PathLike[str]) -> str:
+    """The recorded law parameters in which the files ``data`` and ``other`` of one generator
+    differ (``'key a vs b; ...'``), or ``''``.  Files of other generators (which the datasets
+    refuse by name) and files converted from other codes' data (they record their source, not
+    a law) are not compared."""
+    if not (Path(data).is_file() and Path(other).is_file()):
+        return ""
+    if data_identity(data).get("generator") != data_identity(other).get("generator"):
+        return ""
+    mine, theirs = _recorded_parameters(data), _recorded_parameters(other)
+    if mine is None or theirs is None or "source" in mine or "source" in theirs:
+        return ""
+    differ = sorted(k for k in (set(mine) | set(theirs)) - DISCRETISATION_KEYS
+                    if mine.get(k) != theirs.get(k))
+    return "; ".join(f"{k} {mine.get(k)!r} vs {theirs.get(k)!r}" for k in differ)
+
+
 def check_zero_shot_law(data: str | os.PathLike[str], zero_shot: str | os.PathLike[str],
-                        grid_keys: Sequence[str], flags: str) -> None:
+                        flags: str) -> None:
     """``ConfigError`` where the training file ``data`` (``--data``) was drawn by another law
     than the zero-shot file ``zero_shot``, which the script generates with its preset's law on
     another grid: its figures would measure the other law (a Darcy coefficient's length scale,
-    an ODE's horizon), not the grid. ``grid_keys``: the recorded parameters a zero-shot set
-    changes on purpose; ``flags``: those that, given alone, leave the zero-shot sets out.
-    Files converted from other codes' data are not compared (they record their source)."""
-    mine, theirs = _recorded_parameters(data), _recorded_parameters(zero_shot)
-    # (a converted file records its source, not a law to compare)
-    if mine is None or theirs is None or "source" in mine:
-        return
-    differ = sorted(k for k in (set(mine) | set(theirs)) - set(grid_keys)
-                    if mine.get(k) != theirs.get(k))
-    if differ:
-        found = "; ".join(f"{k} {mine.get(k)!r} vs {theirs.get(k)!r}" for k in differ)
+    an ODE's horizon), not the grid.  The law: every recorded parameter but
+    :data:`DISCRETISATION_KEYS`.  ``flags``: those that, given alone, leave the zero-shot sets
+    out."""
+    found = _law_differences(data, zero_shot)
+    if found:
         raise ConfigError(f"--data: its samples follow another law than the zero-shot sets, "
                           f"which are drawn with the preset's ({found}); give {flags} alone "
                           "to leave them out")
@@ -503,7 +522,7 @@ def zero_shot_seed(data: str | os.PathLike[str], generator: str, seed: int) -> i
     """The seed of zero-shot sets that ``generator`` draws with ``seed`` for a run trained on
     the file ``data``: ``seed``, or ``seed + 1`` where ``data`` holds that generator's draws of
     ``seed`` (sample ``i`` depends on ``(seed, i)`` alone, so the zero-shot samples were the
-    training samples on another time grid)."""
+    training samples on another grid, or, for Darcy fields, draws correlated with them)."""
     check_int(seed, "seed", 0)
     identity = data_identity(data)
     repeats = identity.get("generator") == generator and identity.get("seed") == seed
@@ -524,7 +543,9 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
 
     A separate ``eval_data`` whose last ``evaluated`` samples (default ``config['n_eval']``)
     include the draws of training samples (``config['n_train']`` and ``n_valid``: the same
-    generator and seed, :func:`~galerkin_ext.data.storage.same_draws`) is refused.
+    generator and seed, :func:`~galerkin_ext.data.storage.same_draws`) is refused, and so is
+    one of the same generator drawn by another law (its parameters but
+    :data:`DISCRETISATION_KEYS`).
     """
     check_bool(zero_shot, "zero_shot")
     other = None if eval_data is None else Path(eval_data)
@@ -540,6 +561,12 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
     evaluation = data_identity(other) if zero_shot else config["data_identity"]["eval"]
     if zero_shot:
         config["zero_shot"].update(data_file=str(other.resolve()), data_identity=evaluation)
+    found = _law_differences(data, other)
+    if found:
+        raise DataMismatchError(
+            f"--eval-data: its samples follow another law than --data's ({found}): its errors "
+            "would measure that law, not the trained model's; evaluate a trained model on it "
+            "through training.load_trained_model")
     if same_draws(train, evaluation):
         used = config["n_train"] + config.get("n_valid", 0)
         count = config["n_eval"] if evaluated is None else evaluated
@@ -549,7 +576,9 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
                 f"--eval-data: its samples {first} to {min(used, evaluation['n_samples']) - 1} "
                 f"are training samples of --data: both come from the {train['generator']} "
                 f"generator with seed {train['seed']}, whose sample i depends on (seed, i) "
-                "alone (the same draws, whatever the grid); generate it with another --seed")
+                "alone (on another grid the same draws, or, for a Darcy field, whose K x K "
+                "normals are drawn in row order, correlated ones); generate it with another "
+                "--seed")
 
 
 def build_run_model(config: dict[str, Any], name: str, **arguments: Any) -> torch.nn.Module:
