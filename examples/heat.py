@@ -17,7 +17,9 @@ averaged, no self-attention skip, theta as an input function).  Every sample has
 (about 630 vertices at the quick preset's h = 0.5), so batches are padded and masked: a sample's
 prediction never depends on its batch mates.  ``--weights mesh`` (default) attends with the
 vertices' lumped areas and the interfaces' curve weights, ``uniform`` with 1/N.  Data: generated
-once (P2 finite elements on Triangle meshes, periodic in x) and cached; training on the first
+once (P2 finite elements on Triangle meshes, periodic in x) and cached, or GNOT's own heat
+pickle converted (``python -m galerkin_ext.data convert gnot-pickle``: no weights, so
+``--weights uniform``); training on the first
 ``n_train`` samples (the paper's "part" is 1000, "full" 5400), evaluation on the last
 ``n_eval``; z-score normalisers fitted on the training split.  Loss and metric: the per-sample
 relative L2 over the valid points (metric in physical units).  Writes OUT/metrics.json
@@ -33,9 +35,10 @@ import sys
 
 import torch
 
-from galerkin_ext.data import RaggedDataset
+from galerkin_ext.data import GNOT_PICKLE, RaggedDataset
 from galerkin_ext.losses import MaskedRelativeLoss
 from galerkin_ext.training import (
+    ConfigError,
     TrainConfig,
     Trainer,
     add_gnot_flags,
@@ -103,6 +106,10 @@ MODELS = {
     "mionet": {"name": "mionet_heat", "quick": {"width": 128, "latent": 128}},
 }
 N_PLOT = 3  # evaluation samples drawn in prediction.png
+# What the heat models take, by position: 2-D points, one target channel, the 12 knot heights as
+# theta, and the input functions' value channels (the top temperature; the interfaces: points).
+# GNOT's own heat pickles, converted (convert gnot-pickle), hold these unnamed (f1 .. f3, y1).
+HEAT_SHAPE = {"space_dim": 2, "targets": 1, "theta_dim": 12, "input_channels": [1, 0, 0]}
 
 
 def main(argv=None):
@@ -134,8 +141,14 @@ def main(argv=None):
     eval_data = args.eval_data or data  # a separate file holds evaluation samples only
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
     split = {"n_train": cfg["n_train"], "n_test": cfg["n_eval"], "weights": args.weights,
-             "generator": "heat", "dtype": torch.float32}
+             "generator": ("heat", GNOT_PICKLE), "dtype": torch.float32}
     train_set = RaggedDataset(data, "train", **split)
+    layout = train_set.layout
+    shape = {"space_dim": layout.space_dim, "targets": layout.out_dim,
+             "theta_dim": layout.theta_dim,
+             "input_channels": [spec.channels for spec in layout.inputs]}
+    if shape != HEAT_SHAPE:  # (a converted pickle of another problem; found before training)
+        raise ConfigError(f"--data: its samples hold {shape}, the heat models take {HEAT_SHAPE}")
     eval_set = RaggedDataset(eval_data, "test",
                              **(evaluation_only(split) if args.eval_data else split),
                              normalizers=train_set.normalizers)

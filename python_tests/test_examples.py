@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from galerkin_ext.data import (
     DarcyDataset,
     DarcyInverseDataset,
     convert_geofno_elasticity,
+    convert_gnot_pickle,
     generate_burgers,
     generate_darcy,
 )
@@ -969,6 +971,34 @@ def test_gnot_examples(tmp_path, gnot_cache, script, flags):
     assert m["config"]["normalizers"]["target"]["std"][0] > 0
     assert load_checkpoint(out / "last.pt", "last")["config"]["normalizers"] == \
         m["config"]["normalizers"]
+
+
+def test_heat_example_trains_on_a_converted_gnot_pickle(tmp_path):
+    """GNOT's own heat pickles, converted, hold heat's functions unnamed (f1 .. f3, y1): the
+    script refused them as 'gnot_pickle data, expected heat data'; it trains on them with
+    uniform weights, and refuses a pickle of another shape in one line, before training."""
+    rng = np.random.default_rng(0)
+
+    def sample(functions):
+        x = rng.random((int(rng.integers(20, 30)), 2))
+        inputs = [rng.random((int(rng.integers(3, 8)), 2 + c)) for c in functions]
+        return [x, rng.random((len(x), 1)), rng.random(12), inputs]
+
+    for name, functions in (("heat", (1, 0, 0)), ("other", (1, 0))):
+        (tmp_path / f"{name}.pkl").write_bytes(pickle.dumps([sample(functions)
+                                                              for _ in range(9)]))
+        convert_gnot_pickle(tmp_path / f"{name}.pkl", tmp_path / f"{name}.h5",
+                            trust_pickle=True, progress=False)
+    common = ("--n-train", "6", "--n-eval", "3", "--epochs", "1", "--batch-size", "3",
+              "--weights", "uniform")
+    _run(_cmd("heat.py", tmp_path / "run", "--data", str(tmp_path / "heat.h5"), *common))
+    assert math.isfinite(_metrics(tmp_path / "run")["test_rel_l2"])
+    proc = subprocess.run(_cmd("heat.py", tmp_path / "other", "--data",
+                               str(tmp_path / "other.h5"), *common),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "'input_channels': [1, 0]}, the heat models take" in proc.stderr
+    assert not (tmp_path / "other" / "last.pt").exists()
 
 
 def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):

@@ -1,5 +1,8 @@
-"""Original data sets converted to our files, for users who have them: the same examples and
-models then train on the papers' data.  The GNOT experiments' sets become ragged files
+"""Original data sets converted to our files, for users who have them: the same models then
+train on the papers' data (``examples/elasticity.py`` on Geo-FNO's elasticity set,
+``examples/heat.py`` on GNOT's heat pickle, ``examples/darcy_continuum.py`` and
+``examples/kolmogorov.py`` on the continuum paper's grids; GNOT's other pickles through
+:class:`RaggedDataset` and the registry's GNOT).  The GNOT experiments' sets become ragged files
 (SPEC-gnot §3, §4.2); the continuum-attention paper's grids (SPEC-continuum §3) become Darcy
 and Kolmogorov files (:func:`convert_continuum_darcy`, :func:`convert_continuum_navier_stokes`).
 
