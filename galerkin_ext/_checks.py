@@ -627,6 +627,13 @@ def _check_map_eps(eps: object, *maps: object) -> None:
         check_float(eps, "eps", low_inclusive=True)
 
 
+def refused_by_safe_load(err: BaseException) -> bool:
+    """Whether ``torch.load(weights_only=True)`` refused a file's content (a pickle of other
+    objects, or no pickle at all), whose message advises loading it unsafely instead: the
+    package's messages say what the file should hold."""
+    return "Weights only load failed" in str(err) or "Unsupported global" in str(err)
+
+
 def check_bool(value: object, name: str) -> None:
     """``value`` a bool (not 0/1, not a string)."""
     if not isinstance(value, bool):

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 
@@ -397,6 +399,11 @@ def test_cli_generate_info_and_errors(tmp_path, capsys):
     assert main(args + ["--no-progress", "--overwrite"]) == 0
     assert main(["info", str(out)]) == 0
     assert json.loads(capsys.readouterr().out.split("wrote")[-1].split("\n", 1)[1])["n_done"] == 3
+    # a reader that closes the pipe early (| head -1): no BrokenPipeError traceback
+    proc = subprocess.Popen([sys.executable, "-m", "galerkin_ext.data", "info", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0 and b"Traceback" not in proc.stderr.read()
     # the command line makes a missing folder (the README's data/ of a fresh clone), as the
     # training scripts make theirs; one it cannot make is named
     made = tmp_path / "new" / "deeper" / "b.h5"

@@ -322,9 +322,14 @@ def test_corrupt_checkpoint_gives_clear_error(tmp_path):
         load_checkpoint(tmp_path / "last.pt")
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         _trainer(tmp_path, epochs=1).fit(resume=True)
+    # (torch's message for these advised loading them unsafely, weights_only=False)
     (tmp_path / "other.pt").write_bytes(b"not a checkpoint at all")
-    with pytest.raises(CheckpointError):
-        load_checkpoint(tmp_path / "other.pt")
+    (tmp_path / "metrics.json").write_text('{"a": 1}')
+    for name in ("other.pt", "metrics.json"):
+        with pytest.raises(CheckpointError, match=r"not a galerkin_ext training checkpoint: a "
+                                                  r"safe load \(torch.load\(weights_only=True\)\) "
+                                                  r"refuses its content$"):
+            load_checkpoint(tmp_path / name)
     torch.save({"model": {}}, tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="not a galerkin_ext training checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt")

@@ -238,7 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             inspect = inspect_ragged if is_ragged_file(args.file) else inspect_h5
             # strict JSON: a statistic of non-finite data is null, not NaN
-            print(json.dumps(_finite(inspect(args.file)), indent=2, allow_nan=False))
+            text = json.dumps(_finite(inspect(args.file)), indent=2, allow_nan=False)
+            try:
+                print(text, flush=True)
+            except BrokenPipeError:  # a reader that stopped early (| head): no traceback
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         if out is not None:  # (as the training scripts make theirs; the API, as open(), not)
             folder = Path(out).parent

@@ -33,7 +33,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from .._checks import check_choice, check_float, check_int, check_path
+from .._checks import check_choice, check_float, check_int, check_path, refused_by_safe_load
 from .ragged import RaggedLayout, validate_sample, write_ragged
 from .storage import check_output
 
@@ -487,9 +487,10 @@ def convert_continuum_navier_stokes(
         except RuntimeError:  # the legacy (non-zip) format cannot be mapped
             pairs = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for files it cannot read
-        if "Unsupported global" in str(err):  # (torch's text advises unsafe loading)
-            raise ValueError(f"{where} holds Python objects that a safe load refuses; expected "
-                             "one tensor (N, s, s, 2), as torch.save writes it") from None
+        if refused_by_safe_load(err):  # (torch's text advises unsafe loading)
+            raise ValueError(f"{where}: a safe load (torch.load(weights_only=True)) refuses "
+                             "its content; expected one tensor (N, s, s, 2), as torch.save "
+                             "writes it") from None
         raise ValueError(f"{where} is not a readable .pt tensor file ({type(err).__name__}: "
                          f"{err})") from err
     if not isinstance(pairs, torch.Tensor):

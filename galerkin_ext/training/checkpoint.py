@@ -36,7 +36,7 @@ from typing import IO, Any
 
 import torch
 
-from .._checks import check_choice, check_path
+from .._checks import check_choice, check_path, refused_by_safe_load
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -310,6 +310,10 @@ def load_checkpoint(
         if map_location is None and "on a CUDA device" in str(err):  # (saved on a GPU)
             raise ValueError("map_location: None keeps the checkpoint's CUDA devices, but CUDA "
                              "is not available here; load with map_location='cpu'") from err
+        if refused_by_safe_load(err):
+            raise CheckpointError(f"{str(p)!r} is not a galerkin_ext training checkpoint: a "
+                                  "safe load (torch.load(weights_only=True)) refuses its "
+                                  "content") from None
         raise CheckpointError(
             f"{str(p)!r} is not a readable checkpoint (corrupt or truncated?): "
             f"{str(err) or type(err).__name__}"
