@@ -359,6 +359,19 @@ def test_inverse_targets_come_from_the_fine_grid_paired_with_the_coarse_one():
         targets_grid(29, 29, (85, 22))
 
 
+def test_a_grid_too_coarse_for_the_model_is_refused_before_training(tmp_path, burgers_file):
+    """--eval-n 16 divides the data's points, but the spectral layers need n >= 2 modes - 2:
+    the run failed with a traceback after all of its training, writing no metrics."""
+    out = tmp_path / "run"
+    proc = subprocess.run(_cmd("burgers.py", out, "--data", str(burgers_file), "--n-train", "8",
+                               "--n-eval", "4", "--n", "128", "--epochs", "1", "--eval-n", "16"),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert ("--eval-n 16: x: 16 points give 9 Fourier modes, fewer than modes = 16; expected "
+            "n >= 30") in proc.stderr
+    assert not (out / "last.pt").exists()
+
+
 def test_resume_refuses_changed_settings(tmp_path, burgers_file):
     """A resumption that would change the model, the data or the schedule stops before any
     work, naming the setting, and leaves last.pt as it was."""
