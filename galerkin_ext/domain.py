@@ -414,7 +414,7 @@ def _check_points(x: object, dim: object, n: int, what: str) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
     if (isinstance(dim, bool) or not isinstance(dim, numbers.Integral)
-            or not -x.dim() <= dim < x.dim()):
+            or not -x.dim() <= int(dim) < x.dim()):
         raise ValueError(f"dim: expected an axis of x, which has {x.dim()}, got {dim!r}")
     if x.shape[dim] != n:
         raise ValueError(f"x: expected {what} = {n} points on axis {dim}, got shape "

@@ -141,7 +141,7 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     if name == "darcy" and "eps" not in overrides:
         fine = default("fine")
         fine_galerkin = (default("attention_type") == "galerkin" and not isinstance(fine, bool)
-                         and isinstance(fine, numbers.Integral) and fine >= 211)
+                         and isinstance(fine, numbers.Integral) and int(fine) >= 211)
         config["eps"] = 1e-5 if fine_galerkin else 1e-7
     if "encoder_dropout" in allowed and default("attention_type") in ("softmax", "linear") and (
         "encoder_dropout" not in overrides
