@@ -1130,7 +1130,12 @@ def test_readme_use_block_runs_as_written():
 def test_darcy_continuum_checks_its_eval_data_before_training(tmp_path, capsys):
     """An --eval-data grid the model cannot take failed with a traceback after all of
     training (no metrics.json), and a file of other coefficients was scored without a word."""
-    from galerkin_ext.data import DataMismatchError, generate_darcy
+    from galerkin_ext.data import (
+        DataMismatchError,
+        convert_continuum_darcy,
+        generate_darcy,
+        read_h5,
+    )
 
     darcy = _load_example("darcy_continuum")
     make = {"n_samples": 8, "workers": 1, "progress": False}
@@ -1150,12 +1155,23 @@ def test_darcy_continuum_checks_its_eval_data_before_training(tmp_path, capsys):
                         str(out)])
         assert message in capsys.readouterr().err
         assert not (out / "last.pt").exists()
-    # (a file the package generated records its law, refused before the data are read)
+    # a file the package generated records its law, refused before the data are read; one
+    # converted from the authors' .mat records its source, and its coefficients' kind is read
     with pytest.raises(DataMismatchError, match=r"^--eval-data: its samples follow another law "
                                                 r"than --data's \(coef 'lognormal' vs "
                                                 r"'piecewise'; high None vs 12.0"):
         darcy.main([*common, "--model", "fno", "--eval-data", str(piecewise), "--out",
                     str(tmp_path / "fno")])
+    fields = read_h5(piecewise, np.arange(8), keys=("a", "u"))
+    scipy.io.savemat(tmp_path / "p16.mat", {name: fields[key].transpose(1, 2, 0)
+                                            for name, key in (("x", "a"), ("y", "u"))})
+    converted = convert_continuum_darcy(tmp_path / "p16.mat", tmp_path / "p16_mat.h5",
+                                        progress=False)
+    with pytest.raises(SystemExit):
+        darcy.main([*common, "--model", "fno", "--eval-data", str(converted), "--out",
+                    str(tmp_path / "fno")])
+    assert ("--eval-data: its coefficients are piecewise, the training data's lognormal"
+            in capsys.readouterr().err)
     assert not (tmp_path / "fno" / "last.pt").exists()
 
 
