@@ -20,7 +20,7 @@ fourier``) and ``examples/darcy_continuum.py --model tno`` (32², batch 8) and `
 its attention probabilities with p = 0.1 (its authors'), ``darcy_tno_no_attn`` is the same
 model without that dropout. The Fourier type's attention dropout is the fused quadratic op in
 ``ours``, the TNO's the fused softmax op; in ``torch`` the N×N matrix with torch's mask (SDPA's
-for the TNO). Medians over ``--reps`` rounds of ``--steps`` steps of each in turn.
+for the TNO). Medians over ``--step-reps`` rounds of ``--steps`` steps of each in turn.
 """
 
 from __future__ import annotations
