@@ -109,6 +109,14 @@ def main(argv=None):
     thresholds = cfg.pop("thresholds", {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    # the model before the data: a grid too small for its Fourier modes fails now (the coarse
+    # grid is the transformer's attention grid; the FNO works on the fine one)
+    torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
+    try:
+        model = (build_run_model(cfg, name) if args.model == "fno"
+                 else build_run_model(cfg, name, fine=cfg["fine"], coarse=cfg["coarse"]))
+    except ValueError as err:
+        parser.error(f"--fine/--coarse: {err}")
     check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
@@ -127,11 +135,7 @@ def main(argv=None):
     cfg["normalizers"] = normalizer_config(input=train_set.input_normalizer,
                                            target=train_set.target_normalizer)
 
-    # -- model, loss, training -----------------------------------------------------------------
-    torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    # (the coarse grid is the transformer's attention grid; the FNO works on the fine one)
-    model = (build_run_model(cfg, name) if args.model == "fno"
-             else build_run_model(cfg, name, fine=cfg["fine"], coarse=cfg["coarse"]))
+    # -- loss, training (the model: built above) --------------------------------------------
     norm = train_set.target_normalizer  # the model outputs u itself: u = out * std + mean
     model.denormalizer.set_statistics(norm.mean[..., None], norm.std[..., None], eps=norm.eps)
     loss = OperatorLoss(gamma=GAMMA, h=1.0 / (cfg["fine"] - 1), coefficient_weighted=True)

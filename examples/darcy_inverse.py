@@ -142,6 +142,13 @@ def main(argv=None):
     thresholds = cfg.pop("thresholds", {})  # not part of the run's identity
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
+    # the model before the data: a grid too small for its Fourier modes fails now
+    torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
+    try:
+        model = (build_run_model(cfg, name, coarse=cfg["coarse"]) if args.model == "fno"
+                 else build_run_model(cfg, name, fine=cfg["fine"], coarse=cfg["coarse"]))
+    except ValueError as err:
+        parser.error(f"--fine/--coarse: {err}")
     check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 
@@ -162,10 +169,7 @@ def main(argv=None):
     # in checkpoints: per grid point, flattened (fine x fine row-major)
     cfg["normalizers"] = normalizer_config(input=train_set.input_normalizer)
 
-    # -- model, loss, training -----------------------------------------------------------------
-    torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = (build_run_model(cfg, name, coarse=cfg["coarse"]) if args.model == "fno"
-             else build_run_model(cfg, name, fine=cfg["fine"], coarse=cfg["coarse"]))
+    # -- loss, training (the model: built above) --------------------------------------------
     norm = UnitGaussianNormalizer(train_set.target)  # the model outputs a: out * std + mean
     model.denormalizer.set_statistics(norm.mean[..., None], norm.std[..., None], eps=norm.eps)
     loss = OperatorLoss(gamma=0.0)

@@ -1062,6 +1062,9 @@ class Trainer:
             with torch.no_grad():
                 batch = next(iter(_loader(first, len(first), device)))
                 _batch_errors(self.model, batch, device, self.forward, self.metric)
+        except ValueError as err:  # e.g. a grid too coarse for an FNO's modes: a ConfigError,
+            # which the scripts report in one line (a ValueError still: the same for callers)
+            raise ConfigError(f"eval_set: its first batch does not fit the model: {err}") from err
         finally:
             self.model.train(mode)
 
