@@ -61,9 +61,9 @@ def print_table(parser: argparse.ArgumentParser, results: Path,
     ``--out``."""
     if not results.is_file():
         parser.error(f"--out: no results file {str(results)!r} to tabulate")
-    try:
-        runs = json.loads(results.read_text())["runs"]
+    try:  # (another script's runs lack the keys this table reads)
+        text = table(json.loads(results.read_text())["runs"])
     except (ValueError, KeyError, TypeError):
         parser.error(f"--out: {str(results)!r} is not a results file of this script "
                      "(JSON with its 'runs')")
-    print(table(runs))
+    print(text)

@@ -6,7 +6,8 @@
 (``--results FILE`` before the action reads and writes another file.)
 
 ``add`` reads a finished run's ``metrics.json`` (written by ``examples/burgers.py``,
-``darcy.py`` or ``darcy_inverse.py`` with ``--preset paper``; other presets are refused) and
+``darcy.py`` or ``darcy_inverse.py`` with ``--preset paper`` and its sample counts, epochs and
+batch; other presets and cut-down runs are refused) and
 puts one record into ``benchmarks/results/paper_runs.json`` (a list; a record with the same
 ``experiment``, ``attention``, ``norm``, ``setting`` and ``reference_dropout`` is replaced only
 with ``--replace``: a committed record can cost hours).  ``command`` and
@@ -22,6 +23,7 @@ code selects it) and ``last_epoch_rel_l2`` the model after the last epoch.  A ru
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -70,6 +72,17 @@ def experiment_and_setting(config: dict[str, Any]) -> tuple[str, str]:
                      "darcy_inverse.py")
 
 
+def paper_preset(experiment: str) -> dict[str, Any]:
+    """The ``"paper"`` preset of ``examples/<experiment>.py``."""
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{experiment}.py"
+    spec = importlib.util.spec_from_file_location(f"_paper_{experiment}", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"{path}: not found (the examples folder of this checkout)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PRESETS["paper"]
+
+
 def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]:
     metrics_file = run / "metrics.json"
     if not metrics_file.is_file():
@@ -85,6 +98,16 @@ def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]
         raise ValueError(f"{metrics_file}: a run of preset {config.get('preset')!r}; only "
                          "--preset paper runs are recorded beside the paper's numbers")
     experiment, setting = experiment_and_setting(config)
+    # the protocol's sizes, which the flags can cut down (a smoke test of --preset paper)
+    preset = paper_preset(experiment)
+    ran = {"n_train": config["n_train"], "n_eval": config["n_eval"],
+           **{f"train.{k}": config["train"][k] for k in ("epochs", "batch_size")}}
+    wanted = {"n_train": preset["n_train"], "n_eval": preset["n_eval"],
+              **{f"train.{k}": preset["train"][k] for k in ("epochs", "batch_size")}}
+    differ = [f"{k} {ran[k]} (the paper's {wanted[k]})" for k in ran if ran[k] != wanted[k]]
+    if differ:
+        raise ValueError(f"{metrics_file}: not the paper's protocol ({', '.join(differ)}); "
+                         "only runs of it are recorded beside the paper's numbers")
     model = config["model"]
     if config.get("model_choice") == "fno":  # no attention, no norm: the paper's FNO row
         attention, norm = "fno", None
@@ -169,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.results.is_file():  # (a mistyped path read as "no records" before)
             p.error(f"--results: no such file {str(args.results)!r}")
-        print(table(load(args.results)))
+        try:  # (another script's results: a TypeError before)
+            text = table(load(args.results))
+        except (ValueError, KeyError, TypeError):
+            p.error(f"--results: {str(args.results)!r} is not a file of paper_runs.py's "
+                    "records (a JSON list)")
+        print(text)
     return 0
 
 

@@ -192,9 +192,11 @@ def _fake_run(folder: Path, config: dict, test: float, last: float, **keys) -> P
 def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     results = tmp_path / "paper_runs.json"
     script = [sys.executable, str(BENCHMARKS / "paper_runs.py"), "--results", str(results)]
-    burgers = {"preset": "paper", "n": 512,
+    protocol = {"n_train": 1024, "n_eval": 100}  # SPEC §5's, with the batch of 1-D or 2-D
+    burgers = {"preset": "paper", "n": 512, **protocol, "train": {"epochs": 100, "batch_size": 8},
                "model": {"attention_type": "galerkin", "norm": "attn"}}
-    inverse = {"preset": "paper", "fine": 141, "coarse": 36, "noise": 0.01,
+    protocol_2d = {**protocol, "train": {"epochs": 100, "batch_size": 4}}
+    inverse = {"preset": "paper", "fine": 141, "coarse": 36, "noise": 0.01, **protocol_2d,
                "model": {"attention_type": "fourier", "norm": "attn",
                          "reference_dropout": True}}
     gt = _fake_run(tmp_path / "gt", burgers, 2.406e-3, 2.5e-3, command="python x.py",
@@ -204,7 +206,8 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     inv = _fake_run(tmp_path / "inv", inverse, 3e-2, 3.1e-2)
     # an FNO row (--model fno records an empty model config): "only n_c" of the inverse table
     fno = _fake_run(tmp_path / "fno", {"preset": "paper", "fine": 36, "coarse": 36,
-                                       "noise": 0.1, "model": {}, "model_choice": "fno"},
+                                       "noise": 0.1, **protocol_2d, "model": {},
+                                       "model_choice": "fno"},
                     0.173, 0.18, command="python f.py", device_name="gpu")
     for cmd in ([*script, "add", str(gt2048)],
                 [*script, "add", str(gt)],
@@ -213,12 +216,19 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
                 [*script, "add", str(gt), "--replace"]):  # the same run replaces its record
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
-    # ... only when asked; and a run of another preset is never recorded
+    # ... only when asked; and a run of another preset, or one cut down by its flags (it was
+    # recorded as the paper's protocol, 837x the paper's figure), is never recorded
     quick = _fake_run(tmp_path / "quick", {**burgers, "preset": "quick"}, 0.8, 0.8,
+                      command="python z.py", device_name="cpu")
+    smoke = _fake_run(tmp_path / "smoke", {**burgers, "n_train": 8,
+                                           "train": {"epochs": 1, "batch_size": 8}}, 1.0, 1.0,
                       command="python z.py", device_name="cpu")
     for cmd, message in (([*script, "add", str(gt)], "already holds burgers, galerkin, attn, "
                                                       "n=512, False (2.406e-03 after 2 epochs"),
-                         ([*script, "add", str(quick), "--replace"], "preset 'quick'")):
+                         ([*script, "add", str(quick), "--replace"], "preset 'quick'"),
+                         ([*script, "add", str(smoke), "--replace"],
+                          "not the paper's protocol (n_train 8 (the paper's 1024), "
+                          "train.epochs 1 (the paper's 100))")):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     records = json.loads(results.read_text())
@@ -420,9 +430,14 @@ def test_gpu_session_stops_without_a_gpu(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["paper_runs.py", "--results", "{tmp}/none.json", "table"],
      "--results: no such file"),
+    (["paper_runs.py", "--results", "{tmp}/foreign.json", "table"],
+     "is not a file of paper_runs.py's records"),
     (["darcy_budget.py", "--table", "--out", "{tmp}/other.json"],
      "is not a results file of this script"),
     (["quick_presets.py", "--table", "--out", "{tmp}/none.json"], "--out: no results file"),
+    # another script's runs (a KeyError before)
+    (["quick_presets.py", "--table", "--out", "{tmp}/foreign.json"],
+     "is not a results file of this script"),
     (["quick_presets.py", "--out", "{tmp}/q.json"], "--runs: required"),
     (["burgers_stability.py", "--data", "{tmp}/none.h5", "--out", "{tmp}/b.json"],
      "error: --data: "),
@@ -435,6 +450,7 @@ def test_benchmark_arguments_are_refused_in_one_line(tmp_path: Path, args, messa
     """A mistyped path or a repeated arm: a traceback, an empty table read as "no records", or
     an arm trained twice before; now one line naming the flag, and nothing run."""
     (tmp_path / "other.json").write_text('{"records": []}')
+    (tmp_path / "foreign.json").write_text('{"runs": [{"name": "heat", "test_rel_l2": 0.1}]}')
     cmd = [sys.executable, str(BENCHMARKS / args[0]),
            *(a.format(tmp=tmp_path) for a in args[1:])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
