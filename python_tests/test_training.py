@@ -778,6 +778,40 @@ def test_evaluate_predict_and_tensorboard_arguments(tmp_path, monkeypatch):
     assert not (tmp_path / "tb").exists()
 
 
+def test_a_fresh_run_removes_an_earlier_runs_tensorboard_events(tmp_path, monkeypatch):
+    """A fresh run in a folder where another run had logged kept that run's event files:
+    TensorBoard showed both runs' epochs as one curve. (A stand-in writer: the tensorboard
+    package is an extra.)"""
+    from galerkin_ext.training import trainer as trainer_module
+
+    class Writer:  # writes one event file, named as SummaryWriter names them
+        made = 0
+
+        def __init__(self, log_dir: str) -> None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            Writer.made += 1
+            self.file = Path(log_dir) / f"events.out.tfevents.{Writer.made}"
+            self.file.write_text("")
+
+        def add_scalar(self, tag, value, step) -> None:
+            with self.file.open("a") as f:
+                f.write(f"{tag} {step}\n")
+
+        def flush(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(trainer_module, "tensorboard_writer_class", lambda: Writer)
+    for _ in range(2):
+        _trainer(tmp_path, epochs=1, tensorboard=True).fit()
+    assert [p.name for p in (tmp_path / "tensorboard").iterdir()] == ["events.out.tfevents.2"]
+    # a resumed run keeps them: its epochs continue the curve
+    _trainer(tmp_path, epochs=1, tensorboard=True).fit(resume=True)
+    assert len(list((tmp_path / "tensorboard").iterdir())) == 2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_describe_grid_tells_uniform_from_nonuniform_time_grids(dtype):
     """A uniform float32 grid t = 0.005 n on [0, 2] has gaps 0.005 +- 3e-7: the round-off of

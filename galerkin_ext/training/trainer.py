@@ -777,7 +777,11 @@ class Trainer:
         _check_recorded(self.run_config, self._recorded())
         # made last: a refusal above leaves no folder behind
         self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else _check_out_dir(out_dir)
-        self.tb_writer = self._tensorboard() if config.tensorboard and self.ctx.is_main else None
+        # the package's presence checked now; the writer made by fit(), once an earlier run's
+        # event files are gone
+        self._writer_class = (tensorboard_writer_class() if config.tensorboard
+                              and self.ctx.is_main else None)
+        self.tb_writer: Any = None
         self._owns_last = False  # whether last.pt is this run's (resumed or written by it)
         self._fitted = False  # fit() runs once: it spends the optimiser and the schedule
 
@@ -792,9 +796,6 @@ class Trainer:
     def best_path(self) -> Path:
         """``out_dir/best.pt``: the best model so far."""
         return self.out_dir / "best.pt"
-
-    def _tensorboard(self) -> Any:
-        return tensorboard_writer_class()(log_dir=str(self.out_dir / "tensorboard"))
 
     def _recorded(self) -> dict[str, Any]:
         """What the Trainer records in the run's config beside ``run_config``."""
@@ -961,7 +962,12 @@ class Trainer:
                 # checkpoints, the old figures passing for the new run's.
                 for name in _EARLIER_RESULTS:
                     (self.out_dir / name).unlink(missing_ok=True)
+                # (TensorBoard showed the two runs' curves as one)
+                for events in (self.out_dir / "tensorboard").glob("events.out.tfevents.*"):
+                    events.unlink()
             torch.manual_seed(cfg.seed + ctx.rank)  # dropout differs between processes
+        if self._writer_class is not None:
+            self.tb_writer = self._writer_class(log_dir=str(self.out_dir / "tensorboard"))
         model: nn.Module = self.model
         if ctx.enabled and self.parallel == "data":
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
