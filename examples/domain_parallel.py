@@ -146,7 +146,7 @@ def main(argv=None):
                         help="grid points per axis read from the data; (stored - 1) / "
                              "(resolution - 1) must be an integer (quick: 85, large: 421)")
     args = parser.parse_args(argv)
-    cfg = resolve_config(PRESETS, args, experiment="domain_parallel")
+    cfg = resolve_config(PRESETS, args, experiment="domain_parallel", parallel="domain")
     cfg["model"].update(space_dim=2, query_dim=3, out_dim=1)  # query points: [x, y, a(x, y)]
     cfg["resolution"] = args.resolution or cfg["resolution"]
     if args.data is None:  # found now, not after the data are generated

@@ -72,6 +72,20 @@ def test_resolve_config_refuses_in_one_line_what_failed_later_with_a_traceback(t
     assert not (tmp_path / "o").exists()
 
 
+def test_a_batch_the_torchrun_processes_cannot_share_is_refused_before_the_data(tmp_path,
+                                                                                 monkeypatch):
+    """The Trainer refused it, after the data were generated; domain parallelism splits the
+    points, not the batch, and takes any batch."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = _args(tmp_path, "--batch-size", "3")
+    with pytest.raises(ConfigError, match=r"^batch_size: the global batch 3 must be divisible "
+                                          r"by the 2 processes \(--batch-size, torchrun's "):
+        resolve_config(PRESETS, args, experiment="t")
+    assert resolve_config(PRESETS, args, experiment="t", parallel="domain")["train"][
+        "batch_size"] == 3
+    assert resolve_config(PRESETS, _args(tmp_path, "--batch-size", "2"), experiment="t")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None,
                     reason="tensorboard is installed")
 def test_tensorboard_flag_without_the_package(tmp_path):

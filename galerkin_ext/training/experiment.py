@@ -31,6 +31,7 @@ from .._checks import (
     cannot_make_folder,
     cannot_write_in,
     check_bool,
+    check_choice,
     check_int,
     check_path,
     recorded_statistics,
@@ -282,7 +283,7 @@ def gnot_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
-                   experiment: str) -> dict[str, Any]:
+                   experiment: str, parallel: str = "data") -> dict[str, Any]:
     """A deep copy of ``presets[args.preset]`` with the command-line overrides applied, and
     the ``experiment``'s name (the script's, e.g. ``'darcy'``: a run of another experiment is
     not resumed).
@@ -294,7 +295,8 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
     torch's default) and ``n_valid`` (a validation split between the training and evaluation
     samples; overridden by ``args.n_valid`` where the script has that flag).  Data generated
     for the preset hold ``n_train + n_valid + n_eval`` samples unless the preset's ``data``
-    says more in ``n_samples``.
+    says more in ``n_samples``.  ``parallel``: the Trainer's (``'data'``: the batch is split
+    over the ``torchrun`` processes, so it must be divisible by their number).
     """
     if not isinstance(args, argparse.Namespace) or args.preset not in presets:
         raise ValueError(f"args.preset: expected one of {list(presets)}")
@@ -338,6 +340,11 @@ def resolve_config(presets: Mapping[str, Any], args: argparse.Namespace, *,
     if batch_size > cfg["n_train"]:
         raise ConfigError(f"batch_size: the batch of {batch_size} is larger than the "
                           f"{cfg['n_train']} training samples (--batch-size, --n-train)")
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # (torchrun's)
+    split = check_choice(parallel, "parallel", ("data", "domain")) == "data"
+    if split and batch_size % processes:
+        raise ConfigError(f"batch_size: the global batch {batch_size} must be divisible by the "
+                          f"{processes} processes (--batch-size, torchrun's --nproc_per_node)")
     check_precision(train.get("precision", "fp32"), resolve_device(args.device))
     if args.tensorboard:
         tensorboard_writer_class()
