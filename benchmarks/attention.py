@@ -95,16 +95,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     if args.out is None:
         p.error("--out: the JSON file to write is required")
-    for name in filter(None, args.shapes.split(",")):
+    # the comma lists as lists: blanks stripped, repeats dropped (they measured twice)
+    args.shapes, args.impls, args.ops = (
+        list(dict.fromkeys(item.strip() for item in value.split(",") if item.strip()))
+        for value in (args.shapes, args.impls, args.ops))
+    for name in args.shapes:
         if name not in SHAPES:
             p.error(f"--shapes: unknown shape {name!r}; expected some of {', '.join(SHAPES)}")
-    for impl in args.impls.split(","):
+    for impl in args.impls:
         if impl not in ("ours", "eager", "compiled", "original"):
             p.error(f"--impls: unknown implementation {impl!r}")
         if impl == "original" and not original.available():
             p.error(f"--impls original: galerkin-transformer is not installed "
                     f"({original.INSTALL_HINT})")
-    for op in args.ops.split(","):
+    for op in args.ops:
         if op not in OPS:
             p.error(f"--ops: unknown op {op!r}")
     if args.reps < 1:
@@ -394,9 +398,8 @@ def main() -> None:
         return
     dev = Device(args.device)
     dtype = getattr(torch, args.dtype)
-    impls = args.impls.split(",")
-    names = filter(None, args.shapes.split(","))
-    shapes = [SHAPES[name] for name in names] + (SWEEP if args.sweep else [])
+    impls = args.impls
+    shapes = [SHAPES[name] for name in args.shapes] + (SWEEP if args.sweep else [])
     if not shapes:
         sys.exit("--shapes: no shapes to measure (name some, or add --sweep)")
     gen = torch.Generator().manual_seed(0)
@@ -405,7 +408,7 @@ def main() -> None:
           f"{torch.get_num_threads()}; copy {copy_gbps:.1f} GB/s")
     rows = []
     for shape in shapes:
-        for op in args.ops.split(","):
+        for op in args.ops:
             rows += bench_shape(dev, op, shape, impls, dtype, args.reps, gen)
     print_rows(rows)
     result = dict(
