@@ -77,6 +77,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
     preset = _example().PRESETS["paper"]
+    # the model's own check of the grid (an empty batch): its spectral layers need
+    # n >= 2 modes - 2 points (--n 16 failed in the workers, after the data were made)
+    probe = build_model("burgers", **{**preset["model"], "attention_type": args.attention})
+    try:
+        with torch.no_grad():
+            probe.eval()(torch.zeros(0, args.n, 1), torch.linspace(0, 1, args.n)[:, None])
+    except ValueError as err:
+        p.error(f"--n: {err}")
     if args.epochs > preset["train"]["epochs"]:
         p.error(f"--epochs: at most the schedule's {preset['train']['epochs']}, got {args.epochs}")
     n_train = args.n_train or preset["n_train"]

@@ -443,6 +443,8 @@ def test_gpu_session_stops_without_a_gpu(tmp_path: Path) -> None:
      "error: --data: "),
     (["burgers_stability.py", "--arms", "raw,raw", "--out", "{tmp}/b.json"],
      "--arms: expected a comma-separated subset"),
+    (["burgers_stability.py", "--n", "16", "--out", "{tmp}/b.json"],
+     "--n: x: 16 points give 9 Fourier modes, fewer than modes = 16; expected n >= 30"),
     (["data_generation.py", "{tmp}/d.json", "--keep", "{tmp}/other.json"],
      "--keep: cannot make the folder"),
 ])
