@@ -61,6 +61,16 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return proc
 
 
+def _refused(script: str, out: Path, *args: str, status: int = 1) -> str:
+    """Runs ``script`` expecting a refusal: exit ``status``, one line (no traceback), no epoch
+    trained into ``out``; its stderr."""
+    proc = subprocess.run(_cmd(script, out, *args), capture_output=True, text=True,
+                          timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == status and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (out / "last.pt").exists()
+    return proc.stderr
+
+
 def _torchrun(cmd: list[str], log_dir: Path) -> list[str]:
     """``cmd`` (a ``_cmd``) on 2 gloo processes. torchrun's logs go to ``log_dir``: by default
     it makes a /tmp/torchelastic_* folder a run and never removes it."""
@@ -158,14 +168,11 @@ def test_burgers_example_evaluates_a_separate_file(tmp_path, burgers_file):
     # a file of the training file's generator and seed holds its draws: refused, not scored
     same = generate_burgers(tmp_path / "same.h5", n_samples=2, resolution=2048,
                             solve_resolution=256, progress=False)
-    proc = subprocess.run(_cmd("burgers.py", tmp_path / "same", "--data", str(burgers_file),
-                               "--eval-data", str(same), "--n-train", "8", "--n-eval", "2",
-                               "--n", "128", "--epochs", "1"),
-                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    stderr = _refused("burgers.py", tmp_path / "same", "--data", str(burgers_file),
+                      "--eval-data", str(same), "--n-train", "8", "--n-eval", "2", "--n", "128",
+                      "--epochs", "1")
     assert ("--eval-data: its samples 0 to 1 are training samples of --data: both come from "
-            "the burgers generator with seed 0") in proc.stderr
-    assert not (tmp_path / "same" / "last.pt").exists()
+            "the burgers generator with seed 0") in stderr
 
 
 def test_darcy_example(tmp_path, darcy_file):
@@ -362,14 +369,11 @@ def test_inverse_targets_come_from_the_fine_grid_paired_with_the_coarse_one():
 def test_a_grid_too_coarse_for_the_model_is_refused_before_training(tmp_path, burgers_file):
     """--eval-n 16 divides the data's points, but the spectral layers need n >= 2 modes - 2:
     the run failed with a traceback after all of its training, writing no metrics."""
-    out = tmp_path / "run"
-    proc = subprocess.run(_cmd("burgers.py", out, "--data", str(burgers_file), "--n-train", "8",
-                               "--n-eval", "4", "--n", "128", "--epochs", "1", "--eval-n", "16"),
-                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    stderr = _refused("burgers.py", tmp_path / "run", "--data", str(burgers_file), "--n-train",
+                      "8", "--n-eval", "4", "--n", "128", "--epochs", "1", "--eval-n", "16",
+                      status=2)
     assert ("--eval-n 16: x: 16 points give 9 Fourier modes, fewer than modes = 16; expected "
-            "n >= 30") in proc.stderr
-    assert not (out / "last.pt").exists()
+            "n >= 30") in stderr
 
 
 def test_resume_refuses_changed_settings(tmp_path, burgers_file):
@@ -536,20 +540,15 @@ def test_darcy_grids_too_coarse_for_the_fourier_modes_fail_in_one_line(tmp_path,
     FNO2d on a 22 x 22 one (at its first batch) ended in tracebacks after the data were
     generated: the first is refused before any data, the second before any training step."""
     cache = tmp_path / "cache"
-    proc = subprocess.run(_cmd("darcy.py", tmp_path / "a", "--fine", "15", "--coarse", "8",
-                               "--data-dir", str(cache)),
-                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-    assert proc.returncode == 2 and not cache.exists(), proc.stderr[-2000:]
+    stderr = _refused("darcy.py", tmp_path / "a", "--fine", "15", "--coarse", "8",
+                      "--data-dir", str(cache), status=2)
     assert ("--fine/--coarse: modes: expected at most 7 for the 15×15 output grid of the "
-            "spectral decoder, got 12") in proc.stderr
-    proc = subprocess.run(_cmd("darcy.py", tmp_path / "b", "--model", "fno", "--fine", "22",
-                               "--coarse", "8", "--data", str(darcy_file), "--n-train", "8",
-                               "--n-eval", "4", "--epochs", "1"),
-                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+            "spectral decoder, got 12") in stderr and not cache.exists()
+    stderr = _refused("darcy.py", tmp_path / "b", "--model", "fno", "--fine", "22", "--coarse",
+                      "8", "--data", str(darcy_file), "--n-train", "8", "--n-eval", "4",
+                      "--epochs", "1")
     assert ("error: eval_set: its first batch does not fit the model: x: a 22×22 grid is too "
-            "coarse for modes = 12") in proc.stderr
-    assert not (tmp_path / "b" / "last.pt").exists()
+            "coarse for modes = 12") in stderr
 
 
 def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
@@ -1027,12 +1026,9 @@ def test_heat_example_trains_on_a_converted_gnot_pickle(tmp_path):
               "--weights", "uniform")
     _run(_cmd("heat.py", tmp_path / "run", "--data", str(tmp_path / "heat.h5"), *common))
     assert math.isfinite(_metrics(tmp_path / "run")["test_rel_l2"])
-    proc = subprocess.run(_cmd("heat.py", tmp_path / "other", "--data",
-                               str(tmp_path / "other.h5"), *common),
-                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert "'input_channels': [1, 0]}, the heat models take" in proc.stderr
-    assert not (tmp_path / "other" / "last.pt").exists()
+    stderr = _refused("heat.py", tmp_path / "other", "--data", str(tmp_path / "other.h5"),
+                      *common)
+    assert "'input_channels': [1, 0]}, the heat models take" in stderr
 
 
 def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):
