@@ -349,8 +349,9 @@ def test_attention_cpu_smoke(tmp_path: Path) -> None:
     """benchmarks/attention.py at the host-cost shape, one repetition: a record per op and
     implementation, with the device and command."""
     out = tmp_path / "attention.json"
-    cmd = [sys.executable, str(BENCHMARKS / "attention.py"), "--shapes", "host", "--reps", "1",
-           "--impls", "ours,eager", "--out", str(out)]
+    # (blanks and repeats in the lists: an unknown op, and every row measured twice, before)
+    cmd = [sys.executable, str(BENCHMARKS / "attention.py"), "--shapes", "host,host", "--reps",
+           "1", "--impls", "ours, eager,ours", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
