@@ -23,12 +23,13 @@ code selects it) and ``last_epoch_rel_l2`` the model after the last epoch.  A ru
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from original import exec_file
 
 from galerkin_ext.training import write_json
 
@@ -75,12 +76,7 @@ def experiment_and_setting(config: dict[str, Any]) -> tuple[str, str]:
 def paper_preset(experiment: str) -> dict[str, Any]:
     """The ``"paper"`` preset of ``examples/<experiment>.py``."""
     path = Path(__file__).resolve().parents[1] / "examples" / f"{experiment}.py"
-    spec = importlib.util.spec_from_file_location(f"_paper_{experiment}", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"{path}: not found (the examples folder of this checkout)")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.PRESETS["paper"]
+    return exec_file(f"_paper_{experiment}", path).PRESETS["paper"]
 
 
 def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]:
