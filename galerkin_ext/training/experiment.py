@@ -493,17 +493,15 @@ DISCRETISATION_KEYS = frozenset({"resolution", "solve_resolution", "n_steps", "m
                                  "solve_dtype", "method", "dt", "grid", "n_times", "h", "refine"})
 
 
-def _law_differences(data: str | os.PathLike[str], other: str | os.PathLike[str]) -> str:
-    """The recorded law parameters in which the files ``data`` and ``other`` of one generator
-    differ (``'key a vs b; ...'``), or ``''``.  Files of other generators (which the datasets
-    refuse by name) and files converted from other codes' data (they record their source, not
-    a law) are not compared."""
-    if not (Path(data).is_file() and Path(other).is_file()):
+def _law_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """The recorded law parameters in which the files of the :func:`data_identity` records
+    ``a`` and ``b`` of one generator differ (``'key a vs b; ...'``), or ``''``.  Files of other
+    generators (which the datasets refuse by name) and files converted from other codes' data
+    (they record their source, not a law) are not compared."""
+    if a.get("generator") != b.get("generator") or not ("parameters" in a and "parameters" in b):
         return ""
-    if data_identity(data).get("generator") != data_identity(other).get("generator"):
-        return ""
-    mine, theirs = _recorded_parameters(data), _recorded_parameters(other)
-    if mine is None or theirs is None or "source" in mine or "source" in theirs:
+    mine, theirs = json.loads(a["parameters"]), json.loads(b["parameters"])
+    if "source" in mine or "source" in theirs:
         return ""
     differ = sorted(k for k in (set(mine) | set(theirs)) - DISCRETISATION_KEYS
                     if mine.get(k) != theirs.get(k))
@@ -518,7 +516,9 @@ def check_zero_shot_law(data: str | os.PathLike[str], zero_shot: str | os.PathLi
     an ODE's horizon), not the grid.  The law: every recorded parameter but
     :data:`DISCRETISATION_KEYS`.  ``flags``: those that, given alone, leave the zero-shot sets
     out."""
-    found = _law_differences(data, zero_shot)
+    if not (Path(data).is_file() and Path(zero_shot).is_file()):
+        return
+    found = _law_differences(data_identity(data), data_identity(zero_shot))
     if found:
         raise ConfigError(f"--data: its samples follow another law than the zero-shot sets, "
                           f"which are drawn with the preset's ({found}); give {flags} alone "
@@ -568,7 +568,7 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
     evaluation = data_identity(other) if zero_shot else config["data_identity"]["eval"]
     if zero_shot:
         config["zero_shot"].update(data_file=str(other.resolve()), data_identity=evaluation)
-    found = _law_differences(data, other)
+    found = _law_differences(train, evaluation)
     if found:
         raise DataMismatchError(
             f"--eval-data: its samples follow another law than --data's ({found}): its errors "
