@@ -157,8 +157,9 @@ inline Vec<T> exp_nonpositive(Vec<T> x) {
 }
 
 // x[j] = scale x[j] + bias[j] (no bias where bias is null) for j < m; returns their maximum,
-// NaN aside (which then reaches the row through its exponential).
-template <typename T>
+// NaN aside (which then reaches the row through its exponential), if kTop (the backward has
+// the forward's log-sum-exp instead).
+template <typename T, bool kTop = true>
 GALERKIN_EXT_ROW_KERNEL T logits_row(T* x, const T* bias, T scale, int64_t m) {
   constexpr int L = Simd<T>::kLanes;
   const T lowest = -std::numeric_limits<T>::infinity();
@@ -168,14 +169,15 @@ GALERKIN_EXT_ROW_KERNEL T logits_row(T* x, const T* bias, T scale, int64_t m) {
     Vec<T> v = load(x + j) * scale;
     if (bias != nullptr) v += load(bias + j);
     store(x + j, v);
-    top = select<T>((Vec<T>)(v > top), v, top);
+    if constexpr (kTop) top = select<T>((Vec<T>)(v > top), v, top);
   }
   if (j < m) {
     Vec<T> v = load_partial(x + j, m - j, lowest) * scale;
     if (bias != nullptr) v += load_partial(bias + j, m - j, T(0));
     store_partial(x + j, m - j, v);
-    top = select<T>((Vec<T>)(v > top), v, top);
+    if constexpr (kTop) top = select<T>((Vec<T>)(v > top), v, top);
   }
+  if constexpr (!kTop) return T(0);
   T result = top[0];
   for (int l = 1; l < L; ++l) result = top[l] > result ? top[l] : result;
   return result;
@@ -348,7 +350,7 @@ std::vector<at::Tensor> softmax_attention_backward_cpu(
         rows_times_matrix<T>(qp + row * z.d, z.d, ktp + bh * z.d * z.m, z.m, rows, z.d, z.m,
                              s.data(), z.m);
         for (int64_t r = 0; r < rows; ++r) {
-          logits_row<T>(s.data() + r * z.m, b, logit_scale, z.m);
+          logits_row<T, false>(s.data() + r * z.m, b, logit_scale, z.m);
           exp_row<T>(s.data() + r * z.m, lp[row + r], z.m);
         }
         rows_times_matrix<T>(gp + row * z.dv, z.dv, vtp + bh * z.dv * z.m, z.m, rows, z.dv, z.m,
