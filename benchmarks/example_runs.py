@@ -1,7 +1,8 @@
 """Example-script runs of the benchmarks that train (``darcy_budget.py``, ``gnot_claims.py``,
 ``quick_presets.py``): each made once into its folder and reused afterwards only when the same
 command made it, so that a folder of other settings (another preset, other flags) is refused,
-never tabulated; and the ``--table`` action of their results files."""
+never tabulated, with the commit it ran at recorded beside it; and the ``--table`` action of
+their results files."""
 
 from __future__ import annotations
 
@@ -14,7 +15,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from galerkin_ext.training import write_json
+
 ROOT = Path(__file__).resolve().parent.parent
+MADE_AT = "made_at.json"  # beside a run's metrics.json: the commit run_example ran it at
+
+
+def commit() -> str:
+    """``git describe``-like: the commit, ``+dirty`` when the tree has changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def made_at(out: Path) -> str | None:
+    """The commit the run in ``out`` was made at (None: not made by :func:`run_example`)."""
+    record = out / MADE_AT
+    return json.loads(record.read_text())["commit"] if record.is_file() else None
 
 
 def runs_folder(text: str) -> Path:
@@ -39,8 +61,9 @@ def _settings(command: list[str]) -> list[str]:
 def run_example(command: list[str], out: Path, *, check: bool) -> dict[str, Any]:
     """``out/metrics.json`` of ``command`` (``['python', 'examples/X.py', ..., '--out',
     str(out)]``, run from the repository root): the existing one when the same command made
-    it, else that of a new run. ``check``: a failing run is an error; without it the metrics
-    of a run that exits non-zero after writing them (a missed threshold) still count."""
+    it, else that of a new run, whose commit goes to ``out/made_at.json`` (:func:`made_at`).
+    ``check``: a failing run is an error; without it the metrics of a run that exits non-zero
+    after writing them (a missed threshold) still count."""
     metrics_file = out / "metrics.json"
     if metrics_file.exists():
         metrics = json.loads(metrics_file.read_text())
@@ -50,8 +73,11 @@ def run_example(command: list[str], out: Path, *, check: bool) -> dict[str, Any]
                              "remove it or choose another --runs")
         return metrics
     print(shlex.join(command), flush=True)
+    commit_before = commit()  # what the run ran, whatever is committed while it runs
     subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=check)
-    return json.loads(metrics_file.read_text())
+    metrics = json.loads(metrics_file.read_text())
+    write_json(out / MADE_AT, {"commit": commit_before})
+    return metrics
 
 
 def print_table(parser: argparse.ArgumentParser, results: Path,

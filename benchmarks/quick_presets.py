@@ -24,14 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from example_runs import ROOT, print_table, run_example, runs_folder  # (this folder is on sys.path)
+from example_runs import (  # (this folder is on sys.path)
+    ROOT,
+    made_at,
+    print_table,
+    run_example,
+    runs_folder,
+)
 
 from galerkin_ext._cli import writable_file
 from galerkin_ext.training import command_line, write_json
@@ -72,18 +77,6 @@ PRESETS: dict[str, list[str]] = {
 TIMING = "quick_preset.json"  # beside metrics.json: what only this script saw of the run
 
 
-def commit() -> str:
-    """``git describe``-like: the commit, ``+dirty`` when the tree has changes."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def made_files(cache: Path) -> set[str]:
     """The data files in the cache (not the generators' lock files)."""
     return {p.name for p in cache.iterdir() if not p.name.startswith(".")}
@@ -99,20 +92,18 @@ def measure(name: str, runs: Path) -> dict[str, Any]:
     os.environ["GALERKIN_EXT_CACHE"] = str(cache)  # the runs inherit it
     fresh = not (out / "metrics.json").exists()
     if fresh:
-        made_at = commit()  # before the run: what it ran
         before = made_files(cache)
         start = time.perf_counter()
     metrics = run_example(command, out, check=False)  # reused only if the same command made it
     if fresh:
         write_json(timing_file, {"wall_seconds": time.perf_counter() - start,
-                                 "generated": sorted(made_files(cache) - before),
-                                 "commit": made_at})
+                                 "generated": sorted(made_files(cache) - before)})
     timing = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
     checks = metrics.get("thresholds", {}).get("checks", {})
     return {
         "name": name,
         "command": " ".join(command[:-2]),
-        "commit": timing.get("commit"),
+        "commit": made_at(out),
         "wall_seconds": timing.get("wall_seconds"),
         "generated_data": timing.get("generated"),
         "train_seconds": metrics["train_seconds"],

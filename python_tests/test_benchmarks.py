@@ -385,15 +385,20 @@ def test_training_benchmarks_record_the_device_and_tabulate(tmp_path: Path, monk
         "test_rel_l2_median_normalized": 0.12, "zero_shot": {"s=64": {"rel_l2_median": 0.08}},
         "n_params": 17249, "train_seconds": 100.0, "device_name": "cpu model"}))
     (run / "metrics.csv").write_text("epoch,train_loss,eval_rel_l2\n1,0.5,0.3\n2,0.2,0.1\n")
-    record = budget.record(run, "tno", "quick", ["python", "examples/darcy_continuum.py"])
+    (run / "made_at.json").write_text(json.dumps({"commit": "abc1234"}))
+    record = budget.record(run, "tno", "quick", 2, ["python", "examples/darcy_continuum.py",
+                                                    "--seed", "2", "--out", str(run)])
     assert record["device"] == "cpu model" and record["valid_rel_l2"] == 0.1
+    assert record["commit"] == "abc1234" and record["seed"] == 2
+    assert record["command"] == "python examples/darcy_continuum.py --seed 2"
     results = tmp_path / "budget.json"
     results.write_text(json.dumps({"runs": [record]}))
     script = [sys.executable, str(BENCHMARKS / "darcy_budget.py")]
     proc = subprocess.run([*script, "--table", "--out", str(results)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "| tno | 17,249 | quick (400 samples, 2 epochs) | 7.00e-02 | 1.20e-01 |" in proc.stdout
+    row = "| tno | 17,249 | quick (400 samples, 2 epochs) | 2 | 7.00e-02 | 1.20e-01 |"
+    assert row in proc.stdout
     for args, message in ((["--out", str(results)], "--runs: required"),
                           (["--table", "--out", str(tmp_path / "none.json")], "no results file")):
         bad = subprocess.run([*script, *args], capture_output=True, text=True, timeout=60)
@@ -502,7 +507,7 @@ def test_quick_presets_time_run_and_reuse(tmp_path: Path, monkeypatch, capsys) -
     first = quick.measure("fake", runs)
     assert first["wall_seconds"] > 0 and first["generated_data"] == ["set.h5"]
     assert first["device"] == "cpu model" and first["test_rel_l2"] == 0.25
-    assert first["commit"] == quick.commit()  # the commit the run ran at
+    assert first["commit"] == quick.run_example.__globals__["commit"]()  # the one it ran at
     assert not first["thresholds"]["test_rel_l2"]["met"]
     script.write_text("raise SystemExit('ran again')\n")  # a reuse must not run it
     assert quick.measure("fake", runs) == first
