@@ -16,7 +16,8 @@ exits with 1 then, after writing everything, if the threshold was enforced).
 Writes ``benchmarks/results/quick_presets.json`` (``--out``): torch's version and per run the
 command, the commit it ran at, the device, wall and training seconds, parameters, epochs,
 ``test_rel_l2`` (the mean; which model it is of is each script's rule, its docstring says),
-the median where the script reports it, the thresholds' checks and the zero-shot figures.
+the median where the script reports it, the thresholds' checks, the zero-shot figures and,
+where the script reports them, persistence's error and the rollout's.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def measure(name: str, runs: Path) -> dict[str, Any]:
         "thresholds_enforced": metrics.get("thresholds", {}).get("enforced"),
         "thresholds": checks,
         "zero_shot": metrics.get("zero_shot"),
+        "persistence_rel_l2_median": metrics.get("persistence_rel_l2_median"),  # (Kolmogorov)
+        "rollout": metrics.get("rollout"),
         "device": metrics["device_name"],
     }
 
