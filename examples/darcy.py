@@ -30,6 +30,7 @@ from galerkin_ext.training import (
     baseline_model,
     build_run_model,
     cached_data,
+    check_model_grid,
     check_resume,
     cleanup_distributed,
     enforce_thresholds,
@@ -115,6 +116,8 @@ def main(argv=None):
     try:
         model = (build_run_model(cfg, name) if args.model == "fno"
                  else build_run_model(cfg, name, fine=cfg["fine"], coarse=cfg["coarse"]))
+        if args.model == "fno":  # (grid-free: it meets its grid in the forward)
+            check_model_grid(model, (cfg["fine"], cfg["fine"]), in_channels=1)
     except ValueError as err:
         parser.error(f"--fine/--coarse: {err}")
     check_resume(cfg, args)  # before any data are generated

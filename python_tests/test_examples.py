@@ -535,20 +535,21 @@ def test_an_unwritable_out_is_refused_before_any_data_are_generated(tmp_path, sc
     assert not cache.exists()
 
 
-def test_darcy_grids_too_coarse_for_the_fourier_modes_fail_in_one_line(tmp_path, darcy_file):
+def test_darcy_grids_too_coarse_for_the_fourier_modes_fail_in_one_line(tmp_path):
     """The transformer's spectral decoder on a 15 x 15 grid (its check is at construction) and
-    FNO2d on a 22 x 22 one (at its first batch) ended in tracebacks after the data were
-    generated: the first is refused before any data, the second before any training step."""
+    FNO2d on a 22 x 22 one (in its forward: it has no grid until then) ended in tracebacks after
+    the data were generated: both are refused before any data, in darcy.py and in
+    darcy_inverse.py."""
     cache = tmp_path / "cache"
     stderr = _refused("darcy.py", tmp_path / "a", "--fine", "15", "--coarse", "8",
                       "--data-dir", str(cache), status=2)
     assert ("--fine/--coarse: modes: expected at most 7 for the 15×15 output grid of the "
             "spectral decoder, got 12") in stderr and not cache.exists()
-    stderr = _refused("darcy.py", tmp_path / "b", "--model", "fno", "--fine", "22", "--coarse",
-                      "8", "--data", str(darcy_file), "--n-train", "8", "--n-eval", "4",
-                      "--epochs", "1")
-    assert ("error: eval_set: its first batch does not fit the model: x: a 22×22 grid is too "
-            "coarse for modes = 12") in stderr
+    for script in ("darcy.py", "darcy_inverse.py"):
+        stderr = _refused(script, tmp_path / script, "--model", "fno", "--fine", "22",
+                          "--coarse", "8", "--data-dir", str(cache), status=2)
+        assert ("--fine/--coarse: x: a 22×22 grid is too coarse for modes = 12; expected "
+                "n1 >= 24") in stderr and not cache.exists()
 
 
 def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):

@@ -32,6 +32,7 @@ from galerkin_ext.training import (
     Trainer,
     atomic_write,
     cached_data,
+    check_model_grid,
     describe_grid,
     evaluate,
     experiment_parser,
@@ -1397,3 +1398,31 @@ def test_cleanup_distributed_stops_the_group_threads(tmp_path):
                            str(script)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_check_model_grid_runs_an_empty_batch_without_side_effects():
+    """check_model_grid: a grid too coarse for an FNO's modes is its ValueError; a fitting one
+    passes; the model's mode and torch's generator are as they were (a run's draws unchanged)."""
+    from galerkin_ext.models import build_model
+
+    model = build_model("fno2d", modes=6, width=8)
+    state = torch.get_rng_state()
+    check_model_grid(model, (12, 11), in_channels=1)
+    assert model.training and torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(ValueError, match="a 11×11 grid is too coarse for modes = 6"):
+        check_model_grid(model.eval(), (11, 11), in_channels=1)
+    assert not model.training
+
+
+def test_an_eval_set_the_model_cannot_take_is_a_config_error_before_training(tmp_path):
+    """fit() evaluates one batch of eval_set first: a grid the model's layers refuse (too few
+    points for an FNO's modes) is a ConfigError naming eval_set, before any training step."""
+    from galerkin_ext.models import build_model
+
+    trainer = Trainer(build_model("fno1d", modes=8, width=8), OperatorLoss(), _Linear1d(8),
+                      _Linear1d(4, n=8), TrainConfig(epochs=1, batch_size=4, progress=False),
+                      tmp_path)
+    with pytest.raises(ConfigError, match=r"eval_set: its first batch does not fit the model: "
+                                          r"x: 8 points give 5 Fourier modes"):
+        trainer.fit()
+    assert not (tmp_path / "last.pt").exists()

@@ -11,8 +11,9 @@ and what the example scripts in ``examples/`` share.
   :class:`DistributedContext` (:mod:`.distributed`; ``torchrun`` + DDP);
 * :func:`build_run_model`, :func:`load_trained_model` (a trained model from its checkpoint
   alone) and what the example scripts share: :func:`experiment_parser`,
-  :func:`resolve_config`, :func:`check_resume`, :func:`record_data_files`,
-  :func:`evaluation_only`, :func:`cached_data`, :func:`default_cache_dir`, :func:`run_main`,
+  :func:`resolve_config`, :func:`check_resume`, :func:`check_model_grid`,
+  :func:`record_data_files`, :func:`evaluation_only`, :func:`cached_data`,
+  :func:`default_cache_dir`, :func:`run_main`,
   :func:`plot_1d`, :func:`plot_2d`, :func:`plot_mesh`, :func:`plot_ragged_predictions`,
   :func:`ragged_forward`, :func:`ragged_metric`, :func:`ragged_channel_errors`,
   :func:`write_metrics`, :data:`VALIDATION_NORMALISED`, :func:`describe_device`,
@@ -51,6 +52,7 @@ from .experiment import (
     build_run_model,
     cached_data,
     check_eval_layout,
+    check_model_grid,
     check_resume,
     check_zero_shot_law,
     command_line,
@@ -114,6 +116,7 @@ __all__ = [
     "build_run_model",
     "cached_data",
     "check_eval_layout",
+    "check_model_grid",
     "check_resume",
     "check_zero_shot_law",
     "cleanup_distributed",

@@ -77,6 +77,7 @@ __all__ = [
     "build_run_model",
     "cached_data",
     "check_eval_layout",
+    "check_model_grid",
     "check_resume",
     "check_zero_shot_law",
     "default_cache_dir",
@@ -600,6 +601,21 @@ def build_run_model(config: dict[str, Any], name: str, **arguments: Any) -> torc
     model = build_model(name, **arguments)
     config["build"] = {"name": name, "arguments": arguments}
     return model
+
+
+def check_model_grid(model: torch.nn.Module, points: Sequence[int], in_channels: int) -> None:
+    """Run an empty batch on a grid of ``points`` nodes per axis (``x (0, *points,
+    in_channels)``, ``grid (*points, len(points))``) through ``model`` in ``eval()`` mode (no
+    work, no random draw): a model that meets its grid only in its forward (an FNO's Fourier
+    modes need a fine enough one) raises its ``ValueError`` now, before any data are made."""
+    shape = tuple(points)
+    mode = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(0, *shape, in_channels), torch.zeros(*shape, len(shape)))
+    finally:
+        model.train(mode)
 
 
 def load_trained_model(path: str | os.PathLike[str], device: torch.device | str = "cpu"
