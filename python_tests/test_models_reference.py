@@ -16,13 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from galerkin_ext.data.datasets import uniform_grid_2d
 from galerkin_ext.layers import draw_torch_masks
-from galerkin_ext.models import build_model, from_original
+from galerkin_ext.models import build_model, from_original, original_grid
 
 DATA = Path(__file__).with_name("data") / "original_outputs.pt"
 RECORD = torch.load(DATA, weights_only=True)
@@ -41,15 +42,25 @@ def _converted(case: dict[str, Any], **overrides: Any) -> torch.nn.Module:
     return model
 
 
-def _line(n: int) -> torch.Tensor:
-    return torch.linspace(0, 1, n, dtype=torch.float64)[:, None]
-
-
 def _inputs(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recorded inputs and the grid the recording gave both models (one function: any
+    common grid shows it; the original's own 2-D grid is the live tests')."""
     x = case["x"].double()
     if case["name"] == "burgers":
-        return x, _line(x.shape[1])
+        return x, original_grid(x.shape[1], 1)
     return x, uniform_grid_2d(x.shape[1])
+
+
+def test_original_grid_is_the_one_the_originals_datasets_make():
+    """Its BurgersDataset: np.linspace(0, 1, n); its DarcyDataset.get_grid: np.meshgrid of two
+    linspaces (the axis-1 coordinate first), stacked last."""
+    line = np.linspace(0, 1, 7)
+    close = {"rtol": 0, "atol": 1e-15}  # (torch's linspace and NumPy's differ in the last bit)
+    np.testing.assert_allclose(original_grid(7, 1).numpy(), line[:, None], **close)
+    np.testing.assert_allclose(original_grid(7, 2).numpy(), np.stack(np.meshgrid(line, line), -1),
+                               **close)
+    with pytest.raises(ValueError, match="dim: expected one of"):
+        original_grid(7, 3)
 
 
 @pytest.mark.parametrize("case", RECORDED, ids=_case_id)
@@ -201,7 +212,7 @@ def test_burgers_matches_the_original(original, attention_type, norm):
     assert sum(p.numel() for p in model.parameters()) == sum(
         p.numel() for p in build_model("burgers", attention_type=attention_type).parameters())
     n = 128
-    x, grid = torch.randn(3, n, 1, dtype=torch.float64), _line(n)
+    x, grid = torch.randn(3, n, 1, dtype=torch.float64), original_grid(n, 1)
     points = grid[None].expand(3, n, 1)
     _both_ways(original, reference, model, lambda m: m(x, None, points, points)["preds"],
                lambda m: m(x, grid))
@@ -223,8 +234,12 @@ def test_darcy_matches_the_original(original, name, attention_type, fine, coarse
     model = from_original(name, reference.state_dict(), attention_type=attention_type,
                           fine=fine, coarse=coarse).double()
     model.denormalizer.set_statistics(mean, std)
-    x, grid = torch.randn(1, fine, fine, 1, dtype=torch.float64), uniform_grid_2d(fine)
-    pos = uniform_grid_2d(coarse).reshape(1, -1, 2)
-    out_grid = uniform_grid_2d(coarse)[None] if inverse else grid[None]
+    # the grids of its DarcyDataset (get_grid: np.meshgrid order); ours, original_grid
+    x, grid = torch.randn(1, fine, fine, 1, dtype=torch.float64), original_grid(fine, 2)
+    line = np.linspace(0, 1, coarse)
+    pos = torch.from_numpy(np.c_[[g.ravel() for g in np.meshgrid(line, line)]].T)[None]
+    fine_line = np.linspace(0, 1, fine)
+    out_grid = torch.from_numpy(np.stack(np.meshgrid(*(2 * [line if inverse else fine_line])),
+                                         -1))[None]
     _both_ways(original, reference, model, lambda m: m(x, None, pos, out_grid)["preds"],
                lambda m: m(x, grid))

@@ -6,7 +6,7 @@ paper, ``'tno_*'``, ``'vitno'``, ``'fano'``, ``'fno_ca'``, ``'afno'``, ``'gt_enc
 GNOT's ``'gnot_heat'``, ``'gnot_elasticity'``, ``'mionet_heat'``, ``'mionet_elasticity'``,
 ``'gk_elasticity'`` (see :func:`available_models`);
 :func:`from_original` builds the first three with the weights of a model trained with the
-original code.
+original code, to be fed the original's coordinates, :func:`original_grid`.
 The Galerkin Transformer's models are called as ``model(x, grid)`` with channels-last fields
 and the grid's coordinates, GNOT's as ``model(x, inputs, theta, weight=, input_weights=)`` on
 padded ragged batches; see :class:`GNOT`, :class:`SimpleTransformer1d`,
@@ -14,7 +14,7 @@ padded ragged batches; see :class:`GNOT`, :class:`SimpleTransformer1d`,
 """
 
 from .continuum import AFNO, FANO, TNO, FNOChannelMLP, GTEncoder, ViTNO
-from .conversion import from_original
+from .conversion import from_original, original_grid
 from .fno import FNO1d, FNO2d
 from .gnot import GNOT, GKTransformer, MIONet
 from .registry import available_models, build_model
@@ -37,5 +37,6 @@ __all__ = [
     "available_models",
     "build_model",
     "from_original",
+    "original_grid",
     "zero_boundary",
 ]

@@ -1,5 +1,6 @@
 """Models trained with the original implementation (``galerkin-transformer`` 0.2.1, the paper's
-code) as this package's models: :func:`from_original`.
+code) as this package's models: :func:`from_original`, and the coordinates its datasets give
+them: :func:`original_grid`.
 
 The original's ``SimpleTransformer`` (1-D) and ``FourierTransformer2D`` (2-D) are the
 architectures of :class:`~galerkin_ext.models.SimpleTransformer1d` and
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._checks import check_choice, check_int
 from .registry import build_model
 
 # our model names -> the original's classes
@@ -73,7 +75,9 @@ def from_original(name: str, state_dict: Mapping[str, Tensor], **overrides: Any)
     The original's outputs are de-normalised outside the weights (the 2-D model's
     ``normalizer``, a ``UnitGaussianNormalizer`` of the training targets): give its statistics to
     ``model.denormalizer.set_statistics(mean, std)``, shaped to broadcast to the output, e.g.
-    ``(n, n, 1)``. The inputs are normalised as the original's datasets did it.
+    ``(n, n, 1)``. The inputs are normalised as the original's datasets did it, and the grid is
+    theirs, :func:`original_grid`: on this package's grids (``j / n`` in 1-D, the two
+    coordinates in the other order in 2-D) the converted model computes another function.
 
     Returns the model in ``eval()`` mode. The original drops half of every attention matrix on
     every call, evaluation included; ours does that only with ``reference_dropout=True`` (off
@@ -113,6 +117,20 @@ def from_original(name: str, state_dict: Mapping[str, Tensor], **overrides: Any)
     _check_fits(model, weights)
     model.load_state_dict(weights, strict=False)  # the de-normaliser keeps its identity
     return model.eval()
+
+
+def original_grid(n: int, dim: int) -> Tensor:
+    """The grid the original's datasets give its models, the ``grid`` of a model converted by
+    :func:`from_original`: float64, ``linspace(0, 1, n)`` on each axis (both ends, also in the
+    periodic 1-D problem), ``(n, 1)`` for ``dim=1`` and ``(n, n, 2)`` for ``dim=2`` with the
+    axis-1 coordinate first (NumPy's ``meshgrid`` order;
+    :func:`~galerkin_ext.data.datasets.uniform_grid_2d` puts the axis-0 one first)."""
+    n = check_int(n, "n", 2)
+    dim = check_choice(check_int(dim, "dim"), "dim", (1, 2))
+    line = torch.linspace(0, 1, n, dtype=torch.float64)
+    if dim == 1:
+        return line[:, None]
+    return torch.stack(torch.meshgrid(line, line, indexing="xy"), dim=-1)
 
 
 def _translate(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
