@@ -74,9 +74,8 @@ from galerkin_ext.training import (
 # TNO and 80 for the others, relative H^1 loss.
 # "quick" is SPEC-continuum §7: s = 32, 400/50/100, zero-shot s = 64 (100 draws), every model
 # 32 wide with 2 layers (d_ff 64), Adam + OneCycle, batch 8, 10 epochs; the TNO with 2 heads
-# (not 4: torch's CPU flash-attention kernel takes ~3x longer per step at head width 8 than at
-# 16), max_lr 5e-3 and 15 epochs (what they reach: the README, from
-# benchmarks/quick_presets.py).
+# (not 4: a training step took 1.6x as long with 4 on 2 CPU cores, the README says more),
+# max_lr 5e-3 and 15 epochs (what they reach: the README, from benchmarks/quick_presets.py).
 # The ViT NO and FANO (MODELS) follow SPEC-continuum §7's row for them: s = 64, 500 train,
 # 4 x 4 patches, 4 heads, modes 6 lift / 5 QKV / 16 final, 15 epochs, zero-shot 32 and 128;
 # their paper preset is the Table 3 setting, s = 416 with 13 x 13 patches, zero-shot 208-832.
