@@ -1,8 +1,8 @@
 """The paper's Table 1, redone: training-step throughput and peak memory of the paper's models.
 
-    python benchmarks/table1.py --device cuda --out benchmarks/results/table1_cuda.json
+    python benchmarks/table1.py --device cuda --out benchmarks/results/table1.json
     PYTHONPATH=/tmp/original python benchmarks/table1.py --device cuda --impls ours,original \\
-        --out benchmarks/results/table1_cuda.json
+        --out benchmarks/results/table1.json
     python benchmarks/table1.py --device cuda --precision bf16 --models burgers --attention galerkin
     python benchmarks/table1.py --device cpu --n 512 --darcy-fine 85 --darcy-coarse 29 --steps 3
 
