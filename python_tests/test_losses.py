@@ -331,3 +331,35 @@ def test_numpy_and_python_scalars_alike():
         torch.testing.assert_close(relative_h1(pred, target, h), relative_h1(pred, target, 0.25))
     loss = OperatorLoss(gamma=np.float32(0.5), h=np.float32(0.25))
     assert (loss.gamma, loss.h) == (0.5, 0.25)
+
+
+def test_an_exact_prediction_has_a_zero_gradient_not_nan():
+    """Where a sample's (or a channel's, or a gradient term's) error is exactly 0, the losses
+    take the norm's subgradient 0: sqrt's infinite slope there made NaN gradients, which the
+    batch mean spread to every sample (the Trainer then stopped on a 'nan gradient norm')."""
+    torch.manual_seed(0)
+    target = torch.randn(2, 8, 8, 1, dtype=torch.float64)
+    shifted = target.clone()
+    shifted[1] += 0.1 * torch.randn(8, 8, 1, dtype=torch.float64)  # sample 0 exact
+    grad = central_gradient_2d(target[..., 0], 1 / 7)
+    losses = {
+        "relative_l2": lambda p: relative_l2(p, target),
+        "masked_relative_l2": lambda p: masked_relative_l2(
+            p.flatten(1, 2), target.flatten(1, 2), torch.ones(2, 64, dtype=torch.bool)),
+        "relative_h1_error": lambda p: relative_h1_error(p, grad, 1 / 7),
+        "relative_h1": lambda p: relative_h1(p, target, 1 / 7),
+        "relative_h1 sum": lambda p: relative_h1(p, target, 1.0, form="sum"),
+        "OperatorLoss": lambda p: OperatorLoss(0.5, 1 / 7)(p, target, grad)[0],
+    }
+    for name, loss in losses.items():
+        pred = shifted.clone().requires_grad_()
+        loss(pred).backward()
+        assert torch.isfinite(pred.grad).all(), name
+        assert torch.equal(pred.grad[0], torch.zeros_like(pred.grad[0])), name
+        assert pred.grad[1].abs().sum() > 0, name
+    # a constant shift: its gradient term is 0, the L2 term is not (the 'sum' form's NaN)
+    pred = (target + 0.5).requires_grad_()
+    relative_h1(pred, target, 1.0, form="sum").backward()
+    assert torch.isfinite(pred.grad).all() and pred.grad.abs().sum() > 0
+    # 0 / 0 is no relative error: it stays NaN
+    assert relative_l2(torch.zeros(1, 4, 1), torch.zeros(1, 4, 1)).isnan()

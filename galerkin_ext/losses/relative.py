@@ -71,6 +71,15 @@ def _divided_by_max(ref: Tensor, dims: tuple[int, ...], *tensors: Tensor) -> tup
     return tuple(t / scale for t in tensors)
 
 
+def _root(x: Tensor) -> Tensor:
+    """``sqrt(x)`` of a sum of squares (or a ratio of two), with the slope 0 where ``x`` is 0:
+    an exact prediction (or channel, or constant shift's gradient) gave sqrt's infinite slope
+    times the squares' zero one, a NaN gradient, which the batch mean spread to every sample.
+    (0 / 0 stays NaN.)"""
+    zero = x == 0
+    return torch.where(zero, 0.0, torch.where(zero, 1.0, x).sqrt())
+
+
 def _reduce(per_sample: Tensor, reduction: str) -> Tensor:
     if reduction == "mean":
         return per_sample.mean()
@@ -153,7 +162,7 @@ def _relative_l2(pred: Tensor, target: Tensor, reduction: str, weight: Tensor | 
                                        counted)
         err = (diff.square().sum(-1) * w).flatten(1).sum(1)
         ref = (target.square().sum(-1) * w).flatten(1).sum(1)
-    return _reduce((err / ref).sqrt(), reduction)
+    return _reduce(_root(err / ref), reduction)
 
 
 def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
@@ -210,7 +219,7 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
     err, ref = diff.square(), target.square()
     if w is not None:
         err, ref = err * w.unsqueeze(-1), ref * w.unsqueeze(-1)
-    per = (err.sum(1) / ref.sum(1)).sqrt()  # (B, C)
+    per = _root(err.sum(1) / ref.sum(1))  # (B, C)
     if reduction == "mean":
         return per.mean()
     if reduction == "channel":
@@ -317,7 +326,7 @@ def relative_h1_error(
     err, ref = diff.square(), target_grad.square()
     if weight is not None:
         err, ref = err * weight, ref * weight
-    return _reduce((err.flatten(1).sum(1) / ref.flatten(1).sum(1)).sqrt(), reduction)
+    return _reduce(_root(err.flatten(1).sum(1) / ref.flatten(1).sum(1)), reduction)
 
 
 def relative_h1(
@@ -368,9 +377,9 @@ def relative_h1(
 
     (e0, e1), (y0, y1) = squares(err), squares(ref)
     if form == "squares":
-        per_sample = ((e0 + e1) / (y0 + y1)).sqrt()
+        per_sample = _root((e0 + e1) / (y0 + y1))
     else:
-        per_sample = (e0.sqrt() + e1.sqrt()) / (y0.sqrt() + y1.sqrt())
+        per_sample = (_root(e0) + _root(e1)) / (_root(y0) + _root(y1))
     return _reduce(per_sample, reduction)
 
 
