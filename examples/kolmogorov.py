@@ -311,7 +311,8 @@ def main(argv=None):
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
     model = build_run_model(cfg, spec["name"])
     # [0, 2 pi)^2 on s points per axis: the physical spacing of the periodic differences
-    loss = RelativeLoss(cfg["loss"], h=2 * math.pi / s, periodic=True)
+    # ('h1-code' is the authors' loss, with their non-periodic differences)
+    loss = RelativeLoss(cfg["loss"], h=2 * math.pi / s, periodic=cfg["loss"] == "h1")
     forward = make_forward(cfg["residual"])
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), args.out,
                       ctx=ctx, forward=forward, metric=relative_l2_metric(), run_config=cfg)

@@ -119,6 +119,18 @@ def test_relative_l2_median_and_quadrature_weights(gen):
                                relative_l2(pred, target, "none", weight=w0))
 
 
+def assert_authors_h1_sum(ours, pred, target, h):
+    """The authors' relative H^1 (their Lightning modules' training_step), written out on
+    fields (B, s1, s2, 1): numpy's gradient (central inside, one-sided on the edges), means."""
+    def norms(f):
+        f = f[..., 0].numpy()
+        g1, g2 = np.gradient(f, h, axis=1), np.gradient(f, h, axis=2)
+        return (np.sqrt((f**2).mean(axis=(1, 2))),
+                np.sqrt((g1**2 + g2**2).mean(axis=(1, 2))))
+    (e0, e1), (y0, y1) = norms(pred - target), norms(target)
+    np.testing.assert_allclose(ours.numpy(), (e0 + e1) / (y0 + y1), rtol=1e-12)
+
+
 def test_relative_h1_full_norm_at_physical_spacing(gen):
     s = 17
     h = 1 / (s - 1)
@@ -134,8 +146,7 @@ def test_relative_h1_full_norm_at_physical_spacing(gen):
 
     (e0, e1), (u0, u1) = sq(e, de), sq(u, du)
     torch.testing.assert_close(relative_h1(u + e, u, h, "none"), ((e0 + e1) / (u0 + u1)).sqrt())
-    torch.testing.assert_close(relative_h1(u + e, u, h, "none", form="sum"),
-                               (e0.sqrt() + e1.sqrt()) / (u0.sqrt() + u1.sqrt()))
+    assert_authors_h1_sum(relative_h1(u + e, u, h, "none", form="sum"), u + e, u, h)
     # the spacing matters: the gradient term weighs (1/h)^2 against the L2 term
     assert not torch.allclose(relative_h1(u + e, u, h, "none"), relative_h1(u + e, u, 1.0, "none"))
     # a scaled prediction: both terms are off by the same factor
@@ -174,6 +185,13 @@ def test_relative_loss(gen):
     assert torch.isfinite(pred.grad).all()
     code, _ = RelativeLoss("h1-code")(pred, target)
     torch.testing.assert_close(code, relative_h1(pred, target, 1.0, form="sum"))
+    assert_authors_h1_sum(relative_h1(pred.detach(), target, 1.0, "none", form="sum"),
+                          pred.detach(), target, 1.0)
+    # the authors' differences are never periodic: asked for, they are refused
+    with pytest.raises(ValueError, match="periodic: 'h1-code' is the authors' loss"):
+        RelativeLoss("h1-code", periodic=True)
+    with pytest.raises(ValueError, match="periodic: the 'sum' form is the authors' code"):
+        relative_h1(pred, target, 1.0, form="sum", periodic=True)
     w = trapezoid_weights(torch.linspace(0, 1, 9, dtype=torch.float64))
     l2, parts = RelativeLoss("l2", weight=w)(pred[..., 0, :], target[..., 0, :])
     torch.testing.assert_close(l2, relative_l2(pred[..., 0, :], target[..., 0, :], weight=w))

@@ -341,13 +341,14 @@ def relative_h1(
     """Per-sample relative H^1 error of 2-D fields on a uniform grid (SPEC-continuum §4).
 
     ``form='squares'``: ``||e||_{H^1} / ||y||_{H^1}`` with ``||f||^2_{H^1} = ||f||^2 +
-    ||grad f||^2`` (``e = pred - target``, ``y = target``); ``form='sum'``: the authors' code,
-    ``(||e|| + ||grad e||) / (||y|| + ||grad y||)``.  Gradients by the central differences of
-    :func:`~galerkin_ext.data.datasets.central_gradient_2d` (interior nodes, the boundary ring
-    has none; with ``periodic``, every point of a periodic grid, wrapping around) at spacing
-    ``h`` -- the physical spacing (``1 / (s - 1)`` for nodes on the unit square, ``2 pi / s`` on
-    the periodic ``[0, 2 pi)^2``), or ``1`` for the authors' index spacing.  The cell area
-    ``h^2`` cancels in the ratio.
+    ||grad f||^2`` (``e = pred - target``, ``y = target``), gradients by the central
+    differences of :func:`~galerkin_ext.data.datasets.central_gradient_2d` (interior nodes, the
+    boundary ring has none; with ``periodic``, every point of a periodic grid, wrapping
+    around).  ``form='sum'``: the authors' code, ``(||e|| + ||grad e||) / (||y|| + ||grad
+    y||)`` with ``torch.gradient``'s differences (central inside, one-sided on the boundary
+    ring; never periodic).  ``h``: the spacing -- the physical one (``1 / (s - 1)`` for nodes
+    on the unit square, ``2 pi / s`` on the periodic ``[0, 2 pi)^2``), or ``1`` for the
+    authors' index spacing.  The cell area ``h^2`` cancels in the ratio.
 
     Args:
         pred, target: ``(B, s1, s2, C)``, same shape, ``s1, s2 >= 3``; the components are
@@ -355,7 +356,7 @@ def relative_h1(
         h: grid spacing of both axes.
         reduction: ``'mean'``, ``'median'`` or ``'none'`` (``(B,)``).
         form: ``'squares'`` or ``'sum'``.
-        periodic: the fields live on a periodic grid (Kolmogorov flow).
+        periodic: the fields live on a periodic grid (Kolmogorov flow); ``'squares'`` only.
     """
     _check_tensor(pred, "pred")
     _check_tensor(target, "target", pred)
@@ -368,12 +369,21 @@ def relative_h1(
     h = check_float(h, "h")
     reduction = _check_reduction(reduction)
     check_choice(form, "form", _H1_FORMS)
+    check_bool(periodic, "periodic")
+    if periodic and form == "sum":
+        raise ValueError("periodic: the 'sum' form is the authors' code, whose differences are "
+                         "one-sided on the boundary, never periodic; use form='squares'")
     pred, target = _float32_at_least(pred), _float32_at_least(target)
     err, ref = _divided_by_max(target, tuple(range(1, target.ndim)), pred - target, target)
 
     def squares(f: Tensor) -> tuple[Tensor, Tensor]:
-        grad = central_gradient_2d(f.movedim(-1, 1), h, periodic=periodic)  # (B,C,s1,s2,2)
-        return f.flatten(1).square().sum(1), grad.flatten(1).square().sum(1)
+        if form == "squares":
+            grad = central_gradient_2d(f.movedim(-1, 1), h, periodic=periodic)  # (B,C,s1,s2,2)
+            gradient_squares = grad.flatten(1).square().sum(1)
+        else:
+            g1, g2 = torch.gradient(f, spacing=h, dim=(1, 2))
+            gradient_squares = g1.flatten(1).square().sum(1) + g2.flatten(1).square().sum(1)
+        return f.flatten(1).square().sum(1), gradient_squares
 
     (e0, e1), (y0, y1) = squares(err), squares(ref)
     if form == "squares":
@@ -391,10 +401,10 @@ class RelativeLoss(nn.Module):
       (shape ``grid`` of the training data; ``None``: plain sums);
     * ``norm='h1'``: :func:`relative_h1` at the physical spacing ``h`` (2-D);
     * ``norm='h1-code'``: the authors' ``(||e|| + ||grad e||) / (||y|| + ||grad y||)`` at index
-      spacing (``h`` is ignored).
+      spacing (``h`` is ignored), with their differences (:func:`relative_h1`'s ``'sum'``).
 
-    ``periodic``: the H^1 losses take periodic differences (fields on a periodic grid, e.g.
-    the Kolmogorov flow); it does not change ``'l2'``.
+    ``periodic``: the ``'h1'`` loss takes periodic differences (fields on a periodic grid,
+    e.g. the Kolmogorov flow); it does not change ``'l2'``, and ``'h1-code'`` has none.
 
     ``forward(pred, target, target_grad=None, coeff=None)`` (the
     :class:`~galerkin_ext.training.Trainer`'s loss signature; the last two are unused) returns
@@ -407,6 +417,9 @@ class RelativeLoss(nn.Module):
         super().__init__()
         check_bool(periodic, "periodic")
         check_choice(norm, "norm", _LOSS_NORMS)
+        if periodic and norm == "h1-code":
+            raise ValueError("periodic: 'h1-code' is the authors' loss, whose differences are "
+                             "never periodic; use norm='h1' for periodic ones")
         if norm == "h1" or h is not None:
             h = check_float(h, "h")
         if weight is not None and norm != "l2":
@@ -448,7 +461,7 @@ class RelativeLoss(nn.Module):
             loss = relative_h1(pred, target, self.h,  # type: ignore[arg-type]
                                periodic=self.periodic)
         else:
-            loss = relative_h1(pred, target, 1.0, form="sum", periodic=self.periodic)
+            loss = relative_h1(pred, target, 1.0, form="sum")
         return loss, {"rel_l2": relative_l2(pred.detach(), target), "rel_h1": loss.detach()}
 
 
