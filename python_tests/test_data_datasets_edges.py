@@ -65,6 +65,15 @@ def test_block_average_needs_square_fields():
             block_average(np.zeros(shape), 3)
 
 
+def test_block_average_of_an_integer_tensor_is_refused():
+    """An integer tensor's block means in its own dtype truncated (3 and 12 gave 0); an integer
+    array is averaged in float64, as before."""
+    field = [[3, 3, 12, 12, 12]] * 5
+    with pytest.raises(TypeError, match="^a: expected a floating-point tensor, got torch.int64"):
+        block_average(torch.tensor(field), 3)
+    np.testing.assert_array_equal(block_average(np.array(field), 3), [[3.0, 12.0, 12.0]] * 3)
+
+
 def test_a_source_that_is_neither_a_pair_nor_a_known_file_is_refused(tmp_path):
     a, u = burgers_arrays()
     with pytest.raises(ValueError, match=r"^source must be a path or a pair \(a, u\) of arrays$"):

@@ -260,6 +260,8 @@ def block_average(a: np.ndarray | torch.Tensor, coarse: int) -> np.ndarray | tor
     is_tensor = isinstance(a, torch.Tensor)
     if not is_tensor:
         a = np.asarray(a)
+    elif not a.is_floating_point():  # (its means in its own dtype: an integer one truncated)
+        raise TypeError(f"a: expected a floating-point tensor, got {a.dtype}")
     if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
         raise ValueError(f"a must have shape (..., K, K), got {tuple(a.shape)}")
     coarse = check_int(coarse, "coarse", 2)
