@@ -262,9 +262,11 @@ class MIONet(nn.Module):
     ``u_c(y) = Σ_k T_kc(y) Π_l B^l_kc + β_c``.
 
     * Branch ``l``: the points of input function ``l`` as one vector, ``[coords | values]`` in
-      stored order, zero-padded to ``input_points[l]`` points (the largest in the data set;
-      padded points, weight 0, are zeroed) → ``n_layers`` Linear layers (``act`` between,
-      linear output) → ``latent · out_dim``. θ (``theta_dim > 0``) has one more branch.
+      stored order, zero-padded to ``input_points[l]`` points (the largest in the data set)
+      → ``n_layers`` Linear layers (``act`` between, linear output) → ``latent · out_dim``.
+      Points of weight 0 are zeroed: the padding, and a real point its weights leave out (as
+      the attention models leave it out), so that padding never reaches a branch. θ
+      (``theta_dim > 0``) has one more branch.
     * Trunk: the query coordinates ``x[..., :space_dim]`` → the same kind of net, its output
       activated.
 
