@@ -38,8 +38,10 @@ Requirements: every rank of the group calls every attention layer in the same or
 no points of its own) and runs the backward of a loss that depends on each layer's output (sum
 the ranks' losses: a mean over an empty shard is NaN); every key point lives on exactly one
 rank. The ranks' calls agree in everything but their own points: batch, heads, widths and
-``dropout_p`` size the all-reduce, and a rank whose call differs stops the group (gloo and
-NCCL abort, or wait until the group's timeout, without a message of ours); whether ``weight``
+``dropout_p`` size the all-reduce, and a rank whose call makes another size stops the group
+(gloo and NCCL abort, or wait until the group's timeout, without a message of ours), but calls
+of other shapes and one size (``B`` and ``H`` swapped, ``D`` and ``D_v``) are not told apart:
+their sums are added as if they matched, a wrong answer on every rank. Whether ``weight``
 is ``None`` travels in the all-reduce, and a mix is refused on every rank. An argument that
 one rank refuses on its own (a negative weight, a missing ``kv_pos``) raises there before the
 all-reduce: under torchrun that process's exit ends the others, but a process that catches
