@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -250,10 +250,12 @@ def check_statistics(mean: object, std: object) -> None:
 
 def recorded_statistics(record: object, name: str) -> tuple[Tensor, Tensor]:
     """``(mean, std)`` as float64 tensors from a recorded normaliser ``{'mean': ..., 'std':
-    ...}`` (numbers or nested lists of them, as the run configurations store them), checked
-    with :func:`check_statistics`; messages name ``name``."""
-    if not isinstance(record, Mapping) or set(record) != {"mean", "std"}:
-        raise ValueError(f"{name}: expected {{'mean': ..., 'std': ...}}, got {record!r}")
+    ..., 'eps': ...}`` (numbers or nested lists of them, as the run configurations store them;
+    ``eps`` since 2026-11-30, :func:`recorded_eps`), checked with :func:`check_statistics`;
+    messages name ``name``."""
+    if not isinstance(record, Mapping) or set(record) - {"eps"} != {"mean", "std"}:
+        raise ValueError(f"{name}: expected {{'mean': ..., 'std': ...}} (and 'eps'), got "
+                         f"{record!r}")
     try:
         mean, std = (torch.tensor(record[key], dtype=torch.float64) for key in ("mean", "std"))
         check_statistics(mean, std)
@@ -261,6 +263,12 @@ def recorded_statistics(record: object, name: str) -> tuple[Tensor, Tensor]:
         raise ValueError(f"{name}: expected numbers or nested lists of them of one shape, "
                          f"finite, std >= 0 ({err}); got {record!r}") from err
     return mean, std
+
+
+def recorded_eps(record: Mapping[str, Any], name: str, default: float) -> float:
+    """The ``eps`` of a recorded normaliser (:func:`recorded_statistics`' ``record``), or
+    ``default`` for a record written before ``eps`` was recorded."""
+    return check_float(record.get("eps", default), f"{name}['eps']", low_inclusive=True)
 
 
 def check_quadrature_weight(

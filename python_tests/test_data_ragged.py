@@ -390,9 +390,13 @@ def test_normalisers_are_fitted_on_the_training_split_only(ragged_file):
     # as the examples record them in their run configuration (JSON): exactly the same numbers
     config = json.loads(json.dumps(normalizer_config(**norm.named())))
     assert sorted(config) == ["input_g", "query", "target", "theta"]
-    from_config = RaggedNormalizers.from_config(config, eps=eps).state_dict()
+    from_config = RaggedNormalizers.from_config(config).state_dict()  # (the recorded eps)
     assert set(from_config) == set(state)
     assert all(torch.equal(from_config[k], state[k]) for k in state)
+    without = {name: {"mean": r["mean"], "std": r["std"]} for name, r in config.items()}
+    assert float(RaggedNormalizers.from_config(without, eps=eps).eps) == float(state["eps"])
+    with pytest.raises(ValueError, match="record different eps"):
+        RaggedNormalizers.from_config({**config, "query": {**config["query"], "eps": 1.0}})
     with pytest.raises(ValueError, match=r"config\['query'\]: expected"):
         RaggedNormalizers.from_config({**config, "query": {"mean": [0.0]}})
     # these were torch's "new(): invalid data type 'str'" and "only one element tensors ..."

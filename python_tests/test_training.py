@@ -919,22 +919,34 @@ def test_recorded_normalizers_come_back_in_their_shapes():
         assert rebuilt[name].mean.shape == norm.mean.shape
         assert torch.equal(rebuilt[name].mean, norm.mean)
         assert torch.equal(rebuilt[name].std, norm.std)
-        assert rebuilt[name].eps == norm.eps  # not recorded: the datasets' default
+        assert rebuilt[name].eps == norm.eps
     assert torch.equal(rebuilt["grid"].encode(x), fitted["grid"].encode(x))
     with pytest.raises(ValueError, match=r"config\['grid'\]: expected numbers or nested lists "
                                          r"of them of one shape.*std: expected the shape of mean"):
         normalizers_from_config({"grid": {"mean": config["grid"]["mean"], "std": [1.0]}})
     with pytest.raises(ValueError, match=r"config\['grid'\]: expected \{'mean': ..., 'std': "
-                                         r"...\}, got \[1.0\]"):
+                                         r"...\} \(and 'eps'\), got \[1.0\]"):
         normalizers_from_config({"grid": [1.0]})
     with pytest.raises(TypeError, match="config: expected a dict of statistics by name, got list"):
         normalizers_from_config([])
+    # the recorded eps comes back (GNOT's normalisers fit with 1e-8), and a record without one,
+    # written before it was recorded, takes the grid datasets' default
+    small = UnitGaussianNormalizer(torch.randn(6, 2, generator=g), eps=1e-8)
+    assert normalizers_from_config(normalizer_config(small=small))["small"].eps == 1e-8
+    without = {name: {"mean": stats["mean"], "std": stats["std"]}
+               for name, stats in config.items()}
+    assert normalizers_from_config(without)["grid"].eps == 1e-5
+    with pytest.raises(ValueError, match=r"config\['grid'\]\['eps'\]: expected"):
+        normalizers_from_config({"grid": {**config["grid"], "eps": -1.0}})
     flat = {name: {key: torch.tensor(stats[key], dtype=torch.float64).reshape(-1).tolist()
-                   for key in stats}
-            for name, stats in config.items()}  # as runs before recorded them
+                   for key in ("mean", "std")}
+            for name, stats in config.items()}  # as runs before recorded them (and no eps)
     run = {"model": {"d_model": 8}, "normalizers": config}
     check_resumable_config({"model": {"d_model": 8}, "normalizers": flat}, run, "last.pt",
                            partial=True)
+    with pytest.raises(CheckpointError, match=r"\['normalizers.grid.eps'\]"):
+        check_resumable_config({"model": {"d_model": 8}, "normalizers": {
+            **config, "grid": {**config["grid"], "eps": 1e-8}}}, run, "last.pt", partial=True)
     flat["grid"]["mean"][7] += 1e-9
     with pytest.raises(CheckpointError, match=r"\['normalizers.grid.mean'\]"):
         check_resumable_config({"model": {"d_model": 8}, "normalizers": flat}, run, "last.pt",

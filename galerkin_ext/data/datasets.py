@@ -111,6 +111,7 @@ _STREAM_NOISE = 3  # random stream of the inverse problem's static noise
 ODE_TASKS = {"cde": "cde", "l63_a": "lorenz63", "l63_b": "lorenz63"}
 
 Source = str | os.PathLike[str] | tuple[np.ndarray, np.ndarray]
+UNIT_GAUSSIAN_EPS = 1e-5  # SPEC §4's (the grid datasets' normalisers)
 
 
 class UnitGaussianNormalizer(torch.nn.Module):
@@ -125,7 +126,7 @@ class UnitGaussianNormalizer(torch.nn.Module):
     mean: torch.Tensor  # (buffers)
     std: torch.Tensor
 
-    def __init__(self, data: torch.Tensor | np.ndarray, eps: float = 1e-5, *,
+    def __init__(self, data: torch.Tensor | np.ndarray, eps: float = UNIT_GAUSSIAN_EPS, *,
                  correction: int = 0) -> None:
         super().__init__()
         x = torch.as_tensor(np.asarray(data) if not isinstance(data, torch.Tensor) else data)
@@ -152,7 +153,7 @@ class UnitGaussianNormalizer(torch.nn.Module):
 
     @classmethod
     def from_statistics(cls, mean: torch.Tensor, std: torch.Tensor,
-                        eps: float = 1e-5) -> UnitGaussianNormalizer:
+                        eps: float = UNIT_GAUSSIAN_EPS) -> UnitGaussianNormalizer:
         """A normaliser with the given ``mean`` and ``std`` (same shape; e.g. from a
         checkpoint), in their dtype."""
         check_statistics(mean, std)
@@ -257,11 +258,11 @@ def block_average(a: np.ndarray | torch.Tensor, coarse: int) -> np.ndarray | tor
     device for a tensor (differentiable: the inverse problem's FNO averages its output as its
     target was averaged).
     """
+    if isinstance(a, torch.Tensor) and not a.is_floating_point():  # (its means in its own
+        raise TypeError(f"a: expected a floating-point tensor, got {a.dtype}")  # dtype truncated)
     is_tensor = isinstance(a, torch.Tensor)
     if not is_tensor:
         a = np.asarray(a)
-    elif not a.is_floating_point():  # (its means in its own dtype: an integer one truncated)
-        raise TypeError(f"a: expected a floating-point tensor, got {a.dtype}")
     if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
         raise ValueError(f"a must have shape (..., K, K), got {tuple(a.shape)}")
     coarse = check_int(coarse, "coarse", 2)

@@ -40,6 +40,7 @@ from .._checks import (
     check_float_dtype,
     check_index,
     check_int,
+    recorded_eps,
     recorded_statistics,
 )
 from .datasets import UnitGaussianNormalizer, evaluation_indices
@@ -164,18 +165,25 @@ class RaggedNormalizers(nn.Module):
                    theta, eps)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Mapping[str, Sequence[float]]],
+    def from_config(cls, config: Mapping[str, Mapping[str, Any]],
                     eps: float = NORMALIZER_EPS) -> RaggedNormalizers:
-        """Rebuild from ``{name: {'mean': [...], 'std': [...]}}`` over the names of
-        :meth:`named` (as the examples store them in their run configuration, so that a
-        checkpoint says how to normalise)."""
+        """Rebuild from ``{name: {'mean': [...], 'std': [...], 'eps': ...}}`` over the names
+        of :meth:`named` (as the examples store them in their run configuration, so that a
+        checkpoint says how to normalise). ``eps``: for records without one (written before
+        2026-11-30); the records' own, one for all, where they have it."""
         if not isinstance(config, Mapping):
             raise TypeError(f"config: expected a dict of statistics, got {type(config).__name__}")
         eps = check_float(eps, "eps")
-        state: dict[str, Tensor] = {"eps": torch.tensor(eps, dtype=torch.float64)}
+        state: dict[str, Tensor] = {}
+        recorded = set()
         for name, stats in config.items():
             state[f"{name}.mean"], state[f"{name}.std"] = recorded_statistics(
                 stats, f"config[{name!r}]")
+            recorded.add(recorded_eps(stats, f"config[{name!r}]", eps))
+        if len(recorded) > 1:
+            raise ValueError(f"config: its normalisers record different eps {sorted(recorded)}; "
+                             "these normalisers share one")
+        state["eps"] = torch.tensor(recorded.pop() if recorded else eps, dtype=torch.float64)
         return cls.from_state_dict(state)
 
     def named(self) -> dict[str, UnitGaussianNormalizer]:

@@ -34,13 +34,14 @@ from .._checks import (
     check_choice,
     check_int,
     check_path,
+    recorded_eps,
     recorded_statistics,
     resolve_device,
 )
 from .._cli import nonnegative_float, nonnegative_int, positive_float, positive_int, usable_device
 from .._locks import file_lock
 from ..complexity import parameter_count
-from ..data.datasets import UnitGaussianNormalizer
+from ..data.datasets import UNIT_GAUSSIAN_EPS, UnitGaussianNormalizer
 from ..data.storage import DataFileError, DataMismatchError, data_identity, same_draws
 from ..layers import ATTENTION_TYPES
 from ..models import build_model
@@ -867,33 +868,38 @@ def describe_grid(coords: torch.Tensor, weight: str | None = "auto") -> dict[str
 
 
 def normalizer_config(**normalizers: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """``{name: {'mean': ..., 'std': ...}}`` of unit-Gaussian normalisers, each statistic as
-    nested lists in its fitted shape (a float for a scalar one): stored in the run
+    """``{name: {'mean': ..., 'std': ..., 'eps': ...}}`` of unit-Gaussian normalisers, each
+    statistic as nested lists in its fitted shape (a float for a scalar one): stored in the run
     configuration, so the checkpoints say how to normalise; :func:`normalizers_from_config`
     rebuilds them."""
     out = {}
     for name, norm in normalizers.items():
-        mean, std = getattr(norm, "mean", None), getattr(norm, "std", None)
-        if not isinstance(mean, torch.Tensor) or not isinstance(std, torch.Tensor):
+        if not isinstance(norm, UnitGaussianNormalizer):
             raise TypeError(f"{name}: expected a UnitGaussianNormalizer, got "
                             f"{type(norm).__name__}")
-        out[name] = {"mean": mean.tolist(), "std": std.tolist()}
+        out[name] = {"mean": norm.mean.tolist(), "std": norm.std.tolist(), "eps": norm.eps}
     return out
 
 
 def normalizers_from_config(config: Mapping[str, Mapping[str, Any]]
                             ) -> dict[str, UnitGaussianNormalizer]:
     """The normalisers that :func:`normalizer_config` recorded, by name, in float64 and their
-    fitted shapes (``checkpoint["config"]["normalizers"]`` of an example script's run): e.g.
-    ``DarcyDataset(..., input_normalizer=normalizers["input"])``. Their ``eps``, which is not
-    recorded, is the default that the grid datasets fit with. (Records written before
+    fitted shapes and with their ``eps`` (``checkpoint["config"]["normalizers"]`` of an
+    example script's run): e.g. ``DarcyDataset(..., input_normalizer=normalizers["input"])``.
+    (Records written before 2026-11-30 lack ``eps``: theirs is the grid datasets' default,
+    1e-5; the GNOT scripts' normalisers took 1e-8, which :meth:`RaggedNormalizers.from_config
+    <galerkin_ext.data.RaggedNormalizers.from_config>` gives them. Records written before
     2026-11-29 hold flattened statistics: a grid's come back 1-D; reshape them with
     :meth:`UnitGaussianNormalizer.from_statistics`.)"""
     if not isinstance(config, Mapping):
         raise TypeError(f"config: expected a dict of statistics by name, got "
                         f"{type(config).__name__}")
-    return {name: UnitGaussianNormalizer.from_statistics(
-        *recorded_statistics(stats, f"config[{name!r}]")) for name, stats in config.items()}
+    rebuilt = {}
+    for name, stats in config.items():
+        mean, std = recorded_statistics(stats, f"config[{name!r}]")
+        rebuilt[name] = UnitGaussianNormalizer.from_statistics(
+            mean, std, recorded_eps(stats, f"config[{name!r}]", UNIT_GAUSSIAN_EPS))
+    return rebuilt
 
 
 def command_line() -> str:
