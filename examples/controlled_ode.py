@@ -215,8 +215,9 @@ def main(argv=None):
               f"normalised {test['rel_l2_median_normalized']:.4e})")
         for name, z in zero_shot.items():
             print(f"zero-shot {name} ({z['n_points']} points): median {z['rel_l2_median']:.4e}")
-        enforce_thresholds(report)
     cleanup_distributed(ctx)
+    if ctx.is_main:
+        enforce_thresholds(report)  # after the group is left: the others do not wait on us
 
 
 if __name__ == "__main__":

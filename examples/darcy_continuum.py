@@ -379,8 +379,9 @@ def main(argv=None):
         for name, z in zero_shot.items():
             print(f"zero-shot {name}: " + (z["skipped"] if "skipped" in z else
                                            f"median {z['rel_l2_median']:.4e}"))
-        enforce_thresholds(report)
     cleanup_distributed(ctx)
+    if ctx.is_main:
+        enforce_thresholds(report)  # after the group is left: the others do not wait on us
 
 
 if __name__ == "__main__":

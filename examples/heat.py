@@ -182,8 +182,9 @@ def main(argv=None):
         write_metrics(args.out, result, model, ctx, cfg, last,
                       test_rel_l2_per_channel=per_channel,
                       best_epoch_rel_l2=result["best_metric"], thresholds=report)
-        enforce_thresholds(report)
     cleanup_distributed(ctx)
+    if ctx.is_main:
+        enforce_thresholds(report)  # after the group is left: the others do not wait on us
 
 
 if __name__ == "__main__":

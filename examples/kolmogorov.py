@@ -373,8 +373,9 @@ def main(argv=None):
                                             start=1):
                 print(f"rollout step {k} (t = T + {k * roll['dt_out']:g}): median {err:.4e} "
                       f"(persistence {base:.4e})")
-        enforce_thresholds(report)
     cleanup_distributed(ctx)
+    if ctx.is_main:
+        enforce_thresholds(report)  # after the group is left: the others do not wait on us
 
 
 if __name__ == "__main__":

@@ -257,8 +257,9 @@ def main(argv=None):
                 line += (f", unweighted model "
                          f"{extra['unweighted']['zero_shot'][name]['rel_l2_median']:.4e}")
             print(line)
-        enforce_thresholds(report)
     cleanup_distributed(ctx)
+    if ctx.is_main:
+        enforce_thresholds(report)  # after the group is left: the others do not wait on us
 
 
 if __name__ == "__main__":

@@ -1263,3 +1263,14 @@ def test_kolmogorov_zero_shot_set_follows_the_data(tmp_path, monkeypatch):
     kolmogorov.main([*common, "--data", str(seed1), "--eval-resolution", "--resume", "--out",
                      str(tmp_path / "c")])
     assert _metrics(tmp_path / "c")["zero_shot"] == {}
+
+
+def test_scripts_enforce_thresholds_after_leaving_the_process_group():
+    """A missed threshold raised on rank 0 before cleanup_distributed's barrier: under torchrun
+    the other ranks then died in that barrier with a traceback blaming a crashed worker."""
+    scripts = [p for p in sorted(EXAMPLES.glob("*.py")) if "enforce_thresholds(" in p.read_text()]
+    assert len(scripts) >= 10
+    for script in scripts:
+        text = script.read_text()
+        assert (text.rindex("cleanup_distributed(ctx)")
+                < text.index("enforce_thresholds(report)")), script.name
