@@ -127,7 +127,7 @@ MODELS = {
                                  "mlp_ratio": 2}},
              "paper": {"train": {"max_lr": 1e-2, "batch_size": 1, "epochs": 80}}},
     "gt": {"name": "gt_encoder", "layout": "points",
-           "weights": "uniform 1/N inside its Fourier-type attention",
+           "weights": "uniform 1/N inside its {attention}-type attention",
            "quick": {"model": {"d_model": 32, "n_head": 4, "num_layers": 2,
                                "dim_feedforward": 64}},
            "paper": {"train": {"max_lr": 1e-2, "batch_size": 2, "epochs": 80}}},
@@ -284,6 +284,9 @@ def main(argv=None):
             parser.error(f"--attention: only gt has a choice of attention, not {args.model}")
         options["attention_type"] = args.attention
     cfg["model"].update(options)
+    # (for metrics.json: the GT encoder's attention type is a flag)
+    weights = spec["weights"].format(
+        attention=cfg["model"].get("attention_type", "fourier").capitalize())
     # The preset's targets hold for the preset as written, on its own (lognormal) data.
     enforced = (not options and args.coef == "lognormal"
                 and preset_unchanged(cfg, presets[args.preset], args))
@@ -349,7 +352,7 @@ def main(argv=None):
                              forward=forward, device=ctx.device, ctx=ctx)
 
     test = summary(test_set)
-    zero_shot = {name: {**describe_grid(ds.grid, spec["weights"]), **summary(ds)}
+    zero_shot = {name: {**describe_grid(ds.grid, weights), **summary(ds)}
                  for name, ds in zero_shot_sets.items()}
     zero_shot.update({name: {"skipped": why} for name, why in skipped.items()})
 
@@ -371,7 +374,7 @@ def main(argv=None):
                       test_rel_l2_median=test["rel_l2_median"],
                       test_rel_l2_median_normalized=test["rel_l2_median_normalized"],
                       test_rel_l2_max=test["rel_l2_max"], test=test,
-                      train_grid=describe_grid(train_set.grid, spec["weights"]),
+                      train_grid=describe_grid(train_set.grid, weights),
                       zero_shot=zero_shot,
                       thresholds=report, stopped_early=result["stopped_early"])
         print(f"test median relative L2 {test['rel_l2_median']:.4e} (physical units; "

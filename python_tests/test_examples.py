@@ -780,7 +780,9 @@ def test_patched_model_options_reach_the_model(tmp_path, kolmogorov_files, capsy
     _load_example("darcy_continuum").main([
         *common, "--model", "gt", "--attention", "galerkin", "--data", str(data),
         "--eval-resolution", "--n-train", "4", "--out", str(out)])
-    assert _metrics(out)["config"]["model"]["attention_type"] == "galerkin"
+    m = _metrics(out)
+    assert m["config"]["model"]["attention_type"] == "galerkin"
+    assert m["train_grid"]["weights"] == "uniform 1/N inside its Galerkin-type attention"
     model, _ = load_trained_model(out / "best.pt")
     assert {m.attention_type for m in model.modules() if hasattr(m, "attention_type")} == {
         "galerkin"}
