@@ -185,7 +185,8 @@ def main(argv=None):
         pred, batch = predict(model, eval_set, list(range(min(N_PLOT, len(eval_set)))),
                               device=ctx.device)
         plot_2d(f"{args.out}/prediction.png", batch["x"][..., 0], pred[..., 0],
-                batch["target"][..., 0], input_label=f"input u (noise {cfg['noise']:g})",
+                batch["target"][..., 0],
+                input_label=f"input: normalised u + noise {cfg['noise']:g}",
                 title=f"Inverse Darcy {cfg['fine']} -> {cfg['coarse']}, "
                       + ("FNO2d" if args.model == "fno" else f"{attention} attention")
                       + f": evaluation rel. L2 {test_rel_l2:.3e}")
