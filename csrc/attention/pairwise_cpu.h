@@ -90,13 +90,22 @@ class KeySideSum {
 // parts of each key-side gradient g (sizes[g] elements per (batch, head)) into targets[g], in
 // order. A head's first chunk sums into the gradients themselves, the others into buffers of
 // their own (zero on entry, as the gradients must be), added to the gradients in order after.
+// Those buffers hold (chunks - 1) copies of the key-side gradients: at most
+// kBufferCopies of them, or more while they fit in kBufferBytes (at B·H = 1 and M = 200 000,
+// sixteen chunks had added 15 copies, 768 MiB, more than the N × M matrix the op avoids).
 constexpr int64_t kBackwardTasks = 16;
+constexpr int64_t kBufferCopies = 3;
+constexpr int64_t kBufferBytes = int64_t{64} << 20;
 
 template <typename T, typename ForChunk>
 void run_backward_chunks(int64_t batch_heads, int64_t blocks, const std::vector<T*>& gradients,
                          const std::vector<int64_t>& sizes, const ForChunk& for_chunk) {
-  const int64_t wanted = std::clamp<int64_t>((kBackwardTasks + batch_heads - 1) / batch_heads,
-                                             1, std::max<int64_t>(blocks, 1));
+  int64_t copy_bytes = 0;  // one copy of the key-side gradients of every (batch, head)
+  for (const int64_t size : sizes) copy_bytes += batch_heads * size * int64_t{sizeof(T)};
+  const int64_t copies = std::max(kBufferCopies, kBufferBytes / std::max<int64_t>(copy_bytes, 1));
+  const int64_t most = std::max<int64_t>(std::min(blocks, copies + 1), 1);
+  const int64_t wanted =
+      std::clamp<int64_t>((kBackwardTasks + batch_heads - 1) / batch_heads, 1, most);
   const int64_t per_chunk = (blocks + wanted - 1) / wanted;
   const int64_t chunks = (blocks + per_chunk - 1) / per_chunk;
   const size_t count = gradients.size();
