@@ -1424,6 +1424,12 @@ def test_check_model_grid_runs_an_empty_batch_without_side_effects():
     with pytest.raises(ValueError, match="a 11×11 grid is too coarse for modes = 6"):
         check_model_grid(model.eval(), (11, 11), in_channels=1)
     assert not model.training
+    for args, error, message in (((None, (12, 12), 1), TypeError, "model: expected"),
+                                 ((model, 12, 1), TypeError, "points: expected a sequence"),
+                                 ((model, (12, 0), 1), ValueError, r"points\[1\]: expected"),
+                                 ((model, (12, 12), 0), ValueError, "in_channels: expected")):
+        with pytest.raises(error, match=message):
+            check_model_grid(*args)
 
 
 def test_an_eval_set_the_model_cannot_take_is_a_config_error_before_training(tmp_path):

@@ -258,8 +258,9 @@ def block_average(a: np.ndarray | torch.Tensor, coarse: int) -> np.ndarray | tor
     device for a tensor (differentiable: the inverse problem's FNO averages its output as its
     target was averaged).
     """
-    if isinstance(a, torch.Tensor) and not a.is_floating_point():  # (its means in its own
-        raise TypeError(f"a: expected a floating-point tensor, got {a.dtype}")  # dtype truncated)
+    if isinstance(a, torch.Tensor) and not a.is_floating_point():
+        # (the means are taken in the tensor's dtype: an integer one truncated them to 0)
+        raise TypeError(f"a: expected a floating-point tensor, got {a.dtype}")
     is_tensor = isinstance(a, torch.Tensor)
     if not is_tensor:
         a = np.asarray(a)

@@ -609,7 +609,12 @@ def check_model_grid(model: torch.nn.Module, points: Sequence[int], in_channels:
     in_channels)``, ``grid (*points, len(points))``) through ``model`` in ``eval()`` mode (no
     work, no random draw): a model that meets its grid only in its forward (an FNO's Fourier
     modes need a fine enough one) raises its ``ValueError`` now, before any data are made."""
-    shape = tuple(points)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(points, Sequence) or not points:
+        raise TypeError(f"points: expected a sequence of node counts per axis, got {points!r}")
+    shape = tuple(check_int(n, f"points[{i}]") for i, n in enumerate(points))
+    in_channels = check_int(in_channels, "in_channels")
     mode = model.training
     model.eval()
     try:
