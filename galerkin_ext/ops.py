@@ -448,8 +448,10 @@ def continuum_attention(
     exactly, and constant weights give plain softmax attention (``weight=None`` is exactly
     ``F.scaled_dot_product_attention``).
 
-    Computed by ``scaled_dot_product_attention``, except with dropout on CPU float32 and float64
-    tensors (outside autocast, forward-mode AD and ``torch.func``; without ``torch_masks``):
+    Under CPU autocast it runs in float32 and returns float32, as the other ops on the CPU (on
+    CUDA, SDPA takes the autocast dtype). Computed by ``scaled_dot_product_attention``, except
+    with dropout on CPU float32 and float64 tensors (outside forward-mode AD and
+    ``torch.func``; without ``torch_masks``):
     there SDPA leaves its fused kernel for one that stores the ``N × M`` matrix and draws torch's
     mask element by element, so one fused op, ``torch.ops.galerkin_ext.softmax_attention``
     (``csrc/attention/softmax_cpu.cpp``), forms the matrix block by block in cache, drops its
@@ -481,6 +483,10 @@ def continuum_attention(
             tracing or capturing a CUDA graph; such an element then gives 0.
     """
     batch, _, _, m, _ = check_attention_operands(q, k, v)
+    if q.device.type == "cpu" and under_autocast(q):  # (SDPA would run in bfloat16 there)
+        with torch.autocast("cpu", enabled=False):
+            return continuum_attention(q.float(), k.float(), v.float(), weight=weight,
+                                       scale=scale, dropout_p=dropout_p, torch_masks=torch_masks)
     dim = q.shape[3]
     scale = check_scale(scale, 1.0 / math.sqrt(dim))
     dropout_p = check_probability(dropout_p, "dropout_p")
@@ -492,8 +498,7 @@ def continuum_attention(
         bias, has_keys = functional.log_weight_bias(weight, batch, m)
         bias = bias.to(q.dtype)
     if (dropout_p > 0.0 and not torch_masks and q.device.type == "cpu"
-            and q.dtype in (torch.float32, torch.float64) and not under_autocast(q)
-            and not _autodiff_beyond_the_op()):
+            and q.dtype in (torch.float32, torch.float64) and not _autodiff_beyond_the_op()):
         out, _ = torch.ops.galerkin_ext.softmax_attention(q, k, v, bias, scale, dropout_p,
                                                           _draw_seed())
     else:

@@ -289,3 +289,26 @@ def test_cuda_memory_stays_linear_in_the_keys(n):
     added = torch.cuda.max_memory_allocated() - before
     assert added < 256 * 2**20, f"{added / 2**20:.0f} MiB"
     torch.testing.assert_close(out, ops.continuum_attention(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+def test_cpu_autocast_runs_in_float32_like_the_other_ops(dropout_p):
+    """Under CPU autocast SDPA ran in bfloat16 (and the dropout left the fused op for torch's
+    materialised masks): now float32 on every path, the fused op included, returning float32,
+    the same bits as the float32 op outside autocast; gradients reach the bfloat16 inputs."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, n, 4, generator=g) for n in (5, 7, 7))
+    weight = torch.rand(2, 7, generator=g) + 0.1
+    torch.manual_seed(0)
+    expected = ops.continuum_attention(q, k, v, weight=weight, dropout_p=dropout_p)
+    low = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ops.continuum_attention(*low, weight=weight, dropout_p=dropout_p)
+    assert out.dtype == torch.float32
+    torch.manual_seed(0)
+    assert torch.equal(out, ops.continuum_attention(*(t.detach().float() for t in low),
+                                                    weight=weight, dropout_p=dropout_p))
+    assert (out - expected).abs().max() < 0.05  # (the inputs' bfloat16 rounding)
+    out.sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 for t in low)
