@@ -1067,6 +1067,7 @@ def test_elasticity_example_trains_on_converted_geofno_arrays(tmp_path):
     proc = subprocess.run(_cmd("elasticity.py", tmp_path / "mesh", *common), capture_output=True,
                           text=True, timeout=TIMEOUT, env=ENV)
     assert proc.returncode == 1 and "weights: 'mesh' needs stored weights" in proc.stderr
+    assert "--weights uniform" in proc.stderr  # (the flag, not only the Python argument)
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "mesh" / "last.pt").exists()
     proc = subprocess.run(_cmd("elasticity.py", tmp_path / "inputs", *common, "--inputs", "mesh"),

@@ -318,7 +318,8 @@ class RaggedDataset(Dataset):
                 s.name for s in layout.inputs if not s.weights]
             if missing:
                 raise DataMismatchError(f"weights: 'mesh' needs stored weights, but the file "
-                                        f"has none for {missing}; use weights='uniform'")
+                                        f"has none for {missing}; use weights='uniform' "
+                                        "(the example scripts' --weights uniform)")
         data = read_ragged(path, idx, fields=("query", "target", "inputs", "theta"))
         if normalizers is None:
             assert n_train is not None
