@@ -37,6 +37,7 @@ from galerkin_ext.training import (
     evaluate,
     experiment_parser,
     load_checkpoint,
+    per_sample_errors,
     predict,
     resolve_config,
     run_main,
@@ -1444,3 +1445,39 @@ def test_an_eval_set_the_model_cannot_take_is_a_config_error_before_training(tmp
                                           r"x: 8 points give 5 Fourier modes"):
         trainer.fit()
     assert not (tmp_path / "last.pt").exists()
+
+
+def test_the_default_metric_masks_a_padded_ragged_batch():
+    """The default metric took padded points into each sample's norms: a pointwise model's
+    errors then changed with the evaluation batch (6 % in a Trainer's eval_rel_l2, which picks
+    best.pt). Now each sample's error is over its own points, whatever the batch."""
+    from galerkin_ext.data.gnot_datasets import collate_ragged
+
+    class Ragged(Dataset):
+        collate_fn = staticmethod(collate_ragged)
+
+        def __init__(self, sizes):
+            g = torch.Generator().manual_seed(1)
+            self.items = []
+            for i, n in enumerate(sizes):
+                x = torch.rand(n, 2, generator=g)
+                self.items.append({"x": x, "weight": torch.full((n,), 1.0 / n),
+                                   "target": torch.sin(3 * x[:, :1]) + x[:, 1:], "inputs": [],
+                                   "input_weights": [], "theta": None, "index": i})
+
+        def __len__(self):
+            return len(self.items)
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1))  # nonzero on padding
+    data = Ragged([5, 40, 7, 33, 12])
+    with torch.no_grad():
+        truth = torch.stack([(model(it["x"]) - it["target"]).norm() / it["target"].norm()
+                             for it in data.items])
+    for batch_size in (1, 2, 5):
+        errors = per_sample_errors(model, data, batch_size=batch_size,
+                                   forward=lambda m, b: m(b["x"]))
+        torch.testing.assert_close(errors.float(), truth, rtol=1e-6, atol=0)

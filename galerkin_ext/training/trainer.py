@@ -61,7 +61,7 @@ from .._checks import (
 from .._locks import file_lock
 from ..data.gnot_datasets import batch_to
 from ..domain import sum_gradients
-from ..losses import relative_l2
+from ..losses import masked_relative_l2, relative_l2
 from .checkpoint import (
     CheckpointError,
     _check_loadable,
@@ -203,12 +203,13 @@ class TrainConfig:
             ``max_lr`` (a warm-up of exactly one step: that step at the initial rate).
         scheduler: ``'onecycle'`` (above, stepped per batch) or ``'plateau'``
             (``ReduceLROnPlateau`` on the evaluation error, stepped per epoch: the rate starts
-            at ``max_lr`` and is multiplied by ``plateau_factor`` after ``plateau_patience``
-            epochs without improvement; ``div_factor``, ``final_div_factor`` and ``pct_start``
-            are unused).
+            at ``max_lr`` and is multiplied by ``plateau_factor`` once more than
+            ``plateau_patience`` epochs in a row have not improved on the best error by 1e-4 of
+            it, torch's rule; ``div_factor``, ``final_div_factor`` and ``pct_start`` are
+            unused).
         plateau_factor, plateau_patience: see ``scheduler``.
-        early_stopping: stop after this many epochs without a better evaluation error
-            (``None``: never).
+        early_stopping: stop after this many epochs without a better evaluation error, any
+            improvement counting (``None``: never).
         weight_decay: decoupled weight decay (AdamW) when ``> 0``; plain Adam at 0.
         grad_clip: maximum gradient 2-norm (``None``: no norm clipping).
         clip_value: clip every gradient entry to ``[-clip_value, clip_value]`` before the norm
@@ -408,6 +409,10 @@ def _loader(dataset: Dataset, batch_size: int, device: torch.device, **kwargs: A
 
 
 def _default_metric(pred: Tensor, batch: Batch) -> Tensor:
+    """Per-sample relative L2; over each sample's own points in a padded ragged batch (its
+    ``'mask'``), the mean over the target channels, as :func:`masked_relative_l2` takes it."""
+    if "mask" in batch:
+        return masked_relative_l2(pred, batch["target"], batch["mask"], reduction="none").mean(1)
     return relative_l2(pred, batch["target"], reduction="none")
 
 
