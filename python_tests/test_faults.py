@@ -186,3 +186,14 @@ def test_an_interrupt_says_what_it_left(tmp_path, monkeypatch, capsys, when):
                             "continue",
         "after_publishing": f"interrupted after {out} was finished; it is complete",
     }[when]
+
+
+def test_the_solver_workers_leave_ctrl_c_to_the_parent():
+    """A terminal's Ctrl-C reaches every process of its group: a Darcy/GNOT solver worker
+    interrupted inside the result queue's lock left the parent waiting for ever (1 Ctrl-C in
+    8 hung `generate darcy --workers 2`), and the others printed their tracebacks. The workers
+    ignore SIGINT; the parent cancels the pool and keeps the completed chunks."""
+    from galerkin_ext.data.darcy import darcy_executor
+
+    with darcy_executor(1) as pool:
+        assert pool.submit(signal.getsignal, signal.SIGINT).result(timeout=120) == signal.SIG_IGN

@@ -17,6 +17,7 @@ Batches are spread over worker processes (one sample per task).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -134,7 +135,11 @@ def sample_and_solve(
 
 
 def _exit_with_parent(parent: int) -> None:
-    """Worker initialiser: leave once the parent is gone (a killed parent would orphan us)."""
+    """Worker initialiser: leave once the parent is gone (a killed parent would orphan us),
+    and ignore SIGINT, which a terminal's Ctrl-C sends the whole process group: the parent
+    handles it (it cancels the pool and keeps the completed chunks), while a worker
+    interrupted inside the result queue's lock left the parent waiting on it for ever."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:
