@@ -314,10 +314,16 @@ def test_continuum_darcy_refusals(tmp_path, capsys):
         assert main(["convert", "continuum-darcy", "--file", str(bad), "--out",
                      str(tmp_path / "o.h5"), "--no-progress"]) == 1
         assert message in capsys.readouterr().err
-    # one sample: MATLAB stores (s, s, 1) as (s, s)
+    # one sample: MATLAB stores (s, s, 1) as (s, s), in v5 and in v7.3 (HDF5, axes reversed)
     scipy.io.savemat(bad, {"x": x[:, :, 0], "y": y[:, :, 0]})
-    one = convert_continuum_darcy(bad, tmp_path / "one.h5", progress=False)
-    np.testing.assert_array_equal(read_h5(one, np.arange(1), keys=("u",))["u"][0], y[:, :, 0])
+    one_v73 = tmp_path / "one_v73.mat"
+    with h5py.File(one_v73, "w") as f:
+        f["x"], f["y"] = x[:, :, 0].T, y[:, :, 0].T
+    for source in (bad, one_v73):
+        one = convert_continuum_darcy(source, tmp_path / f"{source.stem}.h5", progress=False)
+        stored = read_h5(one, np.arange(1), keys=("a", "u"))
+        np.testing.assert_array_equal(stored["a"][0], x[:, :, 0])
+        np.testing.assert_array_equal(stored["u"][0], y[:, :, 0])
     # Darcy's equation needs a > 0: a piecewise +-1 coefficient was converted, and a lognormal
     # one with a -1 got NaN log a statistics; a constant one was recorded as 'lognormal'
     signs = np.where(x > np.median(x), 1.0, -1.0)

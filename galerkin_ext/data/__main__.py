@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="samples per stored chunk (default: burgers 256, darcy 32, lorenz63 "
                           "and cde 1000, heat and elasticity 50, kolmogorov 50, solved as one "
                           "batch); a resumed file keeps the chunk size it was begun with (the "
-                          "data do not depend on it)")
+                          "data do not depend on it; kolmogorov's only up to round-off, which "
+                          "its batched FFTs make and its chaotic flow grows)")
     mode = gen.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue an interrupted generation")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing file")

@@ -349,7 +349,7 @@ def convert_continuum_darcy(
             dtypes = {k: v.dtype for k, v in sources.items()}
 
             def read(start: int, stop: int) -> dict[str, np.ndarray]:
-                return {k: np.ascontiguousarray((v[None] if v.ndim == 2 else v[start:stop])
+                return {k: np.ascontiguousarray((v[()][None] if v.ndim == 2 else v[start:stop])
                                                 .transpose(0, 2, 1))
                         for k, v in sources.items()}
         else:
