@@ -886,3 +886,25 @@ def test_gnot_block_and_point_shards_name_a_wrong_input():
     shards = PointShards(TensorDataset(torch.rand(3, 5, 2)), DomainSplit([5]), {"x": 1})
     with pytest.raises(TypeError, match=r"^dataset\[0\]: expected a sample dict"):
         shards[0]
+
+
+def test_repr_shows_the_settings_that_change_the_output():
+    """Modules that differ only in such a setting printed the same repr."""
+    from galerkin_ext.layers.gnot import GNOTBlock, HeteroNormalizedAttention
+    from galerkin_ext.layers.spectral import SpectralConv1d, SpectralConv2d
+    from galerkin_ext.models import build_model
+
+    pairs = [
+        (SpectralConv1d(3, 3, 4), SpectralConv1d(3, 3, 8)),
+        (SpectralConv2d(3, 3, 3), SpectralConv2d(3, 3, 5)),
+        (HeteroNormalizedAttention(8, 1, 2), HeteroNormalizedAttention(8, 4, 2, "mean",
+                                                                        skip=False)),
+        (GNOTBlock(8, 2, 1, 16), GNOTBlock(8, 2, 1, 16, ffn_norm="pre")),
+        (build_model("fno2d", width=8, modes=4), build_model("fno2d", width=8, modes=4,
+                                                              boundary="dirichlet")),
+        (build_model("darcy", fine=29, coarse=15, d_model=16, n_head=2, num_layers=1),
+         build_model("darcy", fine=29, coarse=15, d_model=16, n_head=2, num_layers=1,
+                     boundary="free")),
+    ]
+    for a, b in pairs:
+        assert repr(a) != repr(b), type(a).__name__

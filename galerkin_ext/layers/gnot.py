@@ -100,6 +100,9 @@ class HeteroNormalizedAttention(nn.Module):
         self.values = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_inputs))
         self.out = nn.Linear(d_model, d_model)
 
+    def extra_repr(self) -> str:
+        return f"n_head={self.n_head}, reduce={self.reduce!r}, skip={self.skip}"
+
     def _heads(self, x: Tensor) -> Tensor:
         """``(B, N, C)`` → ``(B, H, N, C / H)``."""
         b, n, c = x.shape
@@ -230,6 +233,9 @@ class GNOTBlock(nn.Module):
         self.ffn1 = MixtureFFN(d_model, hidden, n_experts, activation)
         self.ffn2 = MixtureFFN(d_model, hidden, n_experts, activation)
         self.dropout = Dropout(check_probability(dropout, "dropout"))
+
+    def extra_repr(self) -> str:
+        return f"ffn_norm={self.ffn_norm!r}"
 
     def _mixture(self, ffn: MixtureFFN, norm: nn.LayerNorm, x: Tensor,
                  probs: Tensor | None) -> Tensor:

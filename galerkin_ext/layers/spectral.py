@@ -48,6 +48,9 @@ class SpectralConv1d(nn.Module):
         self.dropout = Dropout(check_probability(dropout, "dropout"))
         self.activation = _activation_or_identity(activation)
 
+    def extra_repr(self) -> str:
+        return f"modes={self.modes}"
+
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, n, in_channels)`` → ``(B, n, out_channels)``."""
         check_tensor(x, "x", 3, "(B, n, in_channels)", self)
@@ -91,6 +94,9 @@ class SpectralConv2d(nn.Module):
         self.weight_neg = nn.Parameter(nn.init.xavier_normal_(torch.empty(shape), gain=gain))
         self.dropout = Dropout(check_probability(dropout, "dropout"))
         self.activation = _activation_or_identity(activation)
+
+    def extra_repr(self) -> str:
+        return f"modes={self.modes}"
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (B, n1, n2, in_channels)`` → ``(B, n1, n2, out_channels)``."""

@@ -83,6 +83,9 @@ class FNO2d(nn.Module):
             )
         self.denormalizer = Denormalizer()
 
+    def extra_repr(self) -> str:
+        return f"boundary={self.boundary!r}, coarse={self.coarse}"
+
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
         """``x (B, n1, n2, in_channels)``, ``grid (n1, n2, 2)`` or ``(B, n1, n2, 2)`` →
         ``(B, n1, n2, out_channels)``, or ``(B, coarse, coarse, out_channels)``."""

@@ -273,6 +273,10 @@ class SimpleTransformer2d(nn.Module):
         if reference_dropout:
             draw_torch_masks(self)
 
+    def extra_repr(self) -> str:
+        return (f"fine={self.sizes.fine}, coarse={self.sizes.coarse}, "
+                f"output_grid={self.output_grid!r}, boundary={self.boundary!r}")
+
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
         """``x (B, n, n, in_channels)``, ``grid (n, n, 2)`` or ``(B, n, n, 2)`` →
         ``(B, n, n, out_channels)`` (``output_grid='fine'``) or ``(B, m, m, out_channels)``."""
