@@ -69,6 +69,13 @@ def _flip(path, dataset, chunk=0):
      r"triangles: expected shape \(T, 3\) with T >= 1, got \(\d+, 2\)"),
     (lambda s: s.__setitem__("triangles", np.zeros((0, 3), np.int32)), ValueError,
      r"triangles: expected shape \(T, 3\) with T >= 1, got \(0, 3\)"),
+    # misspelt optional keys were dropped from the file without a word
+    (lambda s: s.__setitem__("thetas", s.pop("theta")), ValueError,
+     r"s2: unknown keys \['thetas'\] \(expected some of \['query', "),
+    (lambda s: s["query"].__setitem__("weight", s["query"].pop("weights")), ValueError,
+     r"s2: query: unknown keys \['weight'\]"),
+    (lambda s: s["inputs"]["g"].__setitem__("value", s["inputs"]["g"].pop("values")),
+     ValueError, r"inputs\['g'\]: unknown keys \['value'\] \(expected some of \['points', "),
 ])
 def test_sample_checks(edit, err, match):
     sample = synthetic(2)

@@ -277,6 +277,14 @@ def _get(mapping: Mapping[str, Any], key: str, where: str, required: bool = True
     return mapping[key]
 
 
+def _check_keys(mapping: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
+    """A key outside ``known`` is refused: a misspelt optional one (``value`` for ``values``)
+    would be dropped from the file without a word."""
+    unknown = sorted(str(k) for k in mapping if k not in known)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown} (expected some of {list(known)})")
+
+
 def _weights(value: object, n: int, where: str) -> np.ndarray | None:
     if value is None:
         return None
@@ -294,7 +302,8 @@ def validate_sample(sample: object, *, where: str = "sample",
 
     Every sample needs ``N >= 1`` query points and ``M >= 1`` points per input function;
     values must be finite, weights non-negative with a positive sum, triangle indices in
-    ``[0, N)``, labels in the int8 range.  With ``layout``, the sample must also match it.
+    ``[0, N)``, labels in the int8 range; a key outside the interface is refused.  With
+    ``layout``, the sample must also match it.
 
     Returns the same structure with float64 / int8 / int32 arrays (``None`` for absent
     optional fields; ``values`` with ``c = 0`` columns become ``None``).  Errors name
@@ -303,9 +312,12 @@ def validate_sample(sample: object, *, where: str = "sample",
     if not isinstance(sample, Mapping):
         raise TypeError(f"{where}: expected a dict with the keys query, target, target_names, "
                         f"inputs, theta, triangles; got {type(sample).__name__}")
+    _check_keys(sample, ("query", "target", "target_names", "inputs", "theta", "triangles"),
+                where)
     query = _get(sample, "query", where)
     if not isinstance(query, Mapping):
         raise TypeError(f"{where}: query: expected a dict with points, weights, label")
+    _check_keys(query, ("points", "weights", "label"), f"{where}: query")
     points = _real_array(_get(query, "points", f"{where}: query"), f"{where}: query.points",
                          "(N, d)", 2)
     n, d = points.shape
@@ -340,6 +352,7 @@ def validate_sample(sample: object, *, where: str = "sample",
         at = f"{where}: inputs[{name!r}]"
         if not isinstance(fn, Mapping):
             raise TypeError(f"{at}: expected a dict with points, values, weights")
+        _check_keys(fn, ("points", "values", "weights"), at)
         p = _real_array(_get(fn, "points", at), f"{at}.points", "(M, d)", 2)
         if p.shape[0] < 1 or p.shape[1] != d:
             raise ValueError(f"{at}.points: expected shape (M, {d}) with M >= 1 (an input "
