@@ -27,7 +27,7 @@ from galerkin_ext.layers import (
 )
 from galerkin_ext.losses import relative_l2
 from galerkin_ext.models import AFNO, TNO, FNOChannelMLP, GTEncoder, available_models, build_model
-from galerkin_ext.quadrature import trapezoid_weights
+from galerkin_ext.quadrature import mesh_weights, trapezoid_weights
 
 F64 = torch.float64
 
@@ -830,3 +830,17 @@ def test_forward_errors():
     for call, error, match in cases:
         with pytest.raises(error, match=match):
             call()
+
+
+def test_quadrature_weights_of_another_float_dtype_are_cast_as_the_coordinates_are():
+    """mesh_weights of a float64 point cloud (numpy data) is float64: the TNO and the GT encoder
+    took float64 coordinates but refused such weights, naming the op's inner 'k'."""
+    torch.manual_seed(0)
+    x = torch.rand(40, 2, dtype=torch.float64)
+    weight = mesh_weights(x)
+    u = torch.sin(3 * x[:, :1]).float()[None]
+    for model in (TNO(in_dim=1, out_dim=1, domain_dim=2, d_model=16, n_head=2, num_layers=1),
+                  build_model("gt_encoder", d_model=16, n_head=2, num_layers=1)):
+        model.eval()
+        torch.testing.assert_close(model(u, x, weight), model(u, x.float(), weight.float()),
+                                   rtol=0, atol=0)

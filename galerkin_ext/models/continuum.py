@@ -66,6 +66,15 @@ def _check_points(model: nn.Module, u: object, x: object, in_dim: int,
     return u, x.to(u.dtype), expanded.to(u.dtype)
 
 
+def _weight_for(u: Tensor, weight: Tensor | None) -> Tensor | None:
+    """Quadrature weights of any floating dtype in the one the ops take for ``u``'s tokens (as
+    the coordinates are cast to ``u``'s: a float64 ``mesh_weights`` was refused, naming the
+    op's inner ``k``); anything else as given, for the ops' checks."""
+    if isinstance(weight, Tensor) and weight.is_floating_point():  # (else the ops' message)
+        return weight.to(opmath_dtype(u))
+    return weight
+
+
 def _check_grid(model: nn.Module, u: object, x: object, in_dim: int) -> Tensor:
     """``u (B, s₁, s₂, in_dim)``, ``x (s₁, s₂, 2)`` / ``(B, s₁, s₂, 2)`` on ``u``'s device (any
     floating dtype, cast to ``u``'s); returns ``[u, x]`` of shape ``(B, s₁, s₂, in_dim + 2)``."""
@@ -207,7 +216,7 @@ class TNO(nn.Module):
         coords = x if x.dim() == 2 else expanded
         if isinstance(weight, str):
             coords = coords.to(opmath_dtype(coords))
-        weight = resolve_quadrature_weight(weight, coords, coords_name="x")
+        weight = _weight_for(u, resolve_quadrature_weight(weight, coords, coords_name="x"))
         h = self.lift(torch.cat([u, expanded], dim=-1))
         h = self._insert_token0(h, u, expanded, weight, token0)
         for layer in self.encoder:
@@ -441,6 +450,7 @@ class GTEncoder(nn.Module):
         """``u (B, N, d_u)``, ``x (N, d)`` or ``(B, N, d)``, ``weight (N,)`` / ``(B, N)`` /
         ``None`` → ``(B, N, d_z)``."""
         u, x, expanded = _check_points(self, u, x, self.in_dim, self.domain_dim)
+        weight = _weight_for(u, weight)
         h = self.lift(torch.cat([u, expanded], dim=-1))
         pos = x if x.dim() == 2 else expanded  # a shared grid is broadcast by the ops
         for layer in self.encoder:
