@@ -1481,3 +1481,23 @@ def test_the_default_metric_masks_a_padded_ragged_batch():
         errors = per_sample_errors(model, data, batch_size=batch_size,
                                    forward=lambda m, b: m(b["x"]))
         torch.testing.assert_close(errors.float(), truth, rtol=1e-6, atol=0)
+
+
+def test_samples_that_do_not_stack_are_a_config_error_naming_collate_fn(tmp_path):
+    """Point sets of different sizes without a collate_fn ended in torch's raw 'stack expects
+    each tensor to be equal size', from inside the first evaluation batch."""
+
+    class Clouds(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            x = torch.rand(10 + i, 1)
+            return {"x": x, "grid": x, "target": x}
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), Clouds(), Clouds(),
+                      TrainConfig(epochs=1, batch_size=2, progress=False), tmp_path)
+    with pytest.raises(ConfigError, match=r"^eval_set: its samples do not stack into a batch "
+                                          r"\(.*\); .*collate_ragged"):
+        trainer.fit()
+    assert not (tmp_path / "last.pt").exists()

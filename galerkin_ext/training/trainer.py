@@ -1074,11 +1074,19 @@ class Trainer:
         self.model.eval()
         try:
             with torch.no_grad():
-                batch = next(iter(_loader(first, len(first), device)))
-                _batch_errors(self.model, batch, device, self.forward, self.metric)
-        except ValueError as err:  # e.g. a grid too coarse for an FNO's modes: a ConfigError,
-            # which the scripts report in one line (a ValueError still: the same for callers)
-            raise ConfigError(f"eval_set: its first batch does not fit the model: {err}") from err
+                try:
+                    batch = next(iter(_loader(first, len(first), device)))
+                except RuntimeError as err:  # (torch's collate: samples of other shapes)
+                    raise ConfigError(
+                        f"eval_set: its samples do not stack into a batch ({err}); samples of "
+                        "different point counts need the dataset's collate_fn, e.g. "
+                        "galerkin_ext.data.collate_ragged (RaggedDataset has it)") from err
+                try:
+                    _batch_errors(self.model, batch, device, self.forward, self.metric)
+                except ValueError as err:  # e.g. a grid too coarse for an FNO's modes: a
+                    # ConfigError, which the scripts report in one line (a ValueError still)
+                    raise ConfigError(f"eval_set: its first batch does not fit the model: "
+                                      f"{err}") from err
         finally:
             self.model.train(mode)
 
