@@ -17,7 +17,9 @@ from threefry_reference import reference_keep
 SIZES = [(1, 1, 1, 1, 1, 1), (2, 3, 13, 29, 5, 4), (1, 2, 65, 64, 10, 10),
          (3, 1, 130, 200, 3, 17), (2, 2, 1, 70, 4, 2), (1, 1, 150, 3000, 3, 2)]
 # Relative to the largest |element|: sums of M products round by about their magnitude's eps.
-TOLERANCE = {torch.float32: 4e-6, torch.float64: 1e-13}
+# (At M = 3000 in float32 torch's own (Q Kᵀ) V was 5.0e-6 of it off the float64 product, and
+# the op 4.8e-6, for GALERKIN_TEST_SEED=1969146463: 4e-6 had failed there.)
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-13}
 
 
 def multipliers(shape: tuple[int, ...], p: float, seed: int) -> torch.Tensor:
