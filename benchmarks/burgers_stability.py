@@ -40,7 +40,7 @@ from galerkin_ext.data.storage import DataFileError
 from galerkin_ext.layers import ATTENTION_TYPES
 from galerkin_ext.losses import OperatorLoss, relative_l2
 from galerkin_ext.models import build_model
-from galerkin_ext.training import cached_data, command_line, write_json
+from galerkin_ext.training import cached_data, check_model_grid, command_line, write_json
 
 ARMS = ("raw", "scaled")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "burgers.py"
@@ -77,12 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
     preset = _example().PRESETS["paper"]
-    # the model's own check of the grid (an empty batch): its spectral layers need
-    # n >= 2 modes - 2 points (--n 16 failed in the workers, after the data were made)
-    probe = build_model("burgers", **{**preset["model"], "attention_type": args.attention})
+    # the model's own check of the grid: its spectral layers need n >= 2 modes - 2 points
+    # (--n 16 failed in the workers, after the data were made)
     try:
-        with torch.no_grad():
-            probe.eval()(torch.zeros(0, args.n, 1), torch.linspace(0, 1, args.n)[:, None])
+        check_model_grid(build_model("burgers", **{**preset["model"],
+                                                   "attention_type": args.attention}),
+                         (args.n,), in_channels=1)
     except ValueError as err:
         p.error(f"--n: {err}")
     if args.epochs > preset["train"]["epochs"]:

@@ -28,6 +28,7 @@ from galerkin_ext.training import (
     baseline_model,
     build_run_model,
     cached_data,
+    check_model_grid,
     check_resume,
     cleanup_distributed,
     enforce_thresholds,
@@ -134,16 +135,11 @@ def main(argv=None):
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
     model = build_run_model(cfg, name)
     model.denormalizer.set_statistics(norm.mean, norm.std, eps=norm.eps)  # u = out * std + mean
-    # every grid through the model's own checks (an empty batch in eval(): no work, no random
-    # draw) before training; the spectral layers need n >= 2 modes - 2 points (--eval-n 16
-    # failed after all of training)
-    model.eval()
-    for flag, dataset in (("--n", train_set), *((f"--eval-n {n}", zero_shot_sets[n])
-                                                 for n in args.eval_n)):
-        sample = dataset[0]
+    # every grid through the model's own checks before training: the spectral layers need
+    # n >= 2 modes - 2 points (--eval-n 16 failed after all of training)
+    for flag, n in (("--n", cfg["n"]), *((f"--eval-n {n}", n) for n in args.eval_n)):
         try:
-            with torch.no_grad():
-                model(sample["x"][None][:0], sample["grid"])
+            check_model_grid(model, (n,), in_channels=1)
         except ValueError as err:
             parser.error(f"{flag}: {err}")
     loss = OperatorLoss(gamma=GAMMA, h=1.0 / cfg["n"])
