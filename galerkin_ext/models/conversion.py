@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_choice, check_int
+from ..data.datasets import uniform_grid_2d
 from .registry import build_model
 
 # our model names -> the original's classes
@@ -126,11 +127,9 @@ def original_grid(n: int, dim: int) -> Tensor:
     axis-1 coordinate first (NumPy's ``meshgrid`` order;
     :func:`~galerkin_ext.data.datasets.uniform_grid_2d` puts the axis-0 one first)."""
     n = check_int(n, "n", 2)
-    dim = check_choice(check_int(dim, "dim"), "dim", (1, 2))
-    line = torch.linspace(0, 1, n, dtype=torch.float64)
-    if dim == 1:
-        return line[:, None]
-    return torch.stack(torch.meshgrid(line, line, indexing="xy"), dim=-1)
+    if check_choice(check_int(dim, "dim"), "dim", (1, 2)) == 1:
+        return torch.linspace(0, 1, n, dtype=torch.float64)[:, None]
+    return uniform_grid_2d(n).flip(-1)
 
 
 def _translate(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
