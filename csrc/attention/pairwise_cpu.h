@@ -92,7 +92,7 @@ class KeySideSum {
 // their own (zero on entry, as the gradients must be), added to the gradients in order after.
 // Those buffers hold (chunks - 1) copies of the key-side gradients: at most
 // kBufferCopies of them, or more while they fit in kBufferBytes (at B·H = 1 and M = 200 000,
-// sixteen chunks had added 15 copies, 768 MiB, more than the N × M matrix the op avoids).
+// sixteen chunks' 15 copies had raised the backward's peak above the N × M matrix it avoids).
 constexpr int64_t kBackwardTasks = 16;
 constexpr int64_t kBufferCopies = 3;
 constexpr int64_t kBufferBytes = int64_t{64} << 20;
