@@ -1501,3 +1501,20 @@ def test_samples_that_do_not_stack_are_a_config_error_naming_collate_fn(tmp_path
                                           r"\(.*\); .*collate_ragged"):
         trainer.fit()
     assert not (tmp_path / "last.pt").exists()
+
+
+def test_a_datasets_own_error_is_not_called_a_stacking_error(tmp_path):
+    """Only the collation's errors get the collate_fn hint: a sample that cannot be read
+    reaches the user with its own message."""
+
+    class Broken(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            raise RuntimeError("sample 0 is on a disk that is gone")
+
+    trainer = Trainer(_PointMLP(), OperatorLoss(), Broken(), Broken(),
+                      TrainConfig(epochs=1, batch_size=2, progress=False), tmp_path)
+    with pytest.raises(RuntimeError, match=r"^sample 0 is on a disk that is gone$"):
+        trainer.fit()

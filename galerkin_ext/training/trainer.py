@@ -45,7 +45,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Subset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    Subset,
+    default_collate,
+)
 from tqdm.auto import tqdm
 
 from .._checks import (
@@ -1067,15 +1074,17 @@ class Trainer:
         states are seeded or restored, since the DataLoader draws its base seed from them.
         """
         # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
-        first = Subset(self.eval_set, range(min(self.config.eval_batch_size,
-                                                len(cast(Sized, self.eval_set)))))
+        count = min(self.config.eval_batch_size, len(cast(Sized, self.eval_set)))
+        # the samples are read first, so that the dataset's own errors reach the user as
+        # they are, and only the collation's get the hint below
+        samples = [self.eval_set[i] for i in range(count)]
         device = self.ctx.device
         mode = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
                 try:
-                    batch = next(iter(_loader(first, len(first), device)))
+                    batch = (_collate(self.eval_set) or default_collate)(samples)
                 except RuntimeError as err:  # (torch's collate: samples of other shapes)
                     raise ConfigError(
                         f"eval_set: its samples do not stack into a batch ({err}); samples of "
