@@ -211,6 +211,10 @@ def solve_lorenz63(
     Args:
         initial: ``(x0, y0, z0)`` at ``times[0]``, shape ``(B, 3)`` or ``(3,)``.
         times: sample times, shape ``(T,)``, strictly increasing (see :func:`time_grid`).
+        sigma, rho, beta: the system's parameters ``x' = σ (y − x)``, ``y' = x (ρ − z) − y``,
+            ``z' = x y − β z`` (defaults: the chaotic values 10, 28, 8/3, SPEC-continuum §3).
+        max_step: the largest RK4 step; each interval between sample times is cut into
+            equal steps no longer than it.
 
     Returns:
         ``(B, T, 3)`` (or ``(T, 3)``) float64: ``x, y, z`` at every time.
