@@ -303,9 +303,10 @@ def test_repeated_calls_are_bitwise_equal(path, gen):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_cpu_core_chunking(threads, coordinate_grads, gen):
     """The CPU twins split the points into chunks by cache size and thread count (here 4 or 6
-    chunks with a short last one); every split must give the reference's values and gradients,
-    including the sums over chunks of the pos, weight and norm gradients, with and without the
-    coordinate and weight gradients asked for."""
+    chunks with a short last one, added up in 1 or 3 slots of consecutive chunks); every split
+    must give the reference's values and gradients, including the sums over chunks of the pos,
+    weight and norm gradients, with and without the coordinate and weight gradients asked
+    for."""
     case = Case(2, 2, 1100, 96, P=1, shared_pos=True, weight="shared", layout="projected")
     x = make_inputs(case, gen, requires_grad=True)
     names, tensors = grad_inputs(x)

@@ -614,3 +614,40 @@ def test_direct_calls_are_checked(gen):
         with pytest.raises(RuntimeError, match="not implemented for"):
             torch.ops.galerkin_ext.q_apply(half, None, "identity", None, None,
                                            s[..., :3].float(), 1e-5, 0, False)
+
+
+_SCRATCH_SCRIPT = """
+import resource, torch
+import galerkin_ext.ops
+torch.set_num_threads(1)
+n, d = 16384, 512
+q, k, v, g = (torch.randn(1, 1, n, d) for _ in range(4))
+s = torch.randn(1, 1, d, d) / d
+norm = (torch.ones(1, d), torch.zeros(1, d))
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = peak()
+torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "layer_norm", *norm, "layer_norm", *norm,
+                                 1e-5, False)
+after_reduce = peak()
+torch.ops.galerkin_ext.q_apply_backward(g, q, None, "layer_norm", *norm, s, 1e-5, 0, False,
+                                        False)
+print(after_reduce - base, peak() - base)
+"""
+
+
+def test_sums_over_points_take_scratch_of_the_thread_count_not_the_point_count():
+    """S (the forward of kv_reduce) and dS (the backward of q_apply) are sums over the points:
+    one partial per chunk of points made their scratch grow as N · d³, 128 MiB here for 32 MiB
+    operands (8x them at d = 1024). One partial per thread takes d² each: what either op adds
+    to the peak is its output (1 MiB S; 32 MiB dQ) and a few MiB of buffers. In a fresh
+    process, one thread: its peak resident size is the measure."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _SCRATCH_SCRIPT], capture_output=True,
+                          text=True, timeout=120, check=True)
+    reduce_growth, backward_growth = (int(x) for x in proc.stdout.split())
+    mib = 2 ** 20
+    assert reduce_growth < 1 * mib + 16 * mib, reduce_growth / mib
+    assert backward_growth < 32 * mib + 16 * mib, backward_growth / mib

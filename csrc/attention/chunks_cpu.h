@@ -19,11 +19,14 @@ namespace galerkin_ext::cpu {
 // Points per chunk: a chunk operand takes at most 256 KiB, so the few a task holds stay in L2
 // or near it (on this 2-core EPYC, 512 KiB of L2 per core, 256 KiB chunks beat 128 KiB at D =
 // 32: GNOT-shaped normalised attention 1.55x eager against 1.26x, in one run each of
-// benchmarks/attention.py), and the chunk count is a multiple of the thread count (the loops are
-// statically split). A result depends on the chunking (set by the sizes and the thread count),
-// never on which thread ran what.
+// benchmarks/attention.py), and the chunk count is about a multiple of the thread count (the
+// loops are statically split). Sums over the points (S, dS) go to one partial sum per slot, a
+// run of consecutive chunks, one slot per thread, each chunk added in order: the partials take
+// slots · B·H·dk·dv, where one per chunk took (N·ld / 64 Ki) · B·H·dk·dv, 8× the operands at
+// dk = dv = 1024. A result depends on the chunking and the slots (set by the sizes and the
+// thread count), never on which thread ran what.
 struct Chunking {
-  int64_t rows, count;
+  int64_t rows, count, slots;
   Chunking(int64_t n, int64_t ld, int64_t element_size) {
     TORCH_INTERNAL_ASSERT(n > 0, "Chunking: no points (core.cpp answers those calls)");
     const int64_t cache_rows = std::max<int64_t>(8, 256 * 1024 / element_size / ld / 8 * 8);
@@ -32,9 +35,12 @@ struct Chunking {
     const int64_t target = per_thread * threads;
     rows = ((n + target - 1) / target + 7) / 8 * 8;
     count = (n + rows - 1) / rows;
+    slots = std::min(threads, count);
   }
   int64_t first(int64_t c) const { return c * rows; }
   int64_t size(int64_t c, int64_t n) const { return std::min(rows, n - c * rows); }
+  // The chunks of slot s are [slot_first(s), slot_first(s + 1)).
+  int64_t slot_first(int64_t s) const { return count * s / slots; }
 };
 
 // A chunk buffer of `rows` rows of ld elements, zeroed once: the rows' builders and products
@@ -44,8 +50,8 @@ inline at::Tensor chunk_buffer(int64_t rows, int64_t ld, const at::TensorOptions
   return at::zeros({rows, ld}, options);
 }
 
-// Σ over dim 0 of per-chunk partial sums (chunks, ...), in chunk order.
-inline at::Tensor sum_chunks(const at::Tensor& partial) {
+// Σ over dim 0 of per-slot partial sums (slots, ...), in slot order.
+inline at::Tensor sum_slots(const at::Tensor& partial) {
   return partial.size(0) == 1 ? partial.select(0, 0) : partial.sum(0);
 }
 

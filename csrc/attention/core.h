@@ -13,9 +13,10 @@
 //
 // The prepared operands never exist as whole tensors: the CPU twins (kv_reduce_cpu.cpp,
 // q_apply_cpu.cpp) form them chunk by chunk in cache, the CUDA twins (kv_reduce_cuda.cpp,
-// q_apply_cuda.cpp on the kernels of core_cuda.cuh) row by row in registers and shared memory. Reductions over points are per-chunk
-// partials summed in chunk order, so results are bit-for-bit reproducible. The backward ops
-// recompute the row maps from the inputs; no operand is saved.
+// q_apply_cuda.cpp on the kernels of core_cuda.cuh) row by row in registers and shared memory.
+// Reductions over points are partials (per run of chunks on the CPU, chunks_cpu.h; per split
+// on the GPU) summed in a fixed order, so results are bit-for-bit reproducible. The backward
+// ops recompute the row maps from the inputs; no operand is saved.
 #pragma once
 
 #include "attention.h"

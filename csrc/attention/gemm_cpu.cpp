@@ -158,7 +158,7 @@ __attribute__((always_inline)) inline void rows_times_matrix_with(
 template <typename T, int VB>
 __attribute__((always_inline)) inline void rows_transposed_times_rows_with(
     const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t m, int64_t K, int64_t W, T* out,
-    int64_t ldo) {
+    int64_t ldo, bool accumulate) {
   // Blocks of 64 rows: a block's panel of y under one column block (64 × 4 vectors, 8 KiB with
   // 32-byte vectors) stays in L1 while every band of output rows passes over it, and each
   // block's sum is added to out in order (single threaded on a 2-core AMD EPYC, 32 and 97 wide:
@@ -166,7 +166,9 @@ __attribute__((always_inline)) inline void rows_transposed_times_rows_with(
   // faster at m 512-2048, so this is tuned for the EPYC).
   constexpr int64_t block = 64;
   if (m == 0) {
-    for (int64_t k = 0; k < K; ++k) std::fill(out + k * ldo, out + k * ldo + W, T(0));
+    if (!accumulate) {
+      for (int64_t k = 0; k < K; ++k) std::fill(out + k * ldo, out + k * ldo + W, T(0));
+    }
     return;
   }
   // y's rows are readable to vector_width(W) columns: where a wider vector would load past
@@ -186,7 +188,7 @@ __attribute__((always_inline)) inline void rows_transposed_times_rows_with(
       ldb = ldp;
     }
     const Left<T> xt{x + i * ldx, 1, ldx};  // xᵀ: output row k is column k of x
-    if (i == 0) {
+    if (i == 0 && !accumulate) {
       column_blocks<T, VB, false>(xt, K, yb, ldb, rows, W, out, ldo);
     } else {
       column_blocks<T, VB, true>(xt, K, yb, ldb, rows, W, out, ldo);
@@ -213,8 +215,9 @@ GALERKIN_EXT_GEMM_KERNEL void rows_times_matrix_32(const T* x, int64_t ldx, cons
 template <typename T>
 GALERKIN_EXT_GEMM_KERNEL void rows_transposed_times_rows_32(const T* x, int64_t ldx, const T* y,
                                                             int64_t ldy, int64_t m, int64_t K,
-                                                            int64_t W, T* out, int64_t ldo) {
-  rows_transposed_times_rows_with<T, 32>(x, ldx, y, ldy, m, K, W, out, ldo);
+                                                            int64_t W, T* out, int64_t ldo,
+                                                            bool accumulate) {
+  rows_transposed_times_rows_with<T, 32>(x, ldx, y, ldy, m, K, W, out, ldo, accumulate);
 }
 
 #if GALERKIN_EXT_X86_CLONES
@@ -228,8 +231,8 @@ __attribute__((target("arch=x86-64-v4"), flatten)) void rows_times_matrix_64(
 template <typename T>
 __attribute__((target("arch=x86-64-v4"), flatten)) void rows_transposed_times_rows_64(
     const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t m, int64_t K, int64_t W, T* out,
-    int64_t ldo) {
-  rows_transposed_times_rows_with<T, 64>(x, ldx, y, ldy, m, K, W, out, ldo);
+    int64_t ldo, bool accumulate) {
+  rows_transposed_times_rows_with<T, 64>(x, ldx, y, ldy, m, K, W, out, ldo, accumulate);
 }
 
 // PyTorch's ATEN_CPU_CAPABILITY caps these kernels too: "default" or "avx2" keeps them at
@@ -259,18 +262,20 @@ void rows_times_matrix(const T* x, int64_t ldx, const T* a, int64_t lda, int64_t
 
 template <typename T>
 void rows_transposed_times_rows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t m,
-                                int64_t K, int64_t W, T* out, int64_t ldo) {
+                                int64_t K, int64_t W, T* out, int64_t ldo, bool accumulate) {
 #if GALERKIN_EXT_X86_CLONES
-  if (wide_vectors()) return rows_transposed_times_rows_64<T>(x, ldx, y, ldy, m, K, W, out, ldo);
+  if (wide_vectors()) {
+    return rows_transposed_times_rows_64<T>(x, ldx, y, ldy, m, K, W, out, ldo, accumulate);
+  }
 #endif
-  rows_transposed_times_rows_32<T>(x, ldx, y, ldy, m, K, W, out, ldo);
+  rows_transposed_times_rows_32<T>(x, ldx, y, ldy, m, K, W, out, ldo, accumulate);
 }
 
 #define GALERKIN_EXT_INSTANTIATE(T)                                                               \
   template void rows_times_matrix<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t,    \
                                      int64_t, T*, int64_t);                                     \
   template void rows_transposed_times_rows<T>(const T*, int64_t, const T*, int64_t, int64_t,    \
-                                              int64_t, int64_t, T*, int64_t);
+                                              int64_t, int64_t, T*, int64_t, bool);
 GALERKIN_EXT_INSTANTIATE(float)
 GALERKIN_EXT_INSTANTIATE(double)
 #undef GALERKIN_EXT_INSTANTIATE
@@ -306,7 +311,8 @@ void rows_transposed_times_rows(at::Tensor& out, const at::Tensor& x, const at::
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "galerkin_ext_rows_transposed_times_rows", [&] {
     rows_transposed_times_rows<scalar_t>(
         x.const_data_ptr<scalar_t>(), x.stride(0), y.const_data_ptr<scalar_t>(), y.stride(0),
-        x.size(0), x.size(1), y.size(1), out.mutable_data_ptr<scalar_t>(), out.stride(0));
+        x.size(0), x.size(1), y.size(1), out.mutable_data_ptr<scalar_t>(), out.stride(0),
+        /*accumulate=*/false);
   });
 }
 

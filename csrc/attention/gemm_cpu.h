@@ -21,12 +21,12 @@ template <typename T>
 void rows_times_matrix(const T* x, int64_t ldx, const T* a, int64_t lda, int64_t m, int64_t K,
                        int64_t W, T* out, int64_t ldo);
 
-// out (K × W) = xᵀ (K × m) · y (m × W), summed over blocks of rows in order. y's rows must be
-// readable to vector_width(W) columns (ldy >= vector_width(W); the extra columns may hold
-// anything).
+// out (K × W) = xᵀ (K × m) · y (m × W), or out += xᵀ y with accumulate, summed over blocks of
+// rows in order. y's rows must be readable to vector_width(W) columns (ldy >= vector_width(W);
+// the extra columns may hold anything).
 template <typename T>
 void rows_transposed_times_rows(const T* x, int64_t ldx, const T* y, int64_t ldy, int64_t m,
-                                int64_t K, int64_t W, T* out, int64_t ldo);
+                                int64_t K, int64_t W, T* out, int64_t ldo, bool accumulate);
 
 // The same on 2-D tensors with contiguous rows: out = x · a, out = xᵀ · y.
 void rows_times_matrix(at::Tensor& out, const at::Tensor& x, const at::Tensor& a);

@@ -55,24 +55,27 @@ Tensor forward_impl(const KvReduceInputs& in, double eps_in) {
   const Rows<scalar_t> kr(in.key()), vr(in.value());
   const Chunking ch(M, std::max(ldk, ldv), sizeof(scalar_t));
 
-  Tensor partial = at::empty({ch.count, B * H, dk, dv}, opts);
+  Tensor partial = at::empty({ch.slots, B * H, dk, dv}, opts);
   scalar_t* const partial_data = partial.mutable_data_ptr<scalar_t>();
-  at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, ch.slots, 1, [&](int64_t begin, int64_t end) {
     Tensor kc = cpu::chunk_buffer(ch.rows, ldk, opts), vc = cpu::chunk_buffer(ch.rows, ldv, opts);
     cpu::AlignedBuffer<scalar_t> scratch(std::max(dk, dv)), stats(2 * ch.rows);
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t m0 = ch.first(c), m = ch.size(c, M);
-      for (int64_t bh = 0; bh < B * H; ++bh) {
-        cpu::build_chunk(kr, bh / H, bh % H, m0, m, eps, scratch.data(), kc, stats.data());
-        cpu::build_chunk(vr, bh / H, bh % H, m0, m, eps, scratch.data(), vc, stats.data());
-        if (in.ones_column) set_ones<scalar_t>(vc, m, dv - 1);
-        cpu::rows_transposed_times_rows(kc.const_data_ptr<scalar_t>(), ldk,
-                                        vc.const_data_ptr<scalar_t>(), ldv, m, dk, dv,
-                                        partial_data + (c * B * H + bh) * dk * dv, dv);
+    for (int64_t slot = begin; slot < end; ++slot) {
+      for (int64_t c = ch.slot_first(slot); c < ch.slot_first(slot + 1); ++c) {
+        const int64_t m0 = ch.first(c), m = ch.size(c, M);
+        for (int64_t bh = 0; bh < B * H; ++bh) {
+          cpu::build_chunk(kr, bh / H, bh % H, m0, m, eps, scratch.data(), kc, stats.data());
+          cpu::build_chunk(vr, bh / H, bh % H, m0, m, eps, scratch.data(), vc, stats.data());
+          if (in.ones_column) set_ones<scalar_t>(vc, m, dv - 1);
+          cpu::rows_transposed_times_rows(kc.const_data_ptr<scalar_t>(), ldk,
+                                          vc.const_data_ptr<scalar_t>(), ldv, m, dk, dv,
+                                          partial_data + (slot * B * H + bh) * dk * dv, dv,
+                                          /*accumulate=*/c > ch.slot_first(slot));
+        }
       }
     }
   });
-  return cpu::sum_chunks(partial).view({B, H, dk, dv});
+  return cpu::sum_slots(partial).view({B, H, dk, dv});
 }
 
 template <typename scalar_t>

@@ -72,7 +72,7 @@ class KeySideSum {
       std::copy(y + r * ldy, y + r * ldy + w_, &y_rows_[r * width]);
     }
     rows_transposed_times_rows<T>(x, m_, y_rows_.data(), width, rows, m_, w_,
-                                  first_block ? out : part_.data(), w_);
+                                  first_block ? out : part_.data(), w_, /*accumulate=*/false);
     if (!first_block) {
       for (int64_t e = 0; e < m_ * w_; ++e) out[e] += part_[e];
     }

@@ -174,10 +174,10 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
   if (pos_grad) grads.pos = at::zeros(in.pos->sizes(), opts);
   const bool norm = in.q_norm_weight.has_value();
   const Tensor norm_partial = norm ? at::zeros({ch.count, 2, H, in.D}, opts) : Tensor();
-  Tensor partial = at::empty({ch.count, B * H, dq, W}, opts);
+  Tensor partial = at::empty({ch.slots, B * H, dq, W}, opts);
   scalar_t* const partial_data = partial.mutable_data_ptr<scalar_t>();
 
-  at::parallel_for(0, ch.count, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, ch.slots, 1, [&](int64_t begin, int64_t end) {
     // G'_c, rows padded to whole vectors (rows_transposed_times_rows); with normalisers u_c
     // and dQ̂_c get buffers of their own.
     Tensor qc = cpu::chunk_buffer(ch.rows, ldq, opts), gc = cpu::chunk_buffer(ch.rows, ldw, opts);
@@ -185,43 +185,47 @@ QApplyGrads backward_impl(const QApplyInputs& in, const Tensor& grad_out, double
     Tensor uc = L > 0 ? cpu::chunk_buffer(ch.rows, ldu, opts) : Tensor();
     Tensor dc = L > 0 ? cpu::chunk_buffer(ch.rows, ldq, opts) : qc;
     cpu::AlignedBuffer<scalar_t> scratch(dq), dy(dq), stats(2 * ch.rows);
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t n0 = ch.first(c), m = ch.size(c, N);
-      scalar_t* gamma = norm ? norm_partial[c].mutable_data_ptr<scalar_t>() : nullptr;
-      const cpu::RowGradSums<scalar_t> sums{
-          pos_grad ? grads.pos.mutable_data_ptr<scalar_t>() : nullptr, nullptr, gamma,
-          norm ? gamma + H * in.D : nullptr};
-      for (int64_t bh = 0; bh < B * H; ++bh) {
-        const int64_t b = bh / H, h = bh % H;
-        cpu::build_chunk(qr, b, h, n0, m, eps, scratch.data(), qc, stats.data());
-        const scalar_t* gsrc = g.const_data_ptr<scalar_t>() + (bh * N + n0) * width;
-        scalar_t* gdst = gc.mutable_data_ptr<scalar_t>();
-        const scalar_t* q_rows = qc.const_data_ptr<scalar_t>();
-        if (L > 0) {
-          scalar_t* u = uc.mutable_data_ptr<scalar_t>();
-          cpu::rows_times_matrix(gsrc, width, s_t.const_data_ptr<scalar_t>() + bh * width * L * dq,
-                                 L * dq, m, width, L * dq, u, ldu);
-          normalized_rows_backward(gsrc, width, q_rows, ldq, u, ldu,
-                                   s_cols.const_data_ptr<scalar_t>() + bh * L * dq, m, L, dq,
-                                   gdst, ldw, dc.mutable_data_ptr<scalar_t>());
-        } else {
-          for (int64_t i = 0; i < m; ++i) {
-            std::memcpy(gdst + i * ldw, gsrc + i * W, W * sizeof(scalar_t));
+    for (int64_t slot = begin; slot < end; ++slot) {
+      for (int64_t c = ch.slot_first(slot); c < ch.slot_first(slot + 1); ++c) {
+        const int64_t n0 = ch.first(c), m = ch.size(c, N);
+        scalar_t* gamma = norm ? norm_partial[c].mutable_data_ptr<scalar_t>() : nullptr;
+        const cpu::RowGradSums<scalar_t> sums{
+            pos_grad ? grads.pos.mutable_data_ptr<scalar_t>() : nullptr, nullptr, gamma,
+            norm ? gamma + H * in.D : nullptr};
+        for (int64_t bh = 0; bh < B * H; ++bh) {
+          const int64_t b = bh / H, h = bh % H;
+          cpu::build_chunk(qr, b, h, n0, m, eps, scratch.data(), qc, stats.data());
+          const scalar_t* gsrc = g.const_data_ptr<scalar_t>() + (bh * N + n0) * width;
+          scalar_t* gdst = gc.mutable_data_ptr<scalar_t>();
+          const scalar_t* q_rows = qc.const_data_ptr<scalar_t>();
+          if (L > 0) {
+            scalar_t* u = uc.mutable_data_ptr<scalar_t>();
+            cpu::rows_times_matrix(gsrc, width,
+                                   s_t.const_data_ptr<scalar_t>() + bh * width * L * dq, L * dq,
+                                   m, width, L * dq, u, ldu);
+            normalized_rows_backward(gsrc, width, q_rows, ldq, u, ldu,
+                                     s_cols.const_data_ptr<scalar_t>() + bh * L * dq, m, L, dq,
+                                     gdst, ldw, dc.mutable_data_ptr<scalar_t>());
+          } else {
+            for (int64_t i = 0; i < m; ++i) {
+              std::memcpy(gdst + i * ldw, gsrc + i * W, W * sizeof(scalar_t));
+            }
           }
+          cpu::rows_transposed_times_rows(q_rows, ldq, gdst, ldw, m, dq, W,
+                                          partial_data + (slot * B * H + bh) * dq * W, W,
+                                          /*accumulate=*/c > ch.slot_first(slot));
+          if (L == 0) {  // Q̂_c is spent: it now takes dQ̂_c = G'_c Sᵀ
+            cpu::rows_times_matrix(gdst, ldw, s_t.const_data_ptr<scalar_t>() + bh * W * dq, dq, m,
+                                   W, dq, qc.mutable_data_ptr<scalar_t>(), ldq);
+          }
+          if (in.skip) add_rows(gsrc, width, m, dq, dc.mutable_data_ptr<scalar_t>(), ldq);
+          cpu::chunk_backward(qr, b, h, n0, m, dc, stats.data(), grads.q, scratch.data(),
+                              dy.data(), sums);
         }
-        cpu::rows_transposed_times_rows(q_rows, ldq, gdst, ldw, m, dq, W,
-                                        partial_data + (c * B * H + bh) * dq * W, W);
-        if (L == 0) {  // Q̂_c is spent: it now takes dQ̂_c = G'_c Sᵀ
-          cpu::rows_times_matrix(gdst, ldw, s_t.const_data_ptr<scalar_t>() + bh * W * dq, dq, m,
-                                 W, dq, qc.mutable_data_ptr<scalar_t>(), ldq);
-        }
-        if (in.skip) add_rows(gsrc, width, m, dq, dc.mutable_data_ptr<scalar_t>(), ldq);
-        cpu::chunk_backward(qr, b, h, n0, m, dc, stats.data(), grads.q, scratch.data(),
-                            dy.data(), sums);
       }
     }
   });
-  grads.s = cpu::sum_chunks(partial).view({B, H, dq, W});
+  grads.s = cpu::sum_slots(partial).view({B, H, dq, W});
   if (norm) {
     grads.q_norm_weight = norm_partial.select(1, 0).sum(0);  // in chunk order
     grads.q_norm_bias = norm_partial.select(1, 1).sum(0);
