@@ -172,7 +172,8 @@ def main(argv=None):
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_run_model(cfg, "tno_cde")
+    # the model records whether it attends with weights: reloaded, it attends as trained
+    model = build_run_model(cfg, "tno_cde", quadrature=weight is not None)
     # relative L2 with the training times' trapezoid weights (SPEC-continuum §4)
     loss = RelativeLoss("l2", weight=auto_quadrature_weights(train_set.grid))
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), args.out,

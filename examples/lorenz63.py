@@ -116,7 +116,8 @@ def tno_forward(weight):
 def train_one(cfg, args, ctx, out, train_set, valid_set, weight):
     """Build and train one TNO into ``out``; returns (model, Trainer.fit's result)."""
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
-    model = build_run_model(cfg, MODELS[cfg["task"]])
+    # the model records whether it attends with weights: reloaded, it attends as trained
+    model = build_run_model(cfg, MODELS[cfg["task"]], quadrature=weight is not None)
     # relative L2 with the training times' trapezoid weights (SPEC-continuum §4)
     loss = RelativeLoss("l2", weight=auto_quadrature_weights(train_set.grid))
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), out,

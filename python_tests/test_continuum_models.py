@@ -400,6 +400,29 @@ def test_auto_weights(gen):
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning",
                             "ignore:`torch.jit:DeprecationWarning")
+def test_a_tno_built_without_quadrature_attends_without_weights(gen):
+    """quadrature=False is the model's own setting (the "vanilla transformer"): its default
+    weight='auto' attends as weight=None does, so a model rebuilt from its arguments runs as it
+    was trained; weights it was not trained with are refused by name."""
+    torch.manual_seed(0)
+    plain = TNO(1, 1, 1, d_model=8, n_head=2, num_layers=1, quadrature=False).eval()
+    weighted = TNO(1, 1, 1, d_model=8, n_head=2, num_layers=1).eval()
+    weighted.load_state_dict(plain.state_dict())
+    t = torch.rand(9, 1, generator=gen, dtype=F64).float()  # non-uniform: trapezoid != uniform
+    u = torch.randn(2, 9, 1, generator=gen)
+    with torch.no_grad():
+        vanilla = weighted(u, t, weight=None)
+        assert torch.equal(plain(u, t), vanilla) and torch.equal(plain(u, t, None), vanilla)
+        assert not torch.allclose(weighted(u, t), vanilla)
+    for bad in (torch.ones(9), "trapezoid"):
+        with pytest.raises(ValueError, match=r"^weight: this TNO attends without quadrature "
+                                             r"weights \(built with quadrature=False\)"):
+            plain(u, t, bad)
+    assert "quadrature=False" in repr(plain) and "quadrature=True" in repr(weighted)
+    with pytest.raises(TypeError, match=r"^quadrature: expected a bool"):
+        TNO(1, 1, 1, quadrature=0)
+
+
 def test_export_needs_explicit_weights(gen):
     """weight='auto' chooses its rule from the coordinates' values: torch.export cannot branch
     on them and torch.jit.trace would bake the branch in, so both are refused with the cure,

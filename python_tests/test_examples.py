@@ -638,6 +638,14 @@ def test_lorenz63_example_task_b(tmp_path):
     assert error_summary(model, test, normalizer=norm,
                          forward=lambda net, b: net(b["x"], b["grid"][0]))[
         "rel_l2_median"] == pytest.approx(m["test_rel_l2_median"], rel=1e-4)
+    # so does the unweighted model's, called the same way: it attends without weights as it
+    # was trained (it was rebuilt as a weighted TNO, which the default weight='auto' ran with
+    # trapezoid weights)
+    twin, _ = load_trained_model(out / "unweighted" / "best.pt")
+    assert not twin.quadrature and model.quadrature
+    assert error_summary(twin, test, normalizer=norm,
+                         forward=lambda net, b: net(b["x"], b["grid"][0]))[
+        "rel_l2_median"] == pytest.approx(m["unweighted"]["test"]["rel_l2_median"], rel=1e-4)
 
 
 def test_lorenz63_task_a_and_controlled_ode_examples(tmp_path):

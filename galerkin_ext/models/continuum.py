@@ -140,6 +140,11 @@ class TNO(nn.Module):
             the quick Darcy TNO 1.5x that without it; through SDPA, 5x).
         scale: attention logits' factor (``None``: ``1/sqrt(d_model / n_head)``).
         query_head: whether the model outputs at query points through the query head.
+        quadrature: ``True`` for the paper's TNO, whose attention weighs the points by
+            quadrature weights (the forward's ``weight``); ``False`` for plain softmax over the
+            points, the "vanilla transformer" of the paper's Figs 8-9, whose forward takes
+            ``weight='auto'`` or ``None`` and attends without weights. A model's own setting,
+            so that one rebuilt from its arguments attends as it was trained.
 
     Parameters at the defaults: ``6 · 99,584`` in the encoder, ``(d_u + d + 1) d_model`` in the
     lift, ``(d_model + 1) d_z`` in the projection and ``(token0_dim + 1) d_model`` in the token
@@ -151,7 +156,8 @@ class TNO(nn.Module):
                  n_head: int = 8, num_layers: int = 6, token0_dim: int | None = None,
                  layer_norm: bool = True, dim_feedforward: int | None = None,
                  dropout: float = 1e-4, attn_dropout: float = 0.1,
-                 scale: float | None = None, query_head: bool = False) -> None:
+                 scale: float | None = None, query_head: bool = False,
+                 quadrature: bool = True) -> None:
         super().__init__()
         self.in_dim = check_int(in_dim, "in_dim")
         self.out_dim = check_int(out_dim, "out_dim")
@@ -178,6 +184,8 @@ class TNO(nn.Module):
         self.token0_lift = None if token0_dim is None else nn.Linear(token0_dim, d_model)
         check_int(num_layers, "num_layers")
         check_bool(query_head, "query_head")
+        check_bool(quadrature, "quadrature")
+        self.quadrature = quadrature
 
         def layer() -> ContinuumEncoderLayer:
             return ContinuumEncoderLayer(d_model, n_head, dim_feedforward, dropout,
@@ -201,7 +209,8 @@ class TNO(nn.Module):
                 tensor grids, an error for scattered points in ``d >= 2``; see
                 :func:`~galerkin_ext.layers.auto_quadrature_weights`), ``(N,)`` or ``(B, N)``
                 non-negative weights (zero removes a padded point), or ``None`` (plain softmax,
-                the "vanilla transformer").
+                the "vanilla transformer"). A model built with ``quadrature=False`` takes
+                ``'auto'`` or ``None``, and attends without weights either way.
             token0: ``(B, token0_dim)``, required iff the model has ``token0_dim``.
             query: ``(N_q, domain_dim)`` or ``(B, N_q, domain_dim)`` coordinates of the output
                 points, ``N_q >= 1`` (only with ``query_head``; default: ``x``).
@@ -211,6 +220,12 @@ class TNO(nn.Module):
         """
         u, x, expanded = _check_points(self, u, x, self.in_dim, self.domain_dim)
         points = expanded if query is None else self._check_query(query, u)
+        if not self.quadrature:
+            if not (weight is None or (isinstance(weight, str) and weight == "auto")):
+                got = repr(weight) if isinstance(weight, str) else f"a {type(weight).__name__}"
+                raise ValueError("weight: this TNO attends without quadrature weights (built "
+                                 f"with quadrature=False); expected 'auto' or None, got {got}")
+            weight = None
         # A point set shared by the batch keeps (N, d): its weights are derived once; from
         # half-precision coordinates in float32 (the ops take float32 weights for half tokens).
         coords = x if x.dim() == 2 else expanded
@@ -227,6 +242,9 @@ class TNO(nn.Module):
         if self.project_hidden is not None:
             h = F.gelu(self.project_hidden(torch.cat([h, points], dim=-1)))
         return self.project(h)
+
+    def extra_repr(self) -> str:
+        return f"quadrature={self.quadrature}"
 
     def _check_query(self, query: object, u: Tensor) -> Tensor:
         """``query`` as ``(B, N_q, domain_dim)`` in ``u``'s dtype (any floating dtype given)."""
