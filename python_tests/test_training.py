@@ -8,6 +8,7 @@ import errno
 import json
 import math
 import os
+import random
 import signal
 import stat
 import subprocess
@@ -676,12 +677,65 @@ def test_plateau_schedule_early_stopping_and_value_clipping(tmp_path):
     assert again.fit(resume=True)["epochs"] == 3  # a resumed run stays stopped
 
 
+class _NumpyNoise(_Linear1d):
+    """Draws per sample from NumPy's global generator and Python's random, as a user's data
+    augmentation may."""
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = super().__getitem__(i)
+        noise = np.random.normal(size=item["x"].shape) * (1 + random.random())  # noqa: NPY002
+        return {**item, "x": item["x"] + torch.as_tensor(noise, dtype=item["x"].dtype)}
+
+
+def test_numpy_and_python_draws_of_a_dataset_repeat_and_resume_exactly(tmp_path):
+    """The seed covers NumPy's and Python's generators, and last.pt keeps their states: two
+    fresh runs, and a run interrupted mid-epoch and resumed, give the same bits (torch's
+    generator alone was seeded and saved: each run differed)."""
+
+    def trainer(out, loss=None):
+        torch.manual_seed(0)
+        config = TrainConfig(epochs=3, batch_size=4, max_lr=1e-2, progress=False)
+        return Trainer(_PointMLP(), loss or OperatorLoss(), _NumpyNoise(16),
+                       _Linear1d(8, seed=1), config, out)
+
+    np.random.seed(1)  # noqa: NPY002
+    random.seed(1)
+    first = trainer(tmp_path / "first").fit()
+    np.random.seed(2)  # noqa: NPY002
+    random.seed(2)
+    second = trainer(tmp_path / "second").fit()
+    for a, b in zip(first["history"], second["history"], strict=True):
+        assert (a["train_loss"], a["eval_rel_l2"]) == (b["train_loss"], b["eval_rel_l2"])
+    calls = {"n": 0}
+    base = OperatorLoss()
+
+    def interrupting(*args):
+        calls["n"] += 1
+        if calls["n"] == 4 + 2:  # 4 steps per epoch: mid second epoch
+            raise KeyboardInterrupt
+        return base(*args)
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer(tmp_path / "cut", loss=interrupting).fit()
+    np.random.seed(3)  # noqa: NPY002 (what the process did in between does not matter)
+    random.seed(3)
+    resumed = trainer(tmp_path / "cut").fit(resume=True)
+    for a, b in zip(first["history"], resumed["history"], strict=True):
+        assert (a["train_loss"], a["eval_rel_l2"]) == (b["train_loss"], b["eval_rel_l2"])
+    want = load_checkpoint(tmp_path / "first" / "last.pt", "last")["model"]
+    got = load_checkpoint(tmp_path / "cut" / "last.pt", "last")["model"]
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
 def test_old_checkpoints_resume_with_the_new_fields_at_their_defaults(tmp_path):
     _trainer(tmp_path, epochs=2).fit()
     state = load_checkpoint(tmp_path / "last.pt", "last")
     for key in ("scheduler", "plateau_factor", "plateau_patience", "early_stopping",
                 "clip_value"):
         del state["config"]["train"][key]  # as written before these fields existed
+    for rng in state["rng"]:  # nor did they keep NumPy's and Python's generators
+        for key in ("numpy", "numpy_gauss", "python", "python_gauss"):
+            del rng[key]
     save_checkpoint(tmp_path / "last.pt", **state)
     assert _trainer(tmp_path, epochs=2).fit(resume=True)["epochs"] == 2
 

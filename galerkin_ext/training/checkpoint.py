@@ -10,9 +10,9 @@ Checkpoint schema (``format`` = :data:`CHECKPOINT_FORMAT`):
 * ``kind``: ``'last'`` (everything needed to resume) or ``'best'`` (the best model);
 * ``epoch``: completed epochs; ``model``: the model's ``state_dict``; ``config``: JSON-like dict;
 * ``'best'`` also: ``metric`` (evaluation relative L2 at that epoch);
-* ``'last'`` also: ``optimizer``, ``scheduler``, ``rng`` (one dict of torch RNG states per
-  process), ``best_metric``, ``best_epoch``, ``history`` (list of per-epoch dicts),
-  ``train_seconds``, ``world_size``;
+* ``'last'`` also: ``optimizer``, ``scheduler``, ``rng`` (one dict of generator states per
+  process: torch's, NumPy's and Python's, as tensors), ``best_metric``, ``best_epoch``,
+  ``history`` (list of per-epoch dicts), ``train_seconds``, ``world_size``;
 * ``sha256``: :func:`content_digest` of everything else, verified by :func:`load_checkpoint`
   (a flipped bit in a tensor is found, not loaded).
 """

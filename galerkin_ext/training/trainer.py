@@ -34,6 +34,7 @@ import dataclasses
 import math
 import numbers
 import os
+import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from contextlib import nullcontext
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -224,9 +226,13 @@ class TrainConfig:
         eval_batch_size: batch size of the evaluation (per process).
         precision: ``'fp32'`` or ``'bf16'`` (autocast of the forward pass, CUDA only; the loss,
             the evaluation and the weights stay float32).
-        seed: seeds the shuffling (with the epoch) and the RNG of each process (with its rank);
-            below 2**63.
-        num_workers: DataLoader worker processes.
+        seed: seeds the shuffling (with the epoch) and the generators of each process (with
+            its rank): torch's, NumPy's global one and Python's ``random``, all three saved in
+            ``last.pt`` for an exact resume; below 2**63.
+        num_workers: DataLoader worker processes. A resumption may change it; exactly so for
+            datasets that draw no random numbers per sample (the package's own): a
+            ``__getitem__`` that draws takes the main process's generators at 0 and the
+            workers' (seeded from torch's) otherwise.
         progress: show a tqdm bar (rank 0 only).
         tensorboard: also log to ``out_dir/tensorboard`` (needs the ``tensorboard`` package).
         compile: run the training steps' forward and backward through ``torch.compile``
@@ -642,8 +648,26 @@ def _loss_result(result: object) -> tuple[Tensor, Mapping[str, Tensor]]:
     return loss, parts
 
 
+def _seed_rngs(seed: int) -> None:
+    """Seed torch's generator, NumPy's global one and Python's ``random``: a dataset's own
+    draws in ``__getitem__`` repeat too (DataLoader workers seed theirs from torch's)."""
+    torch.manual_seed(seed)
+    # (the global generator is the one a dataset's np.random calls draw from; 32-bit words)
+    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])  # noqa: NPY002
+    random.seed(seed)
+
+
 def _rng_state(device: torch.device) -> dict[str, Tensor]:
-    state = {"cpu": torch.get_rng_state()}
+    """Every generator :func:`_seed_rngs` seeds, as tensors (what a safe load reads back)."""
+    _, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)  # noqa: NPY002
+    version, words, python_gauss = random.getstate()
+    state = {"cpu": torch.get_rng_state(),
+             "numpy": torch.tensor([*np.asarray(keys).tolist(), position, has_gauss],
+                                   dtype=torch.int64),
+             "numpy_gauss": torch.tensor(gauss, dtype=torch.float64),
+             "python": torch.tensor([version, *words], dtype=torch.int64),
+             "python_gauss": torch.tensor([] if python_gauss is None else [python_gauss],
+                                          dtype=torch.float64)}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -653,6 +677,13 @@ def _set_rng_state(state: Mapping[str, Tensor], device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+    if "numpy" in state:  # (checkpoints of galerkin_ext before 2026-11-30 hold torch's only)
+        *keys, position, has_gauss = state["numpy"].tolist()
+        np.random.set_state(("MT19937", np.array(keys, dtype=np.uint32),  # noqa: NPY002
+                             position, has_gauss, state["numpy_gauss"].item()))
+        version, *words = state["python"].tolist()
+        gauss = state["python_gauss"].tolist()
+        random.setstate((version, tuple(words), gauss[0] if gauss else None))
 
 
 class Trainer:
@@ -980,7 +1011,7 @@ class Trainer:
                 # (TensorBoard showed the two runs' curves as one)
                 for events in (self.out_dir / "tensorboard").glob("events.out.tfevents.*"):
                     events.unlink()
-            torch.manual_seed(cfg.seed + ctx.rank)  # dropout differs between processes
+            _seed_rngs(cfg.seed + ctx.rank)  # dropout differs between processes
         if self._writer_class is not None:
             self.tb_writer = self._writer_class(log_dir=str(self.out_dir / "tensorboard"))
         model: nn.Module = self.model
