@@ -48,6 +48,16 @@ def check_int(value: object, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_seed(value: object, name: str = "seed") -> int:
+    """``value`` as the seed of a data generation: an int in ``[0, 2**64)``, which a data file
+    stores as an unsigned 64-bit HDF5 attribute."""
+    seed = check_int(value, name, 0)
+    if seed >= 2**64:
+        raise ValueError(f"{name}: expected an int >= 0 and < 2**64 (a data file stores it in "
+                         f"64 bits), got {seed}")
+    return seed
+
+
 def _finite(value: float | numbers.Real) -> bool:
     """Whether ``value`` is finite: ``value - value`` is 0, or NaN for inf and NaN. Unlike
     ``math.isfinite`` this traces on the symbolic floats of torch.compile (a size-derived cell

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ._checks import cannot_write_in
+from ._checks import cannot_write_in, check_seed
 
 _N = TypeVar("_N", int, float)
 
@@ -32,6 +32,14 @@ def nonnegative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
+
+
+def data_seed(text: str) -> int:
+    """A data generation's seed (:func:`~galerkin_ext._checks.check_seed`)."""
+    try:
+        return check_seed(_number(text, int, "an integer >= 0"))
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("seed: ")) from None
 
 
 def grid_nodes(text: str) -> int:

@@ -433,6 +433,14 @@ def test_cli_generate_info_and_errors(tmp_path, capsys):
         main(["generate", "burgers", "--out", str(out), "--n-samples", "0"])
     with pytest.raises(SystemExit):
         main(["generate", "burgers", "--out", str(out), "--resume", "--overwrite"])
+    # a seed the file cannot store (its attribute is 64 bits) is refused by name: it was
+    # "Object dtype dtype('O') has no native HDF5 equivalent"
+    with pytest.raises(SystemExit):
+        main(["generate", "burgers", "--out", str(tmp_path / "s.h5"), "--seed", str(2**64)])
+    assert "argument --seed: expected an int >= 0 and < 2**64" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^seed: expected an int >= 0 and < 2\*\*64"):
+        gen.generate_burgers(tmp_path / "s.h5", n_samples=1, resolution=64, seed=2**64)
+    assert not list(tmp_path.glob("s.h5*"))
     # an option the problem's generator does not take is refused, never silently ignored
     for problem, option in (("darcy", "--solve-resolution=32"), ("darcy", "--n-steps=5"),
                             ("darcy", "--device=cpu"), ("burgers", "--workers=7")):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._checks import cannot_make_folder
-from .._cli import nonnegative_int, positive_float, positive_int
+from .._cli import data_seed, positive_float, positive_int
 
 PROBLEMS = ("burgers", "darcy", "lorenz63", "cde", "kolmogorov", "heat", "elasticity")
 GNOT = ("heat", "elasticity")
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="grid points per axis (default: burgers 8192, darcy 421 or 64 with "
                           "--coef, kolmogorov by --preset)")
     # default None so that a preset can bring its own (kolmogorov's zero-shot set: seed 1)
-    gen.add_argument("--seed", type=nonnegative_int, default=None,
+    gen.add_argument("--seed", type=data_seed, default=None,
                      help="sample i depends only on (seed, i); give a zero-shot set its own seed "
                           "(default 0; kolmogorov --preset zero-shot: 1)")
     gen.add_argument("--chunk-size", type=positive_int, default=None,

@@ -57,7 +57,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .._checks import check_bool, check_int, check_path
+from .._checks import check_bool, check_int, check_path, check_seed
 from .storage import (
     _OVERWRITE,
     RAGGED_SCHEMA,
@@ -568,7 +568,7 @@ class RaggedWriter(PartialFileWriter):
 
         if not isinstance(generator, str) or not generator:
             raise TypeError(f"generator: expected a non-empty str, got {generator!r}")
-        seed = check_int(seed, "seed", 0)
+        seed = check_seed(seed)
         n_samples = check_int(n_samples, "n_samples")
         chunk_size = check_int(chunk_size, "chunk_size")
         if not (isinstance(layout, RaggedLayout) or callable(layout)):

@@ -51,7 +51,7 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._checks import cannot_write_in, check_bool, check_int, check_path
+from .._checks import cannot_write_in, check_bool, check_int, check_path, check_seed
 from .._locks import file_lock
 
 if TYPE_CHECKING:
@@ -716,7 +716,7 @@ class ChunkedWriter(PartialFileWriter):
         """
         from .. import __version__
 
-        seed = check_int(seed, "seed", 0)
+        seed = check_seed(seed)
         n_samples = check_int(n_samples, "n_samples")
         chunk_size = check_int(chunk_size, "chunk_size")
         if not arrays:
