@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="samples per stored chunk (default: burgers 256, darcy 32, lorenz63 "
                           "and cde 1000, heat and elasticity 50, kolmogorov 50, solved as one "
                           "batch); a resumed file keeps the chunk size it was begun with (the "
-                          "data do not depend on it; kolmogorov's only up to round-off, which "
-                          "its batched FFTs make and its chaotic flow grows)")
+                          "data do not depend on it; kolmogorov's, and burgers' below 128 solve "
+                          "points, only up to round-off, which batched FFTs make by the batch "
+                          "and by torch's thread count, and kolmogorov's chaotic flow grows)")
     mode = gen.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue an interrupted generation")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing file")

@@ -4,9 +4,11 @@ lognormal or piecewise-constant coefficient, the Kolmogorov flow, and the GNOT s
 §4, ragged files of :mod:`.ragged`): heat and elasticity.
 
 Sample ``i`` of a set depends only on ``(seed, i)`` (see :mod:`.random_fields`), so chunk size,
-worker count and interruptions do not change the data (Kolmogorov flow: up to the rounding of
-batched FFTs, see :func:`generate_kolmogorov`; a resumed file equals an uninterrupted one bit for
-bit).  File schema: :mod:`.storage`.
+worker count and interruptions do not change the data, bit for bit (a resumed file equals an
+uninterrupted one), except where torch's batched FFTs round by the batch (the chunk) and by
+torch's thread count: the Kolmogorov flow (about 1e-5 relative in its float32 fields once the
+chaotic flow has grown it; see :func:`generate_kolmogorov`) and Burgers solved on fewer than 128
+points (about 1e-17).  File schema: :mod:`.storage`.
 
 Paper-sized defaults: Burgers 2048 samples at 8192 points (train = first 1024, evaluation = last
 100); Darcy 2048 samples at 421 x 421, i.e. the paper's 1024 training samples followed by the
@@ -547,9 +549,10 @@ def generate_kolmogorov(
         nu, wavenumber: viscosity ``>= 0`` and forcing wavenumber ``>= 1``.
         chunk_size: samples per stored chunk, solved together as one batch.
         device: torch device of the solver (``"cpu"``, default, or ``"cuda"``), checked before
-            any file is created.  The batched FFTs may round differently on another device or
-            in batches of another size, and the chaotic flow amplifies that, so a file's bits
-            depend on both (a resumed file keeps its recorded chunk size).
+            any file is created.  The batched FFTs may round differently on another device, in
+            batches of another size or on another number of torch threads, and the chaotic
+            flow amplifies that (about 1e-5 relative in float32, 1e-14 in float64), so a
+            file's bits depend on all three (a resumed file keeps its recorded chunk size).
         resume, overwrite, progress: as for the other generators.
 
     Returns:
