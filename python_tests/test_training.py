@@ -1214,6 +1214,44 @@ def test_fit_runs_once(tmp_path):
         trainer.fit(resume=True)
 
 
+class _Float64Data(_Linear1d):
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v.double() for k, v in super().__getitem__(i).items()}
+
+
+def _large_units(pred, target, *rest):
+    """A finite float64 loss beyond float32's range (1e40 times a mean square)."""
+    loss = 1e40 * (pred - target).square().mean()
+    return loss, {"rel_l2": (pred - target).norm() / target.norm()}
+
+
+def test_a_float64_models_losses_are_recorded_in_float64(tmp_path):
+    """The history took each step's loss in float32 (1.5858012437820435 for 1.5858013025874667
+    in the audit's run), and a finite float64 loss above float32's range stopped the run as
+    'training loss is inf'."""
+    torch.manual_seed(0)
+    model = nn.Conv1d(1, 1, 3, padding=1, padding_mode="circular").double()
+    first = nn.Conv1d(1, 1, 3, padding=1, padding_mode="circular").double()
+    first.load_state_dict(model.state_dict())  # the weights of the one step's loss
+
+    class Net(nn.Module):
+        def __init__(self, conv):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x, grid):
+            return self.conv(x.transpose(1, 2)).transpose(1, 2)
+
+    data = _Float64Data(8)
+    result = Trainer(Net(model), _large_units, data, _Float64Data(4, seed=1),
+                     TrainConfig(epochs=1, batch_size=8, progress=False), tmp_path).fit()
+    batch = {k: torch.stack([data[i][k] for i in range(8)]) for k in ("x", "target")}
+    with torch.no_grad():
+        want = _large_units(Net(first)(batch["x"], None), batch["target"])[0].item()
+    assert math.isfinite(want) and want > 1e38  # (inf in float32)
+    assert result["history"][0]["train_loss"] == pytest.approx(want, rel=1e-12)
+
+
 def _only_loss(pred, target, *rest):
     return (pred - target).square().mean()
 

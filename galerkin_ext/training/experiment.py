@@ -1170,8 +1170,9 @@ def ragged_metric(dataset: Any, channel: int | None = None,
 
     def metric(pred: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
         decode = dataset.decode_target
-        errors = masked_relative_l2(decode(pred.float()), decode(batch["target"].float()),
-                                    batch["mask"], reduction="none")  # (B, C)
+        # (in the model's precision: half types rise to float32 in the decode and the norms)
+        errors = masked_relative_l2(decode(pred), decode(batch["target"]), batch["mask"],
+                                    reduction="none")  # (B, C)
         if channel is None:
             return errors.mean(dim=1)
         if channel >= errors.shape[1]:

@@ -225,7 +225,7 @@ class TrainConfig:
             clipping (``None``: no value clipping).
         eval_batch_size: batch size of the evaluation (per process).
         precision: ``'fp32'`` or ``'bf16'`` (autocast of the forward pass, CUDA only; the loss,
-            the evaluation and the weights stay float32).
+            the evaluation and the weights stay in the model's precision).
         seed: seeds the shuffling (with the epoch) and the generators of each process (with
             its rank): torch's, NumPy's global one and Python's ``random``, all three saved in
             ``last.pt`` for an exact resume; below 2**63.
@@ -510,7 +510,7 @@ def per_sample_errors(
     ``metric`` defaults to the relative L2 error against ``batch['target']``, compared as it
     is (see :func:`relative_l2_metric` for physical units and quadrature weights).  Under
     ``torchrun`` pass ``ctx``: each process evaluates a disjoint share and every process gets
-    all errors.  Float32, no autocast; ``model`` is put in ``eval()`` mode.
+    all errors.  In the model's precision, no autocast; ``model`` is put in ``eval()`` mode.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -554,7 +554,7 @@ def evaluate(
     The model's outputs are compared as they are: the paper's models de-normalise inside, so
     this is the error in physical units.  Under ``torchrun`` pass ``ctx``: each process
     evaluates a disjoint share and the result is the mean over the whole ``dataset``.
-    Float32, no autocast; ``model`` is put in ``eval()`` mode.
+    In the model's precision, no autocast; ``model`` is put in ``eval()`` mode.
     """
     return float(per_sample_errors(model, dataset, device=device, batch_size=batch_size,
                                    forward=forward, metric=metric, ctx=ctx).mean())
@@ -894,7 +894,8 @@ class Trainer:
                                                     batch.get("target_grad"), batch.get("coeff")))
         # NaN marks a loss without an H¹ part: the epoch's record then has no train_rel_h1
         rel_h1 = parts.get("rel_h1", torch.full((), math.nan, device=loss.device))
-        stats = torch.stack([loss.detach().float(), parts["rel_l2"].float(), rel_h1.float()])
+        # float64: a float64 model's loss is recorded, and tested for finiteness, as it is
+        stats = torch.stack([t.detach().double() for t in (loss, parts["rel_l2"], rel_h1)])
         self.ctx.all_reduce_sum(stats)
         # data: every process's batch share is averaged; domain: the loss shares add up and
         # the parts are the whole batch's in every process
