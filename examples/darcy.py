@@ -88,7 +88,8 @@ def main(argv=None):
                              "(paper: 141, 211)")
     parser.add_argument("--coarse", type=positive_int, default=None,
                         help="attention grid per axis (paper: 43 for 141, 61 for 211; default: the "
-                             "preset's for its --fine, else the paper's for that --fine)")
+                             "preset's for its --fine, else the paper's for that --fine; "
+                             "--model fno has none)")
     parser.add_argument("--model", choices=("transformer", "fno"), default="transformer",
                         help="the paper's transformer (default) or its FNO2d baseline on the "
                              "--fine grid (the comparison rows: the same data, loss and trainer)")
@@ -97,9 +98,13 @@ def main(argv=None):
     name = baseline_model(parser, args, cfg, "darcy", "fno2d")
     preset_grids = (cfg["fine"], cfg["coarse"])
     cfg["fine"] = args.fine or cfg["fine"]
+    if args.model == "fno" and args.coarse is not None:
+        parser.error("--coarse: the FNO2d baseline (--model fno) has no coarse grid; it works "
+                     "on the --fine grid alone")
     try:  # found now, not after the data are generated (a file's grid: when it is read)
-        cfg["coarse"] = args.coarse or paired_coarse(cfg["fine"], preset_grids, DARCY_COARSE)
-        check_darcy_grids(cfg["fine"], cfg["coarse"],
+        cfg["coarse"] = (None if args.model == "fno" else
+                         args.coarse or paired_coarse(cfg["fine"], preset_grids, DARCY_COARSE))
+        check_darcy_grids(cfg["fine"], cfg["coarse"] or cfg["fine"],
                           None if args.data else cfg["data"]["resolution"])
     except ValueError as err:
         parser.error(f"--fine/--coarse: {err}")
@@ -127,7 +132,8 @@ def main(argv=None):
     data = args.data or cached_data("darcy", args.data_dir, ctx, **cfg["data"],
                                     progress=not args.no_progress)
     record_data_files(cfg, data, args.eval_data)  # a resumed run must read the same files
-    grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"],
+    # (the FNO's dataset: its attention grid, which nothing reads, is the fine one)
+    grids = {"resolution": cfg["fine"], "coarse_resolution": cfg["coarse"] or cfg["fine"],
              "n_train": cfg["n_train"], "n_test": cfg["n_eval"]}
     train_set = DarcyDataset(data, "train", **grids)
     eval_set = DarcyDataset(args.eval_data or data, "test",

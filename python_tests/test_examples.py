@@ -331,9 +331,11 @@ def test_fno_baseline_rows(tmp_path, burgers_file, darcy_file, script, registere
     """The paper's FNO comparison rows from the same scripts (same data, loss and trainer):
     the published FNO, de-normalised like the transformer (the inverse problem's: its output
     averaged onto the coarse grid), rebuilt from best.pt alone; the attention flags are
-    refused with it, and a resumption cannot switch models."""
+    refused with it, and a resumption cannot switch models. darcy.py's FNO works on --fine
+    alone: it asked for a --coarse it did not use (and recorded)."""
     data = burgers_file if script == "burgers.py" else darcy_file
-    sizes = ("--n", "128") if script == "burgers.py" else ("--fine", "43", "--coarse", "22")
+    sizes = {"burgers.py": ("--n", "128"), "darcy.py": ("--fine", "43"),
+             "darcy_inverse.py": ("--fine", "43", "--coarse", "22")}[script]
     args = ("--data", str(data), "--n-train", "8", "--n-eval", "4", "--epochs", "1", *sizes)
     out = tmp_path / "fno"
     _run(_cmd(script, out, "--model", "fno", *args))
@@ -341,14 +343,22 @@ def test_fno_baseline_rows(tmp_path, burgers_file, darcy_file, script, registere
     assert m["config"]["model_choice"] == "fno"
     assert m["config"]["build"] == {"name": registered, "arguments": arguments}
     assert m["thresholds"]["enforced"] is False  # the preset's threshold is the transformer's
+    if script == "darcy.py":
+        assert m["config"]["coarse"] is None
+        proc = subprocess.run(_cmd(script, tmp_path / "c", "--model", "fno", *args, "--coarse",
+                                   "22"), capture_output=True, text=True, timeout=TIMEOUT,
+                              env=ENV)
+        assert proc.returncode == 2 and ("--coarse: the FNO2d baseline (--model fno) has no "
+                                         "coarse grid") in proc.stderr, proc.stderr[-2000:]
     model, _ = load_trained_model(out / "best.pt")
     assert float(model.denormalizer.scale.max()) != 1.0  # the targets' statistics, not identity
     proc = subprocess.run(_cmd(script, out, "--model", "fno", "--norm", "layer", *args),
                           capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
     assert proc.returncode == 2 and ("--norm: the FNO baseline (--model fno) has no "
                                      "attention") in proc.stderr
-    proc = subprocess.run(_cmd(script, out, "--resume", *args), capture_output=True, text=True,
-                          timeout=TIMEOUT, env=ENV)
+    transformer = ("--coarse", "22") if script == "darcy.py" else ()  # (the FNO had none)
+    proc = subprocess.run(_cmd(script, out, "--resume", *args, *transformer),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
     assert proc.returncode != 0 and "model_choice" in proc.stderr, proc.stderr[-2000:]
 
 
