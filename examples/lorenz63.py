@@ -158,9 +158,13 @@ def main(argv=None):
         cfg["zero_shot"]["grid"] = args.eval_grid
     if args.n_zero_shot is not None:
         cfg["zero_shot"]["n_samples"] = args.n_zero_shot
-    if args.no_unweighted:
-        cfg["unweighted_baseline"] = False
-    baseline = cfg["unweighted_baseline"] and args.task == "b" and args.weight == "auto"
+    twin_possible = args.task == "b" and args.weight == "auto"
+    if args.no_unweighted and not twin_possible:
+        parser.error("--no-unweighted: the unweighted twin is trained for --task b with "
+                     "--weight auto only")
+    # what is trained, as recorded (a resume compares it)
+    baseline = cfg["unweighted_baseline"] = (cfg["unweighted_baseline"] and twin_possible
+                                             and not args.no_unweighted)
     # the preset's targets hold for the preset as written, on its own data
     enforced = args.weight == "auto" and preset_unchanged(cfg, PRESETS[args.preset], args)
     thresholds = cfg.pop("thresholds", {}).get(args.task, {})  # not part of the run's identity

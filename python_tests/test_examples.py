@@ -667,6 +667,13 @@ def test_lorenz63_task_a_and_controlled_ode_examples(tmp_path):
     _run(_cmd("lorenz63.py", out, "--task", "a", *tiny))
     m = _continuum_outputs(out, 1)
     assert m["config"]["task"] == "a" and "unweighted" not in m
+    # the record says what was trained (it kept the preset's True), and --no-unweighted,
+    # which cannot change anything here, is refused (a resume with it was refused instead)
+    assert m["config"]["unweighted_baseline"] is False
+    proc = subprocess.run(_cmd("lorenz63.py", tmp_path / "x", "--task", "a", "--no-unweighted"),
+                          capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert proc.returncode == 2 and ("--no-unweighted: the unweighted twin is trained for "
+                                     "--task b with --weight auto only") in proc.stderr
     assert set(m["zero_shot"]) == {"dt=0.1"} and m["thresholds"]["checks"] == {}
     assert m["n_params"] == sum(p.numel() for p in build_model(
         "tno_l63", **m["config"]["model"]).parameters())
