@@ -14,11 +14,12 @@ vertices with their lumped areas (the paper's), or ``mesh+cavity``, also the cav
 vertices with their curve weights (SPEC-gnot §4.2's option; the quick preset's).  Every sample
 has its own mesh (about 340 vertices at the quick preset's h = 0.07), so batches are padded and
 masked: a sample's prediction never depends on its batch mates.  ``--weights mesh`` (default)
-attends with the lumped areas (and curve weights), ``uniform`` with 1/N.  Data: generated once
-(P2 finite elements on Triangle meshes) and cached, or ``--data`` a converted copy of Geo-FNO's
-set (``python -m galerkin_ext.data convert geofno-elasticity``; it has no mesh, so ``--weights
-uniform``, and no cavity input; converted with ``--rr``, its θ, the cavity's radii, goes to GNOT
-and MIONet, while the GK model ignores it); training on the first ``n_train`` samples,
+attends with the lumped areas (and curve weights), ``uniform`` with 1/N (MIONet has no
+quadrature: to it both only tell points from padding, and train the same model).  Data:
+generated once (P2 finite elements on Triangle meshes) and cached, or ``--data`` a converted copy
+of Geo-FNO's set (``python -m galerkin_ext.data convert geofno-elasticity``; it has no mesh, so
+``--weights uniform``, and no cavity input; converted with ``--rr``, its θ, the cavity's radii,
+goes to GNOT and MIONet, while the GK model ignores it); training on the first ``n_train`` samples,
 evaluation on the last ``n_eval``; z-score normalisers fitted on the training split.  Loss and
 metric: the per-sample relative L2 over the valid points (metric in physical units).  Writes
 OUT/metrics.json (``test_rel_l2``: the last epoch, as SPEC-gnot §5 reports, the mean over
@@ -126,7 +127,8 @@ def main(argv=None):
     parser.add_argument("--model", choices=list(MODELS), default="gnot",
                         help="GNOT or a baseline of SPEC-gnot §6 (default: %(default)s)")
     parser.add_argument("--weights", choices=("mesh", "uniform"), default="mesh",
-                        help="quadrature weights of the points: the lumped areas or 1/N")
+                        help="quadrature weights of the points: the lumped areas or 1/N "
+                             "(mionet: the same model either way)")
     parser.add_argument("--inputs", choices=INPUTS,
                         help="input functions of generated data: the mesh, or the mesh and the "
                              "cavity's boundary (default: the preset's)")
@@ -135,6 +137,8 @@ def main(argv=None):
     if args.inputs is not None and args.data is not None:
         parser.error("--inputs: applies to generated data; a --data file brings its own input "
                      "functions")
+    if args.inputs is not None and args.model == "gk":
+        parser.error("--inputs: the GK-Transformer (--model gk) takes no input functions")
     cfg = resolve_config(PRESETS, args, experiment="elasticity")
     if args.inputs is not None:
         cfg["data"]["with_cavity"] = args.inputs == "mesh+cavity"

@@ -16,7 +16,8 @@ theta).  GNOT's ablations (SPEC-gnot §6): ``--experts K``, ``--ffn-norm post|pr
 averaged, no self-attention skip, theta as an input function).  Every sample has its own mesh
 (about 630 vertices at the quick preset's h = 0.5), so batches are padded and masked: a sample's
 prediction never depends on its batch mates.  ``--weights mesh`` (default) attends with the
-vertices' lumped areas and the interfaces' curve weights, ``uniform`` with 1/N.  Data: generated
+vertices' lumped areas and the interfaces' curve weights, ``uniform`` with 1/N (MIONet has no
+quadrature: to it both only tell points from padding, and train the same model).  Data: generated
 once (P2 finite elements on Triangle meshes, periodic in x) and cached, or GNOT's own heat
 pickle converted (``python -m galerkin_ext.data convert gnot-pickle``: no weights, so
 ``--weights uniform``); training on the first
@@ -117,7 +118,8 @@ def main(argv=None):
     parser.add_argument("--model", choices=list(MODELS), default="gnot",
                         help="GNOT or a baseline of SPEC-gnot §6 (default: %(default)s)")
     parser.add_argument("--weights", choices=("mesh", "uniform"), default="mesh",
-                        help="quadrature weights of the points: the lumped areas or 1/N")
+                        help="quadrature weights of the points: the lumped areas or 1/N "
+                             "(mionet: the same model either way)")
     add_gnot_flags(parser)
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="heat")

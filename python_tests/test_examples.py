@@ -310,6 +310,9 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
      "--fine/--coarse: coarse_resolution: expected at most resolution = 64"),
     ("darcy_inverse.py", ("--model", "fno", "--fine", "43", "--coarse", "13"), 2,
      "onto the coarse one, so coarse_resolution - 1 must divide 42, got 13"),
+    # (gk ignored it, training on another cached file the same model)
+    ("elasticity.py", ("--model", "gk", "--inputs", "mesh"), 2,
+     "--inputs: the GK-Transformer (--model gk) takes no input functions"),
     # a new folder in one no file can be made in (as root os.access passed /proc: the data
     # were generated, then the Trainer failed)
     ("burgers.py", ("--out", "/proc/x/run"), 1, "error: out_dir: cannot write to '/proc/x/run'"),
