@@ -890,7 +890,7 @@ def test_describe_grid_tells_uniform_from_nonuniform_time_grids(dtype):
     assert describe_grid(near[:, None], "auto")["uniform"]
 
 
-def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path):
+def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path, monkeypatch):
     from galerkin_ext.training import build_run_model, load_trained_model
 
     cfg = {"model": {"width": 8, "modes": 3, "num_layers": 1, "dim_feedforward": 8}}
@@ -928,11 +928,20 @@ def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path):
         torch.set_default_dtype(torch.float32)
     save_checkpoint(tmp_path / "double.pt", "best", epoch=1, model=model64.state_dict(),
                     config=cfg, metric=0.5)
+    calls = []  # the default dtype is the process's: other threads saw it change
+    monkeypatch.setattr(torch, "set_default_dtype", lambda dtype: calls.append(dtype))
     rebuilt, _ = load_trained_model(tmp_path / "double.pt")
-    assert {p.dtype for p in rebuilt.parameters()} == {torch.float64}
+    assert {p.dtype for p in rebuilt.parameters()} == {torch.float64} and not calls
     assert torch.get_default_dtype() == torch.float32
     x, grid = x.double(), grid.double()
     torch.testing.assert_close(rebuilt(x, grid), model64(x, grid), rtol=0, atol=0)
+    monkeypatch.undo()
+    torch.set_default_dtype(torch.float64)  # a float32 run's model comes back in float32
+    try:
+        rebuilt, _ = load_trained_model(tmp_path / "best.pt")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert {p.dtype for p in rebuilt.parameters()} == {torch.float32}
 
 
 def test_resume_of_another_experiment_names_both():

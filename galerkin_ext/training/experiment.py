@@ -652,15 +652,12 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
             f"{str(path)!r} does not record which model it holds (a checkpoint of an older "
             "galerkin_ext, or of a Trainer run outside the example scripts): build the model "
             "as its run did and load the checkpoint's 'model' state_dict")
-    # in the weights' precision: a float64 run's model built as float32 would round them
+    # in the weights' precision, set by a conversion (complex parameters follow it), not by the
+    # default dtype, which is the whole process's (other threads would make float64 tensors)
     floating = {t.dtype for t in state["model"].values()
                 if isinstance(t, torch.Tensor) and t.is_floating_point()}
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64 if floating == {torch.float64} else torch.float32)
-    try:
-        model = build_model(build["name"], **build["arguments"])
-    finally:
-        torch.set_default_dtype(previous)
+    model = build_model(build["name"], **build["arguments"])
+    model = model.double() if floating == {torch.float64} else model.float()
     _load_weights(model, state["model"], path, f"the model it records ({build['name']!r})")
     return model.to(device).eval(), state
 
