@@ -67,9 +67,16 @@ def test_constant_coefficient_matches_dense_solve_and_scaling():
     assert abs(u1.max() - 0.0737) < 2e-3
 
 
-def test_batch_workers_and_torch_input():
+def test_batch_workers_and_torch_input(monkeypatch):
     a = sample_darcy_coefficient(3, 21, seed=2)
-    serial = solve_darcy(a, workers=1)
+    # a batch solves in this process by default: it started a pool of spawned processes on
+    # every call (seconds each), which a plain script without a __main__ guard cannot start
+    import galerkin_ext.data.darcy as darcy_module
+
+    with monkeypatch.context() as patched:
+        patched.setattr(darcy_module, "darcy_executor", lambda *args: pytest.fail("a pool"))
+        serial = solve_darcy(a)
+    np.testing.assert_array_equal(serial, solve_darcy(a, workers=1))
     parallel = solve_darcy(a, workers=2)
     assert serial.shape == (3, 21, 21)
     np.testing.assert_array_equal(serial, parallel)

@@ -209,7 +209,7 @@ def solve_darcy(
     a: np.ndarray | object,
     f: float | np.ndarray | object = 1.0,
     *,
-    workers: int | None = None,
+    workers: int = 1,
     executor: Executor | None = None,
 ) -> np.ndarray | object:
     """Solve ``-div(a grad u) = f`` with ``u = 0`` on the boundary of the unit square.
@@ -219,28 +219,26 @@ def solve_darcy(
             finite and ``> 0``; NumPy array or torch tensor.
         f: right-hand side, a scalar or an array broadcastable to ``a``'s shape (only interior
             values are used).
-        workers: worker processes for a batch (default: all usable cores; ``1`` = in-process).
+        workers: worker processes for a batch: ``1`` (default) solves in this process; more
+            start a pool of spawned processes for the call, which takes seconds (reuse one
+            over many calls through ``executor``), and a script that starts one must guard
+            its top level with ``if __name__ == "__main__":``, as for any spawned process.
             Ignored for a single sample.
-        executor: an existing executor to reuse (its workers must be processes or threads);
-            overrides ``workers``.
+        executor: an existing executor to reuse (its workers must be processes or threads,
+            e.g. :func:`darcy_executor`); overrides ``workers``.
 
     Returns:
         ``u`` of ``a``'s shape, float64, with an exact zero boundary ring; a tensor (on ``a``'s
         device) if ``a`` is a tensor.
     """
     batch, f_b, single, like = _as_batch(a, f)
-    if workers is not None:
-        check_int(workers, "workers")
+    check_int(workers, "workers")
     if executor is not None and not isinstance(executor, Executor):
         raise TypeError(f"executor must be a concurrent.futures.Executor, got {executor!r}")
     n = batch.shape[0]
-    if executor is None and n > 1 and (workers is None or workers > 1):
-        n_workers = min(n, default_workers() if workers is None else workers)
-        if n_workers > 1:
-            with darcy_executor(n_workers) as pool:
-                u = np.stack(list(_map_solve(batch, f_b, pool)))
-        else:
-            u = np.stack(list(_map_solve(batch, f_b, None)))
+    if executor is None and n > 1 and workers > 1:
+        with darcy_executor(min(n, workers)) as pool:
+            u = np.stack(list(_map_solve(batch, f_b, pool)))
     else:
         u = np.stack(list(_map_solve(batch, f_b, executor)))
     if single:
