@@ -124,7 +124,7 @@ def main(argv=None):
         if args.model == "fno":  # (grid-free: it meets its grid in the forward)
             check_model_grid(model, (cfg["fine"], cfg["fine"]), in_channels=1)
     except ValueError as err:
-        parser.error(f"--fine/--coarse: {err}")
+        parser.error(f"{'--fine' if args.model == 'fno' else '--fine/--coarse'}: {err}")
     check_resume(cfg, args)  # before any data are generated
     ctx = setup_distributed(args.device)
 

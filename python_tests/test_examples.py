@@ -558,10 +558,11 @@ def test_darcy_grids_too_coarse_for_the_fourier_modes_fail_in_one_line(tmp_path)
                       "--data-dir", str(cache), status=2)
     assert ("--fine/--coarse: modes: expected at most 7 for the 15×15 output grid of the "
             "spectral decoder, got 12") in stderr and not cache.exists()
-    for script in ("darcy.py", "darcy_inverse.py"):
-        stderr = _refused(script, tmp_path / script, "--model", "fno", "--fine", "22",
-                          "--coarse", "8", "--data-dir", str(cache), status=2)
-        assert ("--fine/--coarse: x: a 22×22 grid is too coarse for modes = 12; expected "
+    for script, grids, flags in (("darcy.py", (), "--fine"),  # (its FNO has no coarse grid)
+                                 ("darcy_inverse.py", ("--coarse", "8"), "--fine/--coarse")):
+        stderr = _refused(script, tmp_path / script, "--model", "fno", "--fine", "22", *grids,
+                          "--data-dir", str(cache), status=2)
+        assert (f"{flags}: x: a 22×22 grid is too coarse for modes = 12; expected "
                 "n1 >= 24") in stderr and not cache.exists()
 
 

@@ -636,7 +636,7 @@ print(after_reduce - base, peak() - base)
 """
 
 
-def test_sums_over_points_take_scratch_of_the_thread_count_not_the_point_count():
+def test_sums_over_points_take_scratch_of_the_thread_count_not_the_point_count(tmp_path):
     """S (the forward of kv_reduce) and dS (the backward of q_apply) are sums over the points:
     one partial per chunk of points made their scratch grow as N · d³, 128 MiB here for 32 MiB
     operands (8x them at d = 1024). One partial per thread takes d² each: what either op adds
@@ -645,8 +645,9 @@ def test_sums_over_points_take_scratch_of_the_thread_count_not_the_point_count()
     import subprocess
     import sys
 
+    # (from another folder: the repository's imports its source tree, without the extension)
     proc = subprocess.run([sys.executable, "-c", _SCRATCH_SCRIPT], capture_output=True,
-                          text=True, timeout=120, check=True)
+                          text=True, timeout=120, check=True, cwd=tmp_path)
     reduce_growth, backward_growth = (int(x) for x in proc.stdout.split())
     mib = 2 ** 20
     assert reduce_growth < 1 * mib + 16 * mib, reduce_growth / mib
