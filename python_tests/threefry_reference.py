@@ -28,9 +28,10 @@ def threefry2x32_20(counter: np.ndarray, key: int) -> tuple[np.ndarray, np.ndarr
 
 def reference_keep(n: int, p: float, seed: int) -> np.ndarray:
     """The op's documented mask over ``n`` elements in memory order: element ``64 b + 32 w + l``
-    takes word ``w`` at counter ``32 b + l``, kept iff it is below ``floor((1 - p) 2³²)``."""
+    takes word ``w`` at counter ``32 b + l``, kept iff it is below ``min(floor((1 - p) 2³²),
+    2³² - 1)``."""
     i = np.arange(n, dtype=np.uint64)
     block, rest = i // np.uint64(64), i % np.uint64(64)
     words = threefry2x32_20(block * np.uint64(32) + rest % np.uint64(32), seed % 2**64)
     word = np.where(rest < np.uint64(32), words[0], words[1])
-    return word < np.uint64(int(np.floor((1.0 - p) * 2.0**32)))
+    return word < np.uint64(min(int(np.floor((1.0 - p) * 2.0**32)), 2**32 - 1))

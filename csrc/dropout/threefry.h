@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -74,8 +75,10 @@ struct Mask {
   Mask(int64_t seed, double p)
       : k0(static_cast<uint32_t>(static_cast<uint64_t>(seed))),
         k1(static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32)),
-        // P(kept) = floor(keep 2^32) / 2^32, within 2^-32 of keep; < 2^32 as keep < 1.
-        threshold(static_cast<uint32_t>(std::floor(std::ldexp(1.0 - p, 32)))) {}
+        // P(kept) = min(floor(keep 2^32), 2^32 - 1) / 2^32, within 2^-32 of keep. (keep = 1 - p
+        // rounds to 1 for p <= 2^-54, and 2^32 as a uint32_t, undefined, dropped everything.)
+        threshold(static_cast<uint32_t>(
+            std::min(std::floor(std::ldexp(1.0 - p, 32)), 4294967295.0))) {}
 
   // The kBlock words of block b: element kBlock b + e takes words[e].
   inline void block(int64_t b, uint32_t* words) const {
