@@ -637,7 +637,7 @@ def _norm_pair(norm: Norm) -> tuple[Tensor | None, Tensor | None]:
 def _draw_seed() -> Tensor:
     """The compiled ops' mask seed, a 0-dim int64 tensor from torch's default generator (so
     ``torch.manual_seed`` repeats the masks)."""
-    return torch.randint(2**62, (), dtype=torch.int64)
+    return torch.randint(2**62, (), dtype=torch.int64, device="cpu")  # (not a default device's)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -742,6 +742,18 @@ _FORMULA_BACKWARDS.impl("q_apply_backward_formula", _q_apply_backward_formula,
                         "CompositeImplicitAutograd")
 
 
+def _one_device(*tensors: Tensor | None, seed: Tensor | None = None) -> None:
+    """The kernels' rule on devices, in the fakes too: torch also dispatches a call with one
+    meta tensor among CPU ones to the fake, which returned uninitialised CPU memory. The
+    operands share one device; a mask's seed is on the CPU or on theirs."""
+    devices = {t.device for t in tensors if t is not None}
+    torch._check(len(devices) == 1, lambda: "expected every tensor on one device, got "
+                                            f"{sorted(map(str, devices))}")
+    if seed is not None:
+        torch._check(seed.device.type == "cpu" or seed.device in devices,
+                     lambda: f"seed: expected a CPU tensor, got one on {seed.device}")
+
+
 def _grad_like(t: Tensor | None, wanted: bool, like: Tensor) -> Tensor:
     """A gradient's fake: like ``t`` where wanted, else ``like``'s empty placeholder."""
     return t.new_empty(t.shape) if wanted and t is not None else like.new_empty((0,))
@@ -749,6 +761,7 @@ def _grad_like(t: Tensor | None, wanted: bool, like: Tensor) -> Tensor:
 
 @torch.library.register_fake("galerkin_ext::dropout")
 def _dropout_fake(x, p, seed):
+    _one_device(x, seed=seed)
     return torch.empty_like(x)  # as the kernel
 
 
@@ -774,11 +787,13 @@ torch.library.register_autograd("galerkin_ext::dropout", _dropout_backward,
 
 @torch.library.register_fake("galerkin_ext::quadratic_attention")
 def _quadratic_attention_fake(q, k, v, p, seed):
+    _one_device(q, k, v, seed=seed)
     return q.new_empty((*q.shape[:3], v.shape[3]))
 
 
 @torch.library.register_fake("galerkin_ext::quadratic_attention_backward")
 def _quadratic_attention_backward_fake(grad_out, q, k, v, p, seed):
+    _one_device(grad_out, q, k, v, seed=seed)
     return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
 
 
@@ -815,11 +830,13 @@ torch.library.register_autograd("galerkin_ext::quadratic_attention",
 
 @torch.library.register_fake("galerkin_ext::softmax_attention")
 def _softmax_attention_fake(q, k, v, bias, scale, p, seed):
+    _one_device(q, k, v, bias, seed=seed)
     return q.new_empty((*q.shape[:3], v.shape[3])), q.new_empty(q.shape[:3])
 
 
 @torch.library.register_fake("galerkin_ext::softmax_attention_backward")
 def _softmax_attention_backward_fake(grad_out, q, k, v, bias, out, lse, scale, p, seed):
+    _one_device(grad_out, q, k, v, bias, out, lse, seed=seed)
     grads = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
     return [*grads, q.new_empty((0,)) if bias is None else bias.new_empty(bias.shape)]
 
@@ -871,6 +888,7 @@ torch.library.register_autograd("galerkin_ext::softmax_attention", _softmax_atte
 
 @torch.library.register_fake("galerkin_ext::kv_reduce")
 def _kv_reduce_fake(k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb, eps, ones_column):
+    _one_device(k, v, kv_pos, weight, knw, knb, vnw, vnb)
     batch, heads, _, dim_k = k.shape
     coordinates = kv_pos.shape[-1] if kv_pos is not None else 0
     width_v = coordinates + v.shape[3] + int(ones_column)
@@ -881,6 +899,7 @@ def _kv_reduce_fake(k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb, eps,
 @torch.library.register_fake("galerkin_ext::kv_reduce_backward")
 def _kv_reduce_backward_fake(grad_s, k, v, kv_pos, weight, k_map, knw, knb, v_map, vnw, vnb,
                              eps, ones_column, kv_pos_grad, weight_grad):
+    _one_device(grad_s, k, v, kv_pos, weight, knw, knb, vnw, vnb)
     return [k.new_empty(k.shape), v.new_empty(v.shape), _grad_like(kv_pos, kv_pos_grad, k),
             _grad_like(weight, weight_grad, k), *(_grad_like(t, True, k)
                                                  for t in (knw, knb, vnw, vnb))]
@@ -888,6 +907,7 @@ def _kv_reduce_backward_fake(grad_s, k, v, kv_pos, weight, k_map, knw, knb, v_ma
 
 @torch.library.register_fake("galerkin_ext::q_apply")
 def _q_apply_fake(q, pos, q_map, qnw, qnb, s, eps, normalizers, skip):
+    _one_device(q, pos, qnw, qnb, s)
     width = s.shape[3] if normalizers == 0 else s.shape[3] // normalizers - 1
     return q.new_empty((*q.shape[:3], width))
 
@@ -895,5 +915,6 @@ def _q_apply_fake(q, pos, q_map, qnw, qnb, s, eps, normalizers, skip):
 @torch.library.register_fake("galerkin_ext::q_apply_backward")
 def _q_apply_backward_fake(grad_out, q, pos, q_map, qnw, qnb, s, eps, normalizers, skip,
                            pos_grad):
+    _one_device(grad_out, q, pos, qnw, qnb, s)
     return [q.new_empty(q.shape), _grad_like(pos, pos_grad, q), _grad_like(qnw, True, q),
             _grad_like(qnb, True, q), s.new_empty(s.shape)]

@@ -134,6 +134,42 @@ def test_the_op_refuses_bad_arguments():
         torch.ops.galerkin_ext.dropout(x.half(), 0.5, torch.tensor(1))
 
 
+@pytest.mark.parametrize("p", [2.0**-54, 1e-17, 1e-300, 5e-324])
+def test_a_tiny_probability_keeps_what_it_should(p, gen):
+    """1 - p rounds to 1 for p <= 2^-54, and the threshold 2^32 as a uint32 was 0: every
+    element was dropped, by the dropout op and in the fused attention's matrices."""
+    x = torch.randn(4099, generator=gen, dtype=torch.float64)
+    out = torch.ops.galerkin_ext.dropout(x, p, torch.tensor(123))
+    assert torch.equal(out, reference_dropout(x, p, 123))
+    assert (out != 0).sum() >= 4098  # (each element is dropped with probability 2^-32)
+    q, k, v = (torch.randn(1, 1, 40, 8, generator=gen) for _ in range(3))
+    for path in (ops.fourier_attention, ops.continuum_attention):
+        options = {"path": "quadratic"} if path is ops.fourier_attention else {}
+        torch.testing.assert_close(path(q, k, v, dropout_p=p, **options),
+                                   path(q, k, v, **options))
+
+
+def test_a_meta_default_device_or_a_meta_seed(gen):
+    """Inside torch.device('meta') the seed came out on the meta device, and a call with one
+    meta tensor among CPU ones is dispatched to the op's fake: it returned uninitialised CPU
+    memory. The seed is drawn on the CPU, and the fake refuses mixed devices."""
+    x = torch.randn(1000, generator=gen)
+    torch.manual_seed(3)
+    want = ops.dropout(x, 0.5)
+    torch.manual_seed(3)
+    with torch.device("meta"):
+        got = ops.dropout(x, 0.5)
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match=r"seed: expected a CPU tensor, got one on meta"):
+        torch.ops.galerkin_ext.dropout(x, 0.5, torch.tensor(1, device="meta"))
+    q = torch.randn(1, 1, 4, 2)
+    with pytest.raises(RuntimeError, match=r"expected every tensor on one device, got "
+                                           r"\['cpu', 'meta'\]"):
+        torch.ops.galerkin_ext.quadratic_attention(q, q.to("meta"), q, 0.0, torch.tensor(1))
+    meta = torch.ops.galerkin_ext.dropout(x.to("meta"), 0.5, torch.tensor(1))  # shapes only
+    assert meta.device.type == "meta" and meta.shape == x.shape
+
+
 def test_ops_dropout_is_seeded_by_torch_and_fresh_per_call(gen):
     x = torch.randn(5000, generator=gen)
     torch.manual_seed(7)

@@ -4,6 +4,8 @@ every row map, coordinates shared or per sample, weights, the normaliser's colum
 M = 1, N = 1, sizes off the chunk sizes, non-contiguous inputs; gradcheck of every
 differentiable input, opcheck, torch.compile, bitwise repeatability, padding invariance."""
 
+import math
+
 import pytest
 import torch
 from attention_cases import F64, rand
@@ -395,6 +397,27 @@ def test_no_points(n, m, maps, gen):
     s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(x, ones_column))
     torch.library.opcheck(torch.ops.galerkin_ext.kv_reduce, reduce_args(x, ones_column))
     torch.library.opcheck(torch.ops.galerkin_ext.q_apply, apply_args(x, s, int(ones_column)))
+
+
+def test_the_core_ops_refuse_an_eps_that_is_not_finite_and_positive(gen):
+    """Called directly (the Python functions check eps first): a NaN or negative eps gave
+    NaN rows, an infinite one zero rows, and no error. (Maps without a layer norm take none.)"""
+    x = core_inputs((1, 2, 5, 6, 3, 3, 1, "batched", "batched", False),
+                    ("layer_norm", "layer_norm"), gen)
+    s = torch.ops.galerkin_ext.kv_reduce(*reduce_args(x, False))
+    q_norm = x["q_norm"] or (None, None)
+    for eps in (math.nan, -1.0, 0.0, math.inf):
+        reduce = (*reduce_args(x, False)[:10], eps, False)
+        apply = (x["q"], x["pos"], x["k_map"], *q_norm, s, eps, 0, False)
+        core = torch.ops.galerkin_ext
+        calls = [(core.kv_reduce, reduce),
+                 (core.kv_reduce_backward, (torch.ones_like(s), *reduce, False, False)),
+                 (core.q_apply, apply),
+                 (core.q_apply_backward, (torch.ones(1, 2, 5, 4, dtype=F64), *apply, False))]
+        for op, args in calls:
+            with pytest.raises(RuntimeError, match=r"eps: expected a finite float > 0 for "
+                                                   r"layer_norm"):
+                op(*args)
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["chunked", "direct"])

@@ -8,6 +8,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <cmath>
+#include <initializer_list>
+
 namespace galerkin_ext {
 
 RowMap parse_row_map(c10::string_view name, const char* arg) {
@@ -27,6 +30,15 @@ void check_operand(const Tensor& x, const char* name) {
   TORCH_CHECK(x.size(3) > 0, name, ": expected D >= 1, got ", x.sizes());
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), name, ": expected a floating dtype, got ",
               x.scalar_type());
+}
+
+// The eps of the layer norms among the maps (the other maps take none): a NaN or negative one
+// gave NaN rows, an infinite one zero rows.
+void check_eps(double eps, std::initializer_list<RowMap> maps) {
+  for (const RowMap map : maps) {
+    TORCH_CHECK(map != RowMap::kLayerNorm || (std::isfinite(eps) && eps > 0),
+                "eps: expected a finite float > 0 for layer_norm, got ", eps);
+  }
 }
 
 // A parameter (quadrature weight, norm parameters) of x: x's dtype, or float32 for half and
@@ -167,6 +179,7 @@ Tensor kv_reduce(const Tensor& k, const Tensor& v, const OptTensor& kv_pos,
   const KernelGuard guard;
   const KvReduceInputs in = kv_inputs(k, v, kv_pos, weight, k_map, k_norm_weight, k_norm_bias,
                                       v_map, v_norm_weight, v_norm_bias, ones_column);
+  check_eps(eps, {in.k_map, in.v_map});
   if (in.M == 0) {
     return at::zeros({in.B, in.H, in.key_width(), in.value_width()},
                      k.options().dtype(at::toOpMathType(k.scalar_type())));
@@ -191,6 +204,7 @@ std::vector<Tensor> kv_reduce_backward(
   const KernelGuard guard;
   const KvReduceInputs in = kv_inputs(k, v, kv_pos, weight, k_map, k_norm_weight, k_norm_bias,
                                       v_map, v_norm_weight, v_norm_bias, ones_column);
+  check_eps(eps, {in.k_map, in.v_map});
   TORCH_CHECK(grad_s.sizes() == at::IntArrayRef({in.B, in.H, in.key_width(), in.value_width()}),
               "grad_s: expected shape (B, H, d_k, d_v) = (", in.B, ", ", in.H, ", ",
               in.key_width(), ", ", in.value_width(), "), got ", grad_s.sizes());
@@ -220,6 +234,7 @@ Tensor q_apply(const Tensor& q, const OptTensor& pos, c10::string_view q_map,
   const KernelGuard guard;
   const QApplyInputs in = q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers,
                                    skip);
+  check_eps(eps, {in.q_map});
   if (in.N == 0) return at::empty({in.B, in.H, 0, in.out_width()}, q.options());
   return Twin(in, eps);
 }
@@ -233,6 +248,7 @@ std::vector<Tensor> q_apply_backward(const Tensor& grad_out, const Tensor& q,
   const KernelGuard guard;
   const QApplyInputs in =
       q_inputs(q, pos, q_map, q_norm_weight, q_norm_bias, s, normalizers, skip);
+  check_eps(eps, {in.q_map});
   TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({in.B, in.H, in.N, in.out_width()}),
               "grad_out: expected shape (B, H, N, ", in.out_width(), "), got ",
               grad_out.sizes());
