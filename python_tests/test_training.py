@@ -255,6 +255,44 @@ def test_resume_is_exact(tmp_path):
     assert again["best_metric"] == pytest.approx(full["best_metric"], rel=1e-6)
 
 
+@pytest.mark.parametrize("kill", ["before last.pt", "before best.pt"])
+def test_a_kill_between_the_best_and_the_last_checkpoint_resumes(tmp_path, monkeypatch, kill):
+    """best.pt was written before last.pt: a kill between the two left best.pt an epoch ahead
+    of last.pt, and the resumption refused it as "of another run". The new best is staged
+    (best.next.pt) until last.pt records it; a resumption settles it either way."""
+    import galerkin_ext.training.trainer as trainer_module
+
+    full = _trainer(tmp_path / "full").fit()
+    improving = [row["epoch"] for row in full["history"][1:]
+                 if row["eval_rel_l2"] < min(r["eval_rel_l2"] for r in full["history"]
+                                             if r["epoch"] < row["epoch"])]
+    epoch = improving[0]  # an epoch after the first that writes a new best model
+    save, replace = trainer_module.save_checkpoint, os.replace
+
+    def save_then_die(path, kind, **state):
+        if kill == "before last.pt" and kind == "last" and state["epoch"] == epoch:
+            raise KeyboardInterrupt  # (best.next.pt of this epoch is written)
+        return save(path, kind, **state)
+
+    def replace_then_die(src, dst):
+        if kill == "before best.pt" and Path(src).name == "best.next.pt":
+            raise KeyboardInterrupt  # (last.pt of this epoch is written)
+        return replace(src, dst)
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        _trainer(tmp_path / "cut").fit()
+    monkeypatch.undo()
+    assert (tmp_path / "cut" / "best.next.pt").is_file()
+    resumed = _trainer(tmp_path / "cut").fit(resume=True)
+    for a, b in zip(full["history"], resumed["history"], strict=True):
+        assert (a["train_loss"], a["eval_rel_l2"]) == (b["train_loss"], b["eval_rel_l2"])
+    best = load_checkpoint(tmp_path / "cut" / "best.pt", "best")
+    assert (best["epoch"], best["metric"]) == (full["best_epoch"], full["best_metric"])
+    assert not (tmp_path / "cut" / "best.next.pt").exists()
+
+
 def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path):
     calls = {"n": 0}
     base = OperatorLoss()
@@ -843,11 +881,11 @@ def test_a_fresh_run_removes_an_earlier_runs_tensorboard_events(tmp_path, monkey
     class Writer:  # writes one event file, named as SummaryWriter names them
         made = 0
 
-        def __init__(self, log_dir: str) -> None:
+        def __init__(self, log_dir: str, purge_step: int | None) -> None:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             Writer.made += 1
             self.file = Path(log_dir) / f"events.out.tfevents.{Writer.made}"
-            self.file.write_text("")
+            self.file.write_text(f"purge {purge_step}\n")
 
         def add_scalar(self, tag, value, step) -> None:
             with self.file.open("a") as f:
@@ -866,6 +904,66 @@ def test_a_fresh_run_removes_an_earlier_runs_tensorboard_events(tmp_path, monkey
     # a resumed run keeps them: its epochs continue the curve
     _trainer(tmp_path, epochs=1, tensorboard=True).fit(resume=True)
     assert len(list((tmp_path / "tensorboard").iterdir())) == 2
+    # a run stopped before its first checkpoint leaves events a fresh run removes too
+    (tmp_path / "last.pt").unlink()
+    (tmp_path / "best.pt").unlink()
+    _trainer(tmp_path, epochs=1, tensorboard=True).fit()
+    assert [p.name for p in (tmp_path / "tensorboard").iterdir()] == ["events.out.tfevents.4"]
+
+
+def test_tensorboard_records_survive_a_kill_and_a_resume(tmp_path, monkeypatch):
+    """A resumption logged the stopped run's epoch again after the steps that run had logged
+    beyond last.pt (steps 9-12 twice), and a kill after last.pt lost that epoch's scalars,
+    written after it. Now the epoch's scalars go before last.pt, at its last step, and the
+    resumed writer purges from the first step after last.pt (as SummaryWriter's purge_step
+    hides the earlier files' later events)."""
+    from galerkin_ext.training import trainer as trainer_module
+
+    logs: list[list] = []
+
+    class Writer:
+        def __init__(self, log_dir: str, purge_step: int | None) -> None:
+            logs.append([("purge", purge_step)])
+
+        def add_scalar(self, tag, value, step) -> None:
+            logs[-1].append((tag, step))
+
+        def flush(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    def shown(runs):  # TensorBoard's view: a purge hides what earlier writers logged from it on
+        events = []
+        for run in runs:
+            purge = run[0][1]
+            events = [e for e in events if purge is None or e[1] < purge] + run[1:]
+        return events
+
+    monkeypatch.setattr(trainer_module, "tensorboard_writer_class", lambda: Writer)
+    _trainer(tmp_path / "full", tensorboard=True).fit()
+    want = shown(logs)
+    save, csv = trainer_module.save_checkpoint, trainer_module.write_csv
+
+    def before_last_pt(path, kind, **state):  # a kill just before last.pt of epoch 3
+        if kind == "last" and state["epoch"] == 3:
+            raise KeyboardInterrupt
+        return save(path, kind, **state)
+
+    def after_last_pt(path, rows):  # ... or just after it, before metrics.csv
+        if len(rows) == 3:
+            raise KeyboardInterrupt
+        return csv(path, rows)
+
+    for name, kill in (("save_checkpoint", before_last_pt), ("write_csv", after_last_pt)):
+        logs.clear()
+        monkeypatch.setattr(trainer_module, name, kill)
+        with pytest.raises(KeyboardInterrupt):
+            _trainer(tmp_path / name, tensorboard=True).fit()
+        monkeypatch.setattr(trainer_module, name, {"save_checkpoint": save, "write_csv": csv}[name])
+        _trainer(tmp_path / name, tensorboard=True).fit(resume=True)
+        assert shown(logs) == want
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

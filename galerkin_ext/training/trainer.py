@@ -11,7 +11,9 @@ stopping, and keeps in ``out_dir``:
   states, epoch, history), written atomically after each epoch;
 * ``best.pt`` -- the model of the epoch with the lowest evaluation error;
 * ``metrics.csv`` -- one row per epoch (rewritten atomically from the history);
-* ``tensorboard/`` -- with ``TrainConfig.tensorboard`` (needs the ``tensorboard`` package).
+* ``tensorboard/`` -- with ``TrainConfig.tensorboard`` (needs the ``tensorboard`` package):
+  ``step/loss`` at every step, ``epoch/*`` at each epoch's last step; a resumption hides what
+  the stopped run logged after its ``last.pt``.
 
 Resuming after any interruption (even ``kill -9`` mid-epoch) restarts the interrupted epoch from
 ``last.pt``; the shuffling order comes from ``(seed, epoch)`` and dropout from the restored RNG
@@ -843,6 +845,24 @@ class Trainer:
         """``out_dir/best.pt``: the best model so far."""
         return self.out_dir / "best.pt"
 
+    @property
+    def _staged_best_path(self) -> Path:
+        """``out_dir/best.next.pt``: a new best model until ``last.pt`` records it."""
+        return self.out_dir / "best.next.pt"
+
+    def _settle_staged_best(self, best_epoch: int, best_metric: float) -> None:
+        """A staged best model that ``last.pt`` records (a kill came between the two) becomes
+        ``best.pt``; one it does not (a kill before ``last.pt``) is dropped: that epoch runs
+        again."""
+        staged = self._staged_best_path
+        if not staged.is_file():
+            return
+        best = load_checkpoint(staged, "best")
+        if (best["epoch"], best["metric"]) == (best_epoch, best_metric):
+            os.replace(staged, self.best_path)
+        else:
+            staged.unlink()
+
     def _recorded(self) -> dict[str, Any]:
         """What the Trainer records in the run's config beside ``run_config``."""
         # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
@@ -976,7 +996,7 @@ class Trainer:
         """:meth:`fit`, with the folder held."""
         cfg, ctx = self.config, self.ctx
         if ctx.is_main:  # left by a run killed while writing (they would pile up otherwise)
-            for name in ("last.pt", "best.pt", "metrics.csv"):
+            for name in ("last.pt", "best.pt", "best.next.pt", "metrics.csv"):
                 for stray in stray_temporary_files(self.out_dir / name):
                     stray.unlink(missing_ok=True)
         history: list[dict[str, Any]] = []
@@ -985,6 +1005,9 @@ class Trainer:
         if resume and self.last_path.is_file():
             state = load_checkpoint(self.last_path, "last", map_location=ctx.device)
             self._check_resumable(state["config"], state["world_size"])
+            if ctx.is_main:
+                self._settle_staged_best(state["best_epoch"], state["best_metric"])
+            ctx.barrier()  # (the other processes read best.pt next)
             self._check_best(state["best_epoch"], state["best_metric"])
             _load_weights(self.model, state["model"], self.last_path,
                           "this Trainer's model (a resumption needs the model of its run)")
@@ -1009,12 +1032,18 @@ class Trainer:
                 # checkpoints, the old figures passing for the new run's.
                 for name in _EARLIER_RESULTS:
                     (self.out_dir / name).unlink(missing_ok=True)
+                self._staged_best_path.unlink(missing_ok=True)
+            if ctx.is_main:  # also those of a run stopped before its first checkpoint
                 # (TensorBoard showed the two runs' curves as one)
                 for events in (self.out_dir / "tensorboard").glob("events.out.tfevents.*"):
                     events.unlink()
             _seed_rngs(cfg.seed + ctx.rank)  # dropout differs between processes
         if self._writer_class is not None:
-            self.tb_writer = self._writer_class(log_dir=str(self.out_dir / "tensorboard"))
+            # A resumption purges what the stopped run logged after last.pt (TensorBoard hides
+            # the earlier files' events from this step on): its epoch runs again.
+            self.tb_writer = self._writer_class(
+                log_dir=str(self.out_dir / "tensorboard"),
+                purge_step=start * self.steps_per_epoch + 1 if state is not None else None)
         model: nn.Module = self.model
         if ctx.enabled and self.parallel == "data":
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -1042,11 +1071,21 @@ class Trainer:
                 if cfg.scheduler == "plateau":
                     self.scheduler.step(row["eval_rel_l2"])
                 rng = self._gather_rng()
+                if ctx.is_main and self.tb_writer is not None:
+                    # before last.pt, at the epoch's last step (so that a resumption's purge
+                    # covers them): a kill after last.pt lost them, one before doubled them
+                    for key, value in row.items():
+                        if key != "epoch":
+                            self.tb_writer.add_scalar(f"epoch/{key}", value,
+                                                      (epoch + 1) * self.steps_per_epoch)
+                    self.tb_writer.flush()
                 if ctx.is_main:
-                    # best.pt before last.pt: a crash between the two never leaves last.pt
-                    # pointing to a best model that was not saved.
+                    # The new best model is staged, then last.pt records it, then it replaces
+                    # best.pt: a kill anywhere leaves best.pt the best model last.pt records,
+                    # or one a resumption settles (_settle_staged_best). (best.pt written
+                    # first had it ahead of last.pt, and such a run could not be resumed.)
                     if improved:
-                        save_checkpoint(self.best_path, "best", epoch=epoch + 1,
+                        save_checkpoint(self._staged_best_path, "best", epoch=epoch + 1,
                                         model=self.model.state_dict(), metric=best_metric,
                                         config=self._full_config())
                     save_checkpoint(
@@ -1057,12 +1096,9 @@ class Trainer:
                         train_seconds=train_seconds, world_size=ctx.world_size,
                         config=self._full_config(),
                     )
+                    if improved:
+                        os.replace(self._staged_best_path, self.best_path)
                     write_csv(self.out_dir / "metrics.csv", history)
-                    if self.tb_writer is not None:
-                        for key, value in row.items():
-                            if key != "epoch":
-                                self.tb_writer.add_scalar(f"epoch/{key}", value, epoch + 1)
-                        self.tb_writer.flush()
                 self._owns_last = True  # (written by the main process)
                 bar.set_postfix(epoch=epoch + 1, loss=f"{row['train_loss']:.3e}",
                                 eval=f"{row['eval_rel_l2']:.3e}", best=f"{best_metric:.3e}")
