@@ -171,8 +171,9 @@ def test_the_metric_decodes_with_a_plain_normalizer_and_unweighted_norms():
 class _FakeWriter:
     made = []
 
-    def __init__(self, log_dir):
+    def __init__(self, log_dir, purge_step):
         self.log_dir, self.scalars, self.flushes, self.closed = log_dir, [], 0, False
+        self.purge_step = purge_step
         _FakeWriter.made.append(self)
 
     def add_scalar(self, tag, value, step):
@@ -193,11 +194,11 @@ def test_tensorboard_logs_every_step_and_epoch(tmp_path, monkeypatch):
     result = _trainer(tmp_path, epochs=2, tensorboard=True).fit()
     (writer,) = _FakeWriter.made
     assert writer.log_dir == str(tmp_path / "tensorboard") and writer.closed
-    assert writer.flushes == 2
+    assert writer.flushes == 2 and writer.purge_step is None  # (a fresh run purges nothing)
     steps = [(s, v) for tag, v, s in writer.scalars if tag == "step/loss"]
     assert [s for s, _ in steps] == list(range(1, 2 * 8 + 1))  # 32 samples / batch 4
-    for row in result["history"]:
+    for row in result["history"]:  # at the epoch's last step
         logged = {tag[6:]: v for tag, v, s in writer.scalars
-                  if tag.startswith("epoch/") and s == row["epoch"]}
+                  if tag.startswith("epoch/") and s == row["epoch"] * 8}
         assert "epoch" not in logged
         assert logged == pytest.approx({k: v for k, v in row.items() if k != "epoch"})
