@@ -1032,9 +1032,10 @@ class Trainer:
                 # checkpoints, the old figures passing for the new run's.
                 for name in _EARLIER_RESULTS:
                     (self.out_dir / name).unlink(missing_ok=True)
+            if ctx.is_main:  # also what a run stopped before its first last.pt left:
+                # its staged best model, and its TensorBoard events (TensorBoard showed the
+                # two runs' curves as one)
                 self._staged_best_path.unlink(missing_ok=True)
-            if ctx.is_main:  # also those of a run stopped before its first checkpoint
-                # (TensorBoard showed the two runs' curves as one)
                 for events in (self.out_dir / "tensorboard").glob("events.out.tfevents.*"):
                     events.unlink()
             _seed_rngs(cfg.seed + ctx.rank)  # dropout differs between processes
