@@ -141,6 +141,24 @@ def test_a_diverging_solve_stops_its_generation(tmp_path):
     assert not out.exists() and not partial_path(out).exists()
 
 
+def test_generated_sets_take_the_solvers_step_rule(tmp_path):
+    """generate_burgers took dt = 1e-3 whatever nu: at nu = 0.01 its steps were those of nu =
+    0.1. It takes default_n_steps for |u0| <= 2 (the same in every chunk); 1000 at the SPEC's
+    nu = 0.1, t_end = 1, as before."""
+    from galerkin_ext.data.burgers import default_n_steps
+    from galerkin_ext.data.generate import generate_burgers
+    from galerkin_ext.data.storage import inspect_h5, read_h5
+
+    assert default_n_steps(1.0, 0.1) == 1000 and default_n_steps(0.7, 0.1) == 700
+    assert default_n_steps(1.0, 0.01) == math.ceil(1000 * math.sqrt(10) - 1e-6)
+    out = generate_burgers(tmp_path / "b.h5", n_samples=2, resolution=64, nu=0.01,
+                           chunk_size=1, progress=False)
+    assert inspect_h5(out)["parameters"]["n_steps"] == default_n_steps(1.0, 0.01)
+    data = read_h5(out, np.arange(2))
+    np.testing.assert_allclose(data["u"], solve_burgers(data["a"], 0.01, n_steps=3163),
+                               rtol=0, atol=1e-13)
+
+
 def test_a_zero_initial_condition_stays_zero():
     """u0 = 0 is the exact solution u = 0 (it was refused, naming u_max, which the caller never
     passed)."""

@@ -38,7 +38,8 @@ def default_n_steps(t_end: float, nu: float, u_max: float = 2.0) -> int:
     t_end, nu = check_float(t_end, "t_end"), check_float(nu, "nu")
     u_max = check_float(u_max, "u_max", low_inclusive=True)  # 0: a zero initial condition
     dt = 1e-3 * min(1.0, 2.0 / max(u_max, 1e-12)) * min(1.0, (nu / 0.1) ** 0.5)
-    return max(1, math.ceil(t_end / dt))
+    ratio = t_end / dt  # (1e-9 of slack: 0.7 / 1e-3 is 700.0000000000001 in floating point)
+    return max(1, math.ceil(ratio - 1e-9 * max(1.0, ratio)))
 
 
 def etdrk4_coefficients(

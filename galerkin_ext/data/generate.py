@@ -37,7 +37,7 @@ import numpy as np
 
 from .._checks import check_bool, check_choice, check_float, check_int, resolve_device
 from . import darcy as _darcy
-from .burgers import solve_burgers
+from .burgers import default_n_steps, solve_burgers
 from .darcy import sample_and_solve as _darcy_task
 from .kolmogorov import (
     IC_ALPHA,
@@ -106,7 +106,9 @@ def generate_burgers(
 
     Both arrays have shape ``(n_samples, resolution)`` on ``x_j = j / resolution``.  The solver
     works on ``min(solve_resolution, resolution)`` points (``None``: the full grid) and
-    zero-pads the result; ``n_steps`` ETDRK4 steps (default ``ceil(t_end / 1e-3)``) on
+    zero-pads the result; ``n_steps`` ETDRK4 steps (default :func:`.burgers.default_n_steps`
+    for ``|u0| <= 2``, the SPEC's data: 1000 at ``nu = 0.1``, ``t_end = 1``, more for smaller
+    ``nu``; the same in every chunk, so that sample ``i`` depends on ``(seed, i)`` alone) on
     ``device`` (default CPU; e.g. ``"cuda"``).  Returns the path of the finished file.
     """
     check_output(out, resume=resume, overwrite=overwrite, progress=progress)
@@ -120,7 +122,7 @@ def generate_burgers(
         check_int(solve_resolution, "solve_resolution", 4), resolution
     )
     if n_steps is None:
-        n_steps = max(1, int(np.ceil(t_end / 1e-3 - 1e-9)))
+        n_steps = default_n_steps(t_end, nu)
     n_steps = check_int(n_steps, "n_steps")
     import torch
 
