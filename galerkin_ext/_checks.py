@@ -48,6 +48,14 @@ def check_int(value: object, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_heads(n_head: object, width: int, width_name: str = "d_model") -> int:
+    """``n_head`` as a count of attention heads that divides the layer's ``width``."""
+    heads = check_int(n_head, "n_head")
+    if width % heads:
+        raise ValueError(f"n_head: expected a divisor of {width_name} = {width}, got {heads}")
+    return heads
+
+
 def check_seed(value: object, name: str = "seed") -> int:
     """``value`` as the seed of a data generation: an int in ``[0, 2**64)``, which a data file
     stores as an unsigned 64-bit HDF5 attribute."""

@@ -32,6 +32,7 @@ from .._checks import (
     check_choice,
     check_float,
     check_has_keys,
+    check_heads,
     check_int,
     check_norm_eps,
     check_probability,
@@ -105,9 +106,7 @@ class SimpleAttention(nn.Module):
     ) -> None:
         super().__init__()
         check_int(d_model, "d_model")
-        check_int(n_head, "n_head")
-        if d_model % n_head:
-            raise ValueError(f"n_head: expected a divisor of d_model = {d_model}, got {n_head}")
+        check_heads(n_head, d_model)
         check_choice(attention_type, "attention_type", ATTENTION_TYPES)
         check_int(pos_dim, "pos_dim", minimum=0)
         check_choice(norm, "norm", NORM_SCHEMES)

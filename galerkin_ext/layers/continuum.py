@@ -24,6 +24,7 @@ from .._checks import (
     check_choice,
     check_features,
     check_float,
+    check_heads,
     check_int,
     check_like,
     check_probability,
@@ -189,9 +190,7 @@ class ContinuumAttention(nn.Module):
                  attn_dropout: float = 0.0) -> None:
         super().__init__()
         self.d_model = check_int(d_model, "d_model")
-        self.n_head = check_int(n_head, "n_head")
-        if d_model % n_head:
-            raise ValueError(f"n_head: expected a divisor of d_model = {d_model}, got {n_head}")
+        self.n_head = check_heads(n_head, d_model)
         self.d_head = d_model // n_head
         self.scale = check_scale(scale, 1.0 / math.sqrt(self.d_head))
         self.attn_dropout = check_probability(attn_dropout, "attn_dropout")

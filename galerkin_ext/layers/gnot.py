@@ -27,6 +27,7 @@ from .._checks import (
     check_bool,
     check_choice,
     check_features,
+    check_heads,
     check_int,
     check_like,
     check_model_input,
@@ -87,9 +88,7 @@ class HeteroNormalizedAttention(nn.Module):
                  skip: bool = True) -> None:
         super().__init__()
         check_int(d_model, "d_model")
-        check_int(n_head, "n_head")
-        if d_model % n_head:
-            raise ValueError(f"n_head: expected a divisor of d_model = {d_model}, got {n_head}")
+        check_heads(n_head, d_model)
         check_bool(skip, "skip")
         self.n_head = n_head
         self.reduce = check_choice(reduce, "reduce", ("sum", "mean"))

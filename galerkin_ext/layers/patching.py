@@ -27,6 +27,7 @@ from .. import ops
 from .._checks import (
     check_choice,
     check_float,
+    check_heads,
     check_int,
     check_int_pair,
     check_probability,
@@ -203,9 +204,7 @@ class PatchedAttention(nn.Module):
                  patch_extension: str | None = None, scale: float = 1.0) -> None:
         super().__init__()
         self.d_model = check_int(d_model, "d_model")
-        self.n_head = check_int(n_head, "n_head")
-        if d_model % n_head:
-            raise ValueError(f"n_head: expected a divisor of d_model = {d_model}, got {n_head}")
+        self.n_head = check_heads(n_head, d_model)
         self.d_head = d_model // n_head
         self.scale = check_scale(scale, 1.0)
         self.patch_extension = check_choice(patch_extension, "patch_extension", PATCH_EXTENSIONS)

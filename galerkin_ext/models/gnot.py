@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from .._checks import (
     check_choice,
+    check_heads,
     check_int,
     check_like,
     check_model_input,
@@ -184,8 +185,7 @@ class GNOT(nn.Module):
         c, m = check_int(n_hidden, "n_hidden"), check_int(mlp_layers, "mlp_layers", 0)
         check_probability(dropout, "dropout")
         make_activation(act, "act")  # named here: the layers call it their activation
-        if check_int(n_head, "n_head") and c % n_head:
-            raise ValueError(f"n_head: expected a divisor of n_hidden = {c}, got {n_head}")
+        check_heads(n_head, c, "n_hidden")
         theta_in_query = self.theta_dim if self.theta_mode == "query" else 0
         self.trunk = ResidualMLP(query_dim + theta_in_query, c, c, m, act)
         self.branches = nn.ModuleList(ResidualMLP(b, c, c, m, act) for b in self.input_dims)
