@@ -45,6 +45,7 @@ from .kolmogorov import (
     IC_TAU,
     KOLMOGOROV_NU,
     KOLMOGOROV_WAVENUMBER,
+    _n_steps,
     cfl_number,
     persistence_errors,
     resample_periodic,
@@ -52,6 +53,8 @@ from .kolmogorov import (
     solve_kolmogorov,
 )
 from .ode import (
+    DEFAULT_DT,
+    DEFAULT_T_END,
     LORENZ63_INITIAL_HIGH,
     LORENZ63_INITIAL_LOW,
     cde_control,
@@ -285,8 +288,8 @@ def _ode_times(dt: float | None, t_end: float | None, grid: str) -> tuple[np.nda
     uniform = grid == "uniform"
     return times, {
         "grid": grid,
-        "dt": (0.01 if dt is None else float(dt)) if uniform else None,
-        "t_end": (2.0 if t_end is None else float(t_end)) if uniform else 2.0,
+        "dt": (DEFAULT_DT if dt is None else float(dt)) if uniform else None,
+        "t_end": (DEFAULT_T_END if t_end is None else float(t_end)) if uniform else DEFAULT_T_END,
         "n_times": int(times.size),
     }
 
@@ -448,9 +451,8 @@ def kolmogorov_time_step(solve_resolution: int, dt_out: float = 0.1) -> float:
     """
     s = check_int(solve_resolution, "solve_resolution")
     dt_out = check_float(dt_out, "dt_out")
-    ratio = dt_out * s / _DT_TIMES_RESOLUTION
-    # a relative slack so that 0.1 * 416 / 1.04 = 40.000000000000007 counts as 40 steps
-    return dt_out / max(1, math.ceil(ratio - 1e-9 * ratio))
+    # (_n_steps' slack: 0.1 * 416 / 1.04 = 40.000000000000007 counts as 40 steps)
+    return dt_out / _n_steps(dt_out, _DT_TIMES_RESOLUTION / s)
 
 
 def _solve_dtype(solve_dtype: object) -> str:

@@ -34,6 +34,8 @@ from .storage import SolverError
 
 __all__ = [
     "GRIDS",
+    "DEFAULT_DT",
+    "DEFAULT_T_END",
     "LORENZ63_INITIAL_LOW",
     "LORENZ63_INITIAL_HIGH",
     "time_grid",
@@ -46,6 +48,10 @@ __all__ = [
 ]
 
 GRIDS = ("uniform", "nonuniform")
+#: The uniform grid's default spacing and end, SPEC-continuum §3 (the nonuniform one is on
+#: [0, 2] too).
+DEFAULT_DT = 0.01
+DEFAULT_T_END = 2.0
 #: Bounds that stop a mistyped step before it fills the disk or runs for days: the most sample
 #: times of a grid (the data sets have 41-401) and RK4 steps of a trajectory (2e3 by default).
 MAX_TIMES = 2**20
@@ -87,8 +93,8 @@ def time_grid(
         first = np.arange(101, dtype=np.float64) / 100  # 0.01 n, n = 0..100
         second = (200 + np.arange(1, 201, dtype=np.float64)) / 200  # 1 + 0.005 n, n = 1..200
         return np.concatenate([first, second])
-    dt = 0.01 if dt is None else check_float(dt, "dt")
-    t_end = 2.0 if t_end is None else check_float(t_end, "t_end")
+    dt = DEFAULT_DT if dt is None else check_float(dt, "dt")
+    t_end = DEFAULT_T_END if t_end is None else check_float(t_end, "t_end")
     step = _decimal(dt)
     n = math.floor(_decimal(t_end) / step)
     if n < 1:
