@@ -289,7 +289,9 @@ def _ode_times(dt: float | None, t_end: float | None, grid: str) -> tuple[np.nda
     return times, {
         "grid": grid,
         "dt": (DEFAULT_DT if dt is None else float(dt)) if uniform else None,
-        "t_end": (DEFAULT_T_END if t_end is None else float(t_end)) if uniform else DEFAULT_T_END,
+        # (the nonuniform grid's end is its own, not a default that could be changed)
+        "t_end": (DEFAULT_T_END if t_end is None else float(t_end)) if uniform
+        else float(times[-1]),
         "n_times": int(times.size),
     }
 

@@ -88,9 +88,8 @@ class HeteroNormalizedAttention(nn.Module):
                  skip: bool = True) -> None:
         super().__init__()
         check_int(d_model, "d_model")
-        check_heads(n_head, d_model)
+        self.n_head = check_heads(n_head, d_model)
         check_bool(skip, "skip")
-        self.n_head = n_head
         self.reduce = check_choice(reduce, "reduce", ("sum", "mean"))
         self.skip = skip
         self.query = nn.Linear(d_model, d_model)
