@@ -872,32 +872,35 @@ def test_evaluate_predict_and_tensorboard_arguments(tmp_path, monkeypatch):
     assert not (tmp_path / "tb").exists()
 
 
+class _StandInWriter:
+    """SummaryWriter's interface (the tensorboard package is an extra): one event file per
+    writer, named as SummaryWriter names them, and each writer's purge step and scalars in
+    ``runs``."""
+
+    runs: list[list] = []
+
+    def __init__(self, log_dir: str, purge_step: int | None) -> None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self.runs.append([("purge", purge_step)])
+        (Path(log_dir) / f"events.out.tfevents.{len(self.runs)}").write_text("")
+
+    def add_scalar(self, tag, value, step) -> None:
+        self.runs[-1].append((tag, step))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def test_a_fresh_run_removes_an_earlier_runs_tensorboard_events(tmp_path, monkeypatch):
     """A fresh run in a folder where another run had logged kept that run's event files:
-    TensorBoard showed both runs' epochs as one curve. (A stand-in writer: the tensorboard
-    package is an extra.)"""
+    TensorBoard showed both runs' epochs as one curve."""
     from galerkin_ext.training import trainer as trainer_module
 
-    class Writer:  # writes one event file, named as SummaryWriter names them
-        made = 0
-
-        def __init__(self, log_dir: str, purge_step: int | None) -> None:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-            Writer.made += 1
-            self.file = Path(log_dir) / f"events.out.tfevents.{Writer.made}"
-            self.file.write_text(f"purge {purge_step}\n")
-
-        def add_scalar(self, tag, value, step) -> None:
-            with self.file.open("a") as f:
-                f.write(f"{tag} {step}\n")
-
-        def flush(self) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(trainer_module, "tensorboard_writer_class", lambda: Writer)
+    _StandInWriter.runs.clear()
+    monkeypatch.setattr(trainer_module, "tensorboard_writer_class", lambda: _StandInWriter)
     for _ in range(2):
         _trainer(tmp_path, epochs=1, tensorboard=True).fit()
     assert [p.name for p in (tmp_path / "tensorboard").iterdir()] == ["events.out.tfevents.2"]
@@ -919,20 +922,8 @@ def test_tensorboard_records_survive_a_kill_and_a_resume(tmp_path, monkeypatch):
     hides the earlier files' later events)."""
     from galerkin_ext.training import trainer as trainer_module
 
-    logs: list[list] = []
-
-    class Writer:
-        def __init__(self, log_dir: str, purge_step: int | None) -> None:
-            logs.append([("purge", purge_step)])
-
-        def add_scalar(self, tag, value, step) -> None:
-            logs[-1].append((tag, step))
-
-        def flush(self) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
+    logs = _StandInWriter.runs
+    logs.clear()
 
     def shown(runs):  # TensorBoard's view: a purge hides what earlier writers logged from it on
         events = []
@@ -941,7 +932,7 @@ def test_tensorboard_records_survive_a_kill_and_a_resume(tmp_path, monkeypatch):
             events = [e for e in events if purge is None or e[1] < purge] + run[1:]
         return events
 
-    monkeypatch.setattr(trainer_module, "tensorboard_writer_class", lambda: Writer)
+    monkeypatch.setattr(trainer_module, "tensorboard_writer_class", lambda: _StandInWriter)
     _trainer(tmp_path / "full", tensorboard=True).fit()
     want = shown(logs)
     save, csv = trainer_module.save_checkpoint, trainer_module.write_csv
