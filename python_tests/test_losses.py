@@ -234,6 +234,35 @@ def test_relative_errors_at_extreme_scales(dtype, scale, gen):
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize(("pred_scale", "target_scale"), [(1e20, 1.0), (1.0, 1e-20)], ids=str)
+def test_relative_errors_beyond_the_squares_of_float32(pred_scale, target_scale, gen):
+    """A relative error of 1e20 is a float32 number, though its squares are not: each of the
+    difference and the target is scaled by its own largest magnitude (scaled by the target's,
+    the difference's squares overflowed to inf)."""
+    n, h = 9, 1 / 8
+    pred, target = (torch.randn(3, n, n, 1, generator=gen, dtype=torch.float64)
+                    for _ in range(2))
+    pred, target = pred * pred_scale, target * target_scale
+    grad = central_gradient_2d(target[..., 0], h)
+    mask = torch.ones(3, n * n, dtype=torch.bool)
+    weight = torch.rand(n, n, generator=gen, dtype=torch.float64) + 0.1
+    coeff = torch.rand(3, n, n, 1, generator=gen, dtype=torch.float64) + 0.5
+    calls = [
+        lambda p, t, g: relative_l2(p, t, "none"),
+        lambda p, t, g: relative_l2(p, t, "none", weight=weight.to(p.dtype)),
+        lambda p, t, g: masked_relative_l2(p.flatten(1, 2), t.flatten(1, 2), mask,
+                                           reduction="none"),
+        lambda p, t, g: relative_h1_error(p, g, h, coeff.to(p.dtype), reduction="none"),
+        lambda p, t, g: relative_h1(p, t, h, reduction="none"),
+        lambda p, t, g: relative_h1(p, t, h, reduction="none", form="sum"),
+    ]
+    for call in calls:
+        expected = call(pred, target, grad)  # (float64: the squares are representable)
+        assert bool(expected.min() > 1e18)
+        got = call(pred.float(), target.float(), grad.float())
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=0)
+
+
 def test_relative_l2_scale_ignores_points_that_do_not_count():
     """The per-sample scale comes from the points with weight > 0 (and valid ones): a value of
     1e15 at a weight-0 point shrank the others' squares to 0 (NaN)."""

@@ -64,11 +64,15 @@ def _float32_at_least(x: Tensor) -> Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def _divided_by_max(ref: Tensor, dims: tuple[int, ...], *tensors: Tensor) -> tuple[Tensor, ...]:
-    """``tensors`` divided by :func:`~galerkin_ext._scaling.largest_magnitude` of ``ref``: a
-    relative error is the same for any such scale, but its squares are not."""
-    scale = largest_magnitude(ref, dims)
-    return tuple(t / scale for t in tensors)
+def _each_by_its_max(diff: Tensor, ref: Tensor, dims: tuple[int, ...]
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """``diff`` and ``ref`` each divided by its own
+    :func:`~galerkin_ext._scaling.largest_magnitude` over ``dims``, and the ratio of those
+    magnitudes (``dims`` dropped), by which a ratio of norms of the two is scaled back: a
+    relative error is representable where the squares of either are not (an error of 1e20
+    relative to 1 overflowed when ``diff`` was divided by ``ref``'s magnitude)."""
+    diff_size, ref_size = largest_magnitude(diff, dims), largest_magnitude(ref, dims)
+    return diff / diff_size, ref / ref_size, (diff_size / ref_size).squeeze(dims)
 
 
 def _root(x: Tensor) -> Tensor:
@@ -149,7 +153,7 @@ def _relative_l2(pred: Tensor, target: Tensor, reduction: str, weight: Tensor | 
     pred, target = _float32_at_least(pred), _float32_at_least(target)
     dims = tuple(range(1, target.ndim))
     if weight is None:
-        diff, target = _divided_by_max(target, dims, pred - target, target)
+        diff, target, scale = _each_by_its_max(pred - target, target, dims)
         err = diff.flatten(1).square().sum(1)
         ref = target.flatten(1).square().sum(1)
     else:
@@ -158,11 +162,11 @@ def _relative_l2(pred: Tensor, target: Tensor, reduction: str, weight: Tensor | 
         # scale (a huge value there shrank the others' squares to 0, or overflowed to inf · 0).
         counts = (w > 0).unsqueeze(-1)
         counted = torch.where(counts, target, 0.0)
-        diff, target = _divided_by_max(counted, dims, torch.where(counts, pred - target, 0.0),
-                                       counted)
+        diff, target, scale = _each_by_its_max(torch.where(counts, pred - target, 0.0),
+                                               counted, dims)
         err = (diff.square().sum(-1) * w).flatten(1).sum(1)
         ref = (target.square().sum(-1) * w).flatten(1).sum(1)
-    return _reduce(_root(err / ref), reduction)
+    return _reduce(_root(err / ref) * scale, reduction)
 
 
 def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
@@ -215,11 +219,11 @@ def masked_relative_l2(pred: Tensor, target: Tensor, mask: Tensor, *,
         _check_some_weight(w)
         valid = valid & (w > 0).unsqueeze(-1)  # the points that count, for the scale
     diff, target = torch.where(valid, pred - target, zero), torch.where(valid, target, zero)
-    diff, target = _divided_by_max(target, (1,), diff, target)  # per sample and channel
+    diff, target, scale = _each_by_its_max(diff, target, (1,))  # per sample and channel
     err, ref = diff.square(), target.square()
     if w is not None:
         err, ref = err * w.unsqueeze(-1), ref * w.unsqueeze(-1)
-    per = _root(err.sum(1) / ref.sum(1))  # (B, C)
+    per = _root(err.sum(1) / ref.sum(1)) * scale  # (B, C)
     if reduction == "mean":
         return per.mean()
     if reduction == "channel":
@@ -321,12 +325,12 @@ def relative_h1_error(
     else:
         raise ValueError(f"pred: expected (B, n, C) in 1-D or (B, n, n, 1) in 2-D, "
                          f"got {tuple(pred.shape)}")
-    diff, target_grad = _divided_by_max(target_grad, tuple(range(1, target_grad.ndim)),
-                                        grad - target_grad, target_grad)
+    diff, target_grad, scale = _each_by_its_max(grad - target_grad, target_grad,
+                                                tuple(range(1, target_grad.ndim)))
     err, ref = diff.square(), target_grad.square()
     if weight is not None:
         err, ref = err * weight, ref * weight
-    return _reduce(_root(err.flatten(1).sum(1) / ref.flatten(1).sum(1)), reduction)
+    return _reduce(_root(err.flatten(1).sum(1) / ref.flatten(1).sum(1)) * scale, reduction)
 
 
 def relative_h1(
@@ -374,7 +378,7 @@ def relative_h1(
         raise ValueError("periodic: the 'sum' form is the authors' code, whose differences are "
                          "one-sided on the boundary, never periodic; use form='squares'")
     pred, target = _float32_at_least(pred), _float32_at_least(target)
-    err, ref = _divided_by_max(target, tuple(range(1, target.ndim)), pred - target, target)
+    err, ref, scale = _each_by_its_max(pred - target, target, tuple(range(1, target.ndim)))
 
     def squares(f: Tensor) -> tuple[Tensor, Tensor]:
         if form == "squares":
@@ -390,7 +394,7 @@ def relative_h1(
         per_sample = _root((e0 + e1) / (y0 + y1))
     else:
         per_sample = (_root(e0) + _root(e1)) / (_root(y0) + _root(y1))
-    return _reduce(per_sample, reduction)
+    return _reduce(per_sample * scale, reduction)
 
 
 class RelativeLoss(nn.Module):
