@@ -372,6 +372,12 @@ def test_auto_weights(gen):
         torch.testing.assert_close(auto_quadrature_weights(far), torch.ones(64 * 17))
     both = auto_quadrature_weights(torch.stack([graded, graded.flip(0)]))
     torch.testing.assert_close(both, torch.stack([expected, expected.flip(0)]))
+    # an empty batch of grids (B = 0) has no weights, in 1-D and d >= 2 (the batch's shared
+    # grid was looked for in its first element), and a TNO passes it through
+    for points in (graded, graded[:, :1]):
+        assert auto_quadrature_weights(points.expand(0, *points.shape)).shape == (0, 12)
+    tno = TNO(1, 1, 2, d_model=8, n_head=2, num_layers=1)
+    assert tno(torch.zeros(0, 12, 1), graded.float().expand(0, 12, 2)).shape == (0, 12, 1)
     # a grid nudged off equispacing changes the weights by the nudge (the trapezoid product,
     # halving the ends, jumped by the whole gap between the rules: 1e-3 in a TNO's output)
     nudged = t.double().clone()

@@ -82,7 +82,8 @@ def auto_quadrature_weights(coords: Tensor, name: str = "coords") -> Tensor:
                          "auto_quadrature_weights(coords), computed once beforehand) or None")
     if not bool(torch.isfinite(coords).all()):
         raise ValueError(f"{name}: expected finite coordinates")
-    if coords.shape[-2] == 1:  # one point: weight 1 (only ratios matter)
+    # one point: weight 1 (only ratios matter); an empty batch (B = 0): no weights
+    if coords.shape[-2] == 1 or coords.numel() == 0:
         return coords.new_ones(coords.shape[:-1])
     if coords.shape[-1] == 1:
         return trapezoid_weights(coords[..., 0])
