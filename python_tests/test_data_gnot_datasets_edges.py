@@ -50,6 +50,21 @@ def test_fit_checks(rfile):
         RaggedNormalizers.fit(read_ragged(rfile, fields=("query", "target")))
 
 
+def test_a_constant_target_channel_is_refused(tmp_path):
+    """A target channel with one value everywhere normalises to 0, and its relative error (the
+    loss) is x / 0: refused when the statistics are fitted, naming the channel, not an inf loss
+    at the first step that the Trainer blamed on a sample's zero target."""
+    def constant_vm(i):
+        sample = synthetic(i)
+        sample["target"][:, 1] = 2.5
+        return sample
+
+    path = write(tmp_path / "c.h5", n=4, chunk=2, fn=constant_vm)
+    with pytest.raises(ValueError, match="target channel 'vm' has one value at every point of "
+                                         "the 4 samples"):
+        RaggedNormalizers.fit(read_ragged(path))
+
+
 def test_state_dict_round_trip_and_checks(train):
     norm = train.normalizers
     state = dict(norm.state_dict())

@@ -132,8 +132,18 @@ class RaggedNormalizers(nn.Module):
                 inputs[spec.name] = z(fn.values, fn.offsets, f"inputs/{spec.name}/values")
         per_sample = np.arange(len(data) + 1)
         theta = None if data.theta is None else z(data.theta, per_sample, "theta")
-        return cls(z(data.query_points, data.offsets, "query/points"),
-                   z(data.target, data.offsets, "target/values"), inputs, theta, eps)
+        target = z(data.target, data.offsets, "target/values")
+        # A constant channel normalises to 0 everywhere: its relative error (the loss, on
+        # normalised values) is x / 0 in every sample, an inf loss at the first step.
+        constant = (target.std == 0).nonzero()
+        if len(constant):
+            name = data.layout.target_names[int(constant[0])]
+            raise ValueError(f"data: target channel {name!r} has one value at every point of "
+                             f"the {len(data)} samples fitted on, so its relative error (the "
+                             "loss, on normalised values) is undefined; leave it out of the "
+                             "targets or fit on samples where it varies")
+        return cls(z(data.query_points, data.offsets, "query/points"), target, inputs, theta,
+                   eps)
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Tensor]) -> RaggedNormalizers:
