@@ -89,13 +89,15 @@ class FNO2d(nn.Module):
     def forward(self, x: Tensor, grid: Tensor) -> Tensor:
         """``x (B, n1, n2, in_channels)``, ``grid (n1, n2, 2)`` or ``(B, n1, n2, 2)`` →
         ``(B, n1, n2, out_channels)``, or ``(B, coarse, coarse, out_channels)``."""
-        out = self.net(x, grid)  # (which checks x and grid)
-        if self.coarse is not None:
-            n1, n2 = out.shape[-3:-1]
-            if n1 != n2 or (n1 - 1) % (self.coarse - 1):
+        # (before the network's work; the network checks x and grid otherwise)
+        if self.coarse is not None and isinstance(x, Tensor) and x.dim() == 4:
+            n1, n2 = x.shape[1:3]
+            if n1 != n2 or n1 < self.coarse or (n1 - 1) % (self.coarse - 1):
                 raise ValueError(f"x: the output averages onto coarse = {self.coarse} nodes per "
                                  f"axis, which needs a square grid of n nodes with coarse - 1 "
                                  f"dividing n - 1, got {n1}×{n2}")
+        out = self.net(x, grid)
+        if self.coarse is not None:
             # the channels out of the averaged axes and back
             out = block_average(out.movedim(-1, -3), self.coarse).movedim(-3, -1)
         out = self.denormalizer(out)
