@@ -23,9 +23,11 @@ Implementations (``impl`` in the JSON):
             CPU its math kernel: the N×M matrix formed, torch's mask)
   compiled  the same reference under torch.compile
   original  the original package (galerkin-transformer 0.2.1, pip install --no-deps): its
-            per-head nn.LayerNorm modules, pos.repeat + torch.cat, and its attention() /
-            linear_attention() functions, with the always-on F.dropout(p=0.5) on the attention
-            matrix that its SimpleAttention passes (so it does that extra work, as users' runs do)
+            per-head layer norms (nn.LayerNorm's F.layer_norm, head by head, on the same norm
+            weights as the others, whose gradients it computes too), pos.repeat + torch.cat, and
+            its attention() / linear_attention() functions, with the always-on F.dropout(p=0.5)
+            on the attention matrix that its SimpleAttention passes (so it does that extra work,
+            as users' runs do)
 
 Repetitions are interleaved over implementations and reported as medians. ``fwd_gbps`` is the
 forward's effective bandwidth: the bytes that must move (read q, k, v, pos; write the output)
@@ -47,9 +49,10 @@ import time
 
 import original  # benchmarks/original.py: the script's folder is first on sys.path
 import torch
+import torch.nn.functional as F
 
 from galerkin_ext import ops, reference
-from galerkin_ext._cli import writable_file
+from galerkin_ext._cli import positive_int, writable_file
 from galerkin_ext.training import command_line, describe_device, write_json
 
 SHAPES = {  # name: (B, H, N, M, D, P)
@@ -88,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma list of " + ", ".join(SHAPES) + " (empty: the sweep alone)")
     p.add_argument("--sweep", action="store_true", help="add the N sweep of SWEEP")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions per measurement")
+    p.add_argument("--threads", type=positive_int,
+                   help="torch's CPU threads (default: torch's own choice); recorded")
     # Internal: measure the CPU peak memory of one (op, impl, shape) in a child process.
     p.add_argument("--peak-child", nargs=9, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -99,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.shapes, args.impls, args.ops = (
         list(dict.fromkeys(item.strip() for item in value.split(",") if item.strip()))
         for value in (args.shapes, args.impls, args.ops))
+    for flag, value in (("--impls", args.impls), ("--ops", args.ops)):
+        if not value:
+            p.error(f"{flag}: expected a comma list of at least one name")
     for name in args.shapes:
         if name not in SHAPES:
             p.error(f"--shapes: unknown shape {name!r}; expected some of {', '.join(SHAPES)}")
@@ -145,18 +153,22 @@ def make_original_fn(op: str, shape, device: str, dtype: torch.dtype):
     """The original package's attention path (its layers.py, loaded by original.py)."""
     layers = original.load().layers
     _, H, N, M, D, _ = shape
-    norms = [layers.SimpleAttention._get_layernorm(D, H, eps=1e-5).to(device, dtype) for _ in "ab"]
     dropout = torch.nn.Dropout()  # its presence triggers F.dropout(p_attn), as in the original
 
     def per_head(norm, t):
-        return torch.stack([n(t[:, i]) for i, n in enumerate(norm)], dim=1)
+        # its _get_layernorm's nn.LayerNorm(D, eps=1e-5) per head, on the workload's weights
+        # (its own modules' parameters were not among the leaves: their gradients, which ours
+        # and eager compute, were skipped)
+        w, b = norm
+        return torch.stack([F.layer_norm(t[:, i], (D,), w[i], b[i], 1e-5) for i in range(H)],
+                           dim=1)
 
     def fn(x):
         q, k, v = x["q"], x["k"], x["v"]
         if op == "galerkin":
-            k, v = per_head(norms[0], k), per_head(norms[1], v)
+            k, v = per_head(x["norm_a"], k), per_head(x["norm_b"], v)
         else:
-            q, k = per_head(norms[0], q), per_head(norms[1], k)
+            q, k = per_head(x["norm_a"], q), per_head(x["norm_b"], k)
         pos = x["pos"].to(q.dtype).unsqueeze(1).repeat([1, H, 1, 1])
         q, k, v = (torch.cat([pos, t], dim=-1) for t in (q, k, v))
         if op == "galerkin":
@@ -259,7 +271,9 @@ class Device:
 
 
 def _cpu_peak_in_child(child_args: list[str]) -> float:
-    env = dict(os.environ, **{_MMAP_ENV: str(2**16)})
+    # (the child runs on as many threads as the timings: per-thread buffers count)
+    env = dict(os.environ, **{_MMAP_ENV: str(2**16),
+                              "OMP_NUM_THREADS": str(torch.get_num_threads())})
     cmd = [sys.executable, os.path.abspath(__file__), "--peak-child", *child_args]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
@@ -396,6 +410,8 @@ def main() -> None:
         op, impl, *shape, dtype = args.peak_child
         _cpu_peak_child(op, impl, shape, dtype)
         return
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     dev = Device(args.device)
     dtype = getattr(torch, args.dtype)
     impls = args.impls

@@ -10,8 +10,10 @@ FFT's axis). This times both, forward and forward+backward (gradients of the inp
 weights), medians of ``--reps`` repetitions interleaved over the paths, at 32 channels on
 square grids with the modes SpectralConv keeps (``m`` per sign along the first axis, ``m``
 along the second, fewer where the grid does not resolve them), with batches of about 40,000
-points, and on the 1-D grids of the Burgers decoder (``p₁ = 1``). Each row records the path
-the rule picks and whether it was the faster one.
+points, and on the 1-D grids of the Burgers decoder (``p₁ = 1``; there the FFT path is
+``spectral_product_1d``'s own, ``rfft``/``irfft``, which SpectralConv1d runs, not the 2-D one over
+a grid of one row, which took about twice as long). Each row records the path the rule picks
+and whether it was the faster one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ LINES = (512, 2048, 8192)  # the 1-D cases, 16 modes
 POINTS = 40_000  # per batch, about
 CHANNELS = 32
 PATHS = {"fft": fourier._spectral_product_fft, "matmul": fourier._spectral_product_matmul}
+
+
+def _line_fft(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    with fourier.ffts_only():
+        return fourier.spectral_product_1d(x[:, 0], w[:, :, 0], "ortho")
+
+
+def _line_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return fourier._spectral_product_matmul(x, w, 1, "ortho")[:, 0]
+
+
+LINE_PATHS = {"fft": _line_fft, "matmul": _line_matmul}  # x (B, 1, n, c), w (c, c, 1, K)
 
 
 def cases(sizes: list[int], modes: list[int],
@@ -52,15 +66,19 @@ def time_paths(batch: int, p1: int, p2: int, n_pos: int, n_neg: int, cols: int,
     w = torch.randn(CHANNELS, CHANNELS, n_pos + n_neg, cols, generator=gen,
                     dtype=torch.complex64, requires_grad=True)
     grad = torch.randn(batch, p1, p2, CHANNELS, generator=gen)
-    return forward_backward_medians(
-        {name: partial(path, x, w, n_pos, "ortho") for name, path in PATHS.items()}, (x, w),
-        grad, reps)
+    if p1 == 1:
+        paths = {name: partial(path, x, w) for name, path in LINE_PATHS.items()}
+        grad = grad[:, 0]
+    else:
+        paths = {name: partial(path, x, w, n_pos, "ortho") for name, path in PATHS.items()}
+    return forward_backward_medians(paths, (x, w), grad, reps)
 
 
 def main() -> None:
     p = op_parser(__doc__, reps=8)
-    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(SIZES),
-                   help="the square grids' sides (default: %(default)s)")
+    p.add_argument("--sizes", type=positive_int, nargs="*", default=list(SIZES),
+                   help="the square grids' sides, none for the lines alone (default: "
+                        "%(default)s)")
     p.add_argument("--modes", type=positive_int, nargs="+", default=list(MODES),
                    help="the modes m kept on the square grids (default: %(default)s)")
     p.add_argument("--lines", type=positive_int, nargs="+", default=list(LINES),

@@ -57,7 +57,7 @@ import torch
 from torch import Tensor, nn
 
 from galerkin_ext._checks import check_choice, check_int
-from galerkin_ext._cli import writable_file
+from galerkin_ext._cli import positive_int, writable_file
 from galerkin_ext.layers import cinn_sizes
 from galerkin_ext.layers.fourier import ffts_only
 from galerkin_ext.losses import OperatorLoss
@@ -110,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=BATCH, help=f"batch size (default {BATCH})")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: torch.autocast(bfloat16) around the forward, CUDA only")
+    p.add_argument("--threads", type=positive_int,
+                   help="torch's CPU threads (default: torch's own choice); recorded")
     args = p.parse_args(argv)
 
     def checked(check: Callable[..., Any], *check_args: Any) -> Any:
@@ -433,6 +435,8 @@ def print_table(records: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     print(f"device: {describe_device(args.device)}; torch {torch.__version__}; "
           f"precision {args.precision}; impls {','.join(args.impls)}", flush=True)
     records: list[dict[str, Any]] = []

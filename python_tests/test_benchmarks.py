@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from galerkin_ext.data import generate_elasticity
 
@@ -39,18 +40,18 @@ def test_an_unwritable_out_is_refused_before_any_measurement(tmp_path: Path, scr
 
 def test_table1_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "table1.json"
-    # Smallest grids the spectral decoders take; one thread, so 2 CI cores are not oversubscribed.
+    # Smallest grids the spectral decoders take; one thread, so 2 CI cores are not oversubscribed
+    # (--threads, recorded)
     cmd = [sys.executable, str(BENCHMARKS / "table1.py"), "--device", "cpu", "--impls",
            "ours,ours_fft",
            "--attention", "galerkin,fourier", "--n", "32", "--darcy-fine", "24",
            "--darcy-coarse", "4", "--batch", "2", "--steps", "1", "--warmup", "1",
-           "--repeats", "1", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+           "--repeats", "1", "--threads", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
     assert not out.with_name(out.name + ".tmp").exists()
     result = json.loads(out.read_text())
-    assert {"device", "torch", "command", "records"} <= set(result)
+    assert {"device", "torch", "command", "records"} <= set(result) and result["threads"] == 1
     records = result["records"]
     rows = [("burgers", "galerkin"), ("burgers", "fourier"), ("darcy", "galerkin"),
             ("darcy", "fourier")]
@@ -119,6 +120,22 @@ def test_spectral_cpu_smoke(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(BENCHMARKS / "spectral_cpu.py"), "--sizes", "0",
                           "--out", str(out)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--sizes" in bad.stderr
+
+
+def test_spectral_cpu_times_the_line_paths_of_spectral_conv_1d(monkeypatch, gen):
+    """On the lines the FFT path timed is SpectralConv1d's own (rfft/irfft, not the 2-D one over
+    a grid of one row, twice as slow); both paths give its product."""
+    bench = _load_benchmark("spectral_cpu", monkeypatch)
+    from galerkin_ext.layers import fourier
+    x = torch.randn(2, 1, 40, 3, generator=gen, dtype=torch.float64)
+    w = torch.randn(3, 4, 1, 16, generator=gen, dtype=torch.complex128)
+    expected = fourier.spectral_product_1d(x[:, 0], w[:, :, 0], "ortho")
+    for path in bench.LINE_PATHS.values():
+        torch.testing.assert_close(path(x, w), expected)
+    calls = []
+    monkeypatch.setattr(fourier, "_spectral_product_fft", lambda *a: calls.append(a))
+    bench.LINE_PATHS["fft"](x, w)
+    assert not calls
 
 
 def test_burgers_stability_smoke(tmp_path: Path) -> None:
@@ -351,12 +368,17 @@ def test_attention_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "attention.json"
     # (blanks and repeats in the lists: an unknown op, and every row measured twice, before)
     cmd = [sys.executable, str(BENCHMARKS / "attention.py"), "--shapes", "host,host", "--reps",
-           "1", "--impls", "ours, eager,ours", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+           "1", "--impls", "ours, eager,ours", "--threads", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert {"device", "command", "rows"} <= set(result) and "attention.py" in result["command"]
+    assert result["threads"] == 1
+    # an empty list measured nothing and wrote a file of no rows, exit 0
+    for flag in ("--impls", "--ops"):
+        empty = subprocess.run([*cmd[:2], flag, " ,", "--out", str(tmp_path / "e.json")],
+                               capture_output=True, text=True, timeout=60)
+        assert empty.returncode == 2 and f"{flag}: expected a comma list" in empty.stderr
     assert sorted((r["op"], r["impl"]) for r in result["rows"]) == [
         (op, impl) for op in ("continuum_dropout", "fourier", "fourier_dropout", "galerkin",
                               "galerkin_no_norm", "normalized")
