@@ -43,6 +43,7 @@ from galerkin_ext.training import (
     experiment_parser,
     normalizer_config,
     plot_1d,
+    point_set_forward,
     predict,
     preset_unchanged,
     record_data_files,
@@ -90,16 +91,6 @@ PRESETS = {
     },
 }
 N_PLOT = 3  # test samples drawn in prediction.png
-
-
-def tno_forward(weight):
-    """forward(model, batch) of the Trainer: the TNO on the batch's times with quadrature weights
-    ``weight`` ('auto': derived from the times; None: plain softmax)."""
-
-    def forward(model, batch):
-        return model(batch["x"], batch["grid"][0], weight=weight)
-
-    return forward
 
 
 def main(argv=None):
@@ -177,14 +168,14 @@ def main(argv=None):
     # relative L2 with the training times' trapezoid weights (SPEC-continuum §4)
     loss = RelativeLoss("l2", weight=auto_quadrature_weights(train_set.grid))
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), args.out,
-                      ctx=ctx, forward=tno_forward(weight), metric=relative_l2_metric(),
+                      ctx=ctx, forward=point_set_forward(weight), metric=relative_l2_metric(),
                       run_config=cfg)
     result = trainer.fit(resume=args.resume)  # ends with the best epoch's weights loaded
 
     # -- evaluation: test set, then zero-shot at every other grid with weights re-derived -----
     def summary(dataset):
         return error_summary(model, dataset, normalizer=norms["target_normalizer"],
-                             forward=tno_forward(weight), device=ctx.device, ctx=ctx)
+                             forward=point_set_forward(weight), device=ctx.device, ctx=ctx)
 
     test = summary(test_set)
     zero_shot = {name: {**describe_grid(ds.grid, weight), **summary(ds)}
@@ -199,7 +190,7 @@ def main(argv=None):
         report = threshold_report(values, {k: v for k, v in thresholds.items() if k in values},
                                   enforced=enforced)
         pred, batch = predict(model, test_set, list(range(min(N_PLOT, len(test_set)))),
-                              device=ctx.device, forward=tno_forward(weight))
+                              device=ctx.device, forward=point_set_forward(weight))
         decode = norms["target_normalizer"].decode
         plot_1d(f"{args.out}/prediction.png", test_set.grid, decode(pred),
                 decode(batch["target"]), xlabel="t",

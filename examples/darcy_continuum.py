@@ -35,6 +35,7 @@ import torch
 from galerkin_ext._cli import grid_nodes, positive_int
 from galerkin_ext.data import ContinuumDarcyDataset, inspect_h5
 from galerkin_ext.data.darcy import SPEC_COEF
+from galerkin_ext.layers import auto_quadrature_weights
 from galerkin_ext.losses import RelativeLoss
 from galerkin_ext.training import (
     VALIDATION_NORMALISED,
@@ -191,21 +192,24 @@ def presets_for(model):
     return out
 
 
-def make_forward(layout):
-    """forward(model, batch) of the Trainer.  'points': the (s, s) nodes flattened to N = s^2
-    points with coordinates (N, 2) (the TNO derives its quadrature weights from them: uniform
-    on this equispaced grid); 'grid': the image as it is."""
+def make_forward(spec):
+    """forward(model, batch) of the Trainer.  Layout 'points': the (s, s) nodes flattened to
+    N = s^2 points with coordinates (N, 2), and the TNO's quadrature weights derived from them
+    (uniform on this equispaced grid) here, outside the model: compiled (--compile), the rule
+    inside it broke the graph; 'grid': the image as it is."""
 
     def points(model, batch):
         x = batch["x"]
         b, s1, s2, c = x.shape
-        out = model(x.reshape(b, s1 * s2, c), batch["grid"][0].reshape(s1 * s2, 2))
+        coords = batch["grid"][0].reshape(s1 * s2, 2)
+        kwargs = {"weight": auto_quadrature_weights(coords)} if spec["weights"] == "auto" else {}
+        out = model(x.reshape(b, s1 * s2, c), coords, **kwargs)
         return out.reshape(b, s1, s2, -1)
 
     def grid(model, batch):
         return model(batch["x"], batch["grid"][0])
 
-    return points if layout == "points" else grid
+    return points if spec["layout"] == "points" else grid
 
 
 def main(argv=None):
@@ -341,7 +345,7 @@ def main(argv=None):
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
     model = build_run_model(cfg, spec["name"])
     loss = RelativeLoss(cfg["loss"], h=1.0 / (s - 1))  # nodes i / (s - 1): physical spacing
-    forward = make_forward(spec["layout"])
+    forward = make_forward(spec)
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), args.out,
                       ctx=ctx, forward=forward, metric=relative_l2_metric(), run_config=cfg)
     result = trainer.fit(resume=args.resume)  # ends with the best epoch's weights loaded

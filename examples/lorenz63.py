@@ -45,6 +45,7 @@ from galerkin_ext.training import (
     experiment_parser,
     normalizer_config,
     plot_1d,
+    point_set_forward,
     predict,
     preset_unchanged,
     record_data_files,
@@ -102,17 +103,6 @@ COMPONENTS = {"a": ["y", "z"], "b": ["y"]}
 N_PLOT = 3  # test samples drawn in prediction.png
 
 
-def tno_forward(weight):
-    """forward(model, batch) of the Trainer: the TNO on the batch's times with quadrature weights
-    ``weight`` ('auto': derived from the times; None: plain softmax) and, for task (a), the
-    initial-condition token."""
-
-    def forward(model, batch):
-        return model(batch["x"], batch["grid"][0], weight=weight, token0=batch.get("token0"))
-
-    return forward
-
-
 def train_one(cfg, args, ctx, out, train_set, valid_set, weight):
     """Build and train one TNO into ``out``; returns (model, Trainer.fit's result)."""
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
@@ -121,7 +111,7 @@ def train_one(cfg, args, ctx, out, train_set, valid_set, weight):
     # relative L2 with the training times' trapezoid weights (SPEC-continuum §4)
     loss = RelativeLoss("l2", weight=auto_quadrature_weights(train_set.grid))
     trainer = Trainer(model, loss, train_set, valid_set, TrainConfig(**cfg["train"]), out,
-                      ctx=ctx, forward=tno_forward(weight), metric=relative_l2_metric(),
+                      ctx=ctx, forward=point_set_forward(weight), metric=relative_l2_metric(),
                       run_config={**cfg, "weight": weight})
     return model, trainer.fit(resume=args.resume)
 
@@ -216,7 +206,7 @@ def main(argv=None):
     # -- evaluation: test set, then zero-shot at every other grid with weights re-derived -----
     def summary(net, dataset, w):
         return error_summary(net, dataset, normalizer=norms["target_normalizer"],
-                             forward=tno_forward(w), device=ctx.device, ctx=ctx)
+                             forward=point_set_forward(w), device=ctx.device, ctx=ctx)
 
     test = summary(model, test_set, weight)
     zero_shot = {name: {**describe_grid(ds.grid, weight), **summary(model, ds, weight)}
@@ -241,7 +231,7 @@ def main(argv=None):
         report = threshold_report(values, {k: v for k, v in thresholds.items() if k in values},
                                   enforced=enforced)
         pred, batch = predict(model, test_set, list(range(min(N_PLOT, len(test_set)))),
-                              device=ctx.device, forward=tno_forward(weight))
+                              device=ctx.device, forward=point_set_forward(weight))
         decode = norms["target_normalizer"].decode
         plot_1d(f"{args.out}/prediction.png", test_set.grid, decode(pred),
                 decode(batch["target"]), components=COMPONENTS[args.task], xlabel="t",

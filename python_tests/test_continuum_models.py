@@ -28,6 +28,7 @@ from galerkin_ext.layers import (
 from galerkin_ext.losses import relative_l2
 from galerkin_ext.models import AFNO, TNO, FNOChannelMLP, GTEncoder, available_models, build_model
 from galerkin_ext.quadrature import mesh_weights, trapezoid_weights
+from galerkin_ext.training import point_set_forward
 
 F64 = torch.float64
 
@@ -330,6 +331,26 @@ def test_averaging_reduction():
     mean = (w[:, None] * ctx).sum(1) / w.sum()
     torch.testing.assert_close(attn(ctx, weight="auto", coords=coords),
                                mean[:, None].expand(2, 9, 6), rtol=0, atol=1e-13)
+
+
+def test_point_set_forward_gives_the_auto_weights_and_one_compiled_graph(gen):
+    """The TNO scripts' forward derives the weights outside the model: the same output as the
+    model's weight='auto', bit for bit, and a compiled TNO is one graph (fullgraph=True failed
+    on the rule's data-dependent branches, a plain compile broke the graph at them)."""
+    tno = TNO(1, 1, 1, d_model=8, n_head=2, num_layers=1, token0_dim=2).eval()
+    times = torch.sort(torch.rand(9, generator=gen)).values[:, None]
+    batch = {"x": torch.randn(2, 9, 1, generator=gen), "grid": times.expand(2, 9, 1),
+             "token0": torch.randn(2, 2, generator=gen)}
+    with torch.no_grad():
+        expected = tno(batch["x"], times, token0=batch["token0"])
+        assert torch.equal(point_set_forward("auto")(tno, batch), expected)
+        assert torch.equal(point_set_forward(None)(tno, batch),
+                           tno(batch["x"], times, weight=None, token0=batch["token0"]))
+        compiled = torch.compile(tno, fullgraph=True, backend="eager")
+        torch.testing.assert_close(point_set_forward("auto")(compiled, batch), expected)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="weight: expected one of"):
+        point_set_forward("trapezoid")
 
 
 def test_auto_weights(gen):

@@ -61,6 +61,18 @@ def test_a_global_batch_not_divisible_by_the_processes_is_refused(tmp_path):
                 tmp_path / "o", ctx=ctx)
 
 
+def test_a_context_of_several_processes_without_a_process_group_is_refused(tmp_path):
+    """world_size 2 but no process group: refused when fit starts, naming ctx, not torch's
+    'Default process group has not been initialized' at the first step."""
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                      _config(batch_size=2), tmp_path / "o",
+                      ctx=DistributedContext(rank=0, world_size=2))
+    with pytest.raises(ConfigError, match="ctx: rank 0 of world_size = 2, but this process has "
+                                          "joined no process group"):
+        trainer.fit()
+    assert not (tmp_path / "o" / "last.pt").exists()
+
+
 def test_the_weighted_metric_names_a_missing_grid_key():
     metric = relative_l2_metric(grid_key="coords")
     with pytest.raises(KeyError, match=r"grid_key: the batch has no 'coords' \(keys \['grid', "

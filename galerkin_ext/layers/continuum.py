@@ -63,6 +63,10 @@ def auto_quadrature_weights(coords: Tensor, name: str = "coords") -> Tensor:
     ones; Galerkin and Fourier attention are linear in the weights (divide by their sum to keep
     their default ``1/N`` scale).
 
+    The rule branches on the coordinates' values: ``torch.export`` and ``jit.trace`` are
+    refused, and ``torch.compile`` breaks the graph at it (``fullgraph=True`` fails). Call it
+    outside a compiled model and pass the weights in.
+
     Args:
         coords: ``(N, d)`` or ``(B, N, d)`` finite floating-point coordinates.
         name: the argument's name in error messages (e.g. a model's ``x``).

@@ -43,7 +43,7 @@ from .._locks import file_lock
 from ..complexity import parameter_count
 from ..data.datasets import UNIT_GAUSSIAN_EPS, UnitGaussianNormalizer
 from ..data.storage import DataFileError, DataMismatchError, data_identity, same_draws
-from ..layers import ATTENTION_TYPES
+from ..layers import ATTENTION_TYPES, auto_quadrature_weights
 from ..models import build_model
 from .checkpoint import (
     CheckpointError,
@@ -95,6 +95,7 @@ __all__ = [
     "plot_2d",
     "plot_mesh",
     "plot_ragged_predictions",
+    "point_set_forward",
     "ragged_channel_errors",
     "ragged_forward",
     "ragged_metric",
@@ -1145,6 +1146,28 @@ def plot_mesh(
     fig.suptitle(title)
     fig.tight_layout()
     return _save_figure(fig, path)
+
+
+def point_set_forward(weight: str | None,
+                      ) -> Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor]:
+    """``forward(model, batch)`` of the :class:`~galerkin_ext.training.Trainer` for a
+    :class:`~galerkin_ext.models.TNO` on ``batch['x'] (B, N, c)`` at the batch's shared points
+    ``batch['grid'][0] (N, d)``, with ``batch['token0']`` where the batch has one.
+
+    ``weight='auto'``: the quadrature weights are derived here
+    (:func:`~galerkin_ext.layers.auto_quadrature_weights`), outside the model, so that a
+    compiled model is one graph (inside it the rule, which branches on the points' values,
+    broke a compiled TNO's graph five times, and ``fullgraph=True`` refused it); ``None``:
+    plain softmax attention.
+    """
+    check_choice(weight, "weight", ("auto", None))
+
+    def forward(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+        points = batch["grid"][0]
+        w = None if weight is None else auto_quadrature_weights(points)
+        return model(batch["x"], points, weight=w, token0=batch.get("token0"))
+
+    return forward
 
 
 def ragged_forward(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:

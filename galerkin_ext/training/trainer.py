@@ -981,6 +981,11 @@ class Trainer:
             raise RuntimeError("fit: this Trainer has run fit() already, and its model, "
                                "optimiser and schedule hold that run's state; build a new "
                                "Trainer (with resume=True to continue from last.pt)")
+        if self.ctx.enabled and not dist.is_initialized():  # (else torch's error at a step)
+            raise ConfigError(f"ctx: rank {self.ctx.rank} of world_size = {self.ctx.world_size}, "
+                              "but this process has joined no process group; build the context "
+                              "with setup_distributed() (or torch.distributed."
+                              "init_process_group first)")
         if not self.ctx.is_main:
             return self._fit(resume)
         # Two runs writing one folder at once mixed their checkpoints and metrics, and a
