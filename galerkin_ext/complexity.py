@@ -91,9 +91,10 @@ def _fft_length_flops(count: int, length: int) -> float:
 
 
 def _fft_r2c_flops(x, dim, normalization, onesided, *args, out_shape, **kwargs) -> int:
-    """Real-to-complex over ``dim``: the last axis as complex transforms of its full length,
-    then the other axes over the output's (half) spectrum."""
-    dims = sorted(d % len(x) for d in dim)
+    """Real-to-complex over ``dim``: the last axis of ``dim`` as given (the one torch halves,
+    whatever its place in the tensor) as complex transforms of its full length, then the other
+    axes over the output's (half) spectrum."""
+    dims = [d % len(x) for d in dim]
     last = dims[-1]
     total = _fft_length_flops(math.prod(x) // x[last], x[last])
     for d in dims[:-1]:
@@ -103,7 +104,7 @@ def _fft_r2c_flops(x, dim, normalization, onesided, *args, out_shape, **kwargs) 
 
 def _fft_c2r_flops(y, dim, normalization, last_dim_size, *args, out_shape, **kwargs) -> int:
     """Complex-to-real over ``dim``: the forward transform's count in reverse order."""
-    dims = sorted(d % len(y) for d in dim)
+    dims = [d % len(y) for d in dim]
     last = dims[-1]
     total = sum(_fft_length_flops(math.prod(y) // y[d], y[d]) for d in dims[:-1])
     total += _fft_length_flops(math.prod(out_shape) // out_shape[last], out_shape[last])

@@ -44,6 +44,12 @@ def test_fft_formulas(shape):
     z = torch.randn(b, c, s1, s2, dtype=torch.complex64)
     assert counted(lambda: torch.fft.fft2(z)) == round(fft_flops(b * c * s1, s2)
                                                        + fft_flops(b * c * s2, s1))
+    # axes in any order: torch halves the last axis of dim as given (here axis 2, of s1
+    # points); sorted, the count had taken axis 3 for it
+    want = round(fft_flops(b * c * s2, s1) + fft_flops(b * c * (s1 // 2 + 1), s2))
+    assert counted(lambda: torch.fft.rfftn(x, dim=(3, 2))) == want
+    y = torch.fft.rfftn(x, dim=(3, 2))
+    assert counted(lambda: torch.fft.irfftn(y, s=(s2, s1), dim=(3, 2))) == want
     # the paper's (15/2) N log2 sqrt(N) for an s x s grid, up to its s/2 for the s/2 + 1 columns
     s = 16
     square = counted(lambda: torch.fft.rfft2(torch.randn(s, s)))
