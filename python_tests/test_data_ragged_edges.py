@@ -155,9 +155,46 @@ def test_a_failure_while_creating_leaves_no_partial_file(tmp_path, monkeypatch):
 
     out = tmp_path / "dup.h5"
     monkeypatch.setattr(ragged, "_create", broken)  # after the partial file was created
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(DataFileError, match=r"dup\.h5\.partial'?: creating it failed \(a full "
+                                            r"disk, a file-size limit or no permission\?\): "
+                                            r"disk full"):
         _open(out)
     assert not partial_path(out).exists() and not out.exists()
+
+
+def test_a_file_size_limit_stops_a_ragged_set_before_the_chunk_that_does_not_fit(
+        tmp_path, monkeypatch):
+    """A ragged set's size is not known beforehand: each store is checked against the limit
+    (ulimit -f), with room for the HDF5 chunk it may begin in every growing data set; the set
+    resumes once the limit is raised. Under a limit too low to create the file, none is left."""
+    import resource
+
+    reference = write(tmp_path / "reference.h5", n=40, chunk=4)
+    real = resource.getrlimit
+    limit = 1 << 10
+
+    def limited(which):
+        return (limit, resource.RLIM_INFINITY) if which == resource.RLIMIT_FSIZE else real(which)
+
+    monkeypatch.setattr(resource, "getrlimit", limited)
+    out = tmp_path / "x.h5"
+    with pytest.raises(DataFileError, match=r"x\.h5\.partial'?: creating it needs about 0\.25 "
+                                            r"MiB with a margin for HDF5's records, and the "
+                                            r"file-size limit \(ulimit -f\) of 0\.000977 MiB"):
+        write(out, n=40, chunk=4)
+    assert not partial_path(out).exists()
+    limit = int(1.2 * 2**20)  # the first chunk and its HDF5 chunks, not a second
+    with pytest.raises(DataFileError, match=r"x\.h5\.partial'?: storing samples 4 to 7 needs "
+                                            r"about .* MiB with a margin for HDF5's records, and "
+                                            r"the file-size limit \(ulimit -f\) of 1\.2 MiB "
+                                            r"leaves .* MiB; the samples stored so far are kept: "
+                                            r"raise it, then resume=True"):
+        write(out, n=40, chunk=4)
+    monkeypatch.undo()
+    assert write(out, n=40, chunk=4, resume=True) == out
+    got, want = _datasets(out), _datasets(reference)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 @pytest.mark.parametrize("fields, error, match", [

@@ -226,8 +226,10 @@ def test_no_indices_read_no_samples(tmp_path):
 def test_a_set_larger_than_the_disk_is_refused_up_front(tmp_path):
     """It ended in a MemoryError traceback and left a partial file that blocked the next run."""
     out = tmp_path / "huge.h5"
-    with pytest.raises(ValueError, match=r"n_samples: 100000000000 samples take .* GiB, more "
-                                         r"than the .* GiB free"):
+    with pytest.raises(DataFileError, match=r"huge\.h5\.partial'?: storing its 100000000000 "
+                                            r"samples needs about .* MiB with a margin for "
+                                            r"HDF5's records, and .* has .* MiB free; make "
+                                            r"room, or ask for fewer"):
         gen.generate_lorenz63(out, 10**11, chunk_size=1, progress=False)
     assert not out.exists() and not partial_path(out).exists()
 
@@ -483,15 +485,16 @@ def test_a_disk_filling_up_mid_run_stops_before_hdf5_fails(tmp_path, monkeypatch
     calls = []
 
     def filling(path):  # room for the whole set at the start, none from the third chunk on
-        calls.append(path)
+        calls.append(path)  # (1: the whole set; 2: creating the partial file; 3-: the chunks)
         total, used, free = usage(path)
-        return namedtuple("usage", "total used free")(total, used, free if len(calls) < 4
+        return namedtuple("usage", "total used free")(total, used, free if len(calls) < 5
                                                       else 1000)
 
     monkeypatch.setattr(shutil, "disk_usage", filling)
     out = tmp_path / "b.h5"
     with pytest.raises(DataFileError, match=r"b\.h5\.partial'?: storing samples 8 to 9 needs "
-                                            r"about 1\.\d+ MiB, and .* has 0\.000954 MiB free; "
+                                            r"about 0\.2\d+ MiB with a margin for HDF5's "
+                                            r"records, and .* has 0\.000954 MiB free; "
                                             r"the samples stored so far are kept: make room, "
                                             r"then resume=True \(--resume\)"):
         burgers(out)
@@ -502,31 +505,94 @@ def test_a_disk_filling_up_mid_run_stops_before_hdf5_fails(tmp_path, monkeypatch
         np.testing.assert_array_equal(read_h5(out)[key], read_h5(reference)[key])
 
 
-def test_a_file_size_limit_stops_the_generation_cleanly(tmp_path):
+def test_a_set_beyond_the_file_size_limit_is_refused_up_front(tmp_path):
     """``ulimit -f``: one line naming the limit, exit status 1 (it was a crash, exit 139, with
-    pages of tracebacks from HDF5), and the partial file resumes."""
+    pages of tracebacks from HDF5), before any work; a ragged set, whose size is not known
+    beforehand, stops before the chunk that does not fit (test_data_ragged_edges.py)."""
     import resource
-    import subprocess
-    import sys
 
     out = tmp_path / "b.h5"
     command = [sys.executable, "-m", "galerkin_ext.data", "generate", "burgers", "--out",
-               str(out), "--n-samples", "40", "--chunk-size", "4", "--resolution", "2048",
+               str(out), "--n-samples", "80", "--chunk-size", "4", "--resolution", "2048",
                "--solve-resolution", "64", "--n-steps", "50", "--no-progress"]
 
-    def limit():  # 2 MiB: the file-size check's margin and a few chunks (64 KiB each)
+    def limit():  # 2 MiB, for 2.5 MiB of samples
         resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, resource.RLIM_INFINITY))
 
     run = subprocess.run(command, preexec_fn=limit, capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 1, run.stderr
     assert run.stderr.startswith("error: ") and run.stderr.count("\n") == 1, run.stderr
-    assert "would take the file past the file-size limit of 2 MiB (ulimit -f); the samples " \
-           "stored so far are kept: raise it, then resume=True (--resume)" in run.stderr
-    assert 0 < inspect_h5(partial_path(out))["n_done"] < 40
-    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr
-    assert inspect_h5(out)["n_done"] == 40
+    assert "b.h5.partial': storing its 80 samples needs about 2.75 MiB with a margin for HDF5's " \
+           "records, and the file-size limit (ulimit -f) of 2 MiB leaves 2 MiB; raise it, or " \
+           "ask for fewer" in run.stderr
+    assert not partial_path(out).exists()
+
+
+def test_a_file_size_limit_takes_the_samples_and_a_margin_not_twice_them(tmp_path):
+    """The room checks asked for twice each chunk's bytes and 1 MiB: a 1 MiB set was refused
+    under a 2 MiB limit, and could not be finished there. Now a set finishes under a limit of
+    its size and a quarter MiB (and a little), and one that cannot start under a tiny limit
+    leaves no partial file (it had left an unreadable one, which blocked the next run)."""
+    import resource
+
+    command = [sys.executable, "-m", "galerkin_ext.data", "generate", "burgers",
+               "--n-samples", "16", "--chunk-size", "4", "--resolution", "4096",
+               "--solve-resolution", "64", "--n-steps", "50", "--no-progress", "--out"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    free = subprocess.run([*command, str(tmp_path / "free.h5")], capture_output=True,
+                          text=True, env=env)
+    assert free.returncode == 0, free.stderr
+    size = (tmp_path / "free.h5").stat().st_size  # 1 MiB of samples
+    for limit, out in ((size + (3 << 20) // 8, "a.h5"), (1 << 10, "b.h5")):
+        def limited(limit=limit):
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+        run = subprocess.run([*command, str(tmp_path / out)], preexec_fn=limited,
+                             capture_output=True, text=True, env=env)
+        if limit > size:
+            assert run.returncode == 0, run.stderr
+            assert inspect_h5(tmp_path / out)["n_done"] == 16
+        else:
+            assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+            assert "b.h5.partial': storing its 16 samples needs about" in run.stderr
+            assert not partial_path(tmp_path / out).exists()
+
+
+def test_a_partial_file_that_cannot_be_created_is_not_left(tmp_path, monkeypatch):
+    """What the room checks cannot see (a quota, permissions): h5py's error while creating the
+    partial file left it behind, unreadable, so that every later run was refused."""
+    from galerkin_ext.data import storage
+
+    def failing(f, *args):
+        raise OSError("Unable to synchronously create dataset (file write failed)")
+
+    monkeypatch.setattr(storage, "_create_chunked",
+                        lambda path, *args: storage._new_partial_file(path, {}, 1, 1, failing))
+    out = tmp_path / "b.h5"
+    with pytest.raises(DataFileError, match=r"b\.h5\.partial'?: creating it failed \(a full "
+                                            r"disk, a file-size limit or no permission\?\): "
+                                            r"Unable to synchronously create"):
+        burgers(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".b.h5.writer.lock"]
+    monkeypatch.undo()
+    assert burgers(out) == out
+
+
+def test_running_out_of_memory_names_the_samples_and_the_chunk_size(tmp_path, monkeypatch):
+    """torch's allocator failing inside a solver was a raw traceback from deep inside it."""
+    from galerkin_ext.data import generate
+
+    def exhausted(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 33562624 bytes.")
+
+    monkeypatch.setattr(generate, "solve_burgers", exhausted)
+    with pytest.raises(DataFileError, match=r"b\.h5\.partial'?: computing samples 0 to 3 ran "
+                                            r"out of memory \(RuntimeError: .*can't allocate "
+                                            r"memory.*\); the samples stored so far are kept: "
+                                            r".* with a smaller chunk_size \(--chunk-size\)"):
+        burgers(tmp_path / "b.h5")
 
 
 def test_an_hdf5_write_error_names_the_file_and_what_to_do(tmp_path, monkeypatch):
@@ -545,6 +611,22 @@ def test_an_hdf5_write_error_names_the_file_and_what_to_do(tmp_path, monkeypatch
         burgers(out)
     monkeypatch.undo()
     assert burgers(out, resume=True) == out  # closed, and its lock released
+
+
+def test_a_folder_made_read_only_during_a_generation_is_not_called_full(tmp_path, monkeypatch):
+    """Publishing into a folder made read-only meanwhile was put down to a full disk."""
+    import errno
+
+    from galerkin_ext.data import storage
+
+    def refused(file, path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(storage, "publish", refused)
+    with pytest.raises(DataFileError, match=r"storing the last chunks failed \(no permission to "
+                                            r"write there\?\): .*Permission denied.*; once it is "
+                                            r"writable, resume=True"):
+        burgers(tmp_path / "b.h5")
 
 
 def test_a_refusal_to_publish_reaches_the_user_as_it_is(tmp_path, monkeypatch):

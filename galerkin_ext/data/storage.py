@@ -34,6 +34,7 @@ files as :class:`DataFileError`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import numbers
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SCHEMA",
     "DataFileError",
+    "DamagedPartialFileError",
     "InterruptedWhenFinished",
     "PartialFileWriter",
     "ChunkedWriter",
@@ -88,6 +90,11 @@ _RESUME = "resume=True (--resume)"
 
 class DataFileError(RuntimeError):
     """A data file is missing, unreadable, incomplete or not of the expected kind."""
+
+
+class DamagedPartialFileError(DataFileError):
+    """The partial file of an interrupted generation cannot be opened to resume it: only
+    starting again (``overwrite``) makes the data."""
 
 
 class SolverError(RuntimeError):
@@ -134,16 +141,17 @@ def _locked(err: OSError) -> bool:
     return "unable to lock file, errno = 11" in str(err)
 
 
-def _open(path: Path, mode: str, advice: str = "") -> h5py.File:
-    """``h5py.File(path, mode)``, its errors as :class:`DataFileError`; ``advice`` ends the
-    message about an unreadable file."""
+def _open(path: Path, mode: str, advice: str = "",
+          unreadable: type[DataFileError] = DataFileError) -> h5py.File:
+    """``h5py.File(path, mode)``, its errors as :class:`DataFileError` (an unreadable file's
+    as ``unreadable``); ``advice`` ends the message about an unreadable file."""
     try:
         return h5py.File(path, mode)
     except OSError as err:
         if _locked(err):
             raise DataFileError(f"{str(path)!r} is in use by another process (it holds the "
                                 "file's lock): wait for it to end") from err
-        raise DataFileError(
+        raise unreadable(
             f"{str(path)!r} is not a readable HDF5 file (corrupt or truncated?): {err}{advice}"
         ) from err
 
@@ -151,7 +159,7 @@ def _open(path: Path, mode: str, advice: str = "") -> h5py.File:
 def _open_to_resume(part: Path, mode: str = "r+") -> h5py.File:
     """The partial file ``part`` of an interrupted generation, opened for writing (``mode``
     ``"r"``: to copy from it)."""
-    return _open(part, mode, f"; {_OVERWRITE} starts again")
+    return _open(part, mode, f"; {_OVERWRITE} starts again", DamagedPartialFileError)
 
 
 def _room_to_copy(part: Path) -> bool:
@@ -404,7 +412,8 @@ def run_chunks(
             dynamic_ncols=True,
         ) as bar:
             for chunk, start, stop in writer.pending_chunks():
-                data = compute(start, stop)
+                with _memory_named(writer, start, stop):
+                    data = compute(start, stop)
                 extra = () if statistics is None else (statistics(data),)
                 _check_room(writer, data, f"samples {start} to {stop - 1}")
                 with _storing(writer, f"samples {start} to {stop - 1}"):
@@ -435,26 +444,58 @@ def _nbytes(data: object) -> int:
     return int(np.asarray(data).nbytes) if data is not None else 0
 
 
+# What HDF5's own records may add to a store (chunk indexes, attributes, the superblock; the
+# first store of a Burgers set took 7 KiB beyond its samples).
+_HDF5_MARGIN = 1 << 18
+
+
 def _check_room(writer: PartialFileWriter, data: object, what: str) -> None:
     """Refuse to store ``data`` where the disk or the file-size limit (``ulimit -f``) leaves no
-    room for it, with a margin for HDF5's own records. A write that fails inside HDF5 leaves
-    the partial file unreadable, and HDF5 2.0 then crashes the process when it closes."""
+    room for it, with a margin for HDF5's records and the chunks a store may begin
+    (``writer.slack_bytes``). A write that fails inside HDF5 leaves the partial file
+    unreadable, and HDF5 2.0 then crashes the process when it closes."""
     part = partial_path(writer.path)
-    needed = 2 * _nbytes(data) + (1 << 20)
+    _check_space(part, _nbytes(data) + writer.slack_bytes + _HDF5_MARGIN, f"storing {what}",
+                 f"the samples stored so far are kept: make room, then {_RESUME}")
+
+
+def _check_space(part: Path, needed: int, what: str, then: str) -> None:
+    """``DataFileError`` unless the folder of ``part`` has ``needed`` bytes free and the
+    file-size limit (``ulimit -f``) lets ``part`` grow by as much; ``then`` ends the message."""
     free = shutil.disk_usage(part.parent).free
     if needed > free:
-        raise DataFileError(f"{str(part)!r}: storing {what} needs about {needed / 2**20:.3g} "
-                            f"MiB, and {str(part.parent)!r} has {free / 2**20:.3g} MiB free; "
-                            f"the samples stored so far are kept: make room, then {_RESUME}")
+        raise DataFileError(f"{str(part)!r}: {what} needs about {needed / 2**20:.3g} MiB with "
+                            f"a margin for HDF5's records, and {str(part.parent)!r} has "
+                            f"{free / 2**20:.3g} MiB free; {then}")
     try:
         import resource
     except ImportError:  # (Windows)
         return
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if limit != resource.RLIM_INFINITY and part.stat().st_size + needed > limit:
-        raise DataFileError(f"{str(part)!r}: storing {what} would take the file past the "
-                            f"file-size limit of {limit / 2**20:.3g} MiB (ulimit -f); the "
-                            f"samples stored so far are kept: raise it, then {_RESUME}")
+    size = part.stat().st_size if part.exists() else 0
+    if limit != resource.RLIM_INFINITY and size + needed > limit:
+        raise DataFileError(f"{str(part)!r}: {what} needs about {needed / 2**20:.3g} MiB with "
+                            f"a margin for HDF5's records, and the file-size limit (ulimit -f) "
+                            f"of {limit / 2**20:.3g} MiB leaves {(limit - size) / 2**20:.3g} "
+                            f"MiB; {then.replace('make room', 'raise it')}")
+
+
+@contextlib.contextmanager
+def _memory_named(writer: PartialFileWriter, start: int, stop: int) -> Iterator[None]:
+    """Running out of memory while computing samples ``start`` to ``stop - 1`` (a
+    ``MemoryError``, or torch's allocator's ``RuntimeError``) as a :class:`DataFileError` that
+    says what bounds the memory: the chunk size, which a resumption keeps."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and "can't allocate memory" not in str(err):
+            raise
+        raise DataFileError(
+            f"{str(partial_path(writer.path))!r}: computing samples {start} to {stop - 1} ran "
+            f"out of memory ({type(err).__name__}: {str(err)[:200]}); the samples stored so far "
+            f"are kept: with more memory free, {_RESUME} continues it, or {_OVERWRITE} starts "
+            f"again with a smaller chunk_size (--chunk-size), the samples computed at "
+            "once") from err
 
 
 @contextlib.contextmanager
@@ -468,10 +509,14 @@ def _storing(writer: PartialFileWriter, what: str) -> Iterator[None]:
         raise
     except (OSError, RuntimeError) as err:
         part = partial_path(writer.path)
+        if getattr(err, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+            cause, cure = "no permission to write there?", "once it is writable"
+        else:
+            cause, cure = "a full disk or a file-size limit?", "once there is room"
         raise DataFileError(
-            f"{str(part)!r}: storing {what} failed (a full disk or a file-size limit?): {err}. "
-            f"The partial file is kept; once there is room, {_RESUME} continues it, or "
-            f"{_OVERWRITE} starts again if it is refused") from err
+            f"{str(part)!r}: storing {what} failed ({cause}): {err}. The partial file is "
+            f"kept; {cure}, {_RESUME} continues it, or {_OVERWRITE} starts again if it is "
+            "refused") from err
 
 
 @contextlib.contextmanager
@@ -578,8 +623,10 @@ def _new_partial_file(path: Path, attrs: dict[str, Any], chunk_size: int, n_samp
     """A new, empty partial file at ``path``, open for writing: the generation's ``attrs``,
     its ``chunk_size``, the ``completed`` record, and what ``create(file)`` adds (the data sets
     of a writer's layout). Nothing is left at ``path`` if creating it fails."""
-    f = h5py.File(path, "w")
+    _check_space(path, _HDF5_MARGIN, "creating it", "make room, then run it again")
+    f = None
     try:
+        f = h5py.File(path, "w")
         for key, value in attrs.items():
             f.attrs[key] = value
         f.attrs["chunk_size"] = chunk_size
@@ -588,9 +635,14 @@ def _new_partial_file(path: Path, attrs: dict[str, Any], chunk_size: int, n_samp
         f.create_dataset("completed", shape=(-(-n_samples // chunk_size),), dtype="u1",
                          fillvalue=0, fletcher32=True)
         f.flush()
-    except BaseException:  # nothing is in it yet: a file left would block the next run
-        f.close()
+    except BaseException as err:  # nothing is in it yet: a file left would block the next run
+        if f is not None:
+            with contextlib.suppress(Exception):  # (what HDF5 could not write fails again)
+                f.close()
         path.unlink(missing_ok=True)
+        if isinstance(err, OSError | RuntimeError):
+            raise DataFileError(f"{str(path)!r}: creating it failed (a full disk, a file-size "
+                                f"limit or no permission?): {err}") from err
         raise
     return f
 
@@ -626,6 +678,10 @@ class PartialFileWriter:
     """What both writers share (:class:`ChunkedWriter`, :class:`~.ragged.RaggedWriter`):
     ``FILE.partial`` open for writing, its record of completed chunks, and the writer's lock
     (:func:`prepare_output`), held until :meth:`finish`, :meth:`close` or :meth:`discard`."""
+
+    #: What storing a chunk may take beyond its samples' bytes and HDF5's records (none: each
+    #: sample is one HDF5 chunk of its own).
+    slack_bytes = 0
 
     def __init__(self, path: Path, file: h5py.File, chunk_size: int, n_samples: int,
                  lock: contextlib.ExitStack) -> None:
@@ -746,11 +802,8 @@ class ChunkedWriter(PartialFileWriter):
             # after its partial file exists
             needed = n_samples * sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
                                      for spec in arrays.values())
-            free = shutil.disk_usage(part.parent).free
-            if needed > free:
-                raise ValueError(f"n_samples: {n_samples} samples take "
-                                 f"{needed / 2**30:.3g} GiB, more than the "
-                                 f"{free / 2**30:.3g} GiB free in {str(part.parent)!r}")
+            _check_space(part, needed + _nbytes(static) + _HDF5_MARGIN,
+                         f"storing its {n_samples} samples", "make room, or ask for fewer")
             f = _create_chunked(part, attrs, chunk_size, n_samples, arrays, static, statistics)
             return cls(final, f, chunk_size, n_samples, lock.pop_all())
 

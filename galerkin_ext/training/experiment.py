@@ -42,7 +42,13 @@ from .._cli import nonnegative_float, nonnegative_int, positive_float, positive_
 from .._locks import file_lock
 from ..complexity import parameter_count
 from ..data.datasets import UNIT_GAUSSIAN_EPS, UnitGaussianNormalizer
-from ..data.storage import DataFileError, DataMismatchError, data_identity, same_draws
+from ..data.storage import (
+    DamagedPartialFileError,
+    DataFileError,
+    DataMismatchError,
+    data_identity,
+    same_draws,
+)
 from ..layers import ATTENTION_TYPES, auto_quadrature_weights
 from ..models import build_model
 from .checkpoint import (
@@ -991,7 +997,12 @@ def cached_data(
                 print(f"generating {problem} data into {path} (once; later runs reuse it)",
                       flush=True)
                 partial = path.with_name(path.name + ".partial")
-                fn(path, resume=partial.is_file(), progress=progress, **params)
+                try:
+                    fn(path, resume=partial.is_file(), progress=progress, **params)
+                except DamagedPartialFileError as err:  # (the cache's own: made again)
+                    print(f"cannot resume the interrupted generation ({err}); starting it "
+                          "again", flush=True)
+                    fn(path, overwrite=True, progress=progress, **params)
     ctx.barrier()
     return path
 
