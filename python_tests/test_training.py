@@ -437,6 +437,28 @@ save(100_000)
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left
 
 
+@pytest.mark.parametrize("failing", ["mkstemp", "replace"])
+def test_a_folder_not_writable_names_the_file_not_the_temporary_one(tmp_path, monkeypatch,
+                                                                    failing):
+    """Permission errors named atomic_write's temporary file ('.best.next.pt.52n0p9c4.tmp')."""
+    import os
+    import tempfile
+
+    from galerkin_ext.training.checkpoint import atomic_write
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / ".a.x.tmp"))
+
+    monkeypatch.setattr(tempfile if failing == "mkstemp" else os, failing, refused)
+    path = tmp_path / "a.json"
+    with pytest.raises(PermissionError, match=rf"^\[Errno {errno.EACCES}\] Permission denied "
+                                              rf"while writing '.*a\.json', which is left as it "
+                                              rf"was$"):
+        atomic_write(path, lambda f: f.write(b"{}"))
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plots_check_their_fields(tmp_path):
     from galerkin_ext.training import plot_1d, plot_2d, plot_mesh
 
@@ -1497,6 +1519,22 @@ def test_cached_data_progress_is_not_a_parameter_of_the_file(tmp_path, capsys):
     assert "burgers:" not in capsys.readouterr().err
     shown = cached_data("burgers", tmp_path / "b", **params)
     assert "burgers:" in capsys.readouterr().err and shown.name == quiet.name
+
+
+def test_cached_data_makes_again_a_partial_file_it_cannot_resume(tmp_path, capsys):
+    """An unreadable partial file in the package's own cache blocked every later run, with
+    advice to pass an --overwrite the example scripts do not have."""
+    from galerkin_ext.data.storage import partial_path
+
+    params = {"n_samples": 2, "resolution": 16, "solve_resolution": 16, "n_steps": 4,
+              "progress": False}
+    reference = cached_data("burgers", tmp_path / "a", **params)
+    folder = tmp_path / "b"
+    folder.mkdir()
+    partial_path(folder / reference.name).write_bytes(b"not HDF5")  # a generation cut short
+    made = cached_data("burgers", folder, **params)
+    assert "cannot resume the interrupted generation" in capsys.readouterr().out
+    assert made.read_bytes() == reference.read_bytes()
 
 
 def test_cached_data_waits_for_a_process_generating_the_same_file(tmp_path, capsys):

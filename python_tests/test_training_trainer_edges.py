@@ -2,6 +2,7 @@
 public API, each branch with its result checked."""
 
 import math
+import shutil
 import sys
 import types
 
@@ -71,6 +72,26 @@ def test_a_context_of_several_processes_without_a_process_group_is_refused(tmp_p
                                           "joined no process group"):
         trainer.fit()
     assert not (tmp_path / "o" / "last.pt").exists()
+
+
+def test_a_run_folder_removed_during_the_run_stops_it_at_the_next_checkpoint(tmp_path):
+    """atomic_write made the removed folder again: the run trained on to fail at its end for
+    want of the first epoch's best.pt, and could not be resumed."""
+    out = tmp_path / "o"
+    trainer = _trainer(out, epochs=4)
+    metric, calls = trainer.metric, []
+
+    def removing(pred, batch):  # the first epoch's evaluation ends with the folder gone
+        calls.append(1)
+        if len(calls) == 2:  # (1: the check before the first step)
+            shutil.rmtree(out)
+        return metric(pred, batch)
+
+    trainer.metric = removing
+    with pytest.raises(CheckpointError, match="out_dir: the run's folder .* was removed during "
+                                              "the run"):
+        trainer.fit()
+    assert not out.exists()
 
 
 def test_the_weighted_metric_names_a_missing_grid_key():

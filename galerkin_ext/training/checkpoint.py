@@ -20,7 +20,6 @@ Checkpoint schema (``format`` = :data:`CHECKPOINT_FORMAT`):
 from __future__ import annotations
 
 import csv
-import errno
 import hashlib
 import io
 import json
@@ -62,17 +61,13 @@ class CheckpointError(RuntimeError):
     resumable with the run's settings."""
 
 
-# a full disk, a quota, a file-size limit (ulimit -f)
-_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
-
-
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> Path:
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``.
 
     The data are flushed and fsync-ed before the rename, so after a crash ``path`` holds either
-    its old content or the complete new one; a full disk, quota or file-size limit raises an
-    ``OSError`` with its errno that names ``path`` and says so.  Returns ``path`` as a
-    :class:`~pathlib.Path`.
+    its old content or the complete new one; an ``OSError`` (a full disk, quota or file-size
+    limit, a folder not writable) keeps its errno and names ``path``, not the temporary file.
+    Returns ``path`` as a :class:`~pathlib.Path`.
     """
     p = check_path(path)
     if not p.name or p.is_dir():  # (the rename's own error names the temporary file)
@@ -84,8 +79,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
         mode = stat.S_IMODE(os.stat(p).st_mode)
     except FileNotFoundError:  # a new one gets what open() would give it (umask)
         mode = 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
         os.fchmod(fd, mode)  # mkstemp creates mode 0600
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -93,10 +89,11 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno in _NO_ROOM:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno is not None:
             raise OSError(error.errno, f"{error.strerror} while writing {str(p)!r}, which is "
-                                       f"left as it was") from error
+                                       "left as it was") from error
         raise
     return p
 
