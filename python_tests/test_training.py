@@ -1612,6 +1612,36 @@ def test_an_evaluation_file_of_another_law_is_refused(tmp_path):
         check_zero_shot_law(train, decay, "--eval-dt")
 
 
+def test_zero_shot_sets_beside_a_converted_file_are_said_to_follow_the_presets_law(tmp_path):
+    """A file converted from the authors' data records no law to compare with the zero-shot
+    sets the scripts draw with their preset's: their figures were reported without a word, on
+    samples of possibly another law (a sigma = 3 set against the preset's 12)."""
+    import scipy.io
+
+    from galerkin_ext.data import generate
+    from galerkin_ext.data.convert import convert_continuum_darcy
+    from galerkin_ext.data.storage import read_h5
+    from galerkin_ext.training import check_zero_shot_law
+
+    ours = generate.generate_darcy(tmp_path / "ours.h5", 3, 9, coef="lognormal", sigma=3.0,
+                                   progress=False)
+    arrays = read_h5(ours)
+    scipy.io.savemat(tmp_path / "theirs.mat", {"x": np.moveaxis(arrays["a"], 0, -1),
+                                              "y": np.moveaxis(arrays["u"], 0, -1)})
+    converted = convert_continuum_darcy(tmp_path / "theirs.mat", tmp_path / "theirs.h5",
+                                        progress=False)
+    zero_shot = generate.generate_darcy(tmp_path / "zs.h5", 2, 17, coef="lognormal", seed=1,
+                                        progress=False)
+    with pytest.raises(ConfigError, match=r"\(sigma 3\.0 vs 12\.0\)"):
+        check_zero_shot_law(ours, zero_shot, "--eval-resolution")
+    with pytest.warns(UserWarning, match=r"--data: 'theirs\.h5' was converted from another "
+                                         r"code's data and records no law, so the zero-shot "
+                                         r"sets, drawn with the preset's \(alpha 2\.0, coef "
+                                         r"'lognormal', f 1\.0, sigma 12\.0, tau 6\.0\), may "
+                                         r"follow another one"):
+        check_zero_shot_law(converted, zero_shot, "--eval-resolution")
+
+
 _LEAVE_GROUP = """
 import gc, os, torch
 from galerkin_ext.training import cleanup_distributed, setup_distributed

@@ -21,6 +21,7 @@ import os
 import platform
 import shlex
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -524,14 +525,24 @@ def check_zero_shot_law(data: str | os.PathLike[str], zero_shot: str | os.PathLi
     another grid: its figures would measure the other law (a Darcy coefficient's length scale,
     an ODE's horizon), not the grid.  The law: every recorded parameter but
     :data:`DISCRETISATION_KEYS`.  ``flags``: those that, given alone, leave the zero-shot sets
-    out."""
+    out.  A file converted from another code's data records no law to compare: a warning says
+    that the zero-shot sets may follow another law than its samples."""
     if not (Path(data).is_file() and Path(zero_shot).is_file()):
         return
-    found = _law_differences(data_identity(data), data_identity(zero_shot))
+    mine, theirs = data_identity(data), data_identity(zero_shot)
+    found = _law_differences(mine, theirs)
     if found:
         raise ConfigError(f"--data: its samples follow another law than the zero-shot sets, "
                           f"which are drawn with the preset's ({found}); give {flags} alone "
                           "to leave them out")
+    if "source" in json.loads(mine.get("parameters", "{}")) and "parameters" in theirs:
+        law = {k: v for k, v in json.loads(theirs["parameters"]).items()
+               if k not in DISCRETISATION_KEYS}
+        warnings.warn(f"--data: {Path(data).name!r} was converted from another code's data and "
+                      f"records no law, so the zero-shot sets, drawn with the preset's "
+                      f"({', '.join(f'{k} {v!r}' for k, v in sorted(law.items()))}), may follow "
+                      "another one: their errors would then measure a change of law with the "
+                      f"change of grid (give {flags} alone to leave them out)", stacklevel=2)
 
 
 def zero_shot_seed(data: str | os.PathLike[str], generator: str, seed: int) -> int:
