@@ -123,6 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--reps: expected at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
+    if args.device == "cpu" and not os.path.exists("/proc/self/clear_refs"):
+        p.error("--device cpu: the CPU's free and peak memory are read from Linux's /proc "
+                "(MemAvailable, VmHWM), which this system does not have")
     return args
 
 

@@ -4,6 +4,7 @@ C++ symbol, or the package is imported from a source tree that was never built."
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -44,4 +45,17 @@ def load_extension() -> ModuleType:
             built_with = None
         raise ImportError(load_error_message(err, built_with, torch.__version__,
                                              Path(__file__).parent)) from err
+    from . import _build_info
+
+    warn_if_single_threaded(getattr(_build_info, "CPU_KERNELS_THREADED", True))
     return _C
+
+
+def warn_if_single_threaded(threaded: bool) -> None:
+    """Warn where the build found no OpenMP for a torch that runs on it (Apple clang has none):
+    the CPU kernels' ``at::parallel_for`` then runs on one thread, whatever torch's count."""
+    if not threaded:
+        warnings.warn("galerkin_ext was compiled without OpenMP, which this torch uses: its CPU "
+                      "kernels run on one thread, not torch's "
+                      f"{torch.get_num_threads()}. Rebuild it with a compiler that has OpenMP "
+                      f"({REBUILD}; the README's Platforms)", stacklevel=3)

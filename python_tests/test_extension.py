@@ -14,13 +14,28 @@ import torch
 
 import galerkin_ext
 from galerkin_ext import _build_info
-from galerkin_ext._extension import REBUILD, load_error_message
+from galerkin_ext._extension import REBUILD, load_error_message, warn_if_single_threaded
 
 
 def test_the_build_records_the_torch_it_was_compiled_against():
     assert _build_info.TORCH_VERSION == torch.__version__
     # and the C++ standard of its headers: C++20 from torch 2.14 on, which C++17 cannot compile
     assert _build_info.CXX_STANDARD == (20 if torch.__version__ >= "2.14" else 17)
+    # and whether its CPU kernels run on torch's threads (OpenMP found, as it is here)
+    assert _build_info.CPU_KERNELS_THREADED is True
+
+
+def test_a_build_without_openmp_is_said_at_import():
+    """Built by a compiler without OpenMP (Apple clang), the kernels' at::parallel_for runs on
+    one thread: CMake's warning was hidden by pip, and nothing else said so."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"compiled without OpenMP, which this torch uses: its "
+                                         r"CPU kernels run on one thread, not torch's \d+"):
+        warn_if_single_threaded(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_single_threaded(True)
 
 
 def test_messages():

@@ -640,15 +640,16 @@ def test_direct_calls_are_checked(gen):
 
 
 _SCRATCH_SCRIPT = """
-import resource, torch
+import resource, sys, torch
 import galerkin_ext.ops
 torch.set_num_threads(1)
 n, d = 16384, 512
 q, k, v, g = (torch.randn(1, 1, n, d) for _ in range(4))
 s = torch.randn(1, 1, d, d) / d
 norm = (torch.ones(1, d), torch.zeros(1, d))
-def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak():  # (ru_maxrss: bytes on macOS, KiB elsewhere)
+    unit = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit
 base = peak()
 torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "layer_norm", *norm, "layer_norm", *norm,
                                  1e-5, False)

@@ -3,7 +3,10 @@
 // and gemm_cpu.cpp's products alike.
 #pragma once
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// GCC 12 is the first to take "arch=x86-64-vN" in target attributes and
+// __builtin_cpu_supports: GCC 11 refused the sources ("no dispatcher found for the versioning
+// attributes"), so older ones, like Clang, build the portable path.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define GALERKIN_EXT_X86_CLONES 1
 #else
 #define GALERKIN_EXT_X86_CLONES 0
