@@ -94,6 +94,61 @@ def test_a_run_folder_removed_during_the_run_stops_it_at_the_next_checkpoint(tmp
     assert not out.exists()
 
 
+def test_runs_of_nearby_seeds_draw_unrelated_streams(tmp_path):
+    """The seed was added to the epoch (the shuffling) and to the rank (each process's
+    generators): seed 1's shuffle of epoch e was seed 0's of epoch e + 1, and seed 1's rank 0
+    drew seed 0's rank 1 dropout. Seed 0's shuffles and rank 0's streams are as they were."""
+    from galerkin_ext.training.trainer import _process_seed
+
+    def orders(seed):
+        trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(4),
+                          _config(batch_size=4, seed=seed), tmp_path / f"s{seed}")
+        out = []
+        for epoch in range(6):
+            trainer.sampler.set_epoch(epoch)
+            out.append(list(trainer.sampler))
+        return out
+
+    zero, one = orders(0), orders(1)
+    assert all(one[e] != zero[e + 1] for e in range(5)) and zero != one
+    # seed 0 shuffles as torch's sampler seeded with the seed itself did
+    assert zero == [torch.randperm(32, generator=torch.Generator().manual_seed(e)).tolist()
+                    for e in range(6)]
+    seeds = {(s, r): _process_seed(s, r) for s in range(50) for r in range(8)}
+    assert len(set(seeds.values())) == len(seeds)
+    assert all(_process_seed(s, 0) == s for s in range(50))
+    assert all(0 <= v < 2**63 for v in seeds.values()) and _process_seed(2**63 - 1, 7) < 2**63
+
+
+def test_a_checkpoint_of_the_added_seeds_resumes_with_its_shuffles(tmp_path):
+    """A run begun before the seeds were spread (its last.pt has no 'seeding') shuffles on as
+    it began."""
+    trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(16), _Linear1d(4),
+                      _config(batch_size=4, seed=3, epochs=2), tmp_path / "o")
+    metric, calls = trainer.metric, []
+
+    def stopping(pred, batch):  # the second epoch's evaluation: after the first's last.pt
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return metric(pred, batch)
+
+    trainer.metric = stopping
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    last = tmp_path / "o" / "last.pt"
+    state = load_checkpoint(last, "last")
+    assert state.pop("seeding") == 2
+    for key in ("format", "kind"):
+        state.pop(key)
+    save_checkpoint(last, "last", **state)
+    again = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(16), _Linear1d(4),
+                    _config(batch_size=4, seed=3, epochs=2), tmp_path / "o")
+    assert again.sampler.seed != 3
+    again.fit(resume=True)
+    assert again.sampler.seed == 3
+
+
 def test_the_weighted_metric_names_a_missing_grid_key():
     metric = relative_l2_metric(grid_key="coords")
     with pytest.raises(KeyError, match=r"grid_key: the batch has no 'coords' \(keys \['grid', "

@@ -17,7 +17,9 @@ stopping, and keeps in ``out_dir``:
 
 Resuming after any interruption (even ``kill -9`` mid-epoch) restarts the interrupted epoch from
 ``last.pt``; the shuffling order comes from ``(seed, epoch)`` and dropout from the restored RNG
-states, so the resumed run computes exactly what the uninterrupted one would have.
+states, so the resumed run computes exactly what the uninterrupted one would have. Runs of
+different seeds draw unrelated shuffles and, process by process, unrelated generators (the seed
+is spread over the streams, not added to the epoch or the rank).
 
 Batches are dicts of tensors, as the datasets of :mod:`galerkin_ext.data` give them (a
 dataset's ``collate_fn`` attribute, e.g. the ragged sets' padding, batches its samples; else
@@ -102,9 +104,27 @@ Forward = Callable[[nn.Module, Batch], Tensor]
 Metric = Callable[[Tensor, Batch], Tensor]
 _PRECISIONS = ("fp32", "bf16")
 _SCHEDULERS = ("onecycle", "plateau")
-# torch seeds 64-bit generators with seed + epoch (the shuffling) and seed + rank (dropout):
-# this bound leaves room for both.
+# torch seeds 64-bit generators with the shuffling's seed + epoch: this bound leaves room for
+# it (the streams' seeds below stay under it).
 _SEED_LIMIT = 2**63
+# The streams of a run are spread over the seeds by this odd multiplier (a bijection modulo
+# 2**63): added, seed 1's shuffles were seed 0's one epoch on, and in several processes seed
+# 1's rank 0 drew seed 0's rank 1 dropout; runs meant as independent repeats were not. Seed 0's
+# shuffles and every run's rank 0 keep their streams.
+_SPREAD = 0x9E3779B97F4A7C15
+# Checkpoints record it (``seeding``); one without it shuffles as it began, with seed + epoch.
+_SEEDING = 2
+
+
+def _shuffle_seed(seed: int, seeding: int = _SEEDING) -> int:
+    """The seed of the training set's shuffling (``DistributedSampler``, which adds the
+    epoch) in a run seeded ``seed``."""
+    return seed if seeding < 2 else seed * _SPREAD % _SEED_LIMIT
+
+
+def _process_seed(seed: int, rank: int) -> int:
+    """The seed of the generators of process ``rank`` (its dropout, its dataset's draws)."""
+    return (seed + rank * _SPREAD) % _SEED_LIMIT
 # Settings that may change between a run and its resumption: they change neither the model, the
 # data nor the schedule (compile and the thread count change the rounding only: the op core's
 # CPU chunking follows the thread count); keys of the flattened run
@@ -790,7 +810,7 @@ class Trainer:
         self.model = model.to(self.ctx.device)
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             train_set, num_replicas=sample_ranks, rank=sample_rank, shuffle=True,
-            seed=config.seed, drop_last=True,
+            seed=_shuffle_seed(config.seed), drop_last=True,
         )
         self.loader = _loader(train_set, per_rank, self.ctx.device, sampler=self.sampler,
                               drop_last=True, num_workers=config.num_workers)
@@ -1022,6 +1042,8 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             _set_rng_state(state["rng"][ctx.rank], ctx.device)
+            # (a run shuffles on as it began: before 2026-11-30, with seed + epoch)
+            self.sampler.seed = _shuffle_seed(cfg.seed, state.get("seeding", 1))
             start, history = state["epoch"], list(state["history"])
             best_metric, best_epoch = state["best_metric"], state["best_epoch"]
             train_seconds = state["train_seconds"]
@@ -1043,7 +1065,7 @@ class Trainer:
                 self._staged_best_path.unlink(missing_ok=True)
                 for events in (self.out_dir / "tensorboard").glob("events.out.tfevents.*"):
                     events.unlink()
-            _seed_rngs(cfg.seed + ctx.rank)  # dropout differs between processes
+            _seed_rngs(_process_seed(cfg.seed, ctx.rank))  # dropout differs between processes
         if self._writer_class is not None:
             # A resumption purges what the stopped run logged after last.pt (TensorBoard hides
             # the earlier files' events from this step on): its epoch runs again.
@@ -1106,6 +1128,7 @@ class Trainer:
                         scheduler=self.scheduler.state_dict(), rng=rng,
                         best_metric=best_metric, best_epoch=best_epoch, history=history,
                         train_seconds=train_seconds, world_size=ctx.world_size,
+                        seeding=_SEEDING,
                         config=self._full_config(),
                     )
                     if improved:
