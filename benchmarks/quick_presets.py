@@ -3,13 +3,15 @@ empty data cache: the figures of the README's quick-preset tables, measured in o
 machine.
 
     python benchmarks/quick_presets.py --runs runs/quick            # ~50 min on 2 CPU cores
+    python benchmarks/quick_presets.py --runs runs/again --only heat,elasticity
     python benchmarks/quick_presets.py --table                      # print, run nothing
 
 Each preset runs into ``RUNS/<name>`` with the data cache ``RUNS/data`` (``GALERKIN_EXT_CACHE``):
 the first run of each data set generates it, and its wall time includes that (the table names
 the runs that generated data). A run whose ``metrics.json`` exists is reused when the same
 command made it (refused otherwise), with the wall time and commit this script recorded beside
-it when it ran (so one preset is measured again by removing its folder). A run
+it when it ran (so one preset is measured again by removing its folder, or with ``--only``, which
+runs the named presets and replaces their records in ``--out``, keeping the others). A run
 that misses one of its preset's thresholds still counts: the record says which (the script
 exits with 1 then, after writing everything, if the threshold was enforced).
 
@@ -144,18 +146,39 @@ def main() -> int:
     parser.add_argument("--runs", type=runs_folder, default=None, help="folder of the runs")
     parser.add_argument("--out", type=writable_file, default=RESULTS, help="results JSON")
     parser.add_argument("--table", action="store_true", help="print the table of --out only")
+    parser.add_argument("--only", default=None,
+                        help="comma list of presets to measure again, replacing their records "
+                             "in --out (of " + ", ".join(PRESETS) + ")")
     args = parser.parse_args()
+    only = None if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
+    for name in only or []:
+        if name not in PRESETS:
+            parser.error(f"--only: unknown preset {name!r}; expected some of {', '.join(PRESETS)}")
+    if only is not None and not (only and args.out.is_file()):
+        parser.error("--only: needs preset names and an existing --out whose records it replaces")
     if args.table:
         print_table(parser, args.out, table)
         return 0
     if args.runs is None:
         parser.error("--runs: required to run the presets (only --table runs nothing)")
-    records = []
-    for name in PRESETS:
-        records.append(measure(name, args.runs))
-        print(table(records[-1:]).splitlines()[-1], flush=True)
-    write_json(args.out, {"command": command_line(), "torch": torch.__version__,
-                          "runs": records})
+    if only is not None:
+        result = json.loads(args.out.read_text())
+        for name in only:
+            record = measure(name, args.runs)
+            result["runs"] = [record if r["name"] == name else r for r in result["runs"]]
+            print(table([record]).splitlines()[-1], flush=True)
+        result.setdefault("remeasured", []).append({"command": command_line(),
+                                                    "torch": torch.__version__,
+                                                    "presets": only})
+        records = result["runs"]
+        write_json(args.out, result)
+    else:
+        records = []
+        for name in PRESETS:
+            records.append(measure(name, args.runs))
+            print(table(records[-1:]).splitlines()[-1], flush=True)
+        write_json(args.out, {"command": command_line(), "torch": torch.__version__,
+                              "runs": records})
     print(table(records))
     print(f"wrote {args.out}")
     missed = [r["name"] for r in records  # as the scripts exit: enforced thresholds only
