@@ -125,6 +125,8 @@ def _shuffle_seed(seed: int, seeding: int = _SEEDING) -> int:
 def _process_seed(seed: int, rank: int) -> int:
     """The seed of the generators of process ``rank`` (its dropout, its dataset's draws)."""
     return (seed + rank * _SPREAD) % _SEED_LIMIT
+
+
 # Settings that may change between a run and its resumption: they change neither the model, the
 # data nor the schedule (compile and the thread count change the rounding only: the op core's
 # CPU chunking follows the thread count); keys of the flattened run
