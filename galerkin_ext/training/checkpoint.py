@@ -3,7 +3,8 @@
 Checkpoints are plain dicts of tensors, numbers, strings, lists and dicts, so they load with
 ``torch.load(path, weights_only=True)`` (no pickled code runs).  Every file here is written to a
 temporary file in the same folder and renamed over the target with :func:`os.replace`, which is
-atomic on POSIX and Windows: a reader (or a run killed mid-write) never sees a half-written file.
+atomic on POSIX file systems (the platforms the package builds on): a reader (or a run killed
+mid-write) never sees a half-written file.
 
 Checkpoint schema (``format`` = :data:`CHECKPOINT_FORMAT`):
 
