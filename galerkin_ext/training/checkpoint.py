@@ -94,8 +94,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(error, OSError) and error.errno is not None:
-            raise OSError(error.errno, f"{error.strerror} while writing {str(p)!r}, which is "
-                                       "left as it was") from error
+            why = error.strerror or os.strerror(error.errno)
+            raise OSError(error.errno, f"{why} while writing {str(p)!r}, which is left as it "
+                                       "was") from error
         raise
     return p
 
