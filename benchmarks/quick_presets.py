@@ -150,12 +150,18 @@ def main() -> int:
                         help="comma list of presets to measure again, replacing their records "
                              "in --out (of " + ", ".join(PRESETS) + ")")
     args = parser.parse_args()
-    only = None if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
+    only = None if args.only is None else list(dict.fromkeys(
+        n.strip() for n in args.only.split(",") if n.strip()))
     for name in only or []:
         if name not in PRESETS:
             parser.error(f"--only: unknown preset {name!r}; expected some of {', '.join(PRESETS)}")
     if only is not None and not (only and args.out.is_file()):
         parser.error("--only: needs preset names and an existing --out whose records it replaces")
+    if only is not None:  # (a record it does not hold would be measured, then dropped)
+        held = {r["name"] for r in json.loads(args.out.read_text())["runs"]}
+        missing = [name for name in only if name not in held]
+        if missing:
+            parser.error(f"--only: {args.out} holds no record of {', '.join(missing)} to replace")
     if args.table:
         print_table(parser, args.out, table)
         return 0

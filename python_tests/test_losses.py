@@ -263,6 +263,18 @@ def test_relative_errors_beyond_the_squares_of_float32(pred_scale, target_scale,
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=0)
 
 
+def test_an_infinite_prediction_gives_an_infinite_error_and_nan_stays_nan():
+    """Each scaled by its own largest magnitude, an infinite difference gave inf / inf = NaN."""
+    target = torch.ones(2, 4, 1)
+    pred = target.clone()
+    pred[0, 1], pred[1, 2] = math.inf, math.nan
+    got = relative_l2(pred, target, "none")
+    assert math.isinf(got[0]) and math.isnan(got[1])
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    got = masked_relative_l2(pred, target, mask, reduction="none")[:, 0]
+    assert math.isinf(got[0]) and math.isnan(got[1])
+
+
 def test_relative_l2_scale_ignores_points_that_do_not_count():
     """The per-sample scale comes from the points with weight > 0 (and valid ones): a value of
     1e15 at a weight-0 point shrank the others' squares to 0 (NaN)."""

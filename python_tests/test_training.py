@@ -457,6 +457,17 @@ def test_a_folder_not_writable_names_the_file_not_the_temporary_one(tmp_path, mo
         atomic_write(path, lambda f: f.write(b"{}"))
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+    # the writer's own errors pass as they are (a subclass of the caller's, say)
+
+    class StoreError(OSError):
+        pass
+
+    def failing(f):
+        raise StoreError(errno.EIO, "remote store failed")
+
+    with pytest.raises(StoreError, match=r"^\[Errno 5\] remote store failed$"):
+        atomic_write(path, failing)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_plots_check_their_fields(tmp_path):

@@ -98,7 +98,7 @@ def test_runs_of_nearby_seeds_draw_unrelated_streams(tmp_path):
     """The seed was added to the epoch (the shuffling) and to the rank (each process's
     generators): seed 1's shuffle of epoch e was seed 0's of epoch e + 1, and seed 1's rank 0
     drew seed 0's rank 1 dropout. Seed 0's shuffles and rank 0's streams are as they were."""
-    from galerkin_ext.training.trainer import _process_seed
+    from galerkin_ext.training.trainer import _process_seed, _shuffle_seed
 
     def orders(seed):
         trainer = Trainer(_PointMLP(), OperatorLoss(), _Linear1d(32), _Linear1d(4),
@@ -118,6 +118,10 @@ def test_runs_of_nearby_seeds_draw_unrelated_streams(tmp_path):
     assert len(set(seeds.values())) == len(seeds)
     assert all(_process_seed(s, 0) == s for s in range(50))
     assert all(0 <= v < 2**63 for v in seeds.values()) and _process_seed(2**63 - 1, 7) < 2**63
+    # no other rank's generators are a shuffle's (seed + rank * spread was seed rank's shuffle
+    # of epoch seed)
+    shuffles = {_shuffle_seed(s) + e for s in range(50) for e in range(1000)}
+    assert not shuffles & {v for (s, r), v in seeds.items() if r > 0}
 
 
 def test_a_checkpoint_of_the_added_seeds_resumes_with_its_shuffles(tmp_path):
@@ -147,6 +151,9 @@ def test_a_checkpoint_of_the_added_seeds_resumes_with_its_shuffles(tmp_path):
     assert again.sampler.seed != 3
     again.fit(resume=True)
     assert again.sampler.seed == 3
+    # and its last.pt says so, for the next resumption (it recorded the new seeding, whose
+    # shuffles a second resumption then took)
+    assert load_checkpoint(last, "last")["seeding"] == 1
 
 
 def test_the_weighted_metric_names_a_missing_grid_key():

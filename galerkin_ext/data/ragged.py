@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -541,9 +542,14 @@ class RaggedWriter(PartialFileWriter):
 
     @property
     def slack_bytes(self) -> int:  # type: ignore[override]
-        """A store may begin one HDF5 chunk of every growing data set (a chunk holds
-        ``_CHUNK_BYTES``): the first store of a heat set took 2.35 times its samples' bytes."""
-        return _CHUNK_BYTES * sum(len(members) for members in _ragged_groups(self.layout).values())
+        """A store may begin one HDF5 chunk of every data set (the first store of a heat set
+        took 2.35 times its samples' bytes): one chunk's bytes of each, offsets and theta
+        included, whatever their widths."""
+        sizes: list[int] = []
+        self.file.visititems(lambda name, obj: sizes.append(
+            math.prod(obj.chunks) * obj.dtype.itemsize)
+            if isinstance(obj, h5py.Dataset) and obj.chunks else None)
+        return sum(sizes)
 
     @classmethod
     def open(

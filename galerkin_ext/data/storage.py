@@ -488,8 +488,9 @@ def _memory_named(writer: PartialFileWriter, start: int, stop: int) -> Iterator[
     try:
         yield
     except (MemoryError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and "can't allocate memory" not in str(err):
-            raise
+        if isinstance(err, RuntimeError) and not any(
+                sign in str(err) for sign in ("can't allocate memory", "out of memory")):
+            raise  # (the CPU allocator's message, and CUDA's OutOfMemoryError's)
         raise DataFileError(
             f"{str(partial_path(writer.path))!r}: computing samples {start} to {stop - 1} ran "
             f"out of memory ({type(err).__name__}: {str(err)[:200]}); the samples stored so far "

@@ -22,6 +22,7 @@ Checkpoint schema (``format`` = :data:`CHECKPOINT_FORMAT`):
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -58,6 +59,10 @@ _REQUIRED = {
 }
 
 
+# a full disk, a quota, a file-size limit (ulimit -f)
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, corrupt, not a galerkin_ext training checkpoint, or not
     resumable with the run's settings."""
@@ -67,9 +72,10 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
     """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``.
 
     The data are flushed and fsync-ed before the rename, so after a crash ``path`` holds either
-    its old content or the complete new one; an ``OSError`` (a full disk, quota or file-size
-    limit, a folder not writable) keeps its errno and names ``path``, not the temporary file.
-    Returns ``path`` as a :class:`~pathlib.Path`.
+    its old content or the complete new one. An ``OSError`` of its own steps (a folder not
+    writable, say) or of a full disk, quota or file-size limit keeps its errno and names
+    ``path``, not the temporary file; ``write``'s other errors pass as they are.  Returns
+    ``path`` as a :class:`~pathlib.Path`.
     """
     p = check_path(path)
     if not p.name or p.is_dir():  # (the rename's own error names the temporary file)
@@ -81,19 +87,22 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
         mode = stat.S_IMODE(os.stat(p).st_mode)
     except FileNotFoundError:  # a new one gets what open() would give it (umask)
         mode = 0o666 & ~_umask()
-    tmp = None
+    tmp, writing = None, False
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
         os.fchmod(fd, mode)  # mkstemp creates mode 0600
         with os.fdopen(fd, "wb") as f:
+            writing = True
             write(f)
+            writing = False
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException as error:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno is not None:
+        if isinstance(error, OSError) and error.errno is not None and (
+                not writing or error.errno in _NO_ROOM):
             why = error.strerror or os.strerror(error.errno)
             raise OSError(error.errno, f"{why} while writing {str(p)!r}, which is left as it "
                                        "was") from error

@@ -107,12 +107,14 @@ _SCHEDULERS = ("onecycle", "plateau")
 # torch seeds 64-bit generators with the shuffling's seed + epoch: this bound leaves room for
 # it (the streams' seeds below stay under it).
 _SEED_LIMIT = 2**63
-# The streams of a run are spread over the seeds by this odd multiplier (a bijection modulo
-# 2**63): added, seed 1's shuffles were seed 0's one epoch on, and in several processes seed
-# 1's rank 0 drew seed 0's rank 1 dropout; runs meant as independent repeats were not. Seed 0's
-# shuffles and every run's rank 0 keep their streams.
+# Added to the epoch and to the rank, seed 1's shuffles were seed 0's one epoch on, and in
+# several processes seed 1's rank 0 drew seed 0's rank 1 dropout: runs meant as independent
+# repeats were not. The shuffling's seed is now spread by this odd multiplier (a bijection
+# modulo 2**63), and the other ranks' seeds hashed from (seed, rank); seed 0's shuffles and
+# every run's rank 0 keep their streams.
 _SPREAD = 0x9E3779B97F4A7C15
-# Checkpoints record it (``seeding``); one without it shuffles as it began, with seed + epoch.
+# Checkpoints record it (``seeding``); a run begun without it shuffles on as it began, with
+# seed + epoch.
 _SEEDING = 2
 
 
@@ -124,7 +126,11 @@ def _shuffle_seed(seed: int, seeding: int = _SEEDING) -> int:
 
 def _process_seed(seed: int, rank: int) -> int:
     """The seed of the generators of process ``rank`` (its dropout, its dataset's draws)."""
-    return (seed + rank * _SPREAD) % _SEED_LIMIT
+    if rank == 0:
+        return seed
+    # (hashed, not spread linearly: seed + rank * _SPREAD was the shuffling seed of another
+    # run's epoch)
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint64)[0]) % _SEED_LIMIT
 
 
 # Settings that may change between a run and its resumption: they change neither the model, the
@@ -854,6 +860,7 @@ class Trainer:
         self.tb_writer: Any = None
         self._owns_last = False  # whether last.pt is this run's (resumed or written by it)
         self._fitted = False  # fit() runs once: it spends the optimiser and the schedule
+        self._seeding = _SEEDING  # (a resumed run keeps the one it began with)
 
     # -- files ----------------------------------------------------------------------------
 
@@ -1045,7 +1052,8 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
             _set_rng_state(state["rng"][ctx.rank], ctx.device)
             # (a run shuffles on as it began: before 2026-11-30, with seed + epoch)
-            self.sampler.seed = _shuffle_seed(cfg.seed, state.get("seeding", 1))
+            self._seeding = state.get("seeding", 1)
+            self.sampler.seed = _shuffle_seed(cfg.seed, self._seeding)
             start, history = state["epoch"], list(state["history"])
             best_metric, best_epoch = state["best_metric"], state["best_epoch"]
             train_seconds = state["train_seconds"]
@@ -1130,7 +1138,7 @@ class Trainer:
                         scheduler=self.scheduler.state_dict(), rng=rng,
                         best_metric=best_metric, best_epoch=best_epoch, history=history,
                         train_seconds=train_seconds, world_size=ctx.world_size,
-                        seeding=_SEEDING,
+                        seeding=self._seeding,
                         config=self._full_config(),
                     )
                     if improved:
