@@ -155,11 +155,14 @@ def main() -> int:
     for name in only or []:
         if name not in PRESETS:
             parser.error(f"--only: unknown preset {name!r}; expected some of {', '.join(PRESETS)}")
-    if only is not None and not (only and args.out.is_file()):
-        parser.error("--only: needs preset names and an existing --out whose records it replaces")
-    if only is not None:  # (a record it does not hold would be measured, then dropped)
-        held = {r["name"] for r in json.loads(args.out.read_text())["runs"]}
-        missing = [name for name in only if name not in held]
+    earlier = None  # (--only: the results whose records it replaces)
+    if only is not None:
+        if not (only and args.out.is_file()):
+            parser.error("--only: needs preset names and an existing --out whose records it "
+                         "replaces")
+        earlier = json.loads(args.out.read_text())
+        # (a record it does not hold would be measured, then dropped)
+        missing = sorted(set(only) - {r["name"] for r in earlier["runs"]})
         if missing:
             parser.error(f"--only: {args.out} holds no record of {', '.join(missing)} to replace")
     if args.table:
@@ -167,8 +170,8 @@ def main() -> int:
         return 0
     if args.runs is None:
         parser.error("--runs: required to run the presets (only --table runs nothing)")
-    if only is not None:
-        result = json.loads(args.out.read_text())
+    if only is not None and earlier is not None:
+        result = earlier
         for name in only:
             record = measure(name, args.runs)
             result["runs"] = [record if r["name"] == name else r for r in result["runs"]]

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .._checks import check_float, check_int
+from .._scaling import fewest_steps
 from .storage import SolverError
 
 __all__ = ["solve_burgers", "etdrk4_coefficients", "default_n_steps"]
@@ -38,8 +39,7 @@ def default_n_steps(t_end: float, nu: float, u_max: float = 2.0) -> int:
     t_end, nu = check_float(t_end, "t_end"), check_float(nu, "nu")
     u_max = check_float(u_max, "u_max", low_inclusive=True)  # 0: a zero initial condition
     dt = 1e-3 * min(1.0, 2.0 / max(u_max, 1e-12)) * min(1.0, (nu / 0.1) ** 0.5)
-    ratio = t_end / dt  # (1e-9 of slack: 0.7 / 1e-3 is 700.0000000000001 in floating point)
-    return max(1, math.ceil(ratio - 1e-9 * max(1.0, ratio)))
+    return fewest_steps(t_end, dt)
 
 
 def etdrk4_coefficients(

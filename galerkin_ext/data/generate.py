@@ -36,6 +36,7 @@ from typing import Any, cast
 import numpy as np
 
 from .._checks import check_bool, check_choice, check_float, check_int, resolve_device
+from .._scaling import fewest_steps
 from . import darcy as _darcy
 from .burgers import default_n_steps, solve_burgers
 from .darcy import sample_and_solve as _darcy_task
@@ -45,7 +46,6 @@ from .kolmogorov import (
     IC_TAU,
     KOLMOGOROV_NU,
     KOLMOGOROV_WAVENUMBER,
-    _n_steps,
     cfl_number,
     persistence_errors,
     resample_periodic,
@@ -453,8 +453,8 @@ def kolmogorov_time_step(solve_resolution: int, dt_out: float = 0.1) -> float:
     """
     s = check_int(solve_resolution, "solve_resolution")
     dt_out = check_float(dt_out, "dt_out")
-    # (_n_steps' slack: 0.1 * 416 / 1.04 = 40.000000000000007 counts as 40 steps)
-    return dt_out / _n_steps(dt_out, _DT_TIMES_RESOLUTION / s)
+    # (0.1 * 416 / 1.04 = 40.000000000000007 counts as 40 steps)
+    return dt_out / fewest_steps(dt_out, _DT_TIMES_RESOLUTION / s)
 
 
 def _solve_dtype(solve_dtype: object) -> str:

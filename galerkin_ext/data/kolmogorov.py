@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_float, check_int, check_tensor
+from .._scaling import fewest_steps
 from .random_fields import sample_rng
 from .storage import SolverError
 
@@ -332,13 +333,6 @@ def _check_snapshots(snapshots: object, t_end: float) -> list[float]:
     return times
 
 
-def _n_steps(length: float, dt: float) -> int:
-    """Fewest whole steps of at most ``dt`` (up to a relative 1e-9, so that e.g. 11.1 / 2.5e-3
-    gives 4440 and not 4441 through rounding) covering ``length``."""
-    ratio = length / dt
-    return max(1, math.ceil(ratio - 1e-9 * max(1.0, ratio)))
-
-
 def solve_kolmogorov(
     omega0: Tensor,
     t_end: float,
@@ -410,7 +404,7 @@ def solve_kolmogorov(
     for t in times:
         length = t - t_prev
         if length > 0:
-            m = _n_steps(length, max_step)
+            m = fewest_steps(length, max_step)
             h = length / m
             if h not in factors:
                 factors[h] = (torch.exp(-nu * h * ops.k2), torch.exp(-0.5 * nu * h * ops.k2))

@@ -1117,13 +1117,13 @@ class Trainer:
                             self.tb_writer.add_scalar(f"epoch/{key}", value,
                                                       (epoch + 1) * self.steps_per_epoch)
                     self.tb_writer.flush()
-                # (atomic_write would make a removed folder again, empty: the run went on to
-                # fail at its end for want of best.pt)
-                if ctx.is_main and not self.out_dir.is_dir():
-                    raise CheckpointError(f"out_dir: the run's folder {str(self.out_dir)!r} "
-                                          "was removed during the run, with its checkpoints; "
-                                          "start the run again")
                 if ctx.is_main:
+                    # (atomic_write would make a removed folder again, empty: the run went on
+                    # to fail at its end for want of best.pt)
+                    if not self.out_dir.is_dir():
+                        raise CheckpointError(f"out_dir: the run's folder "
+                                              f"{str(self.out_dir)!r} was removed during the "
+                                              "run, with its checkpoints; start the run again")
                     # The new best model is staged, then last.pt records it, then it replaces
                     # best.pt: a kill anywhere leaves best.pt the best model last.pt records,
                     # or one a resumption settles (_settle_staged_best). (best.pt written
