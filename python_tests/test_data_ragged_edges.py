@@ -187,8 +187,8 @@ def test_a_file_size_limit_stops_a_ragged_set_before_the_chunk_that_does_not_fit
     with pytest.raises(DataFileError, match=r"x\.h5\.partial'?: storing samples 4 to 7 needs "
                                             r"about .* MiB with a margin for HDF5's records, and "
                                             r"the file-size limit \(ulimit -f\) of 1\.2 MiB "
-                                            r"leaves .* MiB; the samples stored so far are kept: "
-                                            r"raise it, then resume=True"):
+                                            r"leaves .* MiB; raise it, then resume=True "
+                                            r"\(--resume\) continues from the samples"):
         write(out, n=40, chunk=4)
     monkeypatch.undo()
     assert write(out, n=40, chunk=4, resume=True) == out

@@ -495,8 +495,8 @@ def test_a_disk_filling_up_mid_run_stops_before_hdf5_fails(tmp_path, monkeypatch
     with pytest.raises(DataFileError, match=r"b\.h5\.partial'?: storing samples 8 to 9 needs "
                                             r"about 0\.2\d+ MiB with a margin for HDF5's "
                                             r"records, and .* has 0\.000954 MiB free; "
-                                            r"the samples stored so far are kept: make room, "
-                                            r"then resume=True \(--resume\)"):
+                                            r"make room, then resume=True \(--resume\) "
+                                            r"continues from the samples stored so far"):
         burgers(out)
     monkeypatch.setattr(shutil, "disk_usage", usage)
     assert burgers(out, resume=True) == out

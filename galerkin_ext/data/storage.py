@@ -456,17 +456,18 @@ def _check_room(writer: PartialFileWriter, data: object, what: str) -> None:
     unreadable, and HDF5 2.0 then crashes the process when it closes."""
     part = partial_path(writer.path)
     _check_space(part, _nbytes(data) + writer.slack_bytes + _HDF5_MARGIN, f"storing {what}",
-                 f"the samples stored so far are kept: make room, then {_RESUME}")
+                 f", then {_RESUME} continues from the samples stored so far")
 
 
 def _check_space(part: Path, needed: int, what: str, then: str) -> None:
     """``DataFileError`` unless the folder of ``part`` has ``needed`` bytes free and the
-    file-size limit (``ulimit -f``) lets ``part`` grow by as much; ``then`` ends the message."""
+    file-size limit (``ulimit -f``) lets ``part`` grow by as much; ``then`` ends the message,
+    after its cure ("make room" or "raise it")."""
     free = shutil.disk_usage(part.parent).free
     if needed > free:
         raise DataFileError(f"{str(part)!r}: {what} needs about {needed / 2**20:.3g} MiB with "
                             f"a margin for HDF5's records, and {str(part.parent)!r} has "
-                            f"{free / 2**20:.3g} MiB free; {then}")
+                            f"{free / 2**20:.3g} MiB free; make room{then}")
     try:
         import resource
     except ImportError:  # (Windows)
@@ -477,7 +478,7 @@ def _check_space(part: Path, needed: int, what: str, then: str) -> None:
         raise DataFileError(f"{str(part)!r}: {what} needs about {needed / 2**20:.3g} MiB with "
                             f"a margin for HDF5's records, and the file-size limit (ulimit -f) "
                             f"of {limit / 2**20:.3g} MiB leaves {(limit - size) / 2**20:.3g} "
-                            f"MiB; {then.replace('make room', 'raise it')}")
+                            f"MiB; raise it{then}")
 
 
 @contextlib.contextmanager
@@ -624,7 +625,7 @@ def _new_partial_file(path: Path, attrs: dict[str, Any], chunk_size: int, n_samp
     """A new, empty partial file at ``path``, open for writing: the generation's ``attrs``,
     its ``chunk_size``, the ``completed`` record, and what ``create(file)`` adds (the data sets
     of a writer's layout). Nothing is left at ``path`` if creating it fails."""
-    _check_space(path, _HDF5_MARGIN, "creating it", "make room, then run it again")
+    _check_space(path, _HDF5_MARGIN, "creating it", ", then run it again")
     f = None
     try:
         f = h5py.File(path, "w")
@@ -804,7 +805,7 @@ class ChunkedWriter(PartialFileWriter):
             needed = n_samples * sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
                                      for spec in arrays.values())
             _check_space(part, needed + _nbytes(static) + _HDF5_MARGIN,
-                         f"storing its {n_samples} samples", "make room, or ask for fewer")
+                         f"storing its {n_samples} samples", ", or ask for fewer")
             f = _create_chunked(part, attrs, chunk_size, n_samples, arrays, static, statistics)
             return cls(final, f, chunk_size, n_samples, lock.pop_all())
 
