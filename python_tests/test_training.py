@@ -1012,6 +1012,27 @@ def test_describe_grid_tells_uniform_from_nonuniform_time_grids(dtype):
     assert describe_grid(near[:, None], "auto")["uniform"]
 
 
+def test_describe_grid_names_the_rule_of_2d_grids():
+    """On a tensor grid the record names the rule the weights follow: uniform, or products of
+    per-axis cell widths (which the TNO's 'auto' uses, not the tensor trapezoid rule)."""
+    from galerkin_ext.layers.continuum import auto_quadrature_weights
+
+    def grid(axis):
+        return torch.stack(torch.meshgrid(axis, axis, indexing="ij"), -1).double()
+
+    record = describe_grid(grid(torch.linspace(0, 1, 5)), "auto")
+    assert record["weights"] == "auto: uniform, derived from these coordinates"
+    axis = torch.tensor([0, 0.1, 0.3, 0.6, 1])
+    record = describe_grid(grid(axis), "auto")
+    assert record["weights"] == "auto: products of per-axis cell widths, derived from these " \
+                                "coordinates"
+    cells = torch.tensor([0.1, 0.15, 0.25, 0.35, 0.4], dtype=torch.float64)  # by hand
+    want = (cells[:, None] * cells[None, :]).flatten()
+    w = auto_quadrature_weights(grid(axis).reshape(-1, 2))
+    torch.testing.assert_close(w / w.sum(), want / want.sum())
+    assert record["weight_max"] == pytest.approx(float(want.max() / want.sum()))
+
+
 def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path, monkeypatch):
     from galerkin_ext.training import build_run_model, load_trained_model
 

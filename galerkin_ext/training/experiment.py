@@ -881,7 +881,7 @@ def describe_grid(coords: torch.Tensor, weight: str | None = "auto") -> dict[str
     w = auto_quadrature_weights(flat, "coords").double()
     w = w / w.sum()
     kind = ("trapezoid" if flat.shape[1] == 1
-            else "uniform" if bool((w == w[0]).all()) else "tensor trapezoid")
+            else "uniform" if bool((w == w[0]).all()) else "products of per-axis cell widths")
     record.update(weights=f"auto: {kind}, derived from these coordinates",
                   weight_min=float(w.min()), weight_max=float(w.max()))
     return record
