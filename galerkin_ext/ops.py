@@ -678,9 +678,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 def _autodiff_beyond_the_op() -> bool:
     """Forward-mode AD (dual tensors) or a ``torch.func`` transform is active: the compiled op
-    has neither a forward derivative nor functorch rules, so the plain formula runs instead."""
-    if torch.compiler.is_compiling():
-        return False
+    has neither a forward derivative nor functorch rules, so the plain formula runs instead
+    (also inside ``torch.compile``, which traces a transform it compiles)."""
     return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
 
 

@@ -363,6 +363,34 @@ def test_torch_compile_fullgraph(gen):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("op", ["galerkin", "fourier-dropout", "continuum-dropout", "dropout"])
+def test_torch_func_transforms_inside_torch_compile(op, gen):
+    """torch.compile of torch.func.jvp / grad through the ops equals eager: the formulas serve
+    the transforms in the compiled region too (the compiled ops ran there, and gave zero
+    tangents, or failed on the C++ autograd function)."""
+    q, k, v, tangent = (torch.randn(1, 2, 5, 3, generator=gen, dtype=torch.float64)
+                        for _ in range(4))
+    call = {"galerkin": lambda q: ops.galerkin_attention(q, k, v),
+            "fourier-dropout": lambda q: ops.fourier_attention(q, k, v, dropout_p=0.3),
+            "continuum-dropout": lambda q: ops.continuum_attention(q, k, v, dropout_p=0.3),
+            "dropout": lambda q: ops.dropout(q, 0.3)}[op]
+
+    def both(q, tangent):
+        return (torch.func.jvp(call, (q,), (tangent,))[1],
+                torch.func.grad(lambda q: call(q).square().sum())(q))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(both, backend="aot_eager", fullgraph=True)
+    for want, got in zip(_seeded(both, q, tangent), _seeded(compiled, q, tangent), strict=True):
+        assert want.abs().max() > 0.1
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def _seeded(fn, *args):
+    torch.manual_seed(1)  # the same dropout masks in both
+    return fn(*args)
+
+
 # ----------------------------------------------------------------------------------------------
 # Bad input: the message names the argument
 
