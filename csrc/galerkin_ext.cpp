@@ -1,7 +1,7 @@
 // The galerkin_ext op library (schemas) and the Python module that loads it.
 // Implementations are registered per device in attention/core.cpp, attention/quadratic_cpu.cpp,
-// attention/softmax_cpu.cpp and dropout/dropout_cpu.cpp, the op core's autograd in
-// attention/autograd.cpp (the other ops' in ops.py).
+// attention/softmax_cpu.cpp and dropout/dropout_cpu.cpp, every op's autograd in
+// attention/autograd.cpp.
 #include "attention/cuda_limits.h"
 
 #include <pybind11/pybind11.h>
@@ -33,8 +33,9 @@ TORCH_LIBRARY(galerkin_ext, m) {
       "Tensor? q_norm_weight, Tensor? q_norm_bias, Tensor s, float eps, int normalizers, "
       "bool skip, bool pos_grad) -> Tensor[]");
   // The backwards' gradients again, by differentiating the plain formulas, so that they are
-  // differentiable: the backward under create_graph=True (attention/autograd.cpp). Their
-  // CompositeImplicitAutograd kernels are Python (ops.py registers them).
+  // differentiable and batchable: the backward under create_graph=True or a torch.func
+  // transform (attention/autograd.cpp). Their CompositeImplicitAutograd kernels are Python
+  // (ops.py registers them).
   m.def(
       "kv_reduce_backward_formula(Tensor grad_s, Tensor k, Tensor v, Tensor? kv_pos, "
       "Tensor? weight, str k_map, Tensor? k_norm_weight, Tensor? k_norm_bias, str v_map, "
@@ -68,6 +69,13 @@ TORCH_LIBRARY(galerkin_ext, m) {
   m.def(
       "softmax_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? bias, "
       "Tensor out, Tensor lse, float scale, float p, Tensor seed) -> Tensor[]");
+  // Their backwards' formula twins, as the op core's above.
+  m.def(
+      "quadratic_attention_backward_formula(Tensor grad_out, Tensor q, Tensor k, Tensor v, "
+      "float p, Tensor seed) -> Tensor[]");
+  m.def(
+      "softmax_attention_backward_formula(Tensor grad_out, Tensor q, Tensor k, Tensor v, "
+      "Tensor? bias, Tensor out, Tensor lse, float scale, float p, Tensor seed) -> Tensor[]");
 }
 
 PYBIND11_MODULE(_C, m) {

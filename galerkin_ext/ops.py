@@ -690,8 +690,9 @@ def _pair_or_none(weight: Tensor | None, bias: Tensor | None) -> Norm:
 
 def _formula_grads(formula, inputs, wanted, grad) -> list[Tensor]:
     """Gradients of ``formula(*inputs)`` against ``grad`` for each input that is given, wanted
-    and requires grad, as differentiable tensors (``create_graph=True``); an empty placeholder
-    for the rest, which the autograd kernel discards.
+    and requires grad, differentiable in turn under ``create_graph=True`` (plain under a vmap of
+    the backward, which runs without grad mode); an empty placeholder for the rest, which the
+    autograd kernel discards.
 
     The partial derivatives, each argument's own: the formula runs on a view of every input, and
     the gradients are taken against the views. Against the inputs themselves, autograd would also
@@ -703,9 +704,11 @@ def _formula_grads(formula, inputs, wanted, grad) -> list[Tensor]:
     targets = [i for i, t in enumerate(inputs) if t is not None and wanted[i] and t.requires_grad]
     if not targets:
         return result
-    views = [t if t is None or not t.requires_grad else t.view_as(t) for t in inputs]
-    found = torch.autograd.grad(formula(*views), [views[i] for i in targets], grad,
-                                create_graph=True, allow_unused=True)
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        views = [t if t is None or not t.requires_grad else t.view_as(t) for t in inputs]
+        found = torch.autograd.grad(formula(*views), [views[i] for i in targets], grad,
+                                    create_graph=create_graph, allow_unused=True)
     for i, g in zip(targets, found, strict=True):
         result[i] = torch.zeros_like(inputs[i]) if g is None else g
     return result
@@ -732,15 +735,6 @@ def _q_apply_backward_formula(grad_out, q, pos, q_map, qnw, qnb, s, eps, normali
                           grad_out)
 
 
-# The ops' autograd is C++ (csrc/attention/autograd.cpp); under create_graph=True it calls these
-# formula backwards, composite kernels that autograd differentiates through.
-_FORMULA_BACKWARDS = torch.library.Library("galerkin_ext", "IMPL")
-_FORMULA_BACKWARDS.impl("kv_reduce_backward_formula", _kv_reduce_backward_formula,
-                        "CompositeImplicitAutograd")
-_FORMULA_BACKWARDS.impl("q_apply_backward_formula", _q_apply_backward_formula,
-                        "CompositeImplicitAutograd")
-
-
 def _one_device(*tensors: Tensor | None, seed: Tensor | None = None) -> None:
     """The kernels' rule on devices, in the fakes too: torch also dispatches a call with one
     meta tensor among CPU ones to the fake, which returned uninitialised CPU memory. The
@@ -764,26 +758,6 @@ def _dropout_fake(x, p, seed):
     return torch.empty_like(x)  # as the kernel
 
 
-def _dropout_setup_context(ctx, inputs, output) -> None:
-    _, ctx.p, seed = inputs
-    ctx.strides = output.stride()
-    ctx.save_for_backward(seed)
-
-
-def _dropout_backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-    # Linear in x: the same mask, regenerated from the seed (differentiable in turn). The mask
-    # follows memory order, so the gradient must be laid out as the output was.
-    (seed,) = ctx.saved_tensors
-    if grad.stride() != ctx.strides:
-        grad = torch.empty_strided(grad.shape, ctx.strides, dtype=grad.dtype,
-                                   device=grad.device).copy_(grad)
-    return torch.ops.galerkin_ext.dropout(grad, ctx.p, seed), None, None
-
-
-torch.library.register_autograd("galerkin_ext::dropout", _dropout_backward,
-                                setup_context=_dropout_setup_context)
-
-
 @torch.library.register_fake("galerkin_ext::quadratic_attention")
 def _quadratic_attention_fake(q, k, v, p, seed):
     _one_device(q, k, v, seed=seed)
@@ -796,22 +770,8 @@ def _quadratic_attention_backward_fake(grad_out, q, k, v, p, seed):
     return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v)]
 
 
-def _quadratic_attention_setup_context(ctx, inputs, output) -> None:
-    q, k, v, ctx.p, seed = inputs
-    ctx.save_for_backward(q, k, v, seed)
-
-
-def _quadratic_attention_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-    q, k, v, seed = ctx.saved_tensors
-    if torch.is_grad_enabled():  # create_graph=True: the formulas, differentiable in turn
-        grads = _quadratic_attention_backward_formula(grad, q, k, v, ctx.p, seed)
-    else:
-        grads = torch.ops.galerkin_ext.quadratic_attention_backward(grad, q, k, v, ctx.p, seed)
-    return (*grads, None, None)
-
-
 def _quadratic_attention_backward_formula(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
-                                          p: float, seed: Tensor) -> tuple[Tensor, ...]:
+                                          p: float, seed: Tensor) -> list[Tensor]:
     """The fused op's gradients through the ``N × M`` matrix, with its mask: the dropout op's
     over that matrix stored contiguously."""
     attn, grad_attn = q @ k.transpose(-2, -1), grad @ v.transpose(-2, -1)
@@ -819,12 +779,7 @@ def _quadratic_attention_backward_formula(grad: Tensor, q: Tensor, k: Tensor, v:
         mask = torch.ops.galerkin_ext.dropout(
             torch.ones(attn.shape, dtype=attn.dtype, device=attn.device), p, seed)
         attn, grad_attn = attn * mask, grad_attn * mask
-    return grad_attn @ k, grad_attn.transpose(-2, -1) @ q, attn.transpose(-2, -1) @ grad
-
-
-torch.library.register_autograd("galerkin_ext::quadratic_attention",
-                                _quadratic_attention_backward,
-                                setup_context=_quadratic_attention_setup_context)
+    return [grad_attn @ k, grad_attn.transpose(-2, -1) @ q, attn.transpose(-2, -1) @ grad]
 
 
 @torch.library.register_fake("galerkin_ext::softmax_attention")
@@ -840,28 +795,9 @@ def _softmax_attention_backward_fake(grad_out, q, k, v, bias, out, lse, scale, p
     return [*grads, q.new_empty((0,)) if bias is None else bias.new_empty(bias.shape)]
 
 
-def _softmax_attention_setup_context(ctx, inputs, output) -> None:
-    q, k, v, bias, ctx.scale, ctx.p, seed = inputs
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, bias, out, lse, seed)
-
-
-def _softmax_attention_backward(ctx, grad: Tensor, _grad_lse: Tensor | None
-                                ) -> tuple[Tensor | None, ...]:
-    q, k, v, bias, out, lse, seed = ctx.saved_tensors
-    if torch.is_grad_enabled():  # create_graph=True: the formulas, differentiable in turn
-        grads = _softmax_attention_backward_formula(grad, q, k, v, bias, ctx.scale, ctx.p, seed)
-    else:
-        grads = torch.ops.galerkin_ext.softmax_attention_backward(
-            grad, q, k, v, bias, out, lse, ctx.scale, ctx.p, seed)
-    grad_q, grad_k, grad_v, grad_bias = grads
-    return grad_q, grad_k, grad_v, None if bias is None else grad_bias, None, None, None
-
-
 def _softmax_attention_backward_formula(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
-                                        bias: Tensor | None, scale: float, p: float,
-                                        seed: Tensor) -> tuple[Tensor, ...]:
+                                        bias: Tensor | None, out: Tensor, lse: Tensor,
+                                        scale: float, p: float, seed: Tensor) -> list[Tensor]:
     """The fused op's gradients through the ``N × M`` matrix of probabilities ``P``, with its
     mask ``D`` (the dropout op's over that matrix stored contiguously): ``dV = (P ∘ D)ᵀ dO``,
     ``dS = P ∘ (dP - Σ_j P dP)`` with ``dP = dO Vᵀ ∘ D``, ``dQ = scale dS K``,
@@ -877,12 +813,19 @@ def _softmax_attention_backward_formula(grad: Tensor, q: Tensor, k: Tensor, v: T
         kept, grad_probs = probs * mask, grad_probs * mask
     grad_logits = probs * (grad_probs - (probs * grad_probs).sum(dim=-1, keepdim=True))
     grad_bias = grad_logits.sum(dim=(1, 2)) if bias is not None else q.new_empty((0,))
-    return (scale * (grad_logits @ k), scale * (grad_logits.transpose(-2, -1) @ q),
-            kept.transpose(-2, -1) @ grad, grad_bias)
+    return [scale * (grad_logits @ k), scale * (grad_logits.transpose(-2, -1) @ q),
+            kept.transpose(-2, -1) @ grad, grad_bias]
 
 
-torch.library.register_autograd("galerkin_ext::softmax_attention", _softmax_attention_backward,
-                                setup_context=_softmax_attention_setup_context)
+# The ops' autograd is C++ (csrc/attention/autograd.cpp); under create_graph=True or a torch.func
+# transform of the backward it calls these formula backwards, composite kernels that autograd
+# differentiates through and vmap batches.
+_FORMULA_BACKWARDS = torch.library.Library("galerkin_ext", "IMPL")
+for _name, _formula in [("kv_reduce", _kv_reduce_backward_formula),
+                        ("q_apply", _q_apply_backward_formula),
+                        ("quadratic_attention", _quadratic_attention_backward_formula),
+                        ("softmax_attention", _softmax_attention_backward_formula)]:
+    _FORMULA_BACKWARDS.impl(f"{_name}_backward_formula", _formula, "CompositeImplicitAutograd")
 
 
 @torch.library.register_fake("galerkin_ext::kv_reduce")

@@ -386,9 +386,78 @@ def test_torch_func_transforms_inside_torch_compile(op, gen):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-def _seeded(fn, *args):
+@pytest.mark.parametrize("op", ["galerkin", "fourier", "fourier-dropout", "normalized",
+                                "continuum-weighted", "continuum-dropout", "dropout"])
+def test_batched_backward_equals_one_backward_per_row(op, gen):
+    """A backward batched over several gradients (jacobian(vectorize=True), is_grads_batched,
+    which vmap the backward) equals one backward per gradient: the compiled backwards, which
+    have no batching rules, hand it to their formulas (it failed: 'Batching rule not
+    implemented for galerkin_ext::q_apply_backward')."""
+    q, k, v = (torch.randn(1, 2, 5, 3, generator=gen, dtype=torch.float64) for _ in range(3))
+    weight = torch.rand(1, 5, generator=gen, dtype=torch.float64) + 0.1
+    call = {"galerkin": lambda q: ops.galerkin_attention(q, k, v),
+            "fourier": lambda q: ops.fourier_attention(q, k, v),
+            "fourier-dropout": lambda q: ops.fourier_attention(q, k, v, dropout_p=0.3),
+            "normalized": lambda q: ops.normalized_attention(q, k, v),
+            "continuum-weighted": lambda q: _on_sdpa_math(ops.continuum_attention, q, k, v,
+                                                          weight=weight),
+            "continuum-dropout": lambda q: ops.continuum_attention(q, k, v, dropout_p=0.3),
+            "dropout": lambda q: ops.dropout(q, 0.3)}[op]
+    one_by_one = _seeded(torch.autograd.functional.jacobian, call, q)
+    batched = _seeded(torch.autograd.functional.jacobian, call, q, vectorize=True)
+    assert one_by_one.abs().max() > 0.1
+    torch.testing.assert_close(batched, one_by_one, rtol=1e-12, atol=1e-14)
+    square = lambda q: call(q).square().sum()  # noqa: E731
+    torch.testing.assert_close(
+        _seeded(torch.autograd.functional.hessian, square, q, vectorize=True),
+        _seeded(torch.autograd.functional.hessian, square, q), rtol=1e-10, atol=1e-12)
+
+
+def _on_sdpa_math(fn, *args, **kwargs):
+    """(SDPA's fused kernels have no double backward, as the README says)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return fn(*args, **kwargs)
+
+
+def _raw_op_calls(gen):
+    q, k, v = (torch.randn(1, 2, 5, 3, generator=gen, dtype=torch.float64) for _ in range(3))
+    seed = torch.tensor(7)
+    s = torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "identity", None, None, "identity",
+                                         None, None, 1e-5, False)
+    return {
+        "dropout": lambda q: torch.ops.galerkin_ext.dropout(q, 0.3, seed),
+        "quadratic_attention": lambda q: torch.ops.galerkin_ext.quadratic_attention(
+            q, k, v, 0.3, seed),
+        "softmax_attention": lambda q: torch.ops.galerkin_ext.softmax_attention(
+            q, k, v, None, 0.5, 0.3, seed)[0],
+        "kv_reduce": lambda k: torch.ops.galerkin_ext.kv_reduce(
+            k, v, None, None, "identity", None, None, "identity", None, None, 1e-5, False),
+        "q_apply": lambda q: torch.ops.galerkin_ext.q_apply(q, None, "identity", None, None, s,
+                                                            1e-5, 0, False),
+    }, q
+
+
+@pytest.mark.parametrize("name", ["dropout", "quadratic_attention", "softmax_attention",
+                                  "kv_reduce", "q_apply"])
+def test_raw_ops_refuse_forward_mode_naming_the_op(name, gen):
+    """The compiled ops have no forward derivative: called directly with a tangent they refuse,
+    naming the op (three of them returned zero tangents, the others torch's message)."""
+    calls, x = _raw_op_calls(gen)
+    message = f"galerkin_ext::{name} has no forward-mode derivative: call it through " \
+              "galerkin_ext.ops"
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jvp(calls[name], (x,), (torch.ones_like(x),))
+    with torch.autograd.forward_ad.dual_level(), pytest.raises(RuntimeError, match=message):
+        calls[name](torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)))
+    calls[name](x.requires_grad_()).sum().backward()  # reverse mode as before
+    assert x.grad.abs().max() > 0
+
+
+def _seeded(fn, *args, **kwargs):
     torch.manual_seed(1)  # the same dropout masks in both
-    return fn(*args)
+    return fn(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
