@@ -181,6 +181,19 @@ def test_the_layer_drops_in_training_only(gen):
     assert not torch.allclose(layer(x), plain)
 
 
+def test_the_layer_is_multi_head_softmax_attention_at_one_over_sqrt_head_width(gen):
+    """The layer's default: softmax(Q Kᵀ / √(d_model / H)) V per head, heads concatenated, then
+    out_proj (SPEC-continuum; the other tests pass a scale or compare the layer with the op)."""
+    layer = ContinuumAttention(12, 3).double()  # head width 4: the logits' scale 1/2
+    x = torch.randn(2, 7, 12, generator=gen, dtype=torch.float64)
+    q, k, v = (lin(x).view(2, 7, 3, 4).transpose(1, 2)
+               for lin in (layer.query, layer.key, layer.value))
+    probs = torch.exp(q @ k.transpose(-2, -1) / 2)
+    heads = (probs / probs.sum(-1, keepdim=True)) @ v
+    want = layer.out_proj(heads.transpose(1, 2).reshape(2, 7, 12))
+    torch.testing.assert_close(layer(x), want, rtol=1e-12, atol=1e-12)
+
+
 def test_compile_fullgraph(gen):
     q, k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7, 4)
     w = torch.rand(2, 7) + 0.1

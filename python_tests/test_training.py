@@ -4,6 +4,7 @@ The end-to-end runs of the example scripts (resume after SIGKILL, torchrun) are 
 test_examples.py.
 """
 
+import copy
 import errno
 import json
 import math
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from galerkin_ext.losses import MaskedRelativeLoss, OperatorLoss
 from galerkin_ext.training import (
@@ -117,6 +118,56 @@ def test_fit_converges_and_writes_files(tmp_path):
     rows = (tmp_path / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,train_loss") and len(rows) == 7
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left
+
+
+def test_onecycle_starts_at_max_lr_over_div_factor_and_ends_final_div_factor_below(tmp_path):
+    """The schedule starts at max_lr / div_factor and ends at that / final_div_factor (the
+    other tests gave the two factors equal values, which a swap passed)."""
+    trainer = _trainer(tmp_path, epochs=2, div_factor=10.0, final_div_factor=1000.0)
+    rates = [trainer.scheduler.get_last_lr()[0]]
+    for _ in range(trainer.scheduler.total_steps - 1):
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        rates.append(trainer.scheduler.get_last_lr()[0])
+    assert rates[0] == pytest.approx(1e-2 / 10, rel=1e-12)
+    assert max(rates) == pytest.approx(1e-2, rel=1e-2)
+    assert rates[-1] == pytest.approx(1e-2 / 10 / 1000, rel=1e-12)
+
+
+class _ScaledLoss(nn.Module):
+    """OperatorLoss times 1e4: gradients large enough for any clipping to act."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = OperatorLoss()
+
+    def forward(self, *args):
+        loss, parts = self.inner(*args)
+        return 1e4 * loss, parts
+
+
+@pytest.mark.parametrize("clip", [{"clip_value": 1e-3, "grad_clip": None}, {"grad_clip": 0.5},
+                                  {"grad_clip": None}])
+def test_a_step_clips_the_gradients_as_configured(tmp_path, clip):
+    """A step's gradients are the loss's, clipped by value (each entry to [-c, c]) and then by
+    norm (scaled to at most grad_clip), against an unclipped backward of the same batch."""
+    trainer = _trainer(tmp_path, loss=_ScaledLoss(), **clip)
+    batch = default_collate([_Linear1d(32)[i] for i in range(4)])
+    plain = copy.deepcopy(trainer.model)
+    torch.manual_seed(3)  # the same dropout mask in both
+    loss, _ = trainer.loss_fn(plain(batch["x"], batch["grid"]), batch["target"])
+    loss.backward()
+    want = [p.grad for p in plain.parameters()]
+    if clip.get("clip_value") is not None:
+        want = [g.clamp(-clip["clip_value"], clip["clip_value"]) for g in want]
+    if clip["grad_clip"] is not None:
+        norm = torch.cat([g.flatten() for g in want]).norm()
+        assert norm > 10 * clip["grad_clip"]  # the clipping acts
+        want = [g * (clip["grad_clip"] / (norm + 1e-6)) for g in want]
+    torch.manual_seed(3)
+    trainer._step(trainer.model, batch, 0, 0)
+    for p, g in zip(trainer.model.parameters(), want, strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-9)
 
 
 def test_resume_refuses_a_best_checkpoint_of_another_run_and_repairs_metrics_csv(tmp_path):
