@@ -153,6 +153,17 @@ def gnot_forward(model: GNOT, x: Tensor, inputs: list[Tensor],
     ``x (B, N, query_dim)``, ``inputs`` ``[(B, M_l, b_l)]``, ``theta (B, p)`` → ``(B, N, out)``.
     """
 
+    # the configuration of the reference code, fixed here rather than read from the model's
+    # layers, which an oracle must not echo
+    blocks: Any = model.blocks
+    if (model.theta_mode, model.gate_mode) != ("query", "mlp") or any(
+            (b.ffn_norm, b.cross.reduce, b.cross.skip, b.self_attn.skip) != ("post", "sum", True,
+                                                                             True)
+            for b in blocks):
+        raise ValueError("model: the reference forward is the reference code's configuration: "
+                         "theta_mode='query', gate='mlp', ffn_norm='post', reduce='sum', "
+                         "self_skip=True")
+
     # (the sub-modules are read by attribute name: Any, which their nn.ModuleList hides anyway)
     def mlp(net: Any, h: Tensor) -> Tensor:
         h = F.gelu(net.lift(h))
@@ -167,7 +178,7 @@ def gnot_forward(model: GNOT, x: Tensor, inputs: list[Tensor],
     def attention(layer: Any, h: Tensor, ys: list[Tensor]) -> Tensor:
         n_head = layer.n_head
         q = heads(layer.query(h), n_head)
-        out = q.softmax(dim=-1) if layer.skip else torch.zeros_like(q)
+        out = q.softmax(dim=-1)  # the skip term, in cross- and self-attention
         for key, value, y in zip(layer.keys, layer.values, ys, strict=True):
             out = out + normalized_attention(q, heads(key(y), n_head), heads(value(y), n_head))
         b, _, n, _ = out.shape
@@ -184,8 +195,7 @@ def gnot_forward(model: GNOT, x: Tensor, inputs: list[Tensor],
     coords = x[..., :model.space_dim]
     h = mlp(model.trunk, x)
     ys = [mlp(branch, y) for branch, y in zip(model.branches, inputs, strict=True)]
-    block: Any
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(blocks):
         probs = None
         if model.gates is not None:
             probs = cast("GeometricGate", model.gates[i]).net(coords).softmax(dim=-1)

@@ -246,6 +246,24 @@ def test_mixture_probs_of_the_wrong_shape():
         MixtureFFN(3, 5, 2)(torch.randn(2, 4, 3), torch.rand(2, 4, 3))
 
 
+@pytest.mark.parametrize("option", [{"self_skip": False}, {"reduce": "mean"},
+                                    {"ffn_norm": "pre"}, {"theta_mode": "branch"}])
+def test_gnot_reference_forward_refuses_other_configurations(option):
+    """The oracle fixes the reference code's configuration instead of reading the model's
+    layers (it took the cross-attention's skip from the model, so a model without it passed)."""
+    from galerkin_ext.models import GNOT
+    from galerkin_ext.reference import gnot_forward
+
+    model = GNOT(2, 2, [3], 1, theta_dim=2, n_hidden=8, n_layers=1, n_head=2, **option)
+    with pytest.raises(ValueError, match="^model: the reference forward is the reference "
+                                         "code's configuration"):
+        gnot_forward(model, torch.rand(1, 5, 2), [torch.randn(1, 4, 3)], torch.randn(1, 2))
+    model = GNOT(2, 2, [3], 1, theta_dim=2, n_hidden=8, n_layers=1, n_head=2)
+    model.blocks[0].cross.skip = False
+    with pytest.raises(ValueError, match="^model: the reference forward"):
+        gnot_forward(model, torch.rand(1, 5, 2), [torch.randn(1, 4, 3)], torch.randn(1, 2))
+
+
 def test_forward_ad_through_the_op_runs_the_formula():
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 3, 4, generator=gen, dtype=torch.float64)
