@@ -151,6 +151,48 @@ def test_grid_baselines_and_gt_encoder_shapes(gen):
 # SPEC §6 properties at the layer and model level
 
 
+def test_tno_without_layer_norms_lifts_and_projects_as_the_authors_code(gen):
+    """Lift ``L₂ GELU(L₁ [u, x])``, the encoder layers, projection ``P₂ GELU(P₁ [v, x])``
+    (SPEC-continuum §2), composed by hand from the model's own layers."""
+    import torch.nn.functional as F
+
+    model = small_tno(gen, layer_norm=False)
+    x = torch.rand(9, 1, generator=gen, dtype=F64)
+    u = torch.randn(3, 9, 1, generator=gen, dtype=F64)
+    points = x.expand(3, 9, 1)
+    lift_1, _, lift_2 = model.lift
+    h = lift_2(F.gelu(lift_1(torch.cat([u, points], dim=-1))))
+    weight = trapezoid_weights(x[:, 0].sort().values)[x[:, 0].argsort().argsort()]
+    for layer in model.encoder:
+        h = layer(h, weight=weight)
+    want = model.project(F.gelu(model.project_hidden(torch.cat([h, points], dim=-1))))
+    torch.testing.assert_close(model(u, x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_fno_channel_mlp_is_the_neuraloperator_layout(gen):
+    """Lift MLP, blocks ``h = GELU(K x + b + W x)``, ``x' = MLP(h) + g ⊙ x`` with GELU after
+    all but the last, projection MLP (the docstring's rule), composed by hand from the model's
+    own layers with non-zero biases and gates."""
+    import torch.nn.functional as F
+
+    model = FNOChannelMLP(width=6, n_modes=4, num_layers=2, lifting=5, projection=7).to(F64)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.bias.normal_(generator=gen)
+            layer.gate.normal_(generator=gen)
+    x = torch.stack(torch.meshgrid(torch.linspace(0, 1, 8, dtype=F64),
+                                   torch.linspace(0, 1, 10, dtype=F64), indexing="ij"), -1)
+    u = torch.randn(2, 8, 10, 1, generator=gen, dtype=F64)
+    h = model.lift[2](F.gelu(model.lift[0](torch.cat([u, x.expand(2, 8, 10, 2)], dim=-1))))
+    for i, layer in enumerate(model.layers):
+        mixed = F.gelu(layer.spectral(h) + layer.bias + h @ layer.skip.weight.T)
+        hidden = layer.channel_mlp[2](F.gelu(layer.channel_mlp[0](mixed)))
+        h = hidden + layer.gate * h
+        h = h if i == len(model.layers) - 1 else F.gelu(h)
+    want = model.project[2](F.gelu(model.project[0](h)))
+    torch.testing.assert_close(model(u, x), want, rtol=1e-12, atol=1e-12)
+
+
 def test_tno_permutation_equivariance(gen):
     """weight='auto' follows the sorted order, so a joint permutation of (u, x) permutes the
     output (float64, 1e-12), also with the averaging variant."""

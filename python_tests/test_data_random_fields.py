@@ -23,6 +23,20 @@ def test_periodic_field_variance_and_spectrum():
     assert abs(ratio.mean() - 1) < 0.05
 
 
+@pytest.mark.parametrize("n", [16, 17])
+def test_periodic_field_has_every_mode_below_nyquist_and_none_at_it(n):
+    """Modes 1 <= k < N/2 with power (N/2)^2 2 c_k^2 each; none at k = 0 or at Nyquist (a cosine
+    alone there, its sine vanishing on the grid, would break the cos/sin pairs' isotropy)."""
+    u = rf.sample_periodic_grf_1d(4000, n, seed=5)
+    spectrum = np.fft.rfft(u, axis=-1)
+    amp = rf.periodic_grf_1d_amplitudes((n - 1) // 2)
+    assert np.abs(spectrum[:, 0]).max() < 1e-12
+    if n % 2 == 0:
+        assert np.abs(spectrum[:, n // 2]).max() < 1e-12
+    power = (np.abs(spectrum[:, 1 : (n - 1) // 2 + 1]) ** 2).mean(axis=0)
+    np.testing.assert_allclose(power / ((n / 2) ** 2 * 2 * amp**2), 1.0, atol=0.1)
+
+
 def test_periodic_field_is_deterministic_and_chunk_independent():
     a = rf.sample_periodic_grf_1d(6, 64, seed=3)
     np.testing.assert_array_equal(a, rf.sample_periodic_grf_1d(6, 64, seed=3))
