@@ -88,6 +88,15 @@ def test_build_model_configurations():
                        encoder_dropout=0.0).encoder[0].attn.attn_dropout == 0.0
     inverse = build_model("darcy_inverse")
     assert inverse.sizes == (141, 71, 36, 71) and inverse.upsampler.sizes == (36, 36)
+    # a fine grid alone takes the paper's coarse one (it kept 43, or 36, for any fine grid)
+    assert build_model("darcy", fine=211).sizes == (211, 113, 61, 113)
+    assert build_model("darcy", fine=85).sizes.coarse == 29
+    assert build_model("darcy_inverse", fine=211).sizes == (211, 123, 71, 122)
+    with pytest.raises(ValueError, match=r"^coarse: model 'darcy' at fine=101 needs its coarse "
+                                         r"grid \(the paper pairs 211 with 61, 141 with 43, 85 "
+                                         r"with 29\)"):
+        build_model("darcy", fine=101)
+    assert build_model("darcy", fine=101, coarse=26).sizes.coarse == 26
     assert inverse.boundary == "free" and inverse.output_grid == "coarse"
     assert isinstance(build_model("fno1d"), FNO1d) and isinstance(build_model("fno2d"), FNO2d)
 

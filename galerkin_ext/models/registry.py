@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from ..data.datasets import DARCY_COARSE, INVERSE_COARSE
 from .continuum import AFNO, FANO, TNO, FNOChannelMLP, GTEncoder, ViTNO
 from .fno import FNO1d, FNO2d
 from .gnot import GNOT, GKTransformer, MIONet
@@ -103,7 +104,9 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     (:class:`MIONet`, which need ``input_points``) and ``'gk_elasticity'``
     (:class:`GKTransformer`).
     ``overrides`` are constructor arguments of that class, e.g. ``attention_type='galerkin'``,
-    ``norm='layer'``, ``d_model``, ``n_head``, ``num_layers``, ``fine=211, coarse=61``.
+    ``norm='layer'``, ``d_model``, ``n_head``, ``num_layers``, ``fine=211, coarse=61``; a
+    Darcy ``fine`` without ``coarse`` takes the paper's pair (``data.DARCY_COARSE``,
+    ``data.INVERSE_COARSE``), and a grid the paper pairs with none needs ``coarse``.
 
     As in the reference code, unless overridden: the Darcy model uses layer-norm epsilon
     ``1e-5`` for Galerkin attention on fine grids ``>= 211`` (``1e-7`` otherwise), and softmax
@@ -137,6 +140,17 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
 
     def default(key: str) -> Any:
         return config.get(key, allowed[key].default)
+
+    fine = overrides.get("fine")
+    if (name in ("darcy", "darcy_inverse") and "coarse" not in overrides
+            and isinstance(fine, numbers.Integral) and not isinstance(fine, bool)):
+        # the paper's pair of grids (the preset's coarse one belongs to fine = 141 only)
+        pairs = DARCY_COARSE if name == "darcy" else INVERSE_COARSE
+        if fine not in pairs:
+            raise ValueError(f"coarse: model {name!r} at fine={fine} needs its coarse grid (the "
+                             "paper pairs " + ", ".join(f"{f} with {c}" for f, c in pairs.items())
+                             + ")")
+        config["coarse"] = pairs[int(fine)]
 
     if name == "darcy" and "eps" not in overrides:
         fine = default("fine")
