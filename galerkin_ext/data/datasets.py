@@ -373,18 +373,36 @@ def _load(
     or arrays), applying ``reduce[key]`` block by block (bounded memory)."""
     kind, _, _ = _source_info(source, mat_keys)
     if kind == "h5":
-        out: dict[str, list[np.ndarray]] = {k: [] for k in reduce}
-        for lo in range(0, indices.size, 64):
-            sel = indices[lo : lo + 64]
-            block = read_h5(source, sel, keys=tuple(reduce))  # type: ignore[arg-type]
-            for key, fn in reduce.items():
-                # a copy of what is kept: a strided view (x[:, ::s]) would keep the whole
-                # block alive, and every block together is the full resolution
-                out[key].append(np.ascontiguousarray(fn(block[key].astype(np.float64))))
-        return {k: np.concatenate(v) for k, v in out.items()}
+        return _read_blocks(source, indices,  # type: ignore[arg-type]
+                            {k: _in_float64(fn) for k, fn in reduce.items()})
     a, u = (np.asarray(x, dtype=np.float64) for x in source)  # type: ignore[union-attr]
     arrays = {"a": a, "u": u}
     return {k: fn(arrays[k][indices]) for k, fn in reduce.items()}
+
+
+def _in_float64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: fn(x.astype(np.float64))
+
+
+_READ_BLOCK = 64  # samples read from a file at once by the datasets
+
+
+def _read_blocks(path: str | os.PathLike, indices: np.ndarray,
+                 reduce: dict[str, Callable[[np.ndarray], np.ndarray]]) -> dict[str, np.ndarray]:
+    """``reduce[key]`` of the data set ``key`` of an ``.h5`` file at ``indices``, read and reduced
+    ``_READ_BLOCK`` samples at a time into arrays allocated once: the split is never held at the
+    file's resolution, nor the result twice (a list of blocks, then their concatenation)."""
+    out: dict[str, np.ndarray] = {}
+    for lo in range(0, indices.size, _READ_BLOCK) or [0]:
+        sel = indices[lo : lo + _READ_BLOCK]
+        block = read_h5(path, sel, keys=tuple(reduce))
+        for key, fn in reduce.items():
+            part = fn(block.pop(key))
+            if key not in out:
+                out[key] = np.empty((indices.size, *part.shape[1:]), dtype=part.dtype)
+            out[key][lo : lo + sel.size] = part  # (a copy: no view keeps the block alive)
+            del part  # (a view of a full-resolution block, else alive until the next)
+    return out
 
 
 def _n_samples(source: Source, mat_keys: tuple[str, str]) -> int:
@@ -695,12 +713,11 @@ class DarcyInverseDataset(Dataset):
                                                    input_normalizer)).to(dtype)
         x = self.input_normalizer.encode(torch.from_numpy(data["u"]))
         if noise > 0:
-            # Static noise: drawn once per sample from (noise_seed, global index).
-            eps = np.stack([
-                sample_rng(noise_seed, _STREAM_NOISE, int(i)).standard_normal(x.shape[1:])
-                for i in idx
-            ])
-            x = x + noise * torch.from_numpy(eps)
+            # Static noise: drawn once per sample from (noise_seed, global index); added sample
+            # by sample, in place (the whole split's noise was another two copies of it)
+            for row, i in enumerate(idx):
+                eps = sample_rng(noise_seed, _STREAM_NOISE, int(i)).standard_normal(x.shape[1:])
+                x[row] += noise * torch.from_numpy(eps)
         self.noise = noise
         self.x = x.to(dtype)
         self.target = torch.from_numpy(data["a"]).to(dtype)
@@ -816,9 +833,8 @@ class _NormalizedFields(Dataset):
         idx = _three_way_split(info["n_samples"], split, n_train, n_valid, n_test, all(given))
 
         def load(indices: np.ndarray) -> dict[str, np.ndarray]:
-            arrays = read_h5(source, indices, keys=keys)  # type: ignore[arg-type]
-            arrays[keys[1]] = view(arrays[keys[1]])
-            return {k: transform(v) for k, v in arrays.items()}
+            return _read_blocks(source, indices,  # type: ignore[arg-type]
+                                {keys[0]: transform, keys[1]: lambda t: transform(view(t))})
 
         data = load(idx)
         if not any(given):
