@@ -387,7 +387,8 @@ def test_torch_func_transforms_inside_torch_compile(op, gen):
 
 
 @pytest.mark.parametrize("op", ["galerkin", "fourier", "fourier-dropout", "normalized",
-                                "continuum-weighted", "continuum-dropout", "dropout"])
+                                "continuum-weighted", "continuum-dropout", "dropout",
+                                "dropout-transposed"])
 def test_batched_backward_equals_one_backward_per_row(op, gen):
     """A backward batched over several gradients (jacobian(vectorize=True), is_grads_batched,
     which vmap the backward) equals one backward per gradient: the compiled backwards, which
@@ -402,7 +403,9 @@ def test_batched_backward_equals_one_backward_per_row(op, gen):
             "continuum-weighted": lambda q: _on_sdpa_math(ops.continuum_attention, q, k, v,
                                                           weight=weight),
             "continuum-dropout": lambda q: ops.continuum_attention(q, k, v, dropout_p=0.3),
-            "dropout": lambda q: ops.dropout(q, 0.3)}[op]
+            "dropout": lambda q: ops.dropout(q, 0.3),
+            # (an output laid out otherwise than the gradients)
+            "dropout-transposed": lambda q: ops.dropout(q.transpose(-2, -1), 0.3)}[op]
     one_by_one = _seeded(torch.autograd.functional.jacobian, call, q)
     batched = _seeded(torch.autograd.functional.jacobian, call, q, vectorize=True)
     assert one_by_one.abs().max() > 0.1

@@ -262,6 +262,10 @@ def test_gnot_reference_forward_refuses_other_configurations(option):
     model.blocks[0].cross.skip = False
     with pytest.raises(ValueError, match="^model: the reference forward"):
         gnot_forward(model, torch.rand(1, 5, 2), [torch.randn(1, 4, 3)], torch.randn(1, 2))
+    # one expert has no gate, of either kind: the same model
+    model = GNOT(2, 2, [3], 1, theta_dim=2, n_hidden=8, n_layers=1, n_head=2, gate="given")
+    x, inputs, theta = torch.rand(1, 5, 2), [torch.randn(1, 4, 3)], torch.randn(1, 2)
+    torch.testing.assert_close(gnot_forward(model, x, inputs, theta), model(x, inputs, theta))
 
 
 def test_forward_ad_through_the_op_runs_the_formula():

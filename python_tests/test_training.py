@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
+from galerkin_ext import models
 from galerkin_ext.losses import MaskedRelativeLoss, OperatorLoss
 from galerkin_ext.training import (
     CHECKPOINT_FORMAT,
@@ -1082,6 +1083,28 @@ def test_describe_grid_names_the_rule_of_2d_grids():
     w = auto_quadrature_weights(grid(axis).reshape(-1, 2))
     torch.testing.assert_close(w / w.sum(), want / want.sum())
     assert record["weight_max"] == pytest.approx(float(want.max() / want.sum()))
+
+
+def test_darcy_records_name_their_coarse_grid(tmp_path):
+    """build_run_model records the coarse grid build_model paired with the fine one; a record
+    without one (from before the pairing) was built on the preset's coarse grid and is rebuilt
+    on it, not on the paper's pair (its weights fit any grid: another grid went unnoticed)."""
+    from galerkin_ext.training import build_run_model, load_trained_model
+
+    small = {"d_model": 8, "n_head": 2, "num_layers": 1, "dim_feedforward": 8, "freq_dim": 4,
+             "modes": 2, "num_decoder_layers": 1}
+    cfg = {"model": small}
+    model = build_run_model(cfg, "darcy", fine=85)
+    assert cfg["build"]["arguments"] == {**small, "fine": 85, "coarse": 29}
+    save_checkpoint(tmp_path / "new.pt", "best", epoch=1, model=model.state_dict(), config=cfg,
+                    metric=0.5)
+    assert load_trained_model(tmp_path / "new.pt")[0].sizes.coarse == 29
+    for name, coarse in (("darcy", 43), ("darcy_inverse", 36)):
+        old = models.build_model(name, fine=211, coarse=coarse, **small)
+        record = {"model": small, "build": {"name": name, "arguments": {**small, "fine": 211}}}
+        save_checkpoint(tmp_path / "old.pt", "best", epoch=1, model=old.state_dict(),
+                        config=record, metric=0.5)
+        assert load_trained_model(tmp_path / "old.pt")[0].sizes == old.sizes
 
 
 def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path, monkeypatch):

@@ -120,28 +120,39 @@ void refuse_forward_ad(const char* op, std::initializer_list<OptTensor> inputs) 
   }
 }
 
-// The backward op `name` on args, below autograd; under create_graph=True or a torch.func
-// transform its formula twin, through autograd.
+// A backward op and its formula twin, looked up once by each backward.
+template <typename Signature>
+struct BackwardOps {
+  const char* name;
+  c10::TypedOperatorHandle<Signature> compiled;
+  c10::TypedOperatorHandle<Signature> formula;
+};
+
+template <typename Signature>
+BackwardOps<Signature> backward_ops(const char* name) {
+  return {name, find_op<Signature>(name),
+          find_op<Signature>((std::string(name) + "_formula").c_str())};
+}
+
+// The backward op on args, below autograd; under create_graph=True or a torch.func transform its
+// formula twin, through autograd.
 template <typename Signature, typename... Args>
-std::vector<Tensor> call_backward(const char* name, const Tensor& grad, Args&&... args) {
+std::vector<Tensor> call_backward(const BackwardOps<Signature>& ops, const Tensor& grad,
+                                  Args&&... args) {
   const bool batched = transforms_active();
   if (!at::GradMode::is_enabled() && !batched) {
-    return below_autograd(find_op<Signature>(name), grad, std::forward<Args>(args)...);
+    return below_autograd(ops.compiled, grad, std::forward<Args>(args)...);
   }
-  const std::string formula_name = std::string(name) + "_formula";
-  const auto handle = c10::Dispatcher::singleton().findOp({formula_name.c_str(), ""});
-  TORCH_CHECK(handle.has_value() &&
-                  handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd),
-              "second-order and batched gradients of ", name, " need ", formula_name,
-              ", which importing galerkin_ext.ops registers");
-  const auto formula = handle->typed<Signature>();
-  if (!batched) return formula.call(grad, std::forward<Args>(args)...);
+  TORCH_CHECK(ops.formula.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd),
+              "second-order and batched gradients of ", ops.name, " need ", ops.name,
+              "_formula, which importing galerkin_ext.ops registers");
+  if (!batched) return ops.formula.call(grad, std::forward<Args>(args)...);
   // The batching key would take the call and find no rule (a list of tensors defeats its
   // per-sample fallback): the composite kernel itself runs, from the device's slot, on the
   // batched tensors, whose plain ops batch.
   const c10::DispatchKeySet device(
       c10::computeDispatchKey(std::nullopt, std::nullopt, grad.device()));
-  return formula.redispatch(device, grad, std::forward<Args>(args)...);
+  return ops.formula.redispatch(device, grad, std::forward<Args>(args)...);
 }
 
 class KvReduce : public torch::autograd::Function<KvReduce> {
@@ -170,9 +181,10 @@ class KvReduce : public torch::autograd::Function<KvReduce> {
     const std::vector<bool> needs = needs_grad(ctx, saved);
     const std::string k_map = ctx->saved_data["k_map"].toStringRef();
     const std::string v_map = ctx->saved_data["v_map"].toStringRef();
+    static const auto ops = backward_ops<KvReduceBackward>("galerkin_ext::kv_reduce_backward");
     variable_list g = keep_needed(
-        call_backward<KvReduceBackward>(
-            "galerkin_ext::kv_reduce_backward", grad_outputs[0], saved[0], saved[1],
+        call_backward(
+            ops, grad_outputs[0], saved[0], saved[1],
             optional(saved[2]), optional(saved[3]), c10::string_view(k_map), optional(saved[4]),
             optional(saved[5]), c10::string_view(v_map), optional(saved[6]), optional(saved[7]),
             ctx->saved_data["eps"].toDouble(), ctx->saved_data["ones_column"].toBool(),
@@ -206,9 +218,10 @@ class QApply : public torch::autograd::Function<QApply> {
     const variable_list saved = ctx->get_saved_variables();
     const std::vector<bool> needs = needs_grad(ctx, saved);
     const std::string q_map = ctx->saved_data["q_map"].toStringRef();
+    static const auto ops = backward_ops<QApplyBackward>("galerkin_ext::q_apply_backward");
     variable_list g = keep_needed(
-        call_backward<QApplyBackward>(
-            "galerkin_ext::q_apply_backward", grad_outputs[0].contiguous(), saved[0],
+        call_backward(
+            ops, grad_outputs[0].contiguous(), saved[0],
             optional(saved[1]), c10::string_view(q_map), optional(saved[2]), optional(saved[3]),
             saved[4], ctx->saved_data["eps"].toDouble(), ctx->saved_data["normalizers"].toInt(),
             ctx->saved_data["skip"].toBool(), bool(needs[1])),
@@ -233,13 +246,21 @@ class Dropout : public torch::autograd::Function<Dropout> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const std::vector<int64_t> strides = ctx->saved_data["strides"].toIntVector();
+    const double p = ctx->saved_data["p"].toDouble();
+    const Tensor seed = ctx->get_saved_variables()[0];
     Tensor grad = grad_outputs[0];
-    if (grad.strides() != c10::IntArrayRef(strides)) {
-      grad = at::empty_strided(grad.sizes(), strides, grad.options()).copy_(grad);
-    }
     // (through autograd: differentiable in turn under create_graph=True)
-    return {dropout_op().call(grad, ctx->saved_data["p"].toDouble(), ctx->get_saved_variables()[0]),
-            Tensor(), Tensor()};
+    if (grad.strides() == c10::IntArrayRef(strides)) {
+      return {dropout_op().call(grad, p, seed), Tensor(), Tensor()};
+    }
+    if (transforms_active()) {
+      // a batched gradient cannot be copied into a plain tensor: the mask, laid out as the
+      // output was, times the gradient
+      const Tensor ones = at::empty_strided(grad.sizes(), strides, grad.options()).fill_(1);
+      return {grad.mul(dropout_op().call(ones, p, seed)), Tensor(), Tensor()};
+    }
+    grad = at::empty_strided(grad.sizes(), strides, grad.options()).copy_(grad);
+    return {dropout_op().call(grad, p, seed), Tensor(), Tensor()};
   }
 };
 
@@ -258,8 +279,10 @@ class QuadraticAttention : public torch::autograd::Function<QuadraticAttention> 
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
-    const std::vector<Tensor> g = call_backward<QuadraticBackward>(
-        "galerkin_ext::quadratic_attention_backward", grad_outputs[0], saved[0], saved[1],
+    static const auto ops =
+        backward_ops<QuadraticBackward>("galerkin_ext::quadratic_attention_backward");
+    const std::vector<Tensor> g = call_backward(
+        ops, grad_outputs[0], saved[0], saved[1],
         saved[2], ctx->saved_data["p"].toDouble(), saved[3]);
     // (q, k, v, p, seed)
     return {ctx->needs_input_grad(0) ? g[0] : Tensor(), ctx->needs_input_grad(1) ? g[1] : Tensor(),
@@ -287,8 +310,10 @@ class SoftmaxAttention : public torch::autograd::Function<SoftmaxAttention> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
     const bool has_bias = saved[3].defined();
-    const std::vector<Tensor> g = call_backward<SoftmaxBackward>(
-        "galerkin_ext::softmax_attention_backward", grad_outputs[0], saved[0], saved[1],
+    static const auto ops =
+        backward_ops<SoftmaxBackward>("galerkin_ext::softmax_attention_backward");
+    const std::vector<Tensor> g = call_backward(
+        ops, grad_outputs[0], saved[0], saved[1],
         saved[2], optional(saved[3]), saved[4], saved[5], ctx->saved_data["scale"].toDouble(),
         ctx->saved_data["p"].toDouble(), saved[6]);
     // (q, k, v, bias, scale, p, seed); the context numbers only the tensors given

@@ -91,6 +91,13 @@ def available_models() -> dict[str, str]:
     return {name: description for name, (_, _, description) in _MODELS.items()}
 
 
+def _default_argument(name: str, key: str) -> Any:
+    """The value of constructor argument ``key`` of model ``name`` when not overridden (and not
+    derived from another argument): the paper's setting, else the class default."""
+    cls, paper, _ = _MODELS[name]
+    return paper.get(key, inspect.signature(cls).parameters[key].default)
+
+
 def build_model(name: str, **overrides: Any) -> nn.Module:
     """Build one of the paper's models with its published configuration.
 
