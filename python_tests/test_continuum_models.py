@@ -193,6 +193,26 @@ def test_fno_channel_mlp_is_the_neuraloperator_layout(gen):
     torch.testing.assert_close(model(u, x), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["vitno", "fano"])
+def test_patched_models_end_with_a_residual_spectral_convolution(name, gen):
+    """After un-patching and the projection, y ← y + SpectralConv(y) (SPEC-continuum §2,
+    step 4), checked on the projection's output."""
+    model = build_model(name, d_model=8, n_head=2, num_layers=1, patches=4, final_modes=3,
+                        dim_feedforward=16).double()
+    projected = {}
+    model.project.register_forward_hook(lambda module, args, out: projected.update(y=out))
+    axis = torch.linspace(0, 1, 16, dtype=F64)
+    x = torch.stack(torch.meshgrid(axis, axis, indexing="ij"), -1)
+    u = torch.randn(2, 16, 16, 1, generator=gen, dtype=F64)
+    with torch.no_grad():
+        out = model(u, x)
+        y = projected["y"]
+        assert (model.final(y)).abs().max() > 0.1
+        want = y + model.final(y)
+        want = want if model.smoothing is None else model.smoothing(want)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
 def test_tno_permutation_equivariance(gen):
     """weight='auto' follows the sorted order, so a joint permutation of (u, x) permutes the
     output (float64, 1e-12), also with the averaging variant."""

@@ -137,6 +137,18 @@ def test_empty_statistics_of_a_chunk_are_skipped(tmp_path):
     assert stats["std"] == pytest.approx(np.std([1.0, 2.0, 6.0]), rel=1e-14)
 
 
+def test_statistics_combine_chunks_of_different_means(tmp_path):
+    """The per-chunk (count, mean, M2) rows combine into the statistics of all the values: the
+    spread between the chunks' means counts too (a single non-empty chunk pinned none of it)."""
+    w = _writer(tmp_path / "s.h5", statistics=["s"])
+    _chunk(w, 0, statistics={"s": np.array([1.0, 2.0, 3.0])})
+    _chunk(w, 1, statistics={"s": np.array([11.0, 12.0, 13.0, 20.0])})
+    stats = inspect_h5(w.finish())["statistics"]["s"]
+    values = [1.0, 2.0, 3.0, 11.0, 12.0, 13.0, 20.0]
+    assert stats["count"] == 7 and stats["mean"] == pytest.approx(np.mean(values), rel=1e-14)
+    assert stats["std"] == pytest.approx(np.std(values), rel=1e-14)
+
+
 def test_damaged_files(tmp_path):
     f1 = _full(tmp_path, static={"xy": np.zeros((3, 2))})
     with h5py.File(f1, "r+") as f:

@@ -252,3 +252,24 @@ def test_draw_torch_masks_gives_torchs_masks_from_the_same_seed():
     torch.manual_seed(11)
     torchs = F.dropout(F.dropout(x, 0.5), 0.2)
     assert torch.equal(ours, torchs)
+    model.eval()  # and the identity in evaluation, as nn.Dropout
+    assert torch.equal(model[2](model[1](x)), x)
+
+
+def test_draw_torch_masks_reaches_the_attention_layers():
+    """The attention matrices' dropout of SimpleAttention and ContinuumAttention draws torch's
+    masks too: ContinuumAttention's equals SDPA's from the same seed."""
+    from galerkin_ext.layers import ContinuumAttention, SimpleAttention
+
+    continuum = ContinuumAttention(8, 2, attn_dropout=0.5).double()
+    model = nn.Sequential(SimpleAttention(8, 2, "fourier", attn_dropout=0.5), continuum)
+    draw_torch_masks(model)
+    assert [model[0].torch_masks, model[1].torch_masks] == [True, True]
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    torch.manual_seed(5)
+    ours = continuum(x)
+    q, k, v = (lin(x).view(2, 7, 2, 4).transpose(1, 2)
+               for lin in (continuum.query, continuum.key, continuum.value))
+    torch.manual_seed(5)
+    heads = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    torch.testing.assert_close(ours, continuum.out_proj(heads.transpose(1, 2).reshape(2, 7, 8)))

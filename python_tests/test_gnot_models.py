@@ -358,6 +358,24 @@ def test_bad_configurations_fail_clearly(kwargs, match):
         GNOT(**config)
 
 
+def test_gk_transformer_decodes_with_silu_after_each_hidden_layer():
+    """Decoder: [h | coords] → hidden, then decoder_layers × (Linear, SiLU), → out (SPEC-gnot
+    §6), written out from the layers' weights (a reordering keeps the parameter count)."""
+    torch.manual_seed(0)
+    model = GKTransformer(d_model=16, n_head=2, num_layers=1, dim_feedforward=32,
+                          decoder_hidden=8).double()
+    x = torch.rand(2, 5, 2, dtype=torch.float64)
+    h = model.lift(x)
+    for layer in model.encoder:
+        h = layer(h, x, None)
+    fc, *hidden, out = [m for m in model.decoder if isinstance(m, torch.nn.Linear)]
+    z = torch.cat([h, x], dim=-1) @ fc.weight.T + fc.bias
+    for linear in hidden:
+        z = torch.nn.functional.silu(z @ linear.weight.T + linear.bias)
+    assert len(hidden) == 2
+    torch.testing.assert_close(model(x), z @ out.weight.T + out.bias, rtol=1e-12, atol=1e-12)
+
+
 def test_gk_transformer_lifts_every_query_column():
     """Columns after the coordinates (a coefficient's values, say) reach the output through
     the lift; the coordinates alone go into every head and the decoder."""

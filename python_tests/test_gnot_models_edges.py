@@ -3,6 +3,7 @@ public API, each branch with its result checked."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from galerkin_ext.models import GNOT, MIONet
 
@@ -36,6 +37,15 @@ def test_mionet_needs_one_input_points_entry_per_input(dims, points):
         MIONet(2, 2, dims, points, 1)
 
 
+def _gelu_mlp(net: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The Linear layers of ``net`` with GELU between them (SPEC-gnot §6), from their weights."""
+    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    for i, linear in enumerate(linears):
+        h = h @ linear.weight.T + linear.bias
+        h = F.gelu(h) if i < len(linears) - 1 else h
+    return h
+
+
 def test_mionet_without_theta_or_input_weights_matches_its_formula():
     """u_c(y) = Σ_k T_kc(y) Π_l B^l_kc + β_c, each branch of its zero-padded flattened input."""
     torch.manual_seed(0)
@@ -46,7 +56,7 @@ def test_mionet_without_theta_or_input_weights_matches_its_formula():
     out = model(x, ys)
     padded = [ys[0].flatten(1), torch.cat([ys[1], torch.zeros(2, 1, 2, dtype=torch.float64)],
                                           1).flatten(1)]
-    b = model.branches[0](padded[0]) * model.branches[1](padded[1])  # (B, P*o)
-    t = model.trunk(x).view(2, 6, 3, 2)
+    b = _gelu_mlp(model.branches[0], padded[0]) * _gelu_mlp(model.branches[1], padded[1])
+    t = F.gelu(_gelu_mlp(model.trunk, x)).view(2, 6, 3, 2)  # the trunk's output activated
     ref = (t * b.view(2, 1, 3, 2)).sum(2) + model.bias
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)

@@ -356,6 +356,12 @@ def test_attention_errors():
         SimpleAttention(8, 2)(x, torch.rand(5, 2))
 
 
+def test_encoder_layer_feed_forward_defaults_to_twice_the_width():
+    layer = EncoderLayer(32, 4)
+    assert (layer.ffn.linear1.in_features, layer.ffn.linear1.out_features) == (32, 64)
+    assert (layer.ffn.linear2.in_features, layer.ffn.linear2.out_features) == (64, 32)
+
+
 @pytest.mark.parametrize("norm", NORMS)
 def test_encoder_layer_is_post_norm_residual(norm, gen):
     layer = EncoderLayer(8, 2, "galerkin", pos_dim=1, dim_feedforward=16, norm=norm,
@@ -670,6 +676,27 @@ def test_spectral_regressor(gen):
         reg(x, torch.rand(9, 9, 2))
     with pytest.raises(ValueError, match="spatial_dim"):
         SpectralRegressor(5, 4, 1, modes=2, spatial_dim=3)
+
+
+def test_spectral_regressor_activates_every_layer_but_the_last(gen):
+    """With last_activation=False every spectral layer but the last is followed by its
+    activation, against a chain of 2-D DFTs written out here (the test above checked the first
+    and last layers' activations and compared the regressor with a loop over its own layers)."""
+    reg = SpectralRegressor(6, 8, 2, modes=3, num_layers=4, spatial_dim=2, spatial_fc=True,
+                            last_activation=False).double()
+    x = torch.randn(2, 9, 10, 6, generator=gen, dtype=torch.float64)
+    grid = torch.rand(9, 10, 2, generator=gen, dtype=torch.float64)
+    h = reg.input.fc(torch.cat([x, grid.expand(2, 9, 10, 2)], dim=-1))
+    for i, layer in enumerate(reg.spectral):
+        weight = torch.view_as_complex(torch.cat([layer.weight_pos, layer.weight_neg], 2))
+        m = layer.modes
+        z = torch.fft.rfft2(h, dim=(1, 2), norm="ortho")
+        mixed = torch.zeros(2, 9, 6, 8, dtype=torch.complex128)
+        mixed[:, :m, :m] = torch.einsum("bxyi,ioxy->bxyo", z[:, :m, :m], weight[:, :, :m])
+        mixed[:, -m:, :m] = torch.einsum("bxyi,ioxy->bxyo", z[:, -m:, :m], weight[:, :, m:])
+        h = torch.fft.irfft2(mixed, s=(9, 10), dim=(1, 2), norm="ortho") + layer.linear(h)
+        h = h if i == len(reg.spectral) - 1 else torch.nn.functional.silu(h)
+    torch.testing.assert_close(reg(x, grid), reg.mlp(h), rtol=1e-12, atol=1e-12)
 
 
 def test_pointwise_regressor(gen):

@@ -39,6 +39,20 @@ def test_write_json_indents_a_list_of_objects(tmp_path):
     assert '"rows": [\n' in text and '"flat": [1, 2]' in text
 
 
+def test_the_digest_covers_each_tensors_shape(tmp_path):
+    """Tensors of the same bytes and other shapes differ (a normaliser's (n, 1) statistics
+    reshaped to (1, n) broadcast otherwise): a checkpoint reshaped after saving is refused."""
+    mean = torch.arange(4.0)
+    assert content_digest({"m": mean[:, None]}) != content_digest({"m": mean[None, :]})
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, "best", epoch=1, model={"shift": mean[:, None]}, config={}, metric=0.5)
+    state = torch.load(path, weights_only=True)
+    state["model"]["shift"] = state["model"]["shift"].reshape(1, 4)
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="c.pt"):
+        load_checkpoint(path, "best")
+
+
 def test_the_digest_covers_keys_named_sha256_below_the_top():
     """Only the checkpoint's own field is left out (load_checkpoint removes it before
     recomputing); a value a user stored under a nested "sha256" key was not covered."""

@@ -260,3 +260,45 @@ def test_eval_data_of_another_layout_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^--eval-data: its samples differ from the "
                                           r"training data's \(.*cavity"):
         check_eval_layout(train_set, eval_set)
+
+
+def test_error_summary_reports_physical_and_normalised_errors():
+    """Medians, mean and maximum of the per-sample relative L2 errors, in physical units (the
+    targets' normaliser decodes prediction and target) and in normalised ones, written out
+    here with plain sums on a uniform grid (unweighted norms)."""
+    from galerkin_ext.data import UnitGaussianNormalizer
+    from galerkin_ext.training import error_summary
+
+    gen = torch.Generator().manual_seed(0)
+    n, count = 16, 5
+    grid = torch.linspace(0, 1, n, dtype=torch.float64)[:, None]
+    xs, targets = (torch.randn(count, n, 1, generator=gen, dtype=torch.float64) for _ in "ab")
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self):
+            return count
+
+        def __getitem__(self, i):
+            return {"x": xs[i], "grid": grid, "target": targets[i]}
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x, grid):
+            return 0.3 * x
+
+    norm = UnitGaussianNormalizer(5 + 2 * torch.randn(50, n, 1, generator=gen,
+                                                      dtype=torch.float64))
+    summary = error_summary(Scaled(), Pairs(), normalizer=norm, weighted=False, batch_size=2)
+    pred = 0.3 * xs
+
+    def relative(p, t):
+        return ((p - t).square().sum((1, 2)) / t.square().sum((1, 2))).sqrt()
+
+    physical = relative(norm.decode(pred), norm.decode(targets))
+    normalised = relative(pred, targets)
+    assert summary["n_samples"] == count
+    for key, want in (("rel_l2_median", physical.median()), ("rel_l2", physical.mean()),
+                      ("rel_l2_max", physical.max()),
+                      ("rel_l2_median_normalized", normalised.median()),
+                      ("rel_l2_normalized", normalised.mean())):
+        assert summary[key] == pytest.approx(float(want), rel=1e-10), key
+    assert abs(summary["rel_l2_median"] - summary["rel_l2_median_normalized"]) > 0.1
