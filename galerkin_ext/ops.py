@@ -801,7 +801,8 @@ def _softmax_attention_backward_formula(grad: Tensor, q: Tensor, k: Tensor, v: T
     """The fused op's gradients through the ``N × M`` matrix of probabilities ``P``, with its
     mask ``D`` (the dropout op's over that matrix stored contiguously): ``dV = (P ∘ D)ᵀ dO``,
     ``dS = P ∘ (dP - Σ_j P dP)`` with ``dP = dO Vᵀ ∘ D``, ``dQ = scale dS K``,
-    ``dK = scale dSᵀ Q``, ``db`` the sum of ``dS`` over heads and queries."""
+    ``dK = scale dSᵀ Q``, ``db`` the sum of ``dS`` over heads and queries. (``out`` and
+    ``lse``: the compiled backward's arguments, which the formulas recompute.)"""
     logits = scale * (q @ k.transpose(-2, -1))
     if bias is not None:
         logits = logits + bias[:, None, None, :]
