@@ -2,6 +2,7 @@
 dicts, curve weights and argument errors."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -73,6 +74,19 @@ def shoelace(points):
 
 
 # ----------------------------------------------------------------------------- curve weights
+
+
+def test_cavity_radius_is_spec_gnots_series():
+    """r(φ) = 0.2 + 0.2 / (1 + exp r̃(φ)), r̃ = Σ_{m=0..8} 2 (m² + 9)^(-1/2) (ξ_m cos mφ +
+    η_m sin mφ) (SPEC-gnot §4.2), summed term by term here."""
+    rng = np.random.default_rng(4)
+    coefficients = rng.standard_normal((2, 9))
+    for phi in (0.0, 0.7, 2.0, 4.5):
+        series = sum(2 / math.sqrt(m * m + 9) * (coefficients[0, m] * math.cos(m * phi)
+                                                 + coefficients[1, m] * math.sin(m * phi))
+                     for m in range(9))
+        want = 0.2 + 0.2 / (1 + math.exp(series))
+        assert cavity_radius(phi, coefficients) == pytest.approx(want, rel=1e-13)
 
 
 def test_curve_weights_polyline_is_exact():

@@ -278,6 +278,10 @@ def test_resume_is_exact(tmp_path):
         _trainer(tmp_path / "cut", loss=interrupting).fit()
     assert load_checkpoint(tmp_path / "cut" / "last.pt")["epoch"] == 2
     resumed = _trainer(tmp_path / "cut").fit(resume=True)
+    # train_seconds (metrics.json's, the README's timings) sums every epoch, over both sessions
+    for result in (full, resumed):
+        assert result["train_seconds"] == pytest.approx(
+            sum(row["seconds"] for row in result["history"]), rel=1e-12)
     for a, b in zip(full["history"], resumed["history"], strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6, abs=0)
         assert a["eval_rel_l2"] == pytest.approx(b["eval_rel_l2"], rel=1e-6, abs=0)
@@ -798,6 +802,20 @@ def test_plateau_schedule_early_stopping_and_value_clipping(tmp_path):
     again = _trainer(tmp_path / "e", epochs=10, early_stopping=2)
     again.metric = flat_metric
     assert again.fit(resume=True)["epochs"] == 3  # a resumed run stays stopped
+    # a constant evaluation error: the rate is halved each time `patience` epochs after the
+    # best have passed without improvement (the run above improved every epoch, which a wrong
+    # patience or factor passed), counted here epoch by epoch
+    for patience in (0, 2):
+        flat = _trainer(tmp_path / f"flat{patience}", epochs=8, scheduler="plateau",
+                        plateau_patience=patience, plateau_factor=0.5)
+        flat.metric = flat_metric
+        want, rate, bad = [], 1e-2, 0
+        for epoch in range(8):
+            want.append(rate)  # each row holds the rate its epoch trained with
+            bad += epoch > 0
+            if bad > patience:
+                rate, bad = rate / 2, 0
+        assert [row["lr"] for row in flat.fit()["history"]] == pytest.approx(want, rel=1e-12)
 
 
 class _NumpyNoise(_Linear1d):
