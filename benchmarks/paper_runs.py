@@ -73,10 +73,21 @@ def experiment_and_setting(config: dict[str, Any]) -> tuple[str, str]:
                      "darcy_inverse.py")
 
 
-def paper_preset(experiment: str) -> dict[str, Any]:
-    """The ``"paper"`` preset of ``examples/<experiment>.py``."""
+def paper_protocol(experiment: str, attention: str | None) -> dict[str, Any]:
+    """What a run of the ``"paper"`` preset of ``examples/<experiment>.py`` trains with, as
+    ``{setting: value}``: the sizes and every training setting of the preset, the peak rate
+    the script lowers for ``attention`` (SPEC §5: 5e-4 for Fourier and softmax in 2-D), and
+    float32 arithmetic."""
     path = Path(__file__).resolve().parents[1] / "examples" / f"{experiment}.py"
-    return exec_file(f"_paper_{experiment}", path).PRESETS["paper"]
+    example = exec_file(f"_paper_{experiment}", path)
+    preset = example.PRESETS["paper"]
+    protocol = {"n_train": preset["n_train"], "n_eval": preset["n_eval"],
+                **{f"train.{k}": v for k, v in preset["train"].items()},
+                "train.precision": "fp32"}
+    lower = getattr(example, "LOWER_MAX_LR", {})
+    if attention in lower:
+        protocol["train.max_lr"] = min(protocol["train.max_lr"], lower[attention])
+    return protocol
 
 
 def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]:
@@ -94,17 +105,17 @@ def record(run: Path, command: str | None, device: str | None) -> dict[str, Any]
         raise ValueError(f"{metrics_file}: a run of preset {config.get('preset')!r}; only "
                          "--preset paper runs are recorded beside the paper's numbers")
     experiment, setting = experiment_and_setting(config)
-    # the protocol's sizes, which the flags can cut down (a smoke test of --preset paper)
-    preset = paper_preset(experiment)
-    ran = {"n_train": config["n_train"], "n_eval": config["n_eval"],
-           **{f"train.{k}": config["train"][k] for k in ("epochs", "batch_size")}}
-    wanted = {"n_train": preset["n_train"], "n_eval": preset["n_eval"],
-              **{f"train.{k}": preset["train"][k] for k in ("epochs", "batch_size")}}
-    differ = [f"{k} {ran[k]} (the paper's {wanted[k]})" for k in ran if ran[k] != wanted[k]]
+    # the protocol's sizes and schedule, which the flags can change (a smoke test of --preset
+    # paper, another --lr or --precision)
+    model = config["model"]
+    wanted = paper_protocol(experiment, model.get("attention_type"))
+    train = {"precision": "fp32", **config["train"]}
+    ran = {k: config[k] if k in config else train.get(k.removeprefix("train."))
+           for k in wanted}
+    differ = [f"{k} {ran[k]} (the paper's {wanted[k]})" for k in wanted if ran[k] != wanted[k]]
     if differ:
         raise ValueError(f"{metrics_file}: not the paper's protocol ({', '.join(differ)}); "
                          "only runs of it are recorded beside the paper's numbers")
-    model = config["model"]
     if config.get("model_choice") == "fno":  # no attention, no norm: the paper's FNO row
         attention, norm = "fno", None
     else:

@@ -210,10 +210,15 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     results = tmp_path / "paper_runs.json"
     script = [sys.executable, str(BENCHMARKS / "paper_runs.py"), "--results", str(results)]
     protocol = {"n_train": 1024, "n_eval": 100}  # SPEC §5's, with the batch of 1-D or 2-D
-    burgers = {"preset": "paper", "n": 512, **protocol, "train": {"epochs": 100, "batch_size": 8},
+    schedule = {"epochs": 100, "batch_size": 8, "max_lr": 1e-3, "div_factor": 1e4,
+                "final_div_factor": 1e4, "pct_start": 0.2, "grad_clip": 0.999, "seed": 0}
+    burgers = {"preset": "paper", "n": 512, **protocol, "train": schedule,
                "model": {"attention_type": "galerkin", "norm": "attn"}}
-    protocol_2d = {**protocol, "train": {"epochs": 100, "batch_size": 4}}
-    inverse = {"preset": "paper", "fine": 141, "coarse": 36, "noise": 0.01, **protocol_2d,
+    schedule_2d = {**schedule, "batch_size": 4, "pct_start": 0.3}
+    protocol_2d = {**protocol, "train": schedule_2d}
+    inverse = {"preset": "paper", "fine": 141, "coarse": 36, "noise": 0.01, **protocol,
+               # (the script's peak rate for Fourier attention in 2-D)
+               "train": {**schedule_2d, "max_lr": 5e-4},
                "model": {"attention_type": "fourier", "norm": "attn",
                          "reference_dropout": True}}
     gt = _fake_run(tmp_path / "gt", burgers, 2.406e-3, 2.5e-3, command="python x.py",
@@ -238,14 +243,21 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
     quick = _fake_run(tmp_path / "quick", {**burgers, "preset": "quick"}, 0.8, 0.8,
                       command="python z.py", device_name="cpu")
     smoke = _fake_run(tmp_path / "smoke", {**burgers, "n_train": 8,
-                                           "train": {"epochs": 1, "batch_size": 8}}, 1.0, 1.0,
+                                           "train": {**schedule, "epochs": 1}}, 1.0, 1.0,
                       command="python z.py", device_name="cpu")
+    # another schedule or arithmetic (it was recorded as the paper's protocol, 4.16x its figure)
+    faster = _fake_run(tmp_path / "faster", {**burgers, "train": {
+        **schedule, "max_lr": 1e-2, "precision": "bf16"}}, 5e-3, 5e-3, command="python z.py",
+        device_name="cpu")
     for cmd, message in (([*script, "add", str(gt)], "already holds burgers, galerkin, attn, "
                                                       "n=512, False (2.406e-03 after 2 epochs"),
                          ([*script, "add", str(quick), "--replace"], "preset 'quick'"),
                          ([*script, "add", str(smoke), "--replace"],
                           "not the paper's protocol (n_train 8 (the paper's 1024), "
-                          "train.epochs 1 (the paper's 100))")):
+                          "train.epochs 1 (the paper's 100))"),
+                         ([*script, "add", str(faster), "--replace"],
+                          "not the paper's protocol (train.max_lr 0.01 (the paper's 0.001), "
+                          "train.precision bf16 (the paper's fp32))")):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     records = json.loads(results.read_text())

@@ -971,6 +971,27 @@ def test_burgers_eval_n_is_checked_against_the_eval_data(tmp_path):
     assert not (tmp_path / "bad" / "last.pt").exists()
 
 
+@pytest.mark.parametrize(("name", "batch", "pct_start", "gamma"),
+                         [("burgers", 8, 0.2, 0.1), ("darcy", 4, 0.3, 0.5),
+                          ("darcy_inverse", 4, 0.3, None)])
+def test_galerkin_paper_presets_are_spec_section_5(name, batch, pct_start, gamma):
+    """SPEC §5: Adam + OneCycle (max_lr 1e-3, div 1e4, final div 1e4, pct_start 0.2 in 1-D /
+    0.3 in 2-D, 5e-4 peak for fourier/softmax in 2-D), 100 epochs, norm clip 0.999, batch 8 in
+    1-D and 4 in 2-D, 1024 training and 100 evaluation samples; H¹ weight γ = 0.1 (Burgers),
+    0.5 (Darcy, coefficient-weighted), 0 (inverse). A typo in a preset changes what the
+    README's numbers mean, and no run's test would notice."""
+    example = _load_example(name)
+    paper = example.PRESETS["paper"]
+    assert paper["train"] == {"epochs": 100, "batch_size": batch, "max_lr": 1e-3,
+                              "div_factor": 1e4, "final_div_factor": 1e4,
+                              "pct_start": pct_start, "grad_clip": 0.999, "seed": 0}
+    assert (paper["n_train"], paper["n_eval"]) == (1024, 100)
+    if name != "burgers":
+        assert example.LOWER_MAX_LR == {"fourier": 5e-4, "softmax": 5e-4}
+    if gamma is not None:
+        assert example.GAMMA == gamma
+
+
 def test_darcy_continuum_paper_preset_at_416_is_table_3():
     """SPEC-continuum §4's table: at s = 416 the paper preset zero-shots at 208 ... 832 and the
     AFNO learns lognormal data at 1e-3 (1e-2 at 64^2 and on piecewise data); flags win."""
