@@ -235,6 +235,28 @@ def test_the_readme_export_recipe_runs_as_written():
             torch.testing.assert_close(exported(u, x), model(u, x), rtol=1e-5, atol=1e-6)
 
 
+def test_the_readme_patched_export_range_keeps_every_mode():
+    """The README's range for the quick ViT NO (6 lift modes, 16 final ones): from its minimum
+    patch side every patch holds all of its modes, so the program runs at every size of the
+    range (with min=12 or 13 it failed on its own guards at k = 12 and 13)."""
+    if "vitno" in _DYNAMIC_EXPORT_BROKEN:
+        pytest.skip("torch < 2.6 cannot export the FFT models at dynamic sizes")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    low = int(re.search(r'4 \* torch\.export\.Dim\("k",\s+min=(\d+)\)', readme).group(1))
+    torch.manual_seed(0)
+    model = build_model("vitno", d_model=8, n_head=2, num_layers=1, dim_feedforward=8,
+                        patches=4, lift_modes=6, final_modes=16).eval()
+    side = 4 * torch.export.Dim("k", min=low)
+    exported = torch.export.export(model, (_randn(1, 4 * low + 8, 4 * low + 8, 1),
+                                           _square(4 * low + 8)),
+                                   dynamic_shapes=({1: side, 2: side}, {0: side, 1: side}))
+    with torch.no_grad():
+        for k in (low, low + 1):
+            u, x = _randn(1, 4 * k, 4 * k, 1), _square(4 * k)
+            torch.testing.assert_close(exported.module()(u, x), model(u, x), rtol=1e-5,
+                                       atol=1e-6)
+
+
 def test_the_tno_query_head_exports_and_compiles_with_free_point_counts():
     """The query head's model exported once runs at any batch, number of input points and of
     query points in the declared ranges, and compiles to one graph, with eager's values."""
