@@ -31,6 +31,7 @@ from typing import Any
 
 from original import exec_file
 
+from galerkin_ext.data.datasets import DARCY_COARSE
 from galerkin_ext.training import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "paper_runs.json"
@@ -66,7 +67,10 @@ def experiment_and_setting(config: dict[str, Any]) -> tuple[str, str]:
     if "noise" in config:
         return "darcy_inverse", f"{config['fine']}/{config['coarse']}, eps={config['noise']:g}"
     if "fine" in config:
-        return "darcy", f"{config['fine']}/{config['coarse']}"
+        # the FNO has no coarse grid: the paper's row is that of its fine grid's pair
+        coarse = config["coarse"] if config["coarse"] is not None else \
+            DARCY_COARSE.get(config["fine"])
+        return "darcy", f"{config['fine']}/{coarse}"
     if "n" in config:
         return "burgers", f"n={config['n']}"
     raise ValueError("metrics.json: its config is not one of examples/burgers.py, darcy.py or "

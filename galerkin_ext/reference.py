@@ -157,13 +157,15 @@ def gnot_forward(model: GNOT, x: Tensor, inputs: list[Tensor],
     # layers, which an oracle must not echo
     # (one expert has no gate, whichever kind the model was given)
     blocks: Any = model.blocks
-    if model.theta_mode != "query" or (model.n_experts > 1 and model.gate_mode != "mlp") or any(
+    if (model.act, model.theta_mode) != ("gelu", "query") or (
+            model.n_experts > 1 and model.gate_mode != "mlp") or any(
             (b.ffn_norm, b.cross.reduce, b.cross.skip, b.self_attn.skip) != ("post", "sum", True,
                                                                              True)
             for b in blocks):
         raise ValueError("model: the reference forward is the reference code's configuration: "
-                         "theta_mode='query', gate='mlp', ffn_norm='post', reduce='sum', skip "
-                         "terms in the cross- and self-attention (self_skip=True)")
+                         "act='gelu', theta_mode='query', gate='mlp', ffn_norm='post', "
+                         "reduce='sum', skip terms in the cross- and self-attention "
+                         "(self_skip=True)")
 
     # (the sub-modules are read by attribute name: Any, which their nn.ModuleList hides anyway)
     def mlp(net: Any, h: Tensor) -> Tensor:

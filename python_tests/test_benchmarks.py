@@ -231,7 +231,13 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
                                        "noise": 0.1, **protocol_2d, "model": {},
                                        "model_choice": "fno"},
                     0.173, 0.18, command="python f.py", device_name="gpu")
-    for cmd in ([*script, "add", str(gt2048)],
+    # the Darcy FNO (no coarse grid) is set beside the paper's row of its fine grid
+    darcy_fno = _fake_run(tmp_path / "dfno", {"preset": "paper", "fine": 141, "coarse": None,
+                                              **protocol_2d, "model": {},
+                                              "model_choice": "fno"},
+                          1.5e-2, 1.5e-2, command="python d.py", device_name="gpu")
+    for cmd in ([*script, "add", str(darcy_fno)],
+                [*script, "add", str(gt2048)],
                 [*script, "add", str(gt)],
                 [*script, "add", str(inv), "--command", "python y.py", "--device", "gpu"],
                 [*script, "add", str(fno)],
@@ -261,8 +267,10 @@ def test_paper_runs_records_and_table(tmp_path: Path) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     records = json.loads(results.read_text())
-    assert len(records) == 4
-    r = next(r for r in records if r["attention"] == "fno")
+    assert len(records) == 5
+    r = next(r for r in records if r["attention"] == "fno" and r["experiment"] == "darcy")
+    assert (r["setting"], r["paper_rel_l2"]) == ("141/43", 1.419e-2)
+    r = next(r for r in records if r["attention"] == "fno" and r["experiment"] != "darcy")
     assert (r["norm"], r["setting"], r["paper_rel_l2"]) == (None, "36/36, eps=0.1", 1.730e-1)
     by_experiment = {r["experiment"]: r for r in records
                      if r["attention"] != "fno" and r["setting"] != "n=2048"}

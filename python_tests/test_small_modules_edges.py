@@ -247,7 +247,8 @@ def test_mixture_probs_of_the_wrong_shape():
 
 
 @pytest.mark.parametrize("option", [{"self_skip": False}, {"reduce": "mean"},
-                                    {"ffn_norm": "pre"}, {"theta_mode": "branch"}])
+                                    {"ffn_norm": "pre"}, {"theta_mode": "branch"},
+                                    {"act": "relu"}, {"n_experts": 2, "gate": "given"}])
 def test_gnot_reference_forward_refuses_other_configurations(option):
     """The oracle fixes the reference code's configuration instead of reading the model's
     layers (it took the cross-attention's skip from the model, so a model without it passed)."""

@@ -1123,6 +1123,17 @@ def test_darcy_records_name_their_coarse_grid(tmp_path):
         save_checkpoint(tmp_path / "old.pt", "best", epoch=1, model=old.state_dict(),
                         config=record, metric=0.5)
         assert load_trained_model(tmp_path / "old.pt")[0].sizes == old.sizes
+    # such a run resumes on its own grids, and not on others
+    from galerkin_ext.training.trainer import check_resumable_config
+
+    record = {"build": {"name": "darcy", "arguments": {**small, "fine": 211}}}
+    check_resumable_config(record, {"build": {"name": "darcy", "arguments": {
+        **small, "fine": 211, "coarse": 43}}}, tmp_path / "old.pt", partial=True)
+    with pytest.raises(CheckpointError, match=r"build.arguments.coarse.*there \{'build."
+                                              r"arguments.coarse': 43\}, now \{'build."
+                                              r"arguments.coarse': 61\}"):
+        check_resumable_config(record, {"build": {"name": "darcy", "arguments": {
+            **small, "fine": 211, "coarse": 61}}}, tmp_path / "old.pt", partial=True)
 
 
 def test_a_trained_model_is_rebuilt_from_its_checkpoint_alone(tmp_path, monkeypatch):

@@ -185,6 +185,7 @@ class GNOT(nn.Module):
         c, m = check_int(n_hidden, "n_hidden"), check_int(mlp_layers, "mlp_layers", 0)
         check_probability(dropout, "dropout")
         make_activation(act, "act")  # named here: the layers call it their activation
+        self.act = act
         check_heads(n_head, c, "n_hidden")
         theta_in_query = self.theta_dim if self.theta_mode == "query" else 0
         self.trunk = ResidualMLP(query_dim + theta_in_query, c, c, m, act)

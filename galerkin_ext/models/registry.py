@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
@@ -91,11 +91,21 @@ def available_models() -> dict[str, str]:
     return {name: description for name, (_, _, description) in _MODELS.items()}
 
 
-def _default_argument(name: str, key: str) -> Any:
-    """The value of constructor argument ``key`` of model ``name`` when not overridden (and not
-    derived from another argument): the paper's setting, else the class default."""
-    cls, paper, _ = _MODELS[name]
-    return paper.get(key, inspect.signature(cls).parameters[key].default)
+#: The models whose run records name their coarse grid (training.build_run_model).
+_GRID_PAIRED = ("darcy", "darcy_inverse")
+
+
+def _recorded_arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of model ``name`` that a run recorded, completed as the model
+    was built: a Darcy record without ``coarse`` predates build_model's pairing of a fine grid
+    with the paper's coarse one, and the model had the preset's coarse grid, whatever its fine
+    one (its weights fit any grid, so nothing else would tell)."""
+    completed = dict(arguments)
+    if name in _GRID_PAIRED and "coarse" not in completed:
+        cls, paper, _ = _MODELS[name]
+        preset = paper.get("coarse", inspect.signature(cls).parameters["coarse"].default)
+        completed["coarse"] = preset
+    return completed
 
 
 def build_model(name: str, **overrides: Any) -> nn.Module:
@@ -112,8 +122,8 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     (:class:`GKTransformer`).
     ``overrides`` are constructor arguments of that class, e.g. ``attention_type='galerkin'``,
     ``norm='layer'``, ``d_model``, ``n_head``, ``num_layers``, ``fine=211, coarse=61``; a
-    Darcy ``fine`` without ``coarse`` takes the paper's pair (``data.DARCY_COARSE``,
-    ``data.INVERSE_COARSE``), and a grid the paper pairs with none needs ``coarse``.
+    Darcy ``fine`` without ``coarse`` takes the paper's pair (``data.datasets.DARCY_COARSE``,
+    ``INVERSE_COARSE``), and a grid the paper pairs with none needs ``coarse``.
 
     As in the reference code, unless overridden: the Darcy model uses layer-norm epsilon
     ``1e-5`` for Galerkin attention on fine grids ``>= 211`` (``1e-7`` otherwise), and softmax

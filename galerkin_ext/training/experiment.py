@@ -52,7 +52,7 @@ from ..data.storage import (
 )
 from ..layers import ATTENTION_TYPES, auto_quadrature_weights
 from ..models import build_model
-from ..models.registry import _default_argument
+from ..models.registry import _GRID_PAIRED, _recorded_arguments
 from .checkpoint import (
     CheckpointError,
     _load_weights,
@@ -74,8 +74,6 @@ from .trainer import (
     relative_l2_metric,
     tensorboard_writer_class,
 )
-
-_DARCY_MODELS = ("darcy", "darcy_inverse")  # their records name the coarse grid
 
 __all__ = [
     "ATTENTION_TYPES",
@@ -621,7 +619,7 @@ def build_run_model(config: dict[str, Any], name: str, **arguments: Any) -> torc
                         "under 'model' (e.g. {'model': {}})")
     arguments = {**config["model"], **arguments}
     model = build_model(name, **arguments)
-    if name in _DARCY_MODELS:  # the coarse grid build_model paired with the fine one, if any
+    if name in _GRID_PAIRED:  # the coarse grid build_model paired with the fine one, if any
         arguments["coarse"] = model.sizes.coarse
     config["build"] = {"name": name, "arguments": arguments}
     return model
@@ -679,12 +677,7 @@ def load_trained_model(path: str | os.PathLike[str], device: torch.device | str 
     # default dtype, which is the whole process's (other threads would make float64 tensors)
     floating = {t.dtype for t in state["model"].values()
                 if isinstance(t, torch.Tensor) and t.is_floating_point()}
-    arguments = dict(build["arguments"])
-    if build["name"] in _DARCY_MODELS and "coarse" not in arguments:
-        # recorded before build_model paired a fine grid with the paper's coarse one: built on
-        # the preset's coarse grid, whatever the fine one (its weights fit any)
-        arguments["coarse"] = _default_argument(build["name"], "coarse")
-    model = build_model(build["name"], **arguments)
+    model = build_model(build["name"], **_recorded_arguments(build["name"], build["arguments"]))
     model = model.double() if floating == {torch.float64} else model.float()
     _load_weights(model, state["model"], path, f"the model it records ({build['name']!r})")
     return model.to(device).eval(), state

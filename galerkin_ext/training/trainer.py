@@ -75,6 +75,7 @@ from .._locks import file_lock
 from ..data.gnot_datasets import batch_to
 from ..domain import sum_gradients
 from ..losses import masked_relative_l2, relative_l2
+from ..models.registry import _recorded_arguments
 from .checkpoint import (
     CheckpointError,
     _check_loadable,
@@ -166,6 +167,11 @@ def check_resumable_config(stored: Mapping[str, Any], current: Mapping[str, Any]
         raise CheckpointError(
             f"cannot resume from {str(path)!r}: it is a run of the {stored['experiment']!r} "
             f"experiment, this is {current['experiment']!r}; use another out_dir")
+    build = stored.get("build")
+    if isinstance(build, Mapping) and isinstance(build.get("arguments"), Mapping):
+        # a model recorded without a setting its record now names (a Darcy model's coarse grid)
+        stored = {**stored, "build": {**build, "arguments": _recorded_arguments(
+            build.get("name"), build["arguments"])}}
     old, new = _flatten(stored), _flatten(current)
     for record in _LATER_RECORDS:
         if record not in stored:
