@@ -620,7 +620,7 @@ def build_run_model(config: dict[str, Any], name: str, **arguments: Any) -> torc
     arguments = {**config["model"], **arguments}
     model = build_model(name, **arguments)
     if name in _GRID_PAIRED:  # the coarse grid build_model paired with the fine one, if any
-        arguments["coarse"] = model.sizes.coarse
+        arguments["coarse"] = cast(Any, model).sizes.coarse  # (a SimpleTransformer2d)
     config["build"] = {"name": name, "arguments": arguments}
     return model
 
