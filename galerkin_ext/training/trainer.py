@@ -168,10 +168,11 @@ def check_resumable_config(stored: Mapping[str, Any], current: Mapping[str, Any]
             f"cannot resume from {str(path)!r}: it is a run of the {stored['experiment']!r} "
             f"experiment, this is {current['experiment']!r}; use another out_dir")
     build = stored.get("build")
-    if isinstance(build, Mapping) and isinstance(build.get("arguments"), Mapping):
+    if (isinstance(build, Mapping) and isinstance(build.get("name"), str)
+            and isinstance(build.get("arguments"), Mapping)):
         # a model recorded without a setting its record now names (a Darcy model's coarse grid)
         stored = {**stored, "build": {**build, "arguments": _recorded_arguments(
-            build.get("name"), build["arguments"])}}
+            build["name"], build["arguments"])}}
     old, new = _flatten(stored), _flatten(current)
     for record in _LATER_RECORDS:
         if record not in stored:
