@@ -103,8 +103,8 @@ def _recorded_arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, An
     completed = dict(arguments)
     if name in _GRID_PAIRED and "coarse" not in completed:
         cls, paper, _ = _MODELS[name]
-        preset = paper.get("coarse", inspect.signature(cls).parameters["coarse"].default)
-        completed["coarse"] = preset
+        completed["coarse"] = paper.get("coarse",
+                                        inspect.signature(cls).parameters["coarse"].default)
     return completed
 
 
@@ -159,7 +159,7 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
         return config.get(key, allowed[key].default)
 
     fine = overrides.get("fine")
-    if (name in ("darcy", "darcy_inverse") and "coarse" not in overrides
+    if (name in _GRID_PAIRED and "coarse" not in overrides
             and isinstance(fine, numbers.Integral) and not isinstance(fine, bool)):
         # the paper's pair of grids (the preset's coarse one belongs to fine = 141 only)
         pairs = DARCY_COARSE if name == "darcy" else INVERSE_COARSE
