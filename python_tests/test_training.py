@@ -121,6 +121,26 @@ def test_fit_converges_and_writes_files(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left
 
 
+def test_an_epochs_train_loss_is_the_mean_of_its_steps(tmp_path):
+    """history's train_loss is the mean of the losses its epoch's steps took (SPEC-continuum
+    §4's ReduceLROnPlateau defaults, ×0.5 and patience 2, are TrainConfig's)."""
+    seen = []
+    base = OperatorLoss()
+
+    def recording(*args):
+        loss, parts = base(*args)
+        seen.append(float(loss.detach()))
+        return loss, parts
+
+    history = _trainer(tmp_path, epochs=2, loss=recording).fit()["history"]
+    steps = len(seen) // 2
+    assert steps == 8
+    for epoch, row in enumerate(history):
+        assert row["train_loss"] == pytest.approx(
+            sum(seen[epoch * steps:(epoch + 1) * steps]) / steps, rel=1e-12)
+    assert (TrainConfig().plateau_factor, TrainConfig().plateau_patience) == (0.5, 2)
+
+
 def test_onecycle_starts_at_max_lr_over_div_factor_and_ends_final_div_factor_below(tmp_path):
     """The schedule starts at max_lr / div_factor and ends at that / final_div_factor (the
     other tests gave the two factors equal values, which a swap passed)."""
