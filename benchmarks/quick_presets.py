@@ -170,7 +170,7 @@ def main() -> int:
         return 0
     if args.runs is None:
         parser.error("--runs: required to run the presets (only --table runs nothing)")
-    if only is not None and earlier is not None:
+    if earlier is not None:  # (--only)
         result = earlier
         for name in only:
             record = measure(name, args.runs)

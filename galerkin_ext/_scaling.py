@@ -17,9 +17,10 @@ from torch import Tensor
 
 def largest_magnitude(x: Tensor, dims: int | tuple[int, ...]) -> Tensor:
     """``max |x|`` over ``dims`` (kept as size-1 axes), detached; 1 where it is 0 (``x`` is 0
-    there and stands for its own quotient)."""
+    there and stands for its own quotient) or not finite (so that inf stays inf and NaN NaN,
+    not inf / inf)."""
     size = x.detach().abs().amax(dim=dims, keepdim=True)
-    return torch.where(size > 0, size, torch.ones_like(size))
+    return torch.where((size > 0) & size.isfinite(), size, torch.ones_like(size))
 
 
 def fewest_steps(length: float, max_step: float) -> int:

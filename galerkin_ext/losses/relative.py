@@ -71,9 +71,7 @@ def _each_by_its_max(diff: Tensor, ref: Tensor, dims: tuple[int, ...]
     magnitudes (``dims`` dropped), by which a ratio of norms of the two is scaled back: a
     relative error is representable where the squares of either are not (an error of 1e20
     relative to 1 overflowed when ``diff`` was divided by ``ref``'s magnitude)."""
-    # (an infinite or NaN one: 1, so that inf stays inf and NaN NaN, not inf / inf)
-    diff_size, ref_size = (torch.where(size.isfinite(), size, 1.0)
-                           for size in (largest_magnitude(t, dims) for t in (diff, ref)))
+    diff_size, ref_size = largest_magnitude(diff, dims), largest_magnitude(ref, dims)
     return diff / diff_size, ref / ref_size, (diff_size / ref_size).squeeze(dims)
 
 
