@@ -64,26 +64,20 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-// The forward ops, each looked up once.
-const c10::TypedOperatorHandle<KvReduceOp>& kv_reduce_op() {
-  static const auto op = find_op<KvReduceOp>("galerkin_ext::kv_reduce");
-  return op;
-}
-const c10::TypedOperatorHandle<QApplyOp>& q_apply_op() {
-  static const auto op = find_op<QApplyOp>("galerkin_ext::q_apply");
-  return op;
-}
-const c10::TypedOperatorHandle<DropoutOp>& dropout_op() {
-  static const auto op = find_op<DropoutOp>("galerkin_ext::dropout");
-  return op;
-}
-const c10::TypedOperatorHandle<QuadraticOp>& quadratic_op() {
-  static const auto op = find_op<QuadraticOp>("galerkin_ext::quadratic_attention");
-  return op;
-}
-const c10::TypedOperatorHandle<SoftmaxOp>& softmax_op() {
-  static const auto op = find_op<SoftmaxOp>("galerkin_ext::softmax_attention");
-  return op;
+// The forward ops, looked up once (their schemas exist from the library's load on).
+struct ForwardOps {
+  c10::TypedOperatorHandle<KvReduceOp> kv_reduce = find_op<KvReduceOp>("galerkin_ext::kv_reduce");
+  c10::TypedOperatorHandle<QApplyOp> q_apply = find_op<QApplyOp>("galerkin_ext::q_apply");
+  c10::TypedOperatorHandle<DropoutOp> dropout = find_op<DropoutOp>("galerkin_ext::dropout");
+  c10::TypedOperatorHandle<QuadraticOp> quadratic =
+      find_op<QuadraticOp>("galerkin_ext::quadratic_attention");
+  c10::TypedOperatorHandle<SoftmaxOp> softmax =
+      find_op<SoftmaxOp>("galerkin_ext::softmax_attention");
+};
+
+const ForwardOps& forward_ops() {
+  static const ForwardOps handles;
+  return handles;
 }
 
 // op on args below autograd (under a vmap, its batching still applies).
@@ -163,8 +157,9 @@ class KvReduce : public torch::autograd::Function<KvReduce> {
                         const OptTensor& k_norm_bias, c10::string_view v_map,
                         const OptTensor& v_norm_weight, const OptTensor& v_norm_bias,
                         double eps, bool ones_column) {
-    Tensor s = below_autograd(kv_reduce_op(), k, v, kv_pos, weight, k_map, k_norm_weight,
-                              k_norm_bias, v_map, v_norm_weight, v_norm_bias, eps, ones_column);
+    Tensor s = below_autograd(forward_ops().kv_reduce, k, v, kv_pos, weight, k_map,
+                              k_norm_weight, k_norm_bias, v_map, v_norm_weight, v_norm_bias, eps,
+                              ones_column);
     // The inputs only: the backward recomputes the prepared operands.
     ctx->save_for_backward({k, v, kv_pos.value_or(Tensor()), weight.value_or(Tensor()),
                             k_norm_weight.value_or(Tensor()), k_norm_bias.value_or(Tensor()),
@@ -203,8 +198,8 @@ class QApply : public torch::autograd::Function<QApply> {
                         c10::string_view q_map, const OptTensor& q_norm_weight,
                         const OptTensor& q_norm_bias, const Tensor& s, double eps,
                         int64_t normalizers, bool skip) {
-    Tensor out = below_autograd(q_apply_op(), q, pos, q_map, q_norm_weight, q_norm_bias, s, eps,
-                                normalizers, skip);
+    Tensor out = below_autograd(forward_ops().q_apply, q, pos, q_map, q_norm_weight,
+                                q_norm_bias, s, eps, normalizers, skip);
     ctx->save_for_backward({q, pos.value_or(Tensor()), q_norm_weight.value_or(Tensor()),
                             q_norm_bias.value_or(Tensor()), s});
     ctx->saved_data["q_map"] = std::string(q_map);
@@ -237,7 +232,7 @@ class QApply : public torch::autograd::Function<QApply> {
 class Dropout : public torch::autograd::Function<Dropout> {
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& x, double p, const Tensor& seed) {
-    Tensor out = below_autograd(dropout_op(), x, p, seed);
+    Tensor out = below_autograd(forward_ops().dropout, x, p, seed);
     ctx->save_for_backward({seed});
     ctx->saved_data["p"] = p;
     ctx->saved_data["strides"] = out.strides().vec();
@@ -251,16 +246,16 @@ class Dropout : public torch::autograd::Function<Dropout> {
     Tensor grad = grad_outputs[0];
     // (through autograd: differentiable in turn under create_graph=True)
     if (grad.strides() == c10::IntArrayRef(strides)) {
-      return {dropout_op().call(grad, p, seed), Tensor(), Tensor()};
+      return {forward_ops().dropout.call(grad, p, seed), Tensor(), Tensor()};
     }
     if (transforms_active()) {
       // a batched gradient cannot be copied into a plain tensor: the mask, laid out as the
       // output was, times the gradient
       const Tensor ones = at::empty_strided(grad.sizes(), strides, grad.options()).fill_(1);
-      return {grad.mul(dropout_op().call(ones, p, seed)), Tensor(), Tensor()};
+      return {grad.mul(forward_ops().dropout.call(ones, p, seed)), Tensor(), Tensor()};
     }
     grad = at::empty_strided(grad.sizes(), strides, grad.options()).copy_(grad);
-    return {dropout_op().call(grad, p, seed), Tensor(), Tensor()};
+    return {forward_ops().dropout.call(grad, p, seed), Tensor(), Tensor()};
   }
 };
 
@@ -271,7 +266,7 @@ class QuadraticAttention : public torch::autograd::Function<QuadraticAttention> 
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         double p, const Tensor& seed) {
-    Tensor out = below_autograd(quadratic_op(), q, k, v, p, seed);
+    Tensor out = below_autograd(forward_ops().quadratic, q, k, v, p, seed);
     ctx->save_for_backward({q, k, v, seed});
     ctx->saved_data["p"] = p;
     return out;
@@ -299,7 +294,7 @@ class SoftmaxAttention : public torch::autograd::Function<SoftmaxAttention> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
                                const Tensor& v, const OptTensor& bias, double scale, double p,
                                const Tensor& seed) {
-    auto [out, lse] = below_autograd(softmax_op(), q, k, v, bias, scale, p, seed);
+    auto [out, lse] = below_autograd(forward_ops().softmax, q, k, v, bias, scale, p, seed);
     ctx->mark_non_differentiable({lse});
     ctx->save_for_backward({q, k, v, bias.value_or(Tensor()), out, lse, seed});
     ctx->saved_data["scale"] = scale;
@@ -337,14 +332,14 @@ bool records(std::initializer_list<OptTensor> inputs) {
 Tensor dropout_autograd(const Tensor& x, double p, const Tensor& seed) {
   refuse_forward_ad("galerkin_ext::dropout", {x});
   if (records({x})) return Dropout::apply(x, p, seed);
-  return below_autograd(dropout_op(), x, p, seed);
+  return below_autograd(forward_ops().dropout, x, p, seed);
 }
 
 Tensor quadratic_attention_autograd(const Tensor& q, const Tensor& k, const Tensor& v, double p,
                                     const Tensor& seed) {
   refuse_forward_ad("galerkin_ext::quadratic_attention", {q, k, v});
   if (records({q, k, v})) return QuadraticAttention::apply(q, k, v, p, seed);
-  return below_autograd(quadratic_op(), q, k, v, p, seed);
+  return below_autograd(forward_ops().quadratic, q, k, v, p, seed);
 }
 
 std::tuple<Tensor, Tensor> softmax_attention_autograd(const Tensor& q, const Tensor& k,
@@ -356,7 +351,7 @@ std::tuple<Tensor, Tensor> softmax_attention_autograd(const Tensor& q, const Ten
     const variable_list outs = SoftmaxAttention::apply(q, k, v, bias, scale, p, seed);
     return {outs[0], outs[1]};
   }
-  return below_autograd(softmax_op(), q, k, v, bias, scale, p, seed);
+  return below_autograd(forward_ops().softmax, q, k, v, bias, scale, p, seed);
 }
 
 Tensor kv_reduce_autograd(const Tensor& k, const Tensor& v, const OptTensor& kv_pos,
