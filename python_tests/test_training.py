@@ -1826,6 +1826,75 @@ def test_cleanup_distributed_stops_the_group_threads(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+_UNEQUAL_SHARES = """
+import sys, torch
+from torch import nn
+from galerkin_ext.losses import RelativeLoss
+from galerkin_ext.training import (ConfigError, TrainConfig, Trainer, cleanup_distributed,
+                                   per_sample_errors, setup_distributed)
+
+class Samples(torch.utils.data.Dataset):
+    def __init__(self, count):
+        self.x = torch.randn(count, 6, 1, generator=torch.Generator().manual_seed(1))
+    def __len__(self):
+        return len(self.x)
+    def __getitem__(self, i):
+        return {"x": self.x[i], "grid": torch.zeros(6, 1), "target": self.x[i] ** 2 + 1}
+
+class Pointwise(nn.Linear):
+    def forward(self, x, grid):
+        return super().forward(x)
+
+ctx = setup_distributed("cpu")
+try:
+    Trainer(Pointwise(1, 1), RelativeLoss(), Samples(8), Samples(4), TrainConfig(batch_size=2),
+            f"{sys.argv[1]}/alone")
+except ConfigError as e:
+    print(f"rank {ctx.rank} alone: {e}")
+extra = ctx.rank  # rank 1 holds one sample more
+for case, (train, evals) in {"train": (8 + extra, 4), "eval": (8, 4 + extra)}.items():
+    trainer = Trainer(Pointwise(1, 1), RelativeLoss(), Samples(train), Samples(evals),
+                      TrainConfig(epochs=1, batch_size=2, progress=False),
+                      f"{sys.argv[1]}/{case}", ctx=ctx)
+    try:
+        trainer.fit()
+        print(f"rank {ctx.rank} {case}: trained")
+    except ConfigError as e:
+        print(f"rank {ctx.rank} {case}: {e}")
+try:
+    per_sample_errors(Pointwise(1, 1), Samples(4 + extra), ctx=ctx)
+    print(f"rank {ctx.rank} errors: evaluated")
+except ConfigError as e:
+    print(f"rank {ctx.rank} errors: {e}")
+cleanup_distributed(ctx)
+"""
+
+
+def test_torchrun_processes_refuse_unequal_data_sets_and_a_missing_ctx(tmp_path):
+    """The processes split the samples by number: with 8 training samples on rank 0 and 9 on
+    rank 1, sample 1 was trained twice and sample 6 never, silently; unequal step counts hung
+    until the group's timeout, and unequal evaluation sets aborted in gloo. A Trainer given no
+    ctx trained rank 0 alone on all the data, and rank 1 failed on the folder's lock."""
+    script = tmp_path / "unequal_shares.py"
+    script.write_text(_UNEQUAL_SHARES)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", "--log-dir", str(tmp_path / "logs"),
+                           str(script), str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    alone = [f"rank {rank} alone: ctx: this process is rank {rank} of 2 started together "
+             "(torchrun); pass ctx=setup_distributed() to train on them together, or "
+             "ctx=DistributedContext() for a run of its own" for rank in (0, 1)]
+    unequal = [f"rank {rank} {what}: {name}: every process needs the same samples, got "
+               f"{count} on rank 0, {count + 1} on rank 1"
+               for rank in (0, 1)
+               for what, name, count in (("errors", "dataset", 4), ("eval", "eval_set", 4),
+                                         ("train", "train_set", 8))]
+    assert lines == sorted(alone + unequal)
+    assert not (tmp_path / "train" / "last.pt").exists()
+
+
 def test_check_model_grid_runs_an_empty_batch_without_side_effects():
     """check_model_grid: a grid too coarse for an FNO's modes is its ValueError; a fitting one
     passes; the model's mode and torch's generator are as they were (a run's draws unchanged)."""

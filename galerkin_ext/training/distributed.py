@@ -83,6 +83,14 @@ def _env_int(name: str, default: int) -> int:
                          f"got {value!r}") from None
 
 
+def launch_place() -> tuple[int, int]:
+    """``(world_size, rank)`` of the process group this process has joined, else those
+    ``torchrun`` set in the environment (``(1, 0)`` when started alone)."""
+    if dist.is_initialized():  # a group joined beforehand (e.g. by torch.multiprocessing.spawn)
+        return dist.get_world_size(), dist.get_rank()
+    return _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
+
+
 def setup_distributed(device: str | torch.device | None = None) -> DistributedContext:
     """Join the ``torchrun`` process group if there is one and pick this process's device.
 
@@ -92,10 +100,7 @@ def setup_distributed(device: str | torch.device | None = None) -> DistributedCo
     the end of the script.
     """
     dev = resolve_device(device)
-    if dist.is_initialized():  # a group joined beforehand (e.g. by torch.multiprocessing.spawn)
-        world, rank = dist.get_world_size(), dist.get_rank()
-    else:
-        world, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
+    world, rank = launch_place()
     if world <= 1:
         return DistributedContext(device=dev)
     local_rank = _env_int("LOCAL_RANK", rank)

@@ -85,7 +85,7 @@ from .checkpoint import (
     stray_temporary_files,
     write_csv,
 )
-from .distributed import DistributedContext
+from .distributed import DistributedContext, launch_place
 
 __all__ = [
     "ConfigError",
@@ -446,6 +446,23 @@ def _check_dataset(dataset: object, name: str) -> Dataset:
     return dataset
 
 
+def _check_same_lengths(ctx: DistributedContext, **datasets: Dataset) -> None:
+    """``ConfigError`` on every process unless each of ``datasets`` (by argument name) has as
+    many samples on all processes: they split (or, domain-parallel, share) the samples by
+    number, and unequal lengths reused or dropped samples silently, or left a process waiting
+    for another's steps until the group's timeout."""
+    if not ctx.enabled:
+        return
+    lengths: list[Any] = [None] * ctx.world_size
+    # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
+    dist.all_gather_object(lengths, {name: len(cast(Sized, d)) for name, d in datasets.items()})
+    for name in datasets:
+        counts = [per_rank[name] for per_rank in lengths]
+        if len(set(counts)) > 1:
+            found = ", ".join(f"{n} on rank {rank}" for rank, n in enumerate(counts))
+            raise ConfigError(f"{name}: every process needs the same samples, got {found}")
+
+
 def _check_callables(**functions: object) -> None:
     """Each of ``functions`` (by argument name) callable."""
     for name, function in functions.items():
@@ -547,7 +564,8 @@ def per_sample_errors(
     ``metric`` defaults to the relative L2 error against ``batch['target']``, compared as it
     is (see :func:`relative_l2_metric` for physical units and quadrature weights).  Under
     ``torchrun`` pass ``ctx``: each process evaluates a disjoint share and every process gets
-    all errors.  In the model's precision, no autocast; ``model`` is put in ``eval()`` mode.
+    all errors (``ConfigError`` if ``dataset`` holds another number of samples on some
+    process).  In the model's precision, no autocast; ``model`` is put in ``eval()`` mode.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -559,6 +577,7 @@ def per_sample_errors(
     dev = resolve_device(device)
     ctx = ctx or DistributedContext(device=dev)
     dev = ctx.device if ctx.enabled else dev
+    _check_same_lengths(ctx, dataset=dataset)
     # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
     indices = range(ctx.rank, len(cast(Sized, dataset)), ctx.world_size)
     shard = Subset(dataset, indices)
@@ -739,7 +758,8 @@ class Trainer:
         config: :class:`TrainConfig`.
         out_dir: folder of the checkpoints and logs (created); a run started afresh where
             another ran removes that run's ``metrics.json`` and ``prediction.png``.
-        ctx: from :func:`~galerkin_ext.training.setup_distributed` (default: one CPU process).
+        ctx: from :func:`~galerkin_ext.training.setup_distributed` (default: one CPU process;
+            under ``torchrun``, where that would train each process alone, it is refused).
         forward: ``forward(model, batch) -> pred`` (default :func:`default_forward`).
         metric: ``metric(pred, batch) -> (B,)`` per-sample evaluation errors, whose mean picks
             the best epoch (and drives ``'plateau'``); default: relative L2 against
@@ -785,6 +805,11 @@ class Trainer:
         config = TrainConfig(**dataclasses.asdict(config))
         if run_config is not None and not isinstance(run_config, Mapping):
             raise TypeError(f"run_config: expected a dict, got {type(run_config).__name__}")
+        if ctx is None and (place := launch_place())[0] > 1:
+            # each process would train alone on all the data, into the same folder
+            raise ConfigError(f"ctx: this process is rank {place[1]} of {place[0]} started "
+                              "together (torchrun); pass ctx=setup_distributed() to train on "
+                              "them together, or ctx=DistributedContext() for a run of its own")
         self.ctx = ctx if ctx is not None else DistributedContext()
         if not isinstance(self.ctx, DistributedContext):
             raise TypeError(f"ctx: expected a DistributedContext, got {type(ctx).__name__}")
@@ -1010,6 +1035,8 @@ class Trainer:
             CheckpointError: ``last.pt`` is corrupt, or was written with settings that
                 change the model, the data or the schedule, or by another number of processes,
                 or for a model its weights do not fit; or its ``best.pt`` is missing or corrupt.
+            ConfigError: under ``torchrun``, ``train_set`` or ``eval_set`` holds another
+                number of samples on some process.
             RuntimeError: ``fit`` was called before on this Trainer.
         """
         check_bool(resume, "resume")
@@ -1022,6 +1049,7 @@ class Trainer:
                               "but this process has joined no process group; build the context "
                               "with setup_distributed() (or torch.distributed."
                               "init_process_group first)")
+        _check_same_lengths(self.ctx, train_set=self.train_set, eval_set=self.eval_set)
         if not self.ctx.is_main:
             return self._fit(resume)
         # Two runs writing one folder at once mixed their checkpoints and metrics, and a
