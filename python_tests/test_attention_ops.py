@@ -17,6 +17,7 @@ from attention_cases import (
     make_inputs,
     map_inputs,
 )
+from conftest import TORCH_BEFORE_2_6
 
 from galerkin_ext import ops, reference
 
@@ -132,6 +133,8 @@ def test_dropout_mask_matches_reference(quadratic, torch_masks, gen):
     shape = (2, 2, side, side)
     if quadratic and not torch_masks:
         mask = ops.dropout(torch.ones(shape, dtype=F64), 0.4)
+    elif quadratic:  # (torch 2.5's dropout draws another mask than its bernoulli from one seed)
+        mask = torch.nn.functional.dropout(torch.ones(shape, dtype=F64), 0.4)
     else:
         mask = torch.bernoulli(torch.full(shape, 0.6, dtype=F64)).div_(0.6)
     expected = (fourier if quadratic else galerkin)(x, reference, dropout_mask=mask)
@@ -380,7 +383,9 @@ def test_torch_func_transforms_inside_torch_compile(op, gen):
                 torch.func.grad(lambda q: call(q).square().sum())(q))
 
     torch._dynamo.reset()
-    compiled = torch.compile(both, backend="aot_eager", fullgraph=True)
+    # (torch 2.5's dynamo cannot trace sdpa_kernel, which picks the math kernel: a graph break)
+    fullgraph = not (op == "continuum-dropout" and TORCH_BEFORE_2_6)
+    compiled = torch.compile(both, backend="aot_eager", fullgraph=fullgraph)
     for want, got in zip(_seeded(both, q, tangent), _seeded(compiled, q, tangent), strict=True):
         assert want.abs().max() > 0.1
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

@@ -8,6 +8,7 @@ M != N, M = 1, N = 1, gradcheck, torch.compile, clear errors."""
 import pytest
 import torch
 from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs, rand
+from conftest import skip_where_subnormals_flush
 
 from galerkin_ext import functional, ops
 
@@ -124,9 +125,7 @@ def test_tiny_normalisers_in_float32(impl, spread, gen):
     result stays the float64 one (1 / δ overflowed: inf out; 1 / δ², below δ = 5.4e-20: inf
     gradients). At 86 the gradients, which pass through g / δ, overflow float32 (documented):
     the output only."""
-    if float(torch.tensor(1e-40) * 1.0) == 0.0:  # (float32's subnormals)
-        pytest.skip("this process flushes subnormals to zero (e.g. once torch 2.5's inductor has "
-                    "loaded compiled code)")
+    skip_where_subnormals_flush()
     d = 64
     half = torch.arange(d) < d // 2
     q = torch.where(half, 0.0, -spread) + 0.1 * torch.randn(2, 2, 4, d, generator=gen,
