@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from galerkin_ext import models
+from galerkin_ext._locks import file_lock
 from galerkin_ext.losses import MaskedRelativeLoss, OperatorLoss
 from galerkin_ext.training import (
     CHECKPOINT_FORMAT,
@@ -1826,12 +1827,13 @@ def test_cleanup_distributed_stops_the_group_threads(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-_UNEQUAL_SHARES = """
-import sys, torch
+_REFUSED_TOGETHER = """
+import shutil, sys, torch
+from pathlib import Path
 from torch import nn
 from galerkin_ext.losses import RelativeLoss
-from galerkin_ext.training import (ConfigError, TrainConfig, Trainer, cleanup_distributed,
-                                   per_sample_errors, setup_distributed)
+from galerkin_ext.training import (CheckpointError, ConfigError, TrainConfig, Trainer,
+                                   cleanup_distributed, per_sample_errors, setup_distributed)
 
 class Samples(torch.utils.data.Dataset):
     def __init__(self, count):
@@ -1845,53 +1847,81 @@ class Pointwise(nn.Linear):
     def forward(self, x, grid):
         return super().forward(x)
 
+class RemovingLoss(RelativeLoss):  # rank 0 removes the run's folder at its third step
+    steps = 0
+    def forward(self, *args, **kwargs):
+        self.steps += 1
+        if self.steps == 3 and ctx.is_main:
+            shutil.rmtree(f"{sys.argv[1]}/removed")
+        return super().forward(*args, **kwargs)
+
+def say(line):  # (the processes' prints interleave within lines on one pipe)
+    with open(f"{sys.argv[1]}/said.{ctx.rank}", "a") as f:
+        print(f"rank {ctx.rank} {line}".replace(sys.argv[1], "OUT"), file=f)
+
+def fit(case, train=8, evals=4, loss=RelativeLoss):
+    trainer = Trainer(Pointwise(1, 1), loss(), Samples(train), Samples(evals),
+                      TrainConfig(epochs=2, batch_size=2, progress=False),
+                      f"{sys.argv[1]}/{case}", ctx=ctx)
+    try:
+        trainer.fit()
+        say(f"{case}: trained")
+    except (CheckpointError, ConfigError) as e:
+        say(f"{case}: {e}")
+
 ctx = setup_distributed("cpu")
 try:
     Trainer(Pointwise(1, 1), RelativeLoss(), Samples(8), Samples(4), TrainConfig(batch_size=2),
             f"{sys.argv[1]}/alone")
 except ConfigError as e:
-    print(f"rank {ctx.rank} alone: {e}")
+    say(f"alone: {e}")
 extra = ctx.rank  # rank 1 holds one sample more
-for case, (train, evals) in {"train": (8 + extra, 4), "eval": (8, 4 + extra)}.items():
-    trainer = Trainer(Pointwise(1, 1), RelativeLoss(), Samples(train), Samples(evals),
-                      TrainConfig(epochs=1, batch_size=2, progress=False),
-                      f"{sys.argv[1]}/{case}", ctx=ctx)
-    try:
-        trainer.fit()
-        print(f"rank {ctx.rank} {case}: trained")
-    except ConfigError as e:
-        print(f"rank {ctx.rank} {case}: {e}")
+fit("train", train=8 + extra)
+fit("eval", evals=4 + extra)
 try:
     per_sample_errors(Pointwise(1, 1), Samples(4 + extra), ctx=ctx)
-    print(f"rank {ctx.rank} errors: evaluated")
+    say("errors: evaluated")
 except ConfigError as e:
-    print(f"rank {ctx.rank} errors: {e}")
+    say(f"errors: {e}")
+fit("locked")  # the test holds its lock
+fit("removed", loss=RemovingLoss)
 cleanup_distributed(ctx)
 """
 
 
-def test_torchrun_processes_refuse_unequal_data_sets_and_a_missing_ctx(tmp_path):
-    """The processes split the samples by number: with 8 training samples on rank 0 and 9 on
-    rank 1, sample 1 was trained twice and sample 6 never, silently; unequal step counts hung
-    until the group's timeout, and unequal evaluation sets aborted in gloo. A Trainer given no
-    ctx trained rank 0 alone on all the data, and rank 1 failed on the folder's lock."""
-    script = tmp_path / "unequal_shares.py"
-    script.write_text(_UNEQUAL_SHARES)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", "--log-dir", str(tmp_path / "logs"),
-                           str(script), str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def test_torchrun_processes_refuse_together(tmp_path):
+    """What one process refuses, all do, with the same message. The processes split the
+    samples by number: with 8 training samples on rank 0 and 9 on rank 1, sample 1 was trained
+    twice and sample 6 never, silently; unequal step counts hung until the group's timeout,
+    and unequal evaluation sets aborted in gloo. A Trainer given no ctx trained rank 0 alone
+    on all the data, and rank 1 failed on the folder's lock. A folder in use, or removed during
+    the run, stopped rank 0 only (its lock and its files), and left rank 1 waiting in its next
+    collective."""
+    script = tmp_path / "refused_together.py"
+    script.write_text(_REFUSED_TOGETHER)
+    (tmp_path / "locked").mkdir()
+    with file_lock(tmp_path / "locked" / ".lock", wait=False) as held:
+        assert held
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc_per_node=2", "--log-dir", str(tmp_path / "logs"),
+                               str(script), str(tmp_path)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
-    alone = [f"rank {rank} alone: ctx: this process is rank {rank} of 2 started together "
-             "(torchrun); pass ctx=setup_distributed() to train on them together, or "
-             "ctx=DistributedContext() for a run of its own" for rank in (0, 1)]
-    unequal = [f"rank {rank} {what}: {name}: every process needs the same samples, got "
-               f"{count} on rank 0, {count + 1} on rank 1"
-               for rank in (0, 1)
-               for what, name, count in (("errors", "dataset", 4), ("eval", "eval_set", 4),
-                                         ("train", "train_set", 8))]
-    assert lines == sorted(alone + unequal)
+    lines = sorted((tmp_path / "said.0").read_text().splitlines()
+                   + (tmp_path / "said.1").read_text().splitlines())
+    each = [("alone", "ctx: this process is rank {rank} of 2 started together (torchrun); pass "
+                      "ctx=setup_distributed() to train on them together, or "
+                      "ctx=DistributedContext() for a run of its own"),
+            ("locked", "out_dir: another run is writing to 'OUT/locked' (it holds its .lock); "
+                       "wait for it to end, or give another folder"),
+            ("removed", "out_dir: the run's folder 'OUT/removed' was removed during the run, "
+                        "with its checkpoints; start the run again")]
+    each += [(what, f"{name}: every process needs the same samples, got {count} on rank 0, "
+                    f"{count + 1} on rank 1")
+             for what, name, count in (("errors", "dataset", 4), ("eval", "eval_set", 4),
+                                       ("train", "train_set", 8))]
+    assert lines == sorted(f"rank {rank} {what}: {message.format(rank=rank)}"
+                           for rank in (0, 1) for what, message in each)
     assert not (tmp_path / "train" / "last.pt").exists()
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -64,6 +67,29 @@ class DistributedContext:
         """Wait for every process (no-op in a single process)."""
         if self.enabled:
             dist.barrier()
+
+    def main_only(self, work: Callable[[], object]) -> None:
+        """Run ``work`` (the main process's own work, such as writing its files) on the main
+        process only, and raise what it raised on every process: a failure there alone left
+        the others waiting in their next collective until the group's timeout. Every process
+        calls it, and the others wait there for the main one."""
+        failure: Exception | None = None
+        if self.is_main:
+            try:
+                work()
+            except Exception as err:  # (re-raised below, on every process)
+                failure = err
+        if self.enabled:
+            shared: list[Any] = [failure]
+            try:
+                pickle.dumps(failure)
+            except Exception:  # (e.g. an argument that cannot be pickled)
+                shared = [RuntimeError(f"{type(failure).__name__}: {failure}")]
+            dist.broadcast_object_list(shared, src=0)
+            if shared[0] is not None and not self.is_main:
+                raise shared[0]
+        if failure is not None:
+            raise failure
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the processes, in place, and return it."""

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -911,6 +912,79 @@ class Trainer:
         """``out_dir/best.next.pt``: a new best model until ``last.pt`` records it."""
         return self.out_dir / "best.next.pt"
 
+    def _tidy_stopped_run(self, state: Mapping[str, Any] | None) -> None:
+        """What a killed run left: temporary files (they would pile up otherwise), and, for a
+        resumption from ``state`` (``last.pt``), its staged best model."""
+        for name in ("last.pt", "best.pt", "best.next.pt", "metrics.csv"):
+            for stray in stray_temporary_files(self.out_dir / name):
+                stray.unlink(missing_ok=True)
+        if state is not None:
+            self._settle_staged_best(state["best_epoch"], state["best_metric"])
+
+    def _prepare_folder(self, history: list[dict[str, Any]], resumed_at: int | None) -> None:
+        """The folder as the run's first epoch finds it, and its TensorBoard writer. For a
+        resumption after epoch ``resumed_at`` (``history`` from ``last.pt``): ``metrics.csv``
+        of that history (a kill after last.pt, before metrics.csv, left it a row short); for a
+        fresh run (``None``): no earlier run's results."""
+        if resumed_at is not None:
+            write_csv(self.out_dir / "metrics.csv", history)
+        else:
+            if self.last_path.is_file() or self.best_path.is_file():
+                print(f"note: starting afresh; the run in {str(self.out_dir)!r} (last.pt, "
+                      "best.pt) will be overwritten (pass resume=True / --resume to continue "
+                      "it)")
+                # Its results go now: an interrupted new run left them beside its own
+                # checkpoints, the old figures passing for the new run's.
+                for name in _EARLIER_RESULTS:
+                    (self.out_dir / name).unlink(missing_ok=True)
+            # Also what a run stopped before its first last.pt left: its staged best model,
+            # and its TensorBoard events (TensorBoard showed the two runs' curves as one).
+            self._staged_best_path.unlink(missing_ok=True)
+            for events in (self.out_dir / "tensorboard").glob("events.out.tfevents.*"):
+                events.unlink()
+        if self._writer_class is not None:
+            # A resumption purges what the stopped run logged after last.pt (TensorBoard hides
+            # the earlier files' events from this step on): its epoch runs again.
+            self.tb_writer = self._writer_class(
+                log_dir=str(self.out_dir / "tensorboard"),
+                purge_step=None if resumed_at is None else resumed_at * self.steps_per_epoch + 1)
+
+    def _record_epoch(self, history: list[dict[str, Any]], improved: bool, *,
+                      rng: list[dict[str, Tensor]], best_metric: float, best_epoch: int,
+                      train_seconds: float) -> None:
+        """Log and checkpoint the epoch that ends ``history`` (the main process's files)."""
+        epoch = history[-1]["epoch"]  # (counted from 1)
+        if self.tb_writer is not None:
+            # before last.pt, at the epoch's last step (so that a resumption's purge covers
+            # them): a kill after last.pt lost them, one before doubled them
+            for key, value in history[-1].items():
+                if key != "epoch":
+                    self.tb_writer.add_scalar(f"epoch/{key}", value, epoch * self.steps_per_epoch)
+            self.tb_writer.flush()
+        # (atomic_write would make a removed folder again, empty: the run went on to fail at
+        # its end for want of best.pt)
+        if not self.out_dir.is_dir():
+            raise CheckpointError(f"out_dir: the run's folder {str(self.out_dir)!r} was removed "
+                                  "during the run, with its checkpoints; start the run again")
+        # The new best model is staged, then last.pt records it, then it replaces best.pt: a
+        # kill anywhere leaves best.pt the best model last.pt records, or one a resumption
+        # settles (_settle_staged_best). (best.pt written first had it ahead of last.pt, and
+        # such a run could not be resumed.)
+        if improved:
+            save_checkpoint(self._staged_best_path, "best", epoch=epoch,
+                            model=self.model.state_dict(), metric=best_metric,
+                            config=self._full_config())
+        save_checkpoint(
+            self.last_path, "last", epoch=epoch, model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
+            rng=rng, best_metric=best_metric, best_epoch=best_epoch, history=history,
+            train_seconds=train_seconds, world_size=self.ctx.world_size,
+            seeding=self._seeding, config=self._full_config(),
+        )
+        if improved:
+            os.replace(self._staged_best_path, self.best_path)
+        write_csv(self.out_dir / "metrics.csv", history)
+
     def _settle_staged_best(self, best_epoch: int, best_metric: float) -> None:
         """A staged best model that ``last.pt`` records (a kill came between the two) becomes
         ``best.pt``; one it does not (a kill before ``last.pt``) is dropped: that epoch runs
@@ -1050,33 +1124,32 @@ class Trainer:
                               "with setup_distributed() (or torch.distributed."
                               "init_process_group first)")
         _check_same_lengths(self.ctx, train_set=self.train_set, eval_set=self.eval_set)
-        if not self.ctx.is_main:
-            return self._fit(resume)
         # Two runs writing one folder at once mixed their checkpoints and metrics, and a
         # starting run deleted the temporary files a live one was writing.
-        with file_lock(self.out_dir / ".lock", wait=False) as held:
-            if not held:
-                raise ConfigError(f"out_dir: another run is writing to {str(self.out_dir)!r} "
-                                  "(it holds its .lock); wait for it to end, or give another "
-                                  "folder")
+        lock = (file_lock(self.out_dir / ".lock", wait=False) if self.ctx.is_main
+                else nullcontext(True))
+        with lock as held:
+            def refuse_unless_held() -> None:
+                if not held:
+                    raise ConfigError(f"out_dir: another run is writing to "
+                                      f"{str(self.out_dir)!r} (it holds its .lock); wait for "
+                                      "it to end, or give another folder")
+
+            self.ctx.main_only(refuse_unless_held)
             return self._fit(resume)
 
     def _fit(self, resume: bool) -> dict[str, Any]:
         """:meth:`fit`, with the folder held."""
         cfg, ctx = self.config, self.ctx
-        if ctx.is_main:  # left by a run killed while writing (they would pile up otherwise)
-            for name in ("last.pt", "best.pt", "best.next.pt", "metrics.csv"):
-                for stray in stray_temporary_files(self.out_dir / name):
-                    stray.unlink(missing_ok=True)
         history: list[dict[str, Any]] = []
         start, best_metric, best_epoch, train_seconds = 0, math.inf, 0, 0.0
         state = None
         if resume and self.last_path.is_file():
             state = load_checkpoint(self.last_path, "last", map_location=ctx.device)
             self._check_resumable(state["config"], state["world_size"])
-            if ctx.is_main:
-                self._settle_staged_best(state["best_epoch"], state["best_metric"])
-            ctx.barrier()  # (the other processes read best.pt next)
+        # (the other processes read best.pt next: they wait for the main one's housekeeping)
+        ctx.main_only(partial(self._tidy_stopped_run, state))
+        if state is not None:
             self._check_best(state["best_epoch"], state["best_metric"])
             _load_weights(self.model, state["model"], self.last_path,
                           "this Trainer's model (a resumption needs the model of its run)")
@@ -1092,31 +1165,10 @@ class Trainer:
             start, history = state["epoch"], list(state["history"])
             best_metric, best_epoch = state["best_metric"], state["best_epoch"]
             train_seconds = state["train_seconds"]
-            if ctx.is_main:  # a kill after last.pt, before metrics.csv, left it a row short
-                write_csv(self.out_dir / "metrics.csv", history)
             self._owns_last = True
         else:
-            if ctx.is_main and (self.last_path.is_file() or self.best_path.is_file()):
-                print(f"note: starting afresh; the run in {str(self.out_dir)!r} (last.pt, "
-                      "best.pt) will be overwritten (pass resume=True / --resume to continue "
-                      "it)")
-                # Its results go now: an interrupted new run left them beside its own
-                # checkpoints, the old figures passing for the new run's.
-                for name in _EARLIER_RESULTS:
-                    (self.out_dir / name).unlink(missing_ok=True)
-            if ctx.is_main:  # also what a run stopped before its first last.pt left:
-                # its staged best model, and its TensorBoard events (TensorBoard showed the
-                # two runs' curves as one)
-                self._staged_best_path.unlink(missing_ok=True)
-                for events in (self.out_dir / "tensorboard").glob("events.out.tfevents.*"):
-                    events.unlink()
             _seed_rngs(_process_seed(cfg.seed, ctx.rank))  # dropout differs between processes
-        if self._writer_class is not None:
-            # A resumption purges what the stopped run logged after last.pt (TensorBoard hides
-            # the earlier files' events from this step on): its epoch runs again.
-            self.tb_writer = self._writer_class(
-                log_dir=str(self.out_dir / "tensorboard"),
-                purge_step=start * self.steps_per_epoch + 1 if state is not None else None)
+        ctx.main_only(partial(self._prepare_folder, history, None if state is None else start))
         model: nn.Module = self.model
         if ctx.enabled and self.parallel == "data":
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -1144,41 +1196,9 @@ class Trainer:
                 if cfg.scheduler == "plateau":
                     self.scheduler.step(row["eval_rel_l2"])
                 rng = self._gather_rng()
-                if ctx.is_main and self.tb_writer is not None:
-                    # before last.pt, at the epoch's last step (so that a resumption's purge
-                    # covers them): a kill after last.pt lost them, one before doubled them
-                    for key, value in row.items():
-                        if key != "epoch":
-                            self.tb_writer.add_scalar(f"epoch/{key}", value,
-                                                      (epoch + 1) * self.steps_per_epoch)
-                    self.tb_writer.flush()
-                if ctx.is_main:
-                    # (atomic_write would make a removed folder again, empty: the run went on
-                    # to fail at its end for want of best.pt)
-                    if not self.out_dir.is_dir():
-                        raise CheckpointError(f"out_dir: the run's folder "
-                                              f"{str(self.out_dir)!r} was removed during the "
-                                              "run, with its checkpoints; start the run again")
-                    # The new best model is staged, then last.pt records it, then it replaces
-                    # best.pt: a kill anywhere leaves best.pt the best model last.pt records,
-                    # or one a resumption settles (_settle_staged_best). (best.pt written
-                    # first had it ahead of last.pt, and such a run could not be resumed.)
-                    if improved:
-                        save_checkpoint(self._staged_best_path, "best", epoch=epoch + 1,
-                                        model=self.model.state_dict(), metric=best_metric,
-                                        config=self._full_config())
-                    save_checkpoint(
-                        self.last_path, "last", epoch=epoch + 1, model=self.model.state_dict(),
-                        optimizer=self.optimizer.state_dict(),
-                        scheduler=self.scheduler.state_dict(), rng=rng,
-                        best_metric=best_metric, best_epoch=best_epoch, history=history,
-                        train_seconds=train_seconds, world_size=ctx.world_size,
-                        seeding=self._seeding,
-                        config=self._full_config(),
-                    )
-                    if improved:
-                        os.replace(self._staged_best_path, self.best_path)
-                    write_csv(self.out_dir / "metrics.csv", history)
+                ctx.main_only(partial(self._record_epoch, history, improved, rng=rng,
+                                      best_metric=best_metric, best_epoch=best_epoch,
+                                      train_seconds=train_seconds))
                 self._owns_last = True  # (written by the main process)
                 bar.set_postfix(epoch=epoch + 1, loss=f"{row['train_loss']:.3e}",
                                 eval=f"{row['eval_rel_l2']:.3e}", best=f"{best_metric:.3e}")
