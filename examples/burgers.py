@@ -1,7 +1,7 @@
 """Burgers' equation, the paper's experiment 1: learn the map u(., 0) -> u(., 1), nu = 0.1.
 
     python examples/burgers.py --out runs/burgers                 # quick preset, CPU minutes
-    python examples/burgers.py --preset paper --n 8192 --attention galerkin --out runs/gt8192
+    python examples/burgers.py --preset paper --resolution 8192 --attention galerkin --out runs/gt8192
     torchrun --nproc_per_node=4 examples/burgers.py --preset paper --resolution 2048 --out runs/ft
     python examples/burgers.py --model fno --out runs/burgers_fno   # the FNO1d comparison row
 
@@ -83,10 +83,10 @@ N_PLOT = 3  # evaluation samples drawn in prediction.png
 
 def main(argv=None):
     parser = experiment_parser(__doc__, PRESETS, mat_files=True)
-    # --resolution is the same flag: torchrun's parser mistakes a bare --n for its own options.
-    parser.add_argument("--n", "--resolution", dest="n", type=positive_int, default=None,
+    parser.add_argument("--resolution", "--n", dest="n", type=positive_int, default=None,
                         help="training resolution, dividing the stored one (paper: 512, 2048, "
-                             "8192)")
+                             "8192); --n is short for it, but not under torchrun, whose own "
+                             "parser takes --n for one of its options")
     parser.add_argument("--eval-n", type=positive_int, nargs="*", default=[],
                         help="also evaluate the trained model zero-shot at these resolutions")
     parser.add_argument("--model", choices=("transformer", "fno"), default="transformer",
@@ -101,7 +101,7 @@ def main(argv=None):
         stored = cfg["data"]["resolution"]
         # (the zero-shot sets come from --eval-data where it is given: checked when read)
         zero_shot = [] if args.eval_data else args.eval_n
-        for flag, n in (("--n", cfg["n"]), *(("--eval-n", n) for n in zero_shot)):
+        for flag, n in (("--resolution", cfg["n"]), *(("--eval-n", n) for n in zero_shot)):
             if stored % n:
                 parser.error(f"{flag}: expected a divisor of the generated data's {stored} "
                              f"points, got {n}")
@@ -137,7 +137,7 @@ def main(argv=None):
     model.denormalizer.set_statistics(norm.mean, norm.std, eps=norm.eps)  # u = out * std + mean
     # every grid through the model's own checks before training: the spectral layers need
     # n >= 2 modes - 2 points (--eval-n 16 failed after all of training)
-    for flag, n in (("--n", cfg["n"]), *((f"--eval-n {n}", n) for n in args.eval_n)):
+    for flag, n in (("--resolution", cfg["n"]), *((f"--eval-n {n}", n) for n in args.eval_n)):
         try:
             check_model_grid(model, (n,), in_channels=1)
         except ValueError as err:
