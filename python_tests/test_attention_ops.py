@@ -430,36 +430,42 @@ def _on_sdpa_math(fn, *args, **kwargs):
 
 
 def _raw_op_calls(gen):
+    """Per case: the op's name, a call of it as a function of one operand, and that operand."""
     q, k, v = (torch.randn(1, 2, 5, 3, generator=gen, dtype=torch.float64) for _ in range(3))
     seed = torch.tensor(7)
     s = torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "identity", None, None, "identity",
                                          None, None, 1e-5, False)
+
+    def q_apply(q, s):
+        return torch.ops.galerkin_ext.q_apply(q, None, "identity", None, None, s, 1e-5, 0, False)
+
     return {
-        "dropout": lambda q: torch.ops.galerkin_ext.dropout(q, 0.3, seed),
-        "quadratic_attention": lambda q: torch.ops.galerkin_ext.quadratic_attention(
-            q, k, v, 0.3, seed),
-        "softmax_attention": lambda q: torch.ops.galerkin_ext.softmax_attention(
-            q, k, v, None, 0.5, 0.3, seed)[0],
-        "kv_reduce": lambda k: torch.ops.galerkin_ext.kv_reduce(
-            k, v, None, None, "identity", None, None, "identity", None, None, 1e-5, False),
-        "q_apply": lambda q: torch.ops.galerkin_ext.q_apply(q, None, "identity", None, None, s,
-                                                            1e-5, 0, False),
-    }, q
+        "dropout": ("dropout", lambda q: torch.ops.galerkin_ext.dropout(q, 0.3, seed), q),
+        "quadratic_attention": ("quadratic_attention", lambda q: torch.ops.galerkin_ext.
+                                quadratic_attention(q, k, v, 0.3, seed), q),
+        "softmax_attention": ("softmax_attention", lambda q: torch.ops.galerkin_ext.
+                              softmax_attention(q, k, v, None, 0.5, 0.3, seed)[0], q),
+        "kv_reduce": ("kv_reduce", lambda k: torch.ops.galerkin_ext.kv_reduce(
+            k, v, None, None, "identity", None, None, "identity", None, None, 1e-5, False), k),
+        "q_apply": ("q_apply", lambda q: q_apply(q, s), q),
+        "q_apply-s": ("q_apply", lambda s: q_apply(q, s), s),
+    }
 
 
-@pytest.mark.parametrize("name", ["dropout", "quadratic_attention", "softmax_attention",
-                                  "kv_reduce", "q_apply"])
-def test_raw_ops_refuse_forward_mode_naming_the_op(name, gen):
-    """The compiled ops have no forward derivative: called directly with a tangent they refuse,
-    naming the op (three of them returned zero tangents, the others torch's message)."""
-    calls, x = _raw_op_calls(gen)
+@pytest.mark.parametrize("case", ["dropout", "quadratic_attention", "softmax_attention",
+                                  "kv_reduce", "q_apply", "q_apply-s"])
+def test_raw_ops_refuse_forward_mode_naming_the_op(case, gen):
+    """The compiled ops have no forward derivative: called directly with a tangent (on any
+    operand) they refuse, naming the op (three of them returned zero tangents, the others
+    torch's message)."""
+    name, call, x = _raw_op_calls(gen)[case]
     message = f"galerkin_ext::{name} has no forward-mode derivative: call it through " \
               "galerkin_ext.ops"
     with pytest.raises(RuntimeError, match=message):
-        torch.func.jvp(calls[name], (x,), (torch.ones_like(x),))
+        torch.func.jvp(call, (x,), (torch.ones_like(x),))
     with torch.autograd.forward_ad.dual_level(), pytest.raises(RuntimeError, match=message):
-        calls[name](torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)))
-    calls[name](x.requires_grad_()).sum().backward()  # reverse mode as before
+        call(torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)))
+    call(x.requires_grad_()).sum().backward()  # reverse mode as before
     assert x.grad.abs().max() > 0
 
 
@@ -710,6 +716,21 @@ def test_layer_norm_across_the_float32_range(magnitude, gen):
     # non-finite input stays non-finite, as in torch's layer norm
     k[1, 1, 2, 0] = math.inf
     assert not torch.isfinite(ops.galerkin_attention(q, k, v, k_norm=norm)[1, 1]).all()
+
+
+@pytest.mark.parametrize("dim", [5, 19, 40])
+def test_one_huge_entry_anywhere_in_a_row_is_normalised_right(dim, gen):
+    """The float32 layer norm scales a row by its largest magnitude before squaring: found
+    wherever it sits, past the last whole vector and at the row's end included (a row whose
+    only 3e19 was missed had its squares overflow, and normalised to the bias)."""
+    norm = (1 + 0.1 * torch.randn(2, dim, generator=gen), 0.1 * torch.randn(2, dim, generator=gen))
+    norm64 = tuple(p.double() for p in norm)
+    for place in range(dim):
+        q, k, v = (torch.randn(1, 2, 3, dim, generator=gen) for _ in range(3))
+        k[0, 1, 2, place] = 3e19
+        out = ops.galerkin_attention(q, k, v, k_norm=norm)
+        ref = reference.galerkin_attention(q.double(), k.double(), v.double(), k_norm=norm64)
+        torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("dim", [3, 33, 100])

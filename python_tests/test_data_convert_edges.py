@@ -14,6 +14,7 @@ from galerkin_ext.data import (
     convert_geofno_elasticity,
     convert_gnot_pickle,
 )
+from galerkin_ext.data.storage import inspect_h5
 
 
 def test_geofno_sources_that_are_not_npy_arrays_are_named(tmp_path):
@@ -108,3 +109,42 @@ def test_continuum_darcy_fields_of_the_wrong_rank_or_shape_are_refused(tmp_path)
                                          r"fields of at least 3 x 3 points, got shape \(4, 9, 8\)"):
         convert_continuum_darcy(tmp_path / "rect.mat", tmp_path / "o.h5", progress=False)
     assert not (tmp_path / "o.h5").exists()
+
+
+def _coef(tmp_path, x, y, **kw):
+    scipy.io.savemat(tmp_path / "d.mat", {"x": x, "y": y})
+    out = convert_continuum_darcy(tmp_path / "d.mat", tmp_path / "o.h5", progress=False, **kw)
+    info = inspect_h5(out)
+    return info["parameters"]["coef"], sorted(info["statistics"])
+
+
+def test_continuum_darcy_coefficient_kind_is_decided_over_every_chunk(tmp_path):
+    """Two distinct coefficient values in the whole file make it 'piecewise', more
+    'lognormal': a first chunk of two values (samples 0 and 1) followed by one of many is
+    lognormal; stopping the count at the first chunk's two values recorded 'piecewise' and
+    the a_at_high statistic instead of log_a, silently."""
+    x, y = _fields()
+    x[..., :2] = np.where(x[..., :2] > 1.5, 12.0, 3.0)
+    assert np.unique(x[..., :2]).tolist() == [3.0, 12.0]
+    assert _coef(tmp_path, x, y, chunk_size=2) == ("lognormal", ["log_a", "u"])
+
+
+def test_continuum_darcy_lognormal_in_one_chunk_is_lognormal(tmp_path):
+    """A file converted in one chunk is lognormal where that chunk holds three distinct values
+    or more: taking fewer than three of a chunk's values could never tell more than two apart,
+    and recorded 'piecewise' for any one-chunk file."""
+    x, y = _fields()
+    assert _coef(tmp_path, x, y) == ("lognormal", ["log_a", "u"])
+    two = np.where(x > 1.5, 12.0, 3.0)
+    assert _coef(tmp_path, two, y, overwrite=True) == ("piecewise", ["a_at_high", "u"])
+
+
+def test_continuum_darcy_names_a_non_finite_sample_by_its_index_in_the_file(tmp_path):
+    """The source is scanned chunk by chunk: a non-finite value in sample 3 (the second of
+    chunk 1, chunk_size 2) is named as sample 3, not by its place in its chunk (1)."""
+    x, y = _fields()
+    y[2, 3, 3] = np.nan
+    scipy.io.savemat(tmp_path / "d.mat", {"x": x, "y": y})
+    with pytest.raises(ValueError, match=r"variable 'y': sample 3 has non-finite values"):
+        convert_continuum_darcy(tmp_path / "d.mat", tmp_path / "o.h5", chunk_size=2,
+                                progress=False)

@@ -59,6 +59,19 @@ def test_v73_round_trip(tmp_path, darcy_arrays):
     np.testing.assert_array_equal(ru, 2 * a)
 
 
+def test_darcy_fields_on_a_non_square_grid_are_refused(tmp_path):
+    """read_darcy_mat promises (B, K, K): coeff and sol of equal shape but a K1 x K2 grid
+    (K1 != K2) are refused, naming the file; without the check a rectangular field would be
+    returned as if it were the square grid the docstring promises, with no error."""
+    write_v73(tmp_path / "r.mat", coeff=np.ones((2, 4, 5)), sol=np.ones((2, 4, 5)))
+    with pytest.raises(ValueError, match=r"r\.mat: expected coeff and sol of equal shape "
+                                         r"\(B, K, K\) with B >= 1, got \(2, 4, 5\), "
+                                         r"\(2, 4, 5\)"):
+        read_darcy_mat(tmp_path / "r.mat")
+    write_v73(tmp_path / "s.mat", coeff=np.ones((2, 5, 5)), sol=np.ones((2, 5, 5)))
+    assert read_darcy_mat(tmp_path / "s.mat")[0].shape == (2, 5, 5)
+
+
 def test_missing_keys_and_bad_files(tmp_path):
     scipy.io.savemat(tmp_path / "x.mat", {"a": np.zeros((2, 4))})
     with pytest.raises(KeyError, match=r"lacks \['u'\].*holds \['a'\]"):

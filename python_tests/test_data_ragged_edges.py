@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from test_data_ragged import synthetic, write
 
+from galerkin_ext.data import ragged
 from galerkin_ext.data.ragged import (
     InputSpec,
     RaggedLayout,
@@ -238,13 +239,13 @@ def test_an_input_spec_is_checked_when_made():
         InputSpec("g", 1, "yes")
 
 
-def _interrupted(tmp_path, n=5, chunk=2):
+def _interrupted(tmp_path, n=5, chunk=2, stop=2, fn=synthetic):
     out = tmp_path / "x.h5"
 
     def flaky(i):
-        if i == 2:
+        if i == stop:
             raise KeyboardInterrupt
-        return synthetic(i)
+        return fn(i)
     with pytest.raises(KeyboardInterrupt):
         write(out, n=n, chunk=chunk, fn=flaky)
     return out, partial_path(out)
@@ -310,6 +311,81 @@ def test_a_resume_in_place_refuses_a_damaged_file(tmp_path, monkeypatch, how, ma
     _no_room_for_a_copy(monkeypatch)
     with pytest.raises(DataFileError, match=match):
         write(out, n=5, chunk=2, resume=True)
+
+
+def test_a_resume_in_place_cuts_the_rows_of_an_interrupted_chunk(tmp_path, monkeypatch):
+    """Without room for the copy, a resume in place cuts every ragged dataset back to the
+    rows of its completed chunks: a chunk killed after appending its rows, before its record,
+    would else leave them in front of the rows written again, and the samples after them would
+    read another sample's rows (the offsets, rewritten, still check)."""
+    reference = write(tmp_path / "reference.h5", n=5, chunk=2)
+    out, part = _interrupted(tmp_path, stop=4)  # chunks 0 and 1 stored
+    with h5py.File(part, "r+") as f:  # killed after chunk 1's rows, before its record
+        f["completed"][1] = 0
+    monkeypatch.setattr(ragged, "_room_to_copy", lambda part: False)
+    assert write(out, n=5, chunk=2, resume=True) == out
+    got, want = _datasets(out), _datasets(reference)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def _sized(sizes):
+    """Samples of ``sizes[i]`` query points and no other ragged field: large ones put a
+    chunk's rows across two of HDF5's chunks of query/points (4096 rows)."""
+    def fn(i):
+        rng = np.random.default_rng([0, i])
+        return {"query": {"points": rng.random((sizes[i], 2)) + 1, "weights": None,
+                          "label": None},
+                "target": rng.standard_normal((sizes[i], 1)), "target_names": ["u"],
+                "inputs": {}, "theta": None, "triangles": None}
+    return fn
+
+
+def _lose_chunks(part, name, keep):
+    """HDF5 lost every chunk of the dataset ``name`` but those starting at the rows ``keep``:
+    the lost rows read back as zeros, without an error (unallocated chunks)."""
+    with h5py.File(part, "r+") as f:
+        ds = f[name]
+        kept = {row: ds.id.read_direct_chunk((row, 0)) for row in keep}
+        shape, maxshape, chunks, dtype = ds.shape, ds.maxshape, ds.chunks, ds.dtype
+        assert chunks[0] == 4096
+        del f[name]
+        new = f.create_dataset(name, shape=shape, maxshape=maxshape, chunks=chunks, dtype=dtype,
+                               fletcher32=True)
+        for row, (mask, raw) in kept.items():
+            new.id.write_direct_chunk((row, 0), raw, mask)
+
+
+def _resumed_equals_uninterrupted(tmp_path, out, sizes):
+    reference = write(tmp_path / "reference.h5", n=len(sizes), chunk=2, fn=_sized(sizes))
+    write(out, n=len(sizes), chunk=2, fn=_sized(sizes), resume=True)
+    want, got = read_ragged(reference), read_ragged(out)
+    assert not (got.query_points == 0).all(axis=1).any()
+    np.testing.assert_array_equal(got.query_points, want.query_points)
+    np.testing.assert_array_equal(got.target, want.target)
+
+
+def test_a_resume_checks_every_hdf5_chunk_a_chunks_rows_lie_in(tmp_path):
+    """A completed chunk whose rows start inside one HDF5 chunk (rows 4090 to 4097: HDF5
+    chunks 0 and 1) is copied only where both HDF5 chunks were stored; the scan for lost HDF5
+    chunks starts at the HDF5 chunk holding the first row, not at the row (which, its step
+    4096, would check only HDF5 chunk 0 and copy rows 4096 to 4097 as zeros)."""
+    sizes = [2000, 2090, 4, 4, 5, 5]
+    out, part = _interrupted(tmp_path, n=6, stop=4, fn=_sized(sizes))  # chunks 0, 1 stored
+    _lose_chunks(part, "query/points", keep=[0])  # rows 4096.. lost
+    _resumed_equals_uninterrupted(tmp_path, out, sizes)
+
+
+def test_a_resume_stops_copying_at_the_first_lost_chunk(tmp_path):
+    """Chunks are appended in order: the copy stops at the first completed chunk HDF5 lost
+    (chunk 1, rows 4090 to 8191) and generates it again with all after it, though chunk 2
+    (rows 8192 to 8201) was stored whole; copying chunk 2 past the gap would append its rows
+    where chunk 1's belong, and the resumed file would read other samples' rows."""
+    sizes = [2000, 2090, 6, 4096, 5, 5, 3, 3]
+    out, part = _interrupted(tmp_path, n=8, stop=6, fn=_sized(sizes))  # chunks 0 to 2 stored
+    _lose_chunks(part, "query/points", keep=[0, 8192])  # rows 4096 to 8191 lost
+    _resumed_equals_uninterrupted(tmp_path, out, sizes)
 
 
 def test_write_ragged_argument_checks(tmp_path):

@@ -164,6 +164,35 @@ def test_damaged_files(tmp_path):
         inspect_h5(f2)
 
 
+def test_a_file_marked_complete_with_a_chunk_missing_is_incomplete(tmp_path):
+    """``complete`` needs the file's attribute and every chunk in its completed-chunk record:
+    a file whose record lacks a chunk (its data never written) is incomplete, and read_h5
+    refuses it, though the attribute says complete (trusting the attribute alone would read
+    that chunk's samples as zeros, silently)."""
+    path = _full(tmp_path)
+    with h5py.File(path, "r+") as f:
+        assert f.attrs["complete"]
+        f["completed"][1] = 0
+    info = inspect_h5(path)
+    assert not info["complete"] and info["n_done"] == 2
+    with pytest.raises(DataFileError, match=r"is incomplete \(2 of 4 samples written\)"):
+        read_h5(path)
+
+
+def test_grid_ndim_may_count_every_axis_after_the_sample_axis(tmp_path):
+    """The schema's grid_ndim is an int in [0, ndim - 1] for a per-sample array: the largest,
+    every axis after the sample axis a grid axis (no component axis), is valid, read and
+    subsampled by ``stride`` along that axis (refusing it called a valid file damaged)."""
+    arrays = {"a": ArraySpec((3,), "f8", grid_ndim=1), "b": ArraySpec((), "f8")}
+    path = _full(tmp_path, arrays=arrays)
+    with h5py.File(path) as f:
+        assert f["a"].attrs["grid_ndim"] == 1 == f["a"].ndim - 1
+    assert inspect_h5(path)["complete"]
+    got = read_h5(path, stride=2)
+    np.testing.assert_array_equal(got["a"], np.repeat([1.0, 1.0, 2.0, 2.0], 2).reshape(4, 2))
+    np.testing.assert_array_equal(got["b"], [1.0, 1.0, 2.0, 2.0])
+
+
 def test_read_index_checks(tmp_path):
     path = _full(tmp_path)
     with pytest.raises(ValueError, match="indices must be a 1-D sequence of integers or a slice"):
@@ -171,6 +200,16 @@ def test_read_index_checks(tmp_path):
     for bad in ([2, 1], [0, 4], [-1]):
         with pytest.raises(ValueError, match=r"indices must be increasing and within \[0, 4\)"):
             read_h5(path, bad)
+
+
+def test_a_repeated_index_is_refused(tmp_path):
+    """Indices must be strictly increasing: a repeated one is refused, as read_ragged does,
+    rather than read twice (a sample counted twice in a split or a metric, silently)."""
+    path = _full(tmp_path)
+    for bad in ([0, 2, 2], [1, 1]):
+        with pytest.raises(ValueError, match=r"indices must be increasing and within \[0, 4\)"):
+            read_h5(path, bad)
+    assert read_h5(path, [0, 2, 3])["b"].tolist() == [1.0, 2.0, 2.0]
 
 
 def test_data_identity_of_foreign_and_damaged_files(tmp_path):

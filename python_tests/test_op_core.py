@@ -238,6 +238,32 @@ def test_several_normalizers_and_a_block_without_keys(gen):
     torch.testing.assert_close(out[1], alone[1], rtol=1e-12, atol=1e-12)
 
 
+def test_a_block_without_keys_passes_no_gradient(gen):
+    """A sample whose weights are all 0 has S = 0, a normaliser δ = 0 and the output 0: every
+    gradient through it is 0, after blocks with keys too (the backward's scratch of the block
+    before stayed behind: weight gradients of 20 where the formulas give 0)."""
+    q, grad_out = rand(2, 2, 4, 3, gen=gen), rand(2, 2, 4, 3, gen=gen)
+    s = rand(2, 2, 3, 4, gen=gen)
+    s[1] = 0.0
+    grad_q, _, _, _, grad_s = torch.ops.galerkin_ext.q_apply_backward(
+        grad_out, q, None, "softmax", None, None, s, 1e-5, 1, False, False)
+    assert not grad_q[1].any() and not grad_s[1].any()
+    assert grad_q[0].abs().min() > 0 and grad_s[0].abs().min() > 0
+    k, v = rand(2, 2, 4, 3, gen=gen), rand(2, 2, 4, 3, gen=gen)
+    weight = rand(2, 4, gen=gen).abs() + 0.1
+    weight[1] = 0.0
+    grads = []
+    for impl in (ops, functional):
+        leaf = weight.clone().requires_grad_()
+        s = impl.kv_reduce(k, v, kv_pos=None, weight=leaf, k_map="softmax", k_norm=None,
+                           v_map="identity", v_norm=None, eps=1e-5, ones_column=True)
+        out = impl.q_apply(q, s, pos=None, q_map="softmax", q_norm=None, eps=1e-5,
+                           normalizers=1)
+        grads.append(torch.autograd.grad(out.square().sum(), leaf)[0])
+    assert not grads[0][1].any()
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+
+
 GRAD_NAMES = ("q", "k", "v", "pos", "kv_pos", "weight")
 NORMS = ("q_norm", "k_norm", "v_norm")
 
@@ -627,6 +653,22 @@ def test_direct_calls_are_checked(gen):
         torch.ops.galerkin_ext.q_apply(v, None, "identity", None, None, s, 1e-5, 1, False)
     with pytest.raises(RuntimeError, match="skip: needs the output width 4"):
         torch.ops.galerkin_ext.q_apply(k, None, "identity", None, None, s, 1e-5, 1, True)
+    # (unchecked, a weight or norm too short was read past its end)
+    with pytest.raises(RuntimeError, match=r"weight: expected leading shape \(B, n\) or"):
+        torch.ops.galerkin_ext.kv_reduce(k, v, None, rand(7, gen=gen), "identity", None, None,
+                                         "identity", None, None, 1e-5, False)
+    for width in (2, 5):
+        with pytest.raises(RuntimeError, match=r"k_norm: expected shape \(H, D\) = \(2, 3\)"):
+            torch.ops.galerkin_ext.kv_reduce(k, v, None, None, "layer_norm",
+                                             rand(2, width, gen=gen), rand(2, width, gen=gen),
+                                             "identity", None, None, 1e-5, False)
+    with pytest.raises(RuntimeError, match="normalizers: 2 blocks of"):  # (d_v = 0 each)
+        torch.ops.galerkin_ext.q_apply(k, None, "identity", None, None, s[..., :2], 1e-5, 2,
+                                       False)
+    with pytest.raises(RuntimeError, match="kv_pos_grad: requested without kv_pos"):
+        torch.ops.galerkin_ext.kv_reduce_backward(s, k, v, None, None, "identity", None,
+                                                  None, "identity", None, None, 1e-5, True, True,
+                                                  False)
     # Half types on the CPU are the Python layer's (it runs the formula): the ops refuse them,
     # on the direct products too (they once returned bfloat16 where the fake kernel says float32);
     # torch raises NotImplementedError, a RuntimeError, from 2.6 on, a plain one before

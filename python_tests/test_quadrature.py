@@ -64,6 +64,26 @@ def test_trapezoid_weights_batched_and_repeated_points(gen):
                                torch.tensor([1.5, 1.5]))
 
 
+def test_trapezoid_weights_give_the_copies_of_a_point_their_halves_in_given_order():
+    """The docstring says a repeated point shares its weight with its copy, not which copy gets
+    which half; this pins the current rule (a stable sort): the copies take their places in
+    the sorted order in the order given, so the first given gets the half-gap below, the last
+    the half-gap above, any between none. An unstable sort kept the sum and the weight of
+    each value but, on large inputs, moved the halves between copies, silently."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 50, (4000,), generator=g).double()
+    values = sorted(set(x.tolist()))
+    want = torch.zeros_like(x)
+    for k, v in enumerate(values):
+        copies = (x == v).nonzero()[:, 0]
+        if k > 0:
+            want[copies[0]] += (v - values[k - 1]) / 2
+        if k + 1 < len(values):
+            want[copies[-1]] += (values[k + 1] - v) / 2
+    torch.testing.assert_close(trapezoid_weights(x), want, rtol=0, atol=0)
+    assert float(want.sum()) == values[-1] - values[0]
+
+
 def test_trapezoid_weights_any_order_and_one_point(gen):
     """Unsorted coordinates get the weights of their sorted order, scattered back; one point
     gets weight 1."""
@@ -299,6 +319,25 @@ def test_mesh_weights_refuse_what_the_dtype_cannot_hold(dtype, scale):
     points, cells, _ = _random_mesh(2, 20, seed=5)
     with pytest.raises(ValueError, match=f"measures .* give vertex weights that {dtype} cannot"):
         mesh_weights((points * scale).to(dtype), cells)
+
+
+def test_mesh_weights_call_flat_a_triangle_up_to_sixteen_epsilon():
+    """A given cell is flat, and refused, where its area on its edges scaled to a longest
+    component of 1 is at most 16 float64 epsilons (round-off of the scaled edges): a unit base
+    and an apex at height h (area h / 2) is refused for h = 30 eps (area 15 eps) and kept for
+    h = 34 eps (area 17 eps, vertex weights h / 6 each). A tighter tolerance accepted the
+    near-flat triangle, whose weights are round-off, silently."""
+    eps = torch.finfo(torch.float64).eps
+    cells = torch.tensor([[0, 1, 2]])
+
+    def triangle(h):
+        return torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.5, h]], dtype=torch.float64)
+
+    with pytest.raises(ValueError, match=r"cell 0 = \[0, 1, 2\] has zero area"):
+        mesh_weights(triangle(30 * eps), cells)
+    weights = mesh_weights(triangle(34 * eps), cells)
+    torch.testing.assert_close(weights, torch.full((3,), 34 * eps / 6, dtype=torch.float64),
+                               rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize(("points", "cells", "error", "match"), [

@@ -101,6 +101,23 @@ def test_large_logits_keep_the_row_maximum_out_of_the_exponential(dtype, gen):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("m", [1, 13, 21])
+def test_rows_of_logits_far_below_zero(dtype, m, gen):
+    """Every logit of a row far below 0 (tiny quadrature weights' log as the key bias), over
+    key counts that leave a partial vector: the vector lanes past the last key must not enter
+    the row maximum (a 0 there made every exp underflow: NaN rows, lse -inf)."""
+    q, k, v = operands((2, 2, 3, m, 4, 3), dtype, gen)
+    shift = -math.log(torch.finfo(dtype).tiny) + 50  # below exp's range, even less a few
+    bias = torch.full((2, m), -shift, dtype=dtype)
+    out, lse = torch.ops.galerkin_ext.softmax_attention(q, k, v, bias, SCALE, 0.0,
+                                                        torch.tensor(0))
+    expected, expected_lse = _formula(q.double(), k.double(), v.double(), bias.double(), SCALE,
+                                      0.0, 0)
+    assert_close(out, expected)
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=TOLERANCE[dtype], atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
 def test_each_probability_to_its_dtypes_precision_over_the_whole_range(dtype):
     """The op's exponential (its own, vectorised): one query against keys whose logits run from
     0 to below the least normal number's log, with the identity as values, so the output is the

@@ -2,6 +2,7 @@
 through the public API, each branch with its result checked."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -21,6 +22,31 @@ def test_atomic_write_needs_a_callable(tmp_path):
                                         "got b'data'"):
         atomic_write(tmp_path / "f", b"data")
     assert not list(tmp_path.iterdir())
+
+
+def test_atomic_write_fsyncs_the_temporary_file_before_the_rename(tmp_path, monkeypatch):
+    """The promise "flushed and fsync-ed before the rename": the temporary file, holding all
+    its bytes, is fsync-ed before os.replace puts it under the name (else a crash soon after
+    the rename can leave the name on an empty or partial file; no test crashes the machine,
+    so only a spy on the calls sees a missing fsync)."""
+    events, fsync, replace = [], os.fsync, os.replace
+
+    def spy_fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino, os.fstat(fd).st_size))
+        return fsync(fd)
+
+    def spy_replace(src, dst, *args, **kwargs):
+        events.append(("replace", os.stat(src).st_ino, os.fspath(dst)))
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "replace", spy_replace)
+    path = atomic_write(tmp_path / "f.bin", lambda f: f.write(b"x" * 1000))
+    renames = [i for i, event in enumerate(events) if event[0] == "replace"]
+    assert len(renames) == 1 and events[renames[0]][2] == str(path)
+    inode = events[renames[0]][1]
+    assert ("fsync", inode, 1000) in events[:renames[0]]
+    assert path.read_bytes() == b"x" * 1000
 
 
 def test_write_json_and_csv_check_their_data(tmp_path):
@@ -79,3 +105,27 @@ def test_checkpoints_with_nested_sha256_keys_load_whichever_version_wrote_them(t
     torch.save(state, tmp_path / "new.pt")
     with pytest.raises(CheckpointError, match="is corrupt"):
         load_checkpoint(tmp_path / "new.pt", "best")
+
+
+def test_a_checkpoint_of_an_unknown_kind_is_refused_when_any_kind_is_asked_for(tmp_path):
+    """load_checkpoint(path) (kind=None: either kind) refuses a file whose kind is neither
+    'last' nor 'best' with a CheckpointError naming the file; without the check the fields of
+    that kind were looked up, a bare KeyError('weird') naming neither file nor problem."""
+    path = tmp_path / "x.pt"
+    torch.save({"format": CHECKPOINT_FORMAT, "kind": "weird", "epoch": 1}, path)
+    with pytest.raises(CheckpointError, match=r"x\.pt' is a 'weird' checkpoint, expected None"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_lacking_fields_of_its_kind_is_refused(tmp_path):
+    """A 'last' checkpoint without the fields a resumption reads (optimizer, scheduler, rng,
+    ...) is refused on load, naming them, even with a checksum that matches its content;
+    loaded, the missing fields would be found only when a resumption looked them up, with
+    an error naming neither the file nor the fields."""
+    state = {"format": CHECKPOINT_FORMAT, "kind": "last", "epoch": 3, "model": {}, "config": {}}
+    state["sha256"] = content_digest(state)
+    path = tmp_path / "x.pt"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match=r"x\.pt' lacks the fields \[.*'optimizer'.*'rng'"
+                                              r".*\] of a 'last' checkpoint"):
+        load_checkpoint(path, "last")

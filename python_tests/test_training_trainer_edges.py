@@ -6,6 +6,7 @@ import shutil
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 from test_training import _Linear1d, _Masked, _PointMLP, _trainer  # noqa: E402
@@ -51,6 +52,32 @@ def test_trainer_refuses_a_run_config_and_ctx_of_the_wrong_type(tmp_path):
         Trainer(*args, run_config=[("a", 1)])
     with pytest.raises(TypeError, match="^ctx: expected a DistributedContext, got str"):
         Trainer(*args, ctx="cpu")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_run_config_with_an_infinite_float_is_refused(tmp_path):
+    """run_config is documented JSON-like with finite floats only: inf and -inf are refused at
+    once, naming the setting, as NaN is (a check for NaN alone let inf train and be stored
+    in the checkpoints with no error; JSON has no infinity, and write_json of that config
+    writes the non-standard token Infinity)."""
+    args = (_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), _config(), tmp_path / "o")
+    for value in (math.inf, -math.inf):
+        with pytest.raises(ValueError, match=r"^run_config\['train'\]\['clip'\]: expected a "
+                                             r"finite float, got -?inf"):
+            Trainer(*args, run_config={"train": {"clip": value}})
+    assert Trainer(*args, run_config={"train": {"clip": 1e308}}).run_config["train"]["clip"] \
+        == 1e308
+
+
+def test_a_run_config_holding_a_set_is_refused(tmp_path):
+    """run_config holds lists, tuples and dicts, not sets: a set is refused at once, naming
+    it (accepted, it trained and was stored in the checkpoints with no error, though JSON has
+    no set and write_json of that config fails)."""
+    args = (_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), _config(), tmp_path / "o")
+    with pytest.raises(TypeError, match=r"^run_config\['data'\]\['fields'\]: expected None, a "
+                                        r"bool, int, finite float or str, or a list or dict of "
+                                        r"them \(JSON-like\), got builtins\.set"):
+        Trainer(*args, run_config={"data": {"fields": {"a", "u"}}})
     assert not (tmp_path / "o").exists()
 
 
@@ -297,3 +324,41 @@ def test_tensorboard_logs_every_step_and_epoch(tmp_path, monkeypatch):
                   if tag.startswith("epoch/") and s == row["epoch"] * 8}
         assert "epoch" not in logged
         assert logged == pytest.approx({k: v for k, v in row.items() if k != "epoch"})
+
+
+class _OddNormals(_Linear1d):
+    """Adds one normal from NumPy's global generator to each sample (two for sample 0): an
+    odd number per epoch, so each epoch ends with the legacy generator holding the cached
+    second normal of a Box-Muller pair."""
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        shift = np.random.standard_normal(2 if i == 0 else 1).sum()  # noqa: NPY002
+        return {**item, "x": item["x"] + float(shift)}
+
+
+def test_a_resume_restores_numpys_cached_normal(tmp_path):
+    """last.pt keeps NumPy's cached normal (has_gauss, gauss) with its key and position: a run
+    interrupted mid-epoch and resumed from an epoch that ended with a normal cached draws the
+    same normals as a run not interrupted (restoring the key alone would draw a new pair, and
+    the resumed run would train on other data, with no error)."""
+    base, calls = OperatorLoss(), {"n": 0}
+
+    def interrupting(*args):
+        calls["n"] += 1
+        if calls["n"] == 2 + 1:  # 2 steps per epoch: mid second epoch
+            raise KeyboardInterrupt
+        return base(*args)
+
+    def trainer(out, loss=None):
+        torch.manual_seed(0)
+        return Trainer(_PointMLP(), loss or OperatorLoss(), _OddNormals(8),
+                       _Linear1d(8, seed=1), _config(epochs=2, max_lr=1e-2), out)
+
+    first = trainer(tmp_path / "first").fit()
+    with pytest.raises(KeyboardInterrupt):
+        trainer(tmp_path / "cut", loss=interrupting).fit()
+    np.random.seed(3)  # noqa: NPY002 (what the process did in between does not matter)
+    resumed = trainer(tmp_path / "cut").fit(resume=True)
+    for a, b in zip(first["history"], resumed["history"], strict=True):
+        assert (a["train_loss"], a["eval_rel_l2"]) == (b["train_loss"], b["eval_rel_l2"])
