@@ -181,6 +181,7 @@ def test_cde_file_and_nonuniform_grid(tmp_path):
     assert info["parameters"]["dt"] is None and info["shapes"]["output"] == (7, 301, 1)
     data = read_h5(out, keys=("input", "output", "coords"))
     times = ode.time_grid(grid="nonuniform")
+    assert info["parameters"]["t_end"] == times[-1] == 2.0  # the grid's own end, recorded
     np.testing.assert_array_equal(data["coords"][:, 0], times)
     xi, freq = ode.sample_cde_control(7, seed=2)
     assert np.all((freq >= 0) & (freq < 10)) and np.any(freq != np.round(freq))  # real n_j

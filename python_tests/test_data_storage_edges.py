@@ -79,6 +79,32 @@ def test_unwritable_folder():
         check_output_path("/proc/x.h5")
 
 
+def test_a_resume_keeps_the_chunk_size_its_file_records(tmp_path):
+    """The partial file records its completed chunks by the chunk size it was made with: a
+    resumption asking for another writes in the recorded one (in its own, its chunks would
+    land on other rows, and the file would never be complete)."""
+    out, _ = _partial(tmp_path)  # chunk size 2, chunk 0 written
+    w = _writer(out, chunk_size=3, resume=True)
+    assert w.chunk_size == 2 and w.pending_chunks() == [(1, 2, 4)]
+    _chunk(w, 1)
+    np.testing.assert_array_equal(read_h5(w.finish())["b"], [1.0, 1.0, 2.0, 2.0])
+
+
+def test_an_overwrite_removes_what_an_interrupted_rebuild_left(tmp_path):
+    """A resumption killed while it rebuilt the partial file leaves '.NAME.partial.rebuilding'
+    beside it: starting afresh removes it with the partial file (it stayed on disk, as large
+    as the data)."""
+    out, part = _partial(tmp_path)
+    stale = part.with_name(f".{part.name}.rebuilding")
+    stale.write_bytes(b"x" * 4096)
+    w = _writer(out, overwrite=True)
+    assert not stale.exists()
+    _chunk(w, 0)
+    _chunk(w, 1)
+    w.finish()
+    assert sorted(p.name for p in tmp_path.iterdir() if "rebuilding" in p.name) == []
+
+
 def test_resume_refusals(tmp_path):
     out, part = _partial(tmp_path, static={"xy": np.zeros((3, 2))}, statistics=["s"])
     base = dict(static={"xy": np.zeros((3, 2))}, statistics=["s"], resume=True)

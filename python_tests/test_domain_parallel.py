@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import pickle
 import time
 import zlib
@@ -416,8 +417,9 @@ def _contexts_follow_the_group(rank: int, world: int) -> bool:
     mine = f"this process is rank {rank} of {world}"
     ok = [_refused(lambda: DistributedContext(rank=(rank + 1) % world, world_size=world), mine),
           _refused(lambda: DistributedContext(rank=rank, world_size=world + 1), mine)]
+    os.environ.pop("LOCAL_RANK", None)  # (a group joined without torchrun: it is the rank)
     ctx = setup_distributed("cpu")
-    ok.append((ctx.rank, ctx.world_size) == (rank, world))
+    ok.append((ctx.rank, ctx.world_size, ctx.local_rank) == (rank, world, rank))
     first = dist.new_group([0])  # a collective: every rank creates it
     if rank:
         ok.append(_refused(lambda: DomainSplit([3], group=first), "not a member of the group"))

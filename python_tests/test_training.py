@@ -46,6 +46,7 @@ from galerkin_ext.training import (
     resolve_config,
     run_main,
     save_checkpoint,
+    setup_distributed,
     write_csv,
     write_json,
 )
@@ -1594,6 +1595,21 @@ def test_default_forward_names_a_missing_grid_and_refuses_grids_that_differ(tmp_
 def test_distributed_context_is_checked(kwargs, error, match):
     with pytest.raises(error, match=match):
         DistributedContext(**kwargs)
+
+
+@pytest.mark.parametrize(("name", "value"), [("WORLD_SIZE", "two"), ("RANK", "1.0")])
+def test_torchruns_variables_that_are_not_integers_are_refused(name, value, monkeypatch,
+                                                               tmp_path):
+    """A launch script's typo in WORLD_SIZE or RANK is an error naming the variable, not "started
+    alone" (each process then trained alone on all the data, silently)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv(name, value)
+    message = f"environment variable {name}: expected an integer, got '{value}'"
+    for call in (setup_distributed, lambda: Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8),
+                                                    _Linear1d(4), TrainConfig(), tmp_path)):
+        with pytest.raises(ValueError, match=message):
+            call()
 
 
 def test_a_folder_in_use_by_another_run_is_refused(tmp_path):
