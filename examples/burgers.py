@@ -1,7 +1,7 @@
 """Burgers' equation, the paper's experiment 1: learn the map u(., 0) -> u(., 1), nu = 0.1.
 
     python examples/burgers.py --out runs/burgers                 # quick preset, CPU minutes
-    python examples/burgers.py --preset paper --resolution 8192 --attention galerkin --out runs/gt8192
+    python examples/burgers.py --preset paper --resolution 8192 --attention galerkin --out runs/g8k
     torchrun --nproc_per_node=4 examples/burgers.py --preset paper --resolution 2048 --out runs/ft
     python examples/burgers.py --model fno --out runs/burgers_fno   # the FNO1d comparison row
 

@@ -1901,6 +1901,18 @@ except ConfigError as e:
     say(f"errors: {e}")
 fit("locked")  # the test holds its lock
 fit("removed", loss=RemovingLoss)
+
+class TwoArguments(Exception):  # (pickled, it cannot be rebuilt from its message alone)
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b}")
+
+def fail():
+    raise TwoArguments(1, 2)
+
+try:
+    ctx.main_only(fail)
+except Exception as e:
+    say(f"unpicklable: {type(e).__name__}: {e}")
 cleanup_distributed(ctx)
 """
 
@@ -1936,7 +1948,9 @@ def test_torchrun_processes_refuse_together(tmp_path):
                     f"{count + 1} on rank 1")
              for what, name, count in (("errors", "dataset", 4), ("eval", "eval_set", 4),
                                        ("train", "train_set", 8))]
-    assert lines == sorted(f"rank {rank} {what}: {message.format(rank=rank)}"
+    each += [("unpicklable", "{kind}: 1 and 2")]  # (rank 1 gets its name and message)
+    kinds = ("TwoArguments", "RuntimeError: TwoArguments")
+    assert lines == sorted(f"rank {rank} {what}: {message.format(rank=rank, kind=kinds[rank])}"
                            for rank in (0, 1) for what, message in each)
     assert not (tmp_path / "train" / "last.pt").exists()
 

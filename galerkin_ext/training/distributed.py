@@ -81,9 +81,9 @@ class DistributedContext:
                 failure = err
         if self.enabled:
             shared: list[Any] = [failure]
-            try:
-                pickle.dumps(failure)
-            except Exception:  # (e.g. an argument that cannot be pickled)
+            try:  # (the others unpickle it)
+                pickle.loads(pickle.dumps(failure))
+            except Exception:  # (e.g. an argument that cannot be pickled, or passed back)
                 shared = [RuntimeError(f"{type(failure).__name__}: {failure}")]
             dist.broadcast_object_list(shared, src=0)
             if shared[0] is not None and not self.is_main:
