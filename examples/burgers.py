@@ -6,7 +6,7 @@
     python examples/burgers.py --model fno --out runs/burgers_fno   # the FNO1d comparison row
 
 Data: generated once (SPEC §4) and cached, or ``--data burgers_data_R10.mat``.  The model is
-trained at ``--n`` points and, with ``--eval-n``, evaluated zero-shot at other resolutions
+trained at ``--resolution`` points and, with ``--eval-n``, evaluated zero-shot at other resolutions
 (the same weights: attention and spectral layers do not depend on the grid size, except
 ``--attention linear``, whose attention term shrinks as 1/n: see galerkin_ext.layers.attention).
 ``--model fno`` trains the paper's FNO1d baseline (published size, output scaled the same way)

@@ -19,6 +19,11 @@ atexit.register(shutil.rmtree, _INDUCTOR_CACHE, ignore_errors=True)
 # core. Set before torch is imported, which reads it once.
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ["OMP_NUM_THREADS"] = "1"
+# A suite run inside a launcher's job (torchrun's, a cluster's) inherits its WORLD_SIZE and RANK:
+# every test, and every script a test starts, would take itself for one process of a group
+# (the Trainer then refuses to run without a ctx). The tests that need them set them.
+for _name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+    os.environ.pop(_name, None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -1875,15 +1875,17 @@ def say(line):  # (the processes' prints interleave within lines on one pipe)
     with open(f"{sys.argv[1]}/said.{ctx.rank}", "a") as f:
         print(f"rank {ctx.rank} {line}".replace(sys.argv[1], "OUT"), file=f)
 
-def fit(case, train=8, evals=4, loss=RelativeLoss):
+def fit(case, train=8, evals=4, loss=RelativeLoss, gone=False):
     trainer = Trainer(Pointwise(1, 1), loss(), Samples(train), Samples(evals),
                       TrainConfig(epochs=2, batch_size=2, progress=False),
                       f"{sys.argv[1]}/{case}", ctx=ctx)
+    if gone and ctx.is_main:  # the folder removed before fit: its lock cannot be made
+        shutil.rmtree(trainer.out_dir)
     try:
         trainer.fit()
         say(f"{case}: trained")
-    except (CheckpointError, ConfigError) as e:
-        say(f"{case}: {e}")
+    except (CheckpointError, ConfigError, OSError) as e:
+        say(f"{case}: {type(e).__name__}: {e}")
 
 ctx = setup_distributed("cpu")
 try:
@@ -1901,6 +1903,7 @@ except ConfigError as e:
     say(f"errors: {e}")
 fit("locked")  # the test holds its lock
 fit("removed", loss=RemovingLoss)
+fit("gone", gone=True)
 
 class TwoArguments(Exception):  # (pickled, it cannot be rebuilt from its message alone)
     def __init__(self, a, b):
@@ -1913,6 +1916,7 @@ try:
     ctx.main_only(fail)
 except Exception as e:
     say(f"unpicklable: {type(e).__name__}: {e}")
+ctx.main_only(lambda: say("main only: ran"))
 cleanup_distributed(ctx)
 """
 
@@ -1940,18 +1944,20 @@ def test_torchrun_processes_refuse_together(tmp_path):
     each = [("alone", "ctx: this process is rank {rank} of 2 started together (torchrun); pass "
                       "ctx=setup_distributed() to train on them together, or "
                       "ctx=DistributedContext() for a run of its own"),
-            ("locked", "out_dir: another run is writing to 'OUT/locked' (it holds its .lock); "
-                       "wait for it to end, or give another folder"),
-            ("removed", "out_dir: the run's folder 'OUT/removed' was removed during the run, "
-                        "with its checkpoints; start the run again")]
-    each += [(what, f"{name}: every process needs the same samples, got {count} on rank 0, "
-                    f"{count + 1} on rank 1")
+            ("locked", "ConfigError: out_dir: another run is writing to 'OUT/locked' (it holds "
+                       "its .lock); wait for it to end, or give another folder"),
+            ("removed", "CheckpointError: out_dir: the run's folder 'OUT/removed' was removed "
+                        "during the run, with its checkpoints; start the run again"),
+            ("gone", "FileNotFoundError: [Errno 2] No such file or directory: 'OUT/gone/.lock'")]
+    each += [(what, f"{'' if what == 'errors' else 'ConfigError: '}{name}: every process needs "
+                    f"the same samples, got {count} on rank 0, {count + 1} on rank 1")
              for what, name, count in (("errors", "dataset", 4), ("eval", "eval_set", 4),
                                        ("train", "train_set", 8))]
     each += [("unpicklable", "{kind}: 1 and 2")]  # (rank 1 gets its name and message)
     kinds = ("TwoArguments", "RuntimeError: TwoArguments")
-    assert lines == sorted(f"rank {rank} {what}: {message.format(rank=rank, kind=kinds[rank])}"
-                           for rank in (0, 1) for what, message in each)
+    assert lines == sorted(["rank 0 main only: ran"] + [
+        f"rank {rank} {what}: {message.format(rank=rank, kind=kinds[rank])}"
+        for rank in (0, 1) for what, message in each])
     assert not (tmp_path / "train" / "last.pt").exists()
 
 

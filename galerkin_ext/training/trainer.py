@@ -41,7 +41,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -912,15 +912,6 @@ class Trainer:
         """``out_dir/best.next.pt``: a new best model until ``last.pt`` records it."""
         return self.out_dir / "best.next.pt"
 
-    def _tidy_stopped_run(self, state: Mapping[str, Any] | None) -> None:
-        """What a killed run left: temporary files (they would pile up otherwise), and, for a
-        resumption from ``state`` (``last.pt``), its staged best model."""
-        for name in ("last.pt", "best.pt", "best.next.pt", "metrics.csv"):
-            for stray in stray_temporary_files(self.out_dir / name):
-                stray.unlink(missing_ok=True)
-        if state is not None:
-            self._settle_staged_best(state["best_epoch"], state["best_metric"])
-
     def _prepare_folder(self, history: list[dict[str, Any]], resumed_at: int | None) -> None:
         """The folder as the run's first epoch finds it, and its TensorBoard writer. For a
         resumption after epoch ``resumed_at`` (``history`` from ``last.pt``): ``metrics.csv``
@@ -1124,19 +1115,21 @@ class Trainer:
                               "with setup_distributed() (or torch.distributed."
                               "init_process_group first)")
         _check_same_lengths(self.ctx, train_set=self.train_set, eval_set=self.eval_set)
+        with ExitStack() as held:  # (the folder's lock, on the main process)
+            self.ctx.main_only(partial(self._hold_folder, held))
+            return self._fit(resume)
+
+    def _hold_folder(self, stack: ExitStack) -> None:
+        """Lock the run's folder for the run (released with ``stack``), and remove what a run
+        killed while writing left (temporary files would pile up otherwise)."""
         # Two runs writing one folder at once mixed their checkpoints and metrics, and a
         # starting run deleted the temporary files a live one was writing.
-        lock = (file_lock(self.out_dir / ".lock", wait=False) if self.ctx.is_main
-                else nullcontext(True))
-        with lock as held:
-            def refuse_unless_held() -> None:
-                if not held:
-                    raise ConfigError(f"out_dir: another run is writing to "
-                                      f"{str(self.out_dir)!r} (it holds its .lock); wait for "
-                                      "it to end, or give another folder")
-
-            self.ctx.main_only(refuse_unless_held)
-            return self._fit(resume)
+        if not stack.enter_context(file_lock(self.out_dir / ".lock", wait=False)):
+            raise ConfigError(f"out_dir: another run is writing to {str(self.out_dir)!r} (it "
+                              "holds its .lock); wait for it to end, or give another folder")
+        for name in ("last.pt", "best.pt", "best.next.pt", "metrics.csv"):
+            for stray in stray_temporary_files(self.out_dir / name):
+                stray.unlink(missing_ok=True)
 
     def _fit(self, resume: bool) -> dict[str, Any]:
         """:meth:`fit`, with the folder held."""
@@ -1147,9 +1140,10 @@ class Trainer:
         if resume and self.last_path.is_file():
             state = load_checkpoint(self.last_path, "last", map_location=ctx.device)
             self._check_resumable(state["config"], state["world_size"])
-        # (the other processes read best.pt next: they wait for the main one's housekeeping)
-        ctx.main_only(partial(self._tidy_stopped_run, state))
         if state is not None:
+            # (the other processes read best.pt next: they wait for the main one)
+            ctx.main_only(partial(self._settle_staged_best, state["best_epoch"],
+                                  state["best_metric"]))
             self._check_best(state["best_epoch"], state["best_metric"])
             _load_weights(self.model, state["model"], self.last_path,
                           "this Trainer's model (a resumption needs the model of its run)")
