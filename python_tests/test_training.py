@@ -1814,6 +1814,18 @@ def test_zero_shot_sets_beside_a_converted_file_are_said_to_follow_the_presets_l
         check_zero_shot_law(converted, zero_shot, "--eval-resolution")
 
 
+def _run_on_two_processes(source: str, tmp_path: Path, *args: str) -> None:
+    """The script ``source`` (with ``args``) under torchrun on 2 gloo processes; it must exit
+    with 0. torchrun's logs go to ``tmp_path`` (by default a /tmp folder a run, never removed)."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", "--log-dir", str(tmp_path / "logs"),
+                           str(script), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 _LEAVE_GROUP = """
 import gc, os, torch
 from galerkin_ext.training import cleanup_distributed, setup_distributed
@@ -1834,13 +1846,7 @@ def test_cleanup_distributed_stops_the_group_threads(tmp_path):
     alive past destroy_process_group; one of its worker threads then freed a collective's
     tensors while the interpreter shut down, and the process aborted ("terminate called
     without an active exception"), about one torchrun run in ten here."""
-    script = tmp_path / "leave_group.py"
-    script.write_text(_LEAVE_GROUP)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", "--log-dir", str(tmp_path / "logs"),
-                           str(script)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run_on_two_processes(_LEAVE_GROUP, tmp_path)
 
 
 _REFUSED_TOGETHER = """
@@ -1929,16 +1935,10 @@ def test_torchrun_processes_refuse_together(tmp_path):
     on all the data, and rank 1 failed on the folder's lock. A folder in use, or removed during
     the run, stopped rank 0 only (its lock and its files), and left rank 1 waiting in its next
     collective."""
-    script = tmp_path / "refused_together.py"
-    script.write_text(_REFUSED_TOGETHER)
     (tmp_path / "locked").mkdir()
     with file_lock(tmp_path / "locked" / ".lock", wait=False) as held:
         assert held
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               "--nproc_per_node=2", "--log-dir", str(tmp_path / "logs"),
-                               str(script), str(tmp_path)], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        _run_on_two_processes(_REFUSED_TOGETHER, tmp_path, str(tmp_path))
     lines = sorted((tmp_path / "said.0").read_text().splitlines()
                    + (tmp_path / "said.1").read_text().splitlines())
     each = [("alone", "ctx: this process is rank {rank} of 2 started together (torchrun); pass "
