@@ -653,7 +653,7 @@ def _not_domain_parallel(module: nn.Module) -> str | None:
         SpectralSmoothing,
     )
     from .layers.regressors import _GridInput
-    from .models import GNOT, GKTransformer, MIONet
+    from .models import GNOT, GKTransformer, GTEncoder, MIONet
 
     if isinstance(module, SimpleAttention):
         if module.attention_type == "softmax":
@@ -668,7 +668,8 @@ def _not_domain_parallel(module: nn.Module) -> str | None:
                     "holds (attn_dropout=0 and reference_dropout=False are)")
         return None
     supported = (EncoderLayer, FeedForward, HeteroNormalizedAttention, GNOTBlock, GeometricGate,
-                 MixtureFFN, ResidualMLP, PointwiseRegressor, _GridInput, GNOT, GKTransformer)
+                 MixtureFFN, ResidualMLP, PointwiseRegressor, _GridInput, GNOT, GKTransformer,
+                 GTEncoder)
     if isinstance(module, supported + _POINTWISE_TORCH):
         return None
     known = {
@@ -700,9 +701,10 @@ def make_domain_parallel(module: nn.Module,
     the group (one all-reduce per layer in the forward and one in the backward). Supported: the
     paper's encoder (:class:`~galerkin_ext.layers.EncoderLayer`), GNOT's blocks and model
     (:class:`~galerkin_ext.models.GNOT`), :class:`~galerkin_ext.models.gnot.GKTransformer`,
-    pointwise decoders and torch's pointwise modules; modules from outside torch and this
-    package are taken as they are (their own code must act pointwise on the points). After the
-    backward, sum the parameters' gradients with :func:`sum_gradients`.
+    the continuum benchmark's :class:`~galerkin_ext.models.GTEncoder`, pointwise decoders and
+    torch's pointwise modules; modules from outside torch and this package are taken as they
+    are (their own code must act pointwise on the points). After the backward, sum the
+    parameters' gradients with :func:`sum_gradients`.
 
     Raises:
         ValueError: naming the first submodule that needs the whole sample: FFT-based

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from galerkin_ext import domain, ops
 from galerkin_ext.domain import DomainSplit, make_domain_parallel, sum_gradients
 from galerkin_ext.layers import EncoderLayer, SimpleAttention
-from galerkin_ext.models import GNOT, GKTransformer, MIONet, SimpleTransformer1d
+from galerkin_ext.models import GNOT, GKTransformer, GTEncoder, MIONet, SimpleTransformer1d
 from galerkin_ext.training import DistributedContext, cleanup_distributed
 
 F64 = torch.float64
@@ -41,7 +41,7 @@ KINDS = ("uneven", "empty")
 # case -> all-reduces per forward (and per backward): one per attention layer
 CASES = {"galerkin": 1, "galerkin_cross_weights": 1, "galerkin_dropout": 1, "fourier": 1,
          "normalized": 1, "normalized_cross_weights": 1, "hetero": 1, "encoder_stack": 2,
-         "gk_transformer": 2, "gnot": 4, "whole_sample_loss": 3}
+         "gk_transformer": 2, "gt_encoder": 2, "gnot": 4, "whole_sample_loss": 3}
 SPAWN_TIMEOUT_S = 180
 
 
@@ -298,6 +298,19 @@ def _case_gk_transformer(g: torch.Generator, kind: str, world: int) -> dict[str,
         return (dom_model if distributed else ref_model)(t["x"])
 
     return _compare(call, t, {"x": (split, 1)}, split, 1, models=(ref_model, dom_model))
+
+
+def _case_gt_encoder(g: torch.Generator, kind: str, world: int) -> dict[str, float]:
+    split = DomainSplit(_counts(kind, N, world))
+    ref_model, dom_model = _models(lambda: GTEncoder(
+        in_dim=2, out_dim=1, d_model=8, n_head=2, num_layers=2, dim_feedforward=12))
+    t = {"u": _rand(g, B, N, 2), "x": torch.rand(N, 2, generator=g, dtype=F64)}
+
+    def call(t: dict[str, Tensor], distributed: bool) -> Tensor:  # uniform weights: None
+        return (dom_model if distributed else ref_model)(t["u"], t["x"])
+
+    return _compare(call, t, {"u": (split, 1), "x": (split, 0)}, split, 1,
+                    models=(ref_model, dom_model))
 
 
 def _case_gnot(g: torch.Generator, kind: str, world: int) -> dict[str, float]:

@@ -58,7 +58,8 @@ def _check_points(model: nn.Module, u: object, x: object, in_dim: int,
     assert isinstance(u, Tensor)
     check_model_input(u, "u", model)
     batch, n, channels = u.shape
-    if channels != in_dim or n == 0:
+    # (a domain-parallel GTEncoder's shard may hold no points: see galerkin_ext.domain)
+    if channels != in_dim or (n == 0 and not getattr(model, "domain_parallel", False)):
         raise ValueError(f"u: expected shape (B, N, in_dim) with N >= 1 and in_dim = {in_dim} "
                          f"({type(model).__name__}), got {tuple(u.shape)}")
     expanded = expand_grid(x, "x", batch, (n,), domain_dim, u, "u")
