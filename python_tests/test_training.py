@@ -1882,12 +1882,12 @@ def say(line):  # (the processes' prints interleave within lines on one pipe)
         print(f"rank {ctx.rank} {line}".replace(sys.argv[1], "OUT"), file=f)
 
 def fit(case, train=8, evals=4, loss=RelativeLoss, gone=False):
-    trainer = Trainer(Pointwise(1, 1), loss(), Samples(train), Samples(evals),
-                      TrainConfig(epochs=2, batch_size=2, progress=False),
-                      f"{sys.argv[1]}/{case}", ctx=ctx)
-    if gone and ctx.is_main:  # the folder removed before fit: its lock cannot be made
-        shutil.rmtree(trainer.out_dir)
     try:
+        trainer = Trainer(Pointwise(1, 1), loss(), Samples(train), Samples(evals),
+                          TrainConfig(epochs=2, batch_size=2, progress=False),
+                          f"{sys.argv[1]}/{case}", ctx=ctx)
+        if gone and ctx.is_main:  # the folder removed before fit: its lock cannot be made
+            shutil.rmtree(trainer.out_dir)
         trainer.fit()
         say(f"{case}: trained")
     except (CheckpointError, ConfigError, OSError) as e:
@@ -1910,6 +1910,7 @@ except ConfigError as e:
 fit("locked")  # the test holds its lock
 fit("removed", loss=RemovingLoss)
 fit("gone", gone=True)
+fit("unwritable")  # a file: rank 0 alone checks that it can write there
 
 class TwoArguments(Exception):  # (pickled, it cannot be rebuilt from its message alone)
     def __init__(self, a, b):
@@ -1932,10 +1933,11 @@ def test_torchrun_processes_refuse_together(tmp_path):
     samples by number: with 8 training samples on rank 0 and 9 on rank 1, sample 1 was trained
     twice and sample 6 never, silently; unequal step counts hung until the group's timeout,
     and unequal evaluation sets aborted in gloo. A Trainer given no ctx trained rank 0 alone
-    on all the data, and rank 1 failed on the folder's lock. A folder in use, or removed during
-    the run, stopped rank 0 only (its lock and its files), and left rank 1 waiting in its next
-    collective."""
+    on all the data, and rank 1 failed on the folder's lock. A folder in use, removed during
+    the run, or one rank 0 cannot write (checked by the Trainer's constructor), stopped rank 0
+    only (its lock and its files), and left rank 1 waiting in its next collective."""
     (tmp_path / "locked").mkdir()
+    (tmp_path / "unwritable").write_text("a file, not a folder")
     with file_lock(tmp_path / "locked" / ".lock", wait=False) as held:
         assert held
         _run_on_two_processes(_REFUSED_TOGETHER, tmp_path, str(tmp_path))
@@ -1948,7 +1950,8 @@ def test_torchrun_processes_refuse_together(tmp_path):
                        "its .lock); wait for it to end, or give another folder"),
             ("removed", "CheckpointError: out_dir: the run's folder 'OUT/removed' was removed "
                         "during the run, with its checkpoints; start the run again"),
-            ("gone", "FileNotFoundError: [Errno 2] No such file or directory: 'OUT/gone/.lock'")]
+            ("gone", "FileNotFoundError: [Errno 2] No such file or directory: 'OUT/gone/.lock'"),
+            ("unwritable", "ConfigError: out_dir: cannot write to 'OUT/unwritable' (File exists)")]
     each += [(what, f"{'' if what == 'errors' else 'ConfigError: '}{name}: every process needs "
                     f"the same samples, got {count} on rank 0, {count + 1} on rank 1")
              for what, name, count in (("errors", "dataset", 4), ("eval", "eval_set", 4),

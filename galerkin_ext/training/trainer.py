@@ -884,8 +884,15 @@ class Trainer:
                 final_div_factor=config.final_div_factor, pct_start=pct_start,
             )
         _check_recorded(self.run_config, self._recorded())
-        # made last: a refusal above leaves no folder behind
-        self.out_dir = _writable_dir(out_dir) if self.ctx.is_main else _check_out_dir(out_dir)
+        if self.ctx.enabled and not dist.is_initialized():  # (else torch's error below)
+            raise ConfigError(f"ctx: rank {self.ctx.rank} of world_size = {self.ctx.world_size}, "
+                              "but this process has joined no process group; build the context "
+                              "with setup_distributed() (or torch.distributed."
+                              "init_process_group first)")
+        # made last: a refusal above leaves no folder behind; inside main_only: a folder that
+        # cannot be written is refused on every process (the others went on to wait in fit)
+        self.out_dir = _check_out_dir(out_dir)
+        self.ctx.main_only(partial(_writable_dir, self.out_dir))
         # the package's presence checked now; the writer made by fit(), once an earlier run's
         # event files are gone
         self._writer_class = (tensorboard_writer_class() if config.tensorboard
@@ -1109,11 +1116,6 @@ class Trainer:
             raise RuntimeError("fit: this Trainer has run fit() already, and its model, "
                                "optimiser and schedule hold that run's state; build a new "
                                "Trainer (with resume=True to continue from last.pt)")
-        if self.ctx.enabled and not dist.is_initialized():  # (else torch's error at a step)
-            raise ConfigError(f"ctx: rank {self.ctx.rank} of world_size = {self.ctx.world_size}, "
-                              "but this process has joined no process group; build the context "
-                              "with setup_distributed() (or torch.distributed."
-                              "init_process_group first)")
         _check_same_lengths(self.ctx, train_set=self.train_set, eval_set=self.eval_set)
         with ExitStack() as held:  # (the folder's lock, on the main process)
             self.ctx.main_only(partial(self._hold_folder, held))
