@@ -389,7 +389,9 @@ def test_attention_cpu_smoke(tmp_path: Path) -> None:
     # (blanks and repeats in the lists: an unknown op, and every row measured twice, before)
     cmd = [sys.executable, str(BENCHMARKS / "attention.py"), "--shapes", "host,host", "--reps",
            "1", "--impls", "ours, eager,ours", "--threads", "1", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    # (about 50 s on idle cores, most of it the 12 fresh processes that measure the peak
+    # memory, each importing torch; 120 s ran out on busy ones)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert {"device", "command", "rows"} <= set(result) and "attention.py" in result["command"]
