@@ -173,6 +173,9 @@ def flop_counter_mode(display: bool = False, depth: int = 2) -> FlopCounterMode:
         with flop_counter_mode() as counter:
             model(u, x).sum().backward()
         counter.get_total_flops(), counter.get_flop_counts()
+
+    The totals are this thread's work alone; the counts by module take in, besides, the
+    modules other threads run meanwhile (torch's module hooks, which name them, are global).
     """
     check_bool(display, "display")
     check_int(depth, "depth", 0)

@@ -460,3 +460,68 @@ def test_empty_batch(name):
         assert out.shape == (0, *shape)
         out.sum().backward()
         assert empty.grad.shape == empty.shape
+
+
+
+def _threaded_calls(model: torch.nn.Module, x: torch.Tensor, grid: torch.Tensor,
+                    threads: int, calls: int) -> tuple[list[list[torch.Tensor]], list]:
+    """Every thread's outputs (no_grad) and gradients (forward and backward in its own copy
+    of ``model``) of ``calls`` inputs, made alone, one thread after the other, and then by
+    ``threads`` threads at once while another counts FLOPs of ``model``."""
+    import copy
+    import threading
+
+    from galerkin_ext.complexity import forward_flops
+
+    inputs = [torch.randn(calls, *x.shape, generator=torch.Generator().manual_seed(t))
+              for t in range(threads)]
+    copies = [copy.deepcopy(model) for _ in range(threads)]
+
+    def run(t: int) -> list[torch.Tensor]:
+        out = []
+        for u in inputs[t]:
+            with torch.no_grad():
+                out.append(model(u, grid))
+            u = u.clone().requires_grad_()
+            copies[t].zero_grad()
+            copies[t](u, grid).square().sum().backward()
+            out += [u.grad, *(p.grad for p in copies[t].parameters())]
+        return out
+
+    alone = [run(t) for t in range(threads)]
+    together: list = [None] * threads
+    counting = threading.Event()
+
+    def count() -> None:
+        while not counting.is_set():
+            forward_flops(model, x, grid)
+
+    def work(t: int) -> None:
+        together[t] = run(t)
+
+    counter = threading.Thread(target=count)
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    counter.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    counting.set()
+    counter.join()
+    return alone, together
+
+
+def test_models_called_from_threads_at_once_give_the_bits_of_a_call_alone():
+    """An inference server's pattern: each model called from three Python threads at once, on
+    their own inputs, while a fourth counts FLOPs (its FFT-only switch of the spectral
+    products is per thread; shared, it would move the others' products onto the FFTs), then
+    forward and backward in per-thread copies: every output and gradient is bitwise that of
+    the same call made alone."""
+    for name in _SMALL:
+        model, (x, grid) = _small(name)
+        alone, together = _threaded_calls(model.eval(), x, grid, threads=3, calls=4)
+        for t, (ours, theirs) in enumerate(zip(together, alone, strict=True)):
+            assert ours is not None, (name, t)  # (a thread that raised)
+            differing = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
+                         if not torch.equal(a, b)]
+            assert not differing, (name, t, differing)

@@ -97,7 +97,7 @@ def spectral_product_1d(x: Tensor, weight: Tensor, norm: str) -> Tensor:
 # 2 K < p₂ they won at every K <= 24 of spectral_cpu_xeon.json).
 _MATMUL_MAX_COLUMNS = 24
 
-# ffts_only()'s flag, per thread as the FLOP counters (torch dispatch modes) are.
+# ffts_only()'s flag, per thread as the FLOP counters' totals are (torch dispatch modes).
 _fft_state = threading.local()
 
 
