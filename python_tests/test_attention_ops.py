@@ -141,6 +141,40 @@ def test_dropout_mask_matches_reference(quadratic, torch_masks, gen):
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_galerkin_dropout_with_values_wider_than_keys_matches_reference(gen):
+    """The mask of S = K̂ᵀ W V̂ is (P + D) × (P + D_v): with D_v ≠ D (every other dropout case
+    has D_v = D) a square mask failed to broadcast."""
+    q, k = (torch.randn(2, 3, 7, 4, generator=gen, dtype=F64) for _ in range(2))
+    v, pos = torch.randn(2, 3, 7, 6, generator=gen, dtype=F64), torch.rand(7, 2, dtype=F64)
+    torch.manual_seed(3)
+    got = ops.galerkin_attention(q, k, v, pos=pos, dropout_p=0.3)
+    torch.manual_seed(3)
+    mask = torch.bernoulli(torch.full((2, 3, 6, 8), 0.7, dtype=F64)).div_(0.7)
+    expected = reference.galerkin_attention(q, k, v, pos=pos, dropout_mask=mask)
+    assert got.shape == (2, 3, 7, 8)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.4])
+@pytest.mark.parametrize("op", ["fourier_attention", "continuum_attention"])
+def test_fused_gradients_under_create_graph_equal_the_plain_backward(op, p, gen):
+    """create_graph=True takes the fused quadratic and softmax ops' gradients from Python
+    formulas (differentiable in turn), the plain backward from the compiled kernels: with the
+    same dropout mask they agree for every input. gradgradcheck could not see a formula that
+    dropped the mask on one operand: it differentiates the formula against itself."""
+    q, k, v = (torch.randn(2, 2, 6, 4, generator=gen, dtype=F64) for _ in range(3))
+    fn = getattr(ops, op)
+
+    def grads(create_graph: bool) -> tuple[torch.Tensor, ...]:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(3)
+        out = fn(*leaves, dropout_p=p)
+        return torch.autograd.grad(out.square().sum(), leaves, create_graph=create_graph)
+
+    for plain, formula in zip(grads(False), grads(True), strict=True):
+        torch.testing.assert_close(formula, plain, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("fn", [galerkin, fourier], ids=["galerkin", "fourier"])
 def test_dropout_whenever_asked_and_unbiased(fn, gen):
     """dropout_p > 0 drops on every call, as in F.scaled_dot_product_attention (which has no

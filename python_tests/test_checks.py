@@ -99,6 +99,7 @@ def test_op_core_halves_check_their_arguments(where):
         ({"q_map": "soft"}, ValueError, "q_map: expected one of"),
         ({"normalizers": -1}, ValueError, "normalizers: expected an int >= 0"),
         ({"normalizers": 3}, ValueError, "normalizers: 3 blocks"),
+        ({"normalizers": 4}, ValueError, "normalizers: 4 blocks"),  # one column each: no d_v
         ({"skip": True}, ValueError, "skip: needs the output width 4 to equal"),
         ({"skip": 1}, TypeError, "skip: expected a bool, got 1"),
     ]

@@ -50,6 +50,9 @@ def test_fft_formulas(shape):
     assert counted(lambda: torch.fft.rfftn(x, dim=(3, 2))) == want
     y = torch.fft.rfftn(x, dim=(3, 2))
     assert counted(lambda: torch.fft.irfftn(y, s=(s2, s1), dim=(3, 2))) == want
+    # an axis of 2 points: 5·2·log2(2) = 10 a transform; of 1 point: none
+    assert counted(lambda: torch.fft.fft(z[..., :2, :], dim=2)) == round(fft_flops(b * c * s2, 2))
+    assert counted(lambda: torch.fft.fft(z[..., :1, :], dim=2)) == 0
     # the paper's (15/2) N log2 sqrt(N) for an s x s grid, up to its s/2 for the s/2 + 1 columns
     s = 16
     square = counted(lambda: torch.fft.rfft2(torch.randn(s, s)))

@@ -420,6 +420,21 @@ def _refuses_disagreeing_shards(rank: int, world: int) -> bool:
         _refused(lambda: split.gather(torch.zeros(1, 2 if rank else 5, 2)), agreed, *own)])
 
 
+def _uniform_weights_sum_to_one(world: int) -> bool:
+    """local_weight() without weights: 1/n on this rank's points of the whole sample's n (the
+    shard's own count gave weights summing to the number of ranks), for uneven and empty
+    shards."""
+    ok = []
+    for kind in KINDS:
+        split = DomainSplit(_counts(kind, N, world))
+        w = split.local_weight(dtype=F64)
+        total = w.sum()
+        dist.all_reduce(total)
+        ok += [w.shape == (split.local_n,), bool((w == 1.0 / N).all()),
+               abs(float(total) - 1.0) <= 1e-15]
+    return _on_every_rank(ok)
+
+
 def _contexts_follow_the_group(rank: int, world: int) -> bool:
     """A DistributedContext that disagrees with the process group split the evaluation's
     samples wrongly without an error; setup_distributed, given a group initialised without
@@ -463,6 +478,7 @@ def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> 
         results["refused_disagreeing_counts"] = _refuses_disagreeing_counts(rank, world)
         results["refused_disagreeing_shards"] = _refuses_disagreeing_shards(rank, world)
         results["contexts_follow_the_group"] = _contexts_follow_the_group(rank, world)
+        results["uniform_weights_sum_to_one"] = _uniform_weights_sum_to_one(world)
         if rank == 0:
             Path(out_file).write_text(json.dumps(results))
         # every rank done before the teardown, which torch 2.5's gloo could hang in otherwise
@@ -510,6 +526,10 @@ def test_shards_differing_between_ranks_are_refused(results: dict[str, dict]) ->
 
 def test_contexts_follow_the_process_group(results: dict[str, dict]) -> None:
     assert results["contexts_follow_the_group"]
+
+
+def test_uniform_local_weights_sum_to_one_over_the_ranks(results: dict[str, dict]) -> None:
+    assert results["uniform_weights_sum_to_one"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -145,6 +145,39 @@ def test_softmax_attention_sample_without_keys_is_an_error(return_attention, gen
         attn(x, pos, weight, return_attention=return_attention)
 
 
+def test_softmax_attention_sample_without_keys_is_zero_where_tracing_skips_the_check(gen):
+    """Compiled, the check for keys is skipped (it branches on values): such a sample gives 0,
+    output and returned attention, not NaN (softmax over logits that are all -inf)."""
+    attn = SimpleAttention(8, 2, "softmax", norm=None).eval()
+    x = torch.randn(2, 5, 8, generator=gen)
+    weight = torch.rand(2, 5, generator=gen)
+    weight[1] = 0.0
+    compiled = torch.compile(lambda x, w: attn(x, weight=w, return_attention=True),
+                             backend="aot_eager")
+    out, matrix = compiled(x, weight)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert torch.equal(matrix[1], torch.zeros_like(matrix[1]))
+    eager, eager_matrix = attn(x[:1], weight=weight[:1], return_attention=True)
+    torch.testing.assert_close(out[:1], eager)
+    torch.testing.assert_close(matrix[:1], eager_matrix)
+
+
+def test_linear_attention_weights_are_checked_and_a_sample_without_keys_is_zero(gen):
+    """Linear attention takes the weights into its own softmax, not through an op that checks
+    them: negative weights are refused here; a sample whose weights are all 0 gives 0 (its
+    softmax over the points stays finite), and the others are as without it."""
+    attn = SimpleAttention(8, 2, "linear").eval()
+    x = torch.randn(2, 5, 8, generator=gen)
+    with pytest.raises(ValueError, match="^weight: expected finite, non-negative"):
+        attn(x, weight=torch.full((5,), -0.2))
+    weight = torch.full((2, 5), 0.2)
+    weight[0, 3] = 0.0  # a padded point of sample 0
+    weight[1] = 0.0
+    out = attn(x, weight=weight)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(out[:1], attn(x[:1], weight=weight[:1]))
+
+
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 def test_instance_norm_uses_quadrature_weights(attention_type, gen):
     """A point with weight 0 changes neither the statistics nor the other outputs."""
@@ -837,6 +870,13 @@ def test_denormalizer(gen):
         denorm.set_statistics(mean, -std)
     with pytest.raises(TypeError, match="mean"):
         denorm.set_statistics([0.0], std)
+    # statistics that broadcast (one per channel) serve every resolution
+    per_channel = Denormalizer()
+    mean, std = torch.randn(1, 1, 2, generator=gen), torch.rand(1, 1, 2, generator=gen)
+    per_channel.set_statistics(mean, std, eps=1e-5)
+    for side in (4, 5):
+        y = torch.randn(3, side, side, 2, generator=gen)
+        torch.testing.assert_close(per_channel(y), y * (std + 1e-5) + mean)
 
 
 def _layer_cases():

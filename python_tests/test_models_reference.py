@@ -105,6 +105,13 @@ def test_original_sizes_are_read_from_the_weights():
     instance = from_original("burgers", by_id["burgers-galerkin"]["state_dict"],
                              attention_type="galerkin", norm="instance")
     assert instance.encoder[0].attn.norm == "instance"
+    # per-head norms stacked in head order (the recorded weights' heads are alike)
+    heads = dict(by_id["burgers-galerkin"]["state_dict"])
+    for head in (0, 1):
+        key = f"encoder_layers.0.attn.norm_K.{head}.weight"
+        heads[key] = torch.full_like(heads[key], float(head))
+    stacked = from_original("burgers", heads, attention_type="galerkin")
+    assert stacked.encoder[0].attn.k_norm_weight[:, 0].tolist() == [0.0, 1.0]
 
 
 def test_from_original_refuses_what_the_weights_contradict_or_lack():

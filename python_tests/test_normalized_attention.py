@@ -10,7 +10,7 @@ import torch
 from attention_cases import CROSS_SHAPES, WEIGHT_SHAPES, cross_inputs, rand
 from conftest import skip_where_subnormals_flush
 
-from galerkin_ext import functional, ops
+from galerkin_ext import functional, ops, reference
 
 
 @pytest.fixture(params=[ops, functional], ids=["ops", "functional"])
@@ -56,6 +56,15 @@ def test_matches_explicit_sum(impl, shape, weight_shape, gen):
     out = impl.normalized_attention(q, k, v, weight=weight)
     assert out.shape == (b, h, n, dv)
     torch.testing.assert_close(out, explicit(q, k, v, weight), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_reference_form_matches_explicit_sum(skip, gen):
+    """galerkin_ext.reference's form, the GNOT oracle's (reference.gnot_forward), with and
+    without the skip term."""
+    q, k, v = (rand(2, 3, 6, 4, gen=gen) for _ in range(3))
+    torch.testing.assert_close(reference.normalized_attention(q, k, v, skip=skip),
+                               explicit(q, k, v, skip=skip), rtol=1e-12, atol=1e-12)
 
 
 def test_coordinates_cross_attention_and_skip(impl, gen):
