@@ -58,6 +58,37 @@ def test_truncated_solve_matches_full_solve():
     assert np.abs(u0).max() > 0.5 and np.abs(trunc - full).max() < 1e-14
 
 
+def test_truncated_solve_drops_the_solve_grids_nyquist_mode():
+    """solve_resolution = 8 on 16 points: the 8-point grid's Nyquist mode k = 4 is dropped
+    (its sine part is not representable there; _truncate's docstring), so a field plus
+    cos(2 pi 4 x) solves like the field alone. Keeping it (modes 0..4 instead of 0..3) carried
+    the cosine through the solve and back at its full size: an O(1e-3) difference that the
+    8192-point comparison cannot see (the GRF is negligible at the mode 512)."""
+    x = np.arange(16) / 16
+    low = 1e-3 * np.sin(2 * np.pi * x)
+    nyquist = 1e-3 * np.cos(2 * np.pi * 4 * x)
+    alone = solve_burgers(low, NU, 1e-3, n_steps=1, solve_resolution=8)
+    with_nyquist = solve_burgers(low + nyquist, NU, 1e-3, n_steps=1, solve_resolution=8)
+    np.testing.assert_allclose(with_nyquist, alone, rtol=0, atol=1e-15)
+    assert np.abs(alone).max() > 9e-4  # the mode below the Nyquist one is kept
+    assert np.abs(solve_burgers(nyquist, NU, 1e-3, n_steps=1, solve_resolution=8)).max() < 1e-15
+
+
+def test_default_step_count_grows_with_the_initial_fields_size():
+    """The default step is dt = 1e-3 * min(1, 2 / max|u0|) at nu = 0.1 (default_n_steps: the
+    advective time scale shrinks like 1 / max|u0|): 1000 steps per unit time for |u0| <= 2,
+    3000 for |u0| = 6. A solve_burgers that took the count for |u0| <= 2 whatever its input
+    (not passing max|u0| on) would step 3x too long where the SPEC's data (|u0| <~ 2) never
+    shows it."""
+    from galerkin_ext.data.burgers import default_n_steps
+
+    assert default_n_steps(1.0, 0.1, 1.0) == 1000 and default_n_steps(1.0, 0.1, 6.0) == 3000
+    x = np.arange(64) / 64
+    u0 = 6.0 * np.sin(2 * np.pi * x)
+    np.testing.assert_array_equal(solve_burgers(u0, NU, 0.05),
+                                  solve_burgers(u0, NU, 0.05, n_steps=150))
+
+
 def test_torch_input_keeps_type_shape_dtype():
     x = np.arange(128) / 128
     u0 = cole_hopf(x, 0.0, CASES[0])

@@ -98,6 +98,22 @@ def test_solution_magnitude_in_spec_range():
     assert u.min() >= 0  # maximum principle for f = 1 >= 0
 
 
+def test_generator_task_solves_with_the_recorded_source():
+    """The generator's worker task (sample_and_solve) solves -div(a grad u) = f with the f its
+    parameters record: with f = 2 the sample is solve_darcy(a, 2), twice the f = 1 one. A task
+    that used f = 1 whatever generate_darcy(f=...) recorded passed the tests' files, all at
+    the default f = 1."""
+    from galerkin_ext.data.darcy import sample_and_solve
+
+    params = {"alpha": 2.0, "tau": 3.0, "high": 12.0, "low": 3.0, "f": 2.0}
+    a, u = sample_and_solve((0, 4, 17, params))
+    np.testing.assert_array_equal(
+        a, sample_darcy_coefficient(1, 17, seed=0, start=4, alpha=2.0, tau=3.0, high=12.0,
+                                    low=3.0)[0])
+    np.testing.assert_allclose(u, solve_darcy(a, 2.0), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(u, 2 * solve_darcy(a, 1.0), rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "err", "match"),
     [

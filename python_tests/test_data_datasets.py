@@ -274,6 +274,11 @@ def test_inverse_dataset_noise_and_targets():
     test = DarcyInverseDataset((a, u), "test", 13, coarse_resolution=7, n_train=6, n_test=3,
                                 input_normalizer=clean.input_normalizer, noise=0.1)
     assert len(test) == 3
+    # the noise follows the sample's index in the file (the test rows are samples 7-9), not its
+    # row in the split (which would give the test split's row 0 training sample 0's noise)
+    every = DarcyInverseDataset((a, u), "train", 13, coarse_resolution=7, n_train=10, n_test=3,
+                                input_normalizer=clean.input_normalizer, noise=0.1)
+    torch.testing.assert_close(test.x, every.x[7:], rtol=0, atol=0)
     with pytest.raises(TypeError, match="input_normalizer"):
         DarcyInverseDataset((a, u), "test", 13, coarse_resolution=7, n_train=6, n_test=3,
                             input_normalizer="nope")

@@ -72,6 +72,22 @@ def test_distance_to_a_single_point_and_checks():
         distance_to_polyline(pts, np.zeros((0, 2)))
 
 
+def test_distance_beyond_a_segments_ends_is_to_its_end_point():
+    """Past a segment's ends the nearest point is the end point, not the foot on the segment's
+    line: (2, 1) is sqrt(2) from the segment (0, 0)-(1, 0), not 1; on an L-shaped polyline
+    (-1, 1.5) is sqrt(1.25) from its end (0, 1), not 1 (from the line x = 0 through its first
+    segment), and points beside a segment keep their perpendicular distance. Without the clip
+    the refined sets would split triangles far from the interfaces and the cavity, while the
+    other tests, whose points lie beside their curves, still passed."""
+    segment = np.array([[0.0, 0.0], [1.0, 0.0]])
+    pts = np.array([[2.0, 1.0], [-3.0, -4.0], [0.5, 0.25]])
+    np.testing.assert_allclose(distance_to_polyline(pts, segment), [np.sqrt(2), 5.0, 0.25],
+                               rtol=1e-15)
+    ell = np.array([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]])
+    np.testing.assert_allclose(distance_to_polyline(np.array([[-1.0, 1.5], [0.5, 0.5]]), ell),
+                               [np.sqrt(1.25), 0.5], rtol=1e-15)
+
+
 def test_refine_near_checks(mesh):
     with pytest.raises(TypeError, match="mesh: expected a TriMesh, got dict"):
         refine_near({}, [np.zeros((2, 2))], 0.1)

@@ -126,6 +126,56 @@ def test_velocity_and_tendency_signs():
     assert (unforced - expected - 4 * torch.cos(4 * y)).abs().max() <= 1e-12
 
 
+def test_nyquist_mode_has_zero_first_derivative():
+    """On an even grid the Nyquist mode is the cosine (-1)^i, whose derivative (a sine)
+    vanishes on the grid: w = (-1)^i cos y_j has psi = w / 17, u = d_y psi = -(-1)^i sin(y_j) / 17
+    and v = -d_x psi = 0, and symmetrically for w = cos(x_i) (-1)^j. With the derivative
+    i k_x (k_x = -4) kept, v picked up a Nyquist artefact, as large as u; the smooth fields of
+    the other tests have no Nyquist content."""
+    s = 8
+    x, y = grid(s)
+    sign = (-1.0) ** torch.arange(s, dtype=torch.float64)
+    for w, u, v in (
+        (sign[:, None] * torch.cos(y), -sign[:, None] * torch.sin(y) / 17, torch.zeros(s, s)),
+        (torch.cos(x) * sign[None, :], torch.zeros(s, s), torch.sin(x) * sign[None, :] / 17),
+    ):
+        vel = velocity_from_vorticity(w[None])[0]
+        assert (vel[0] - u).abs().max() <= 1e-15 and (vel[1] - v).abs().max() <= 1e-15
+        # CFL = dt max(|u| + |v|) / h, h = 2 pi / s; max |sin| = 1 on the 8-point grid
+        np.testing.assert_allclose(cfl_number(w[None], 0.1).numpy(),
+                                   [0.1 / 17 / (2 * np.pi / s)], rtol=1e-12)
+
+
+def test_two_thirds_rule_keeps_only_the_modes_it_computes_exactly():
+    """SPEC-continuum §3's 2/3 rule keeps the modes 3 |k_x| < s and 3 |k_y| < s: on s = 12,
+    |k| <= 3, whose products (|k| <= 6) alias onto none of the kept modes, so the advection is
+    the exact -u . grad w of the kept field, projected on the kept modes: here against the
+    product formed on a 4x finer grid. Keeping 3 |k| = s (k = 4) took the modes whose products
+    alias back (4 + 4 = 8 = -4 on 12 points); a grid s not divisible by 3 never shows it."""
+    s, fine = 12, 48
+    gen = np.random.default_rng(7)
+    w = gen.standard_normal((s, s))
+    k = np.fft.fftfreq(s, 1 / s)
+    kept = (3 * np.abs(k) < s)[:, None] & (3 * np.abs(k) < s)[None, :]  # |k| <= 3
+    big = np.zeros((fine, fine), dtype=complex)
+    idx = np.flatnonzero(3 * np.abs(k) < s)
+    rows = k[idx].astype(int) % fine
+    big[np.ix_(rows, rows)] = (np.fft.fft2(w) * kept)[np.ix_(idx, idx)] * (fine / s) ** 2
+    kf = np.fft.fftfreq(fine, 1 / fine)
+    kx, ky = kf[:, None], kf[None, :]
+    k2 = np.where(kx**2 + ky**2 > 0, kx**2 + ky**2, 1.0)
+    psi = big / k2
+    u, v = np.fft.ifft2(1j * ky * psi).real, np.fft.ifft2(-1j * kx * psi).real
+    wx, wy = np.fft.ifft2(1j * kx * big).real, np.fft.ifft2(1j * ky * big).real
+    product = np.fft.fft2(-(u * wx + v * wy)) / (fine / s) ** 2
+    exact = np.zeros((s, s), dtype=complex)
+    exact[np.ix_(idx, idx)] = product[np.ix_(rows, rows)]
+    exact = np.fft.ifft2(exact).real
+    got = kolmogorov_tendency(torch.from_numpy(w)[None], nu=0.0, forcing=False)[0].numpy()
+    assert np.abs(exact).max() > 0.1
+    np.testing.assert_allclose(got, exact, rtol=0, atol=1e-12 * np.abs(exact).max())
+
+
 # ----------------------------------------------------------------------------------------------
 # Time stepping
 # ----------------------------------------------------------------------------------------------
@@ -710,6 +760,25 @@ def test_reference_trajectories_continue_the_stored_pairs(kolmo_file, tmp_path):
     assert traj.shape == (3, 2, 8, 8)
     stored = ds.target_normalizer.decode(ds.target[..., 0])
     assert float((traj[:, 0] - stored).norm() / stored.norm()) < 1e-2  # the modes 8^2 lost
+
+
+def test_reference_trajectories_on_a_finer_grid_take_a_proportionally_smaller_step(kolmo_file):
+    """The recorded step keeps the CFL number below 1 on the file's 16^2 solver grid; read at
+    32^2, the trajectories are solved there with half of it (recorded * 16 / 32). The recorded
+    step on any grid (twice the CFL number on a grid twice as fine) keeps these small states
+    stable: only the solution's time error shows it, 7e-9 here, far above the solver's
+    round-off."""
+    split = {"n_train": 4, "n_valid": 1, "n_test": 2, "dtype": torch.float64}
+    fine = KolmogorovDataset(kolmo_file, "test", resolution=32, **split)
+    traj = fine.reference_trajectories(2)
+    assert traj.shape == (2, 2, 32, 32)
+    w0 = fine.input_normalizer.decode(fine.x[..., 0])
+    step = gen_mod.kolmogorov_time_step(16, TINY["dt_out"])  # the recorded one, 0.05
+    assert fine.parameters["max_step"] == step == 0.05
+    want = solve_kolmogorov(w0, 0.2, max_step=step / 2, snapshots=[0.1, 0.2])
+    torch.testing.assert_close(traj, want, rtol=1e-12, atol=1e-12)
+    coarse_step = solve_kolmogorov(w0, 0.2, max_step=step, snapshots=[0.1, 0.2])
+    assert (coarse_step - want).abs().max() > 1e-9
 
 
 def test_files_recording_dt_still_roll_out(kolmo_file, tmp_path):

@@ -91,6 +91,28 @@ def test_cde_closed_form_matches_rk4():
     assert 5e3 < ratio < 2e4, ratio  # fourth order: 10^4
 
 
+def test_cde_closed_form_starts_from_the_controls_first_value():
+    """z = 2 arctan(tan(z0 / 2) exp(u - u(t_0))): z depends on the control's change since the
+    first time only. The sampled controls all start at u(0) = sum xi_j sin 0 = 0, so dropping
+    the - u(t_0) passed the RK4 comparison; here u starts at 0.5 (and a shifted control gives
+    the same z)."""
+    u = np.array([[0.5, 1.0, 1.5]])
+    z = ode.solve_cde(u)
+    np.testing.assert_allclose(z[0], [1.0, 2 * np.arctan(np.tan(0.5) * np.exp(0.5)),
+                                      2 * np.arctan(np.tan(0.5) * np.exp(1.0))], rtol=1e-14)
+    np.testing.assert_allclose(ode.solve_cde(u + 3.0), z, rtol=1e-14)
+
+
+def test_cde_frequencies_are_uniform_on_0_10():
+    """n_j ~ U(0, 10) (SPEC-continuum §3): the draws reach both bounds and a tenth of them lie
+    below 1 (U(1, 10) passed every other test: none is below 1)."""
+    xi, freq = ode.sample_cde_control(400, seed=2)
+    assert freq.shape == xi.shape == (400, 10)
+    assert 0 <= freq.min() < 0.05 and 9.95 < freq.max() <= 10
+    assert abs((freq < 1).mean() - 0.1) < 0.02
+    assert abs(freq.mean() - 5) < 0.25 and freq.var() == pytest.approx(100 / 12, rel=0.1)
+
+
 def test_time_grids_are_exact():
     for dt, count in ZERO_SHOT_DT.items():
         t = ode.time_grid(dt)
