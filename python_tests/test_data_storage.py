@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import weakref
@@ -95,6 +96,45 @@ def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
     np.testing.assert_array_equal(a["a"], b["a"])
     np.testing.assert_array_equal(a["u"], b["u"])
     assert _attrs(reference) == _attrs(out)
+
+
+def test_a_resume_under_other_versions_warns(tmp_path, monkeypatch):
+    """A file records the numpy, scipy and torch that computed it. A resumption under others
+    (a partial file begun under torch 2.5.1; one that records none, as files made before the
+    record) warns that the samples still to come may differ from an uninterrupted run's in
+    their last bits (Burgers' FFTs under torch 2.5.1 and 2.13 differ by up to 7e-18) and goes on;
+    under the same versions it says nothing."""
+    import warnings
+
+    import scipy
+
+    out = tmp_path / "x.h5"
+    part = partial_path(out)
+    here = {"numpy": np.__version__, "scipy": scipy.__version__, "torch": torch.__version__}
+    for recorded, message in (({**here, "torch": "2.5.1"},
+                               rf"torch 2\.5\.1 \(now {re.escape(torch.__version__)}\); the "
+                               "samples still to come may differ"),
+                              (None, "library_versions not recorded"),
+                              (here, None)):
+        monkeypatch.setattr(gen, "solve_burgers", InterruptAt(solve_burgers, 2))
+        with pytest.raises(KeyboardInterrupt):
+            burgers(out, overwrite=True)
+        monkeypatch.undo()
+        assert inspect_h5(part)["library_versions"] == here
+        with h5py.File(part, "r+") as f:
+            if recorded is None:
+                del f.attrs["library_versions"]
+            else:
+                f.attrs["library_versions"] = json.dumps(recorded)
+        if message is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                burgers(out, resume=True)
+        else:
+            with pytest.warns(UserWarning, match=f"^resuming .* under other versions than it "
+                                                 f"was begun with: {message}"):
+                burgers(out, resume=True)
+        assert inspect_h5(out)["complete"]
 
 
 class _Dying:

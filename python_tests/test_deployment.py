@@ -85,7 +85,7 @@ def test_every_registered_model_is_covered():
 
 # torch 2.5's export fails inside rfft2 of a permuted input ("illegal argument '-1]'"), and
 # in rfft at symbolic sizes ("unsupported operator: aten._fft_r2c"): its bugs
-_EXPORT_BROKEN = ({"darcy", "darcy_inverse", "fno2d", "fno_ca", "afno", "vitno", "fano"}
+_EXPORT_BROKEN = ({"darcy", "fno2d", "fno_ca", "afno", "vitno", "fano"}
                   if TORCH_BEFORE_2_6 else set())
 _DYNAMIC_EXPORT_BROKEN = _EXPORT_BROKEN | ({"burgers", "fno1d"} if TORCH_BEFORE_2_6 else set())
 

@@ -199,6 +199,27 @@ def test_resume_refuses_a_checkpoint_of_another_number_of_processes(tmp_path):
         _trainer(tmp_path, epochs=1).fit(resume=True)
 
 
+def test_a_resumption_under_another_torch_says_so(tmp_path, capsys):
+    """last.pt records the torch that wrote it; a resumption under another one (or of a
+    checkpoint that records none) goes on, with a note that its numbers now agree with the
+    uninterrupted run's to rounding only; under the same torch it says nothing. (A finished
+    run, resumed: it evaluates again.)"""
+    _trainer(tmp_path, epochs=1).fit()
+    state = load_checkpoint(tmp_path / "last.pt", "last")
+    assert state["torch_version"] == torch.__version__
+    content = {k: v for k, v in state.items()
+               if k not in ("format", "kind", "sha256", "torch_version")}
+    for begun, said in (("2.5.1", "torch 2.5.1"), (None, "torch an unrecorded version"),
+                        (state["torch_version"], None)):
+        save_checkpoint(tmp_path / "last.pt", "last", **content,
+                        **({} if begun is None else {"torch_version": begun}))
+        capsys.readouterr()
+        _trainer(tmp_path, epochs=1).fit(resume=True)
+        out = capsys.readouterr().out
+        assert (f"note: resuming a run of {said} under torch {torch.__version__}: from here on "
+                "its numbers agree" in out) if said else "note: resuming" not in out
+
+
 def test_a_non_finite_gradient_with_a_finite_loss_stops_the_run(tmp_path):
     def forward(model, batch):  # sqrt'(0) = inf: the gradient is NaN, the prediction is not
         zero = model.out.bias - model.out.bias

@@ -15,7 +15,8 @@ Schema ``galerkin_ext.ragged/1``.  The samples are concatenated: sample ``b`` ow
 * ``completed`` ``(n_chunks,)`` uint8: 1 once chunk ``i`` (samples ``[i c, (i + 1) c)`` for the
   chunk size ``c``) is written and flushed;
 * attributes as :mod:`.storage`'s files -- ``schema``, ``generator``, ``parameters`` (JSON),
-  ``seed``, ``n_samples``, ``chunk_size``, ``package_version``, ``complete`` -- plus
+  ``seed``, ``n_samples``, ``chunk_size``, ``package_version``, ``library_versions``,
+  ``complete`` -- plus
   ``input_names`` and ``target_names`` (JSON lists; ``input_names`` is the models' input
   order), ``space_dim`` and ``layout`` (the :class:`RaggedLayout`, JSON; every read checks the
   datasets against it, so a deleted optional field is an error; files written before it was
@@ -67,6 +68,7 @@ from .storage import (
     _allocated,
     _attr,
     _combine,
+    _json_object,
     _new_partial_file,
     _open,
     _open_to_resume,
@@ -74,6 +76,7 @@ from .storage import (
     _room_to_copy,
     check_output,
     check_resumable_attributes,
+    library_versions,
     parameters_json,
     prepare_output,
     run_chunks,
@@ -593,6 +596,7 @@ class RaggedWriter(PartialFileWriter):
             "seed": seed,
             "n_samples": n_samples,
             "package_version": __version__,
+            "library_versions": library_versions(),
         }
         final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
         with lock:  # released if opening fails; else handed to the writer
@@ -919,6 +923,7 @@ def _header(f: h5py.File, p: Path) -> dict[str, Any]:
             "n_samples": n,
             "chunk_size": chunk,
             "package_version": _attr(f, "package_version"),
+            "library_versions": _json_object(f.attrs.get("library_versions")),
             "complete": bool(_attr(f, "complete")) and bool(done.all()),
             "n_done": min(n, _completed_prefix(done, repr(str(p))) * chunk),
             "space_dim": layout.space_dim,
@@ -1119,8 +1124,9 @@ def inspect_ragged(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Metadata, completeness, sizes and statistics of a ragged file (or its partial file).
 
     Returns a JSON-serialisable dict with ``schema``, ``generator``, ``parameters``, ``seed``,
-    ``n_samples``, ``chunk_size``, ``package_version``, ``complete``, ``n_done``,
-    ``space_dim``, ``input_names``, ``target_names``, ``theta_dim``; ``sizes``: the range
+    ``n_samples``, ``chunk_size``, ``package_version``, ``library_versions`` (``None`` where
+    the file records none), ``complete``, ``n_done``, ``space_dim``, ``input_names``,
+    ``target_names``, ``theta_dim``; ``sizes``: the range
     (min, max, mean, total) of ``N`` (query points), of ``M`` per input function and of ``T``
     (triangles) over the written samples; ``statistics``: per field (``"query/points"``,
     ``"target/values"`` with ``names``, ``"inputs/<name>/values"``, weights, ``"theta"``) the

@@ -21,8 +21,9 @@ Schema (version 1) of a file written by :mod:`galerkin_ext.data.generate`:
   ``i``, written with the chunk; :func:`inspect_h5` combines the completed chunks.
 * attributes: ``schema`` (``"galerkin_ext.data/1"``), ``generator`` (``"burgers"``,
   ``"darcy"``, ``"lorenz63"``, ``"cde"``), ``parameters`` (JSON object of the generator's
-  parameters), ``seed``, ``n_samples``, ``chunk_size``, ``package_version``, and ``complete``
-  (true only after every chunk is done).
+  parameters), ``seed``, ``n_samples``, ``chunk_size``, ``package_version``,
+  ``library_versions`` (JSON object: the numpy, scipy and torch that computed the samples) and
+  ``complete`` (true only after every chunk is done).
 
 A generation writes to ``FILE.partial`` and renames it to ``FILE`` only once it is complete, so
 ``FILE`` never exists half-written; an interrupted run leaves ``FILE.partial`` with its
@@ -43,6 +44,7 @@ import shutil
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +74,7 @@ __all__ = [
     "prepare_output",
     "writer_lock_path",
     "check_resumable_attributes",
+    "library_versions",
     "pending_chunks",
     "publish",
     "run_chunks",
@@ -292,19 +295,37 @@ def _json_object(text: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def library_versions() -> str:
+    """The versions of the libraries that compute the samples, as the JSON text a file
+    records (``library_versions``)."""
+    import scipy
+    import torch
+
+    return json.dumps({"numpy": np.__version__, "scipy": scipy.__version__,
+                       "torch": torch.__version__}, sort_keys=True)
+
+
+# What a resumption under other versions may change: the last bits of the samples still to come
+# (torch's FFTs and exponentials, LAPACK's solves), not what the file is.
+_SOFTWARE = ("package_version", "library_versions")
+
+
 def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) -> None:
     """Refuse to resume ``part`` if a recorded attribute (schema, generator, parameters, seed,
-    sample count; not the package version) differs from this run's ``attrs``, or if it has no
-    completed-chunk record."""
+    sample count) differs from this run's ``attrs``, or if it has no completed-chunk record;
+    warn if the package or library versions differ (or are not recorded): the samples still
+    to come may then differ from an uninterrupted run's in their last bits."""
+    changed = []
     for key, value in attrs.items():
-        if key == "package_version":
-            continue
         stored = f.attrs.get(key)
         if isinstance(stored, bytes):
             stored = stored.decode()
         if isinstance(stored, np.generic):
             stored = stored.item()
         if stored == value:
+            continue
+        if key in _SOFTWARE:
+            changed += _version_changes(key, stored, value)
             continue
         old, new = (_json_object(stored), _json_object(value)) if key == "parameters" else (
             None, None)
@@ -320,6 +341,23 @@ def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) 
         )
     if "completed" not in f or "chunk_size" not in f.attrs:
         raise DataFileError(f"cannot resume {str(part)!r}: it has no completed-chunk record")
+    if changed:
+        warnings.warn(f"resuming {str(part)!r} under other versions than it was begun with: "
+                      f"{', '.join(changed)}; the samples still to come may differ from an "
+                      f"uninterrupted run's in their last bits ({_OVERWRITE} starts again)",
+                      stacklevel=2)
+
+
+def _version_changes(key: str, stored: object, value: str) -> list[str]:
+    """What differs between the ``stored`` and this run's ``value`` of ``key`` (the package
+    version, or the JSON object of the library versions), in words."""
+    if stored is None:
+        return [f"{key} not recorded"]
+    old, new = _json_object(stored), _json_object(value)
+    if old is None or new is None:  # the package version, or an unreadable record
+        return [f"{key} {stored} (now {value})"]
+    return [f"{name} {old.get(name)} (now {new.get(name)})"
+            for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
 
 
 def pending_chunks(completed: np.ndarray, chunk_size: int,
@@ -794,6 +832,7 @@ class ChunkedWriter(PartialFileWriter):
             "seed": seed,
             "n_samples": n_samples,
             "package_version": __version__,
+            "library_versions": library_versions(),
         }
         final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
         with lock:  # released if opening fails; else handed to the writer
@@ -970,7 +1009,8 @@ def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Metadata and completeness of a generated file (or its partial file), without the data.
 
     Returns a dict with ``generator``, ``parameters`` (dict), ``seed``, ``n_samples``,
-    ``chunk_size``, ``package_version``, ``complete`` (bool), ``n_done`` (samples written),
+    ``chunk_size``, ``package_version``, ``library_versions`` (dict; ``None`` where the file
+    records none), ``complete`` (bool), ``n_done`` (samples written),
     ``shapes`` (``{name: shape}`` of the per-sample arrays), ``static`` (``{name: shape}`` of
     the shared arrays) and ``statistics`` (``{field: {"mean", "std", "count"}}`` over the
     samples written so far; population std; empty for files that record none).  Raises
@@ -1020,6 +1060,7 @@ def inspect_h5(path: str | os.PathLike[str]) -> dict[str, Any]:
                 "n_samples": n,
                 "chunk_size": chunk,
                 "package_version": _attr(f, "package_version"),
+                "library_versions": _json_object(f.attrs.get("library_versions")),
                 "complete": bool(_attr(f, "complete")) and bool(done.all()),
                 "n_done": n_done,
                 "shapes": {k: tuple(f[k].shape) for k in per_sample},

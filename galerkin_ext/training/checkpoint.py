@@ -14,7 +14,8 @@ Checkpoint schema (``format`` = :data:`CHECKPOINT_FORMAT`):
 * ``'last'`` also: ``optimizer``, ``scheduler``, ``rng`` (one dict of generator states per
   process: torch's, NumPy's and Python's, as tensors), ``best_metric``, ``best_epoch``,
   ``history`` (list of per-epoch dicts), ``train_seconds``, ``world_size`` and, from
-  2026-11-30, ``seeding`` (2: the Trainer's seeds spread over the streams; absent: added);
+  2026-11-30, ``seeding`` (2: the Trainer's seeds spread over the streams; absent: added),
+  from 2026-12-01 ``torch_version`` (the torch that wrote it);
 * ``sha256``: :func:`content_digest` of everything else, verified by :func:`load_checkpoint`
   (a flipped bit in a tensor is found, not loaded).
 """

@@ -977,7 +977,8 @@ class Trainer:
             optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
             rng=rng, best_metric=best_metric, best_epoch=best_epoch, history=history,
             train_seconds=train_seconds, world_size=self.ctx.world_size,
-            seeding=self._seeding, config=self._full_config(),
+            seeding=self._seeding, torch_version=str(torch.__version__),
+            config=self._full_config(),
         )
         if improved:
             os.replace(self._staged_best_path, self.best_path)
@@ -1162,6 +1163,11 @@ class Trainer:
             best_metric, best_epoch = state["best_metric"], state["best_epoch"]
             train_seconds = state["train_seconds"]
             self._owns_last = True
+            begun = state.get("torch_version", "an unrecorded version")  # (before 2026-12-01)
+            if begun != torch.__version__ and ctx.is_main:
+                print(f"note: resuming a run of torch {begun} under torch {torch.__version__}: "
+                      "from here on its numbers agree with the uninterrupted run's to rounding "
+                      "only, not bit for bit")
         else:
             _seed_rngs(_process_seed(cfg.seed, ctx.rank))  # dropout differs between processes
         ctx.main_only(partial(self._prepare_folder, history, None if state is None else start))
