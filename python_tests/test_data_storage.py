@@ -99,20 +99,20 @@ def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
 
 
 def test_a_resume_under_other_versions_warns(tmp_path, monkeypatch):
-    """A file records the numpy, scipy and torch that computed it. A resumption under others
+    """A file records the libraries that computed it. A resumption under others
     (a partial file begun under torch 2.5.1; one that records none, as files made before the
     record) warns that the samples still to come may differ from an uninterrupted run's in
     their last bits (Burgers' FFTs under torch 2.5.1 and 2.13 differ by up to 7e-18) and goes on;
     under the same versions it says nothing."""
+    import importlib.metadata
     import warnings
-
-    import scipy
 
     out = tmp_path / "x.h5"
     part = partial_path(out)
-    here = {"numpy": np.__version__, "scipy": scipy.__version__, "torch": torch.__version__}
+    here = {name: importlib.metadata.version(name)
+            for name in ("numpy", "scipy", "torch", "scikit-fem", "triangle")}
     for recorded, message in (({**here, "torch": "2.5.1"},
-                               rf"torch 2\.5\.1 \(now {re.escape(torch.__version__)}\); the "
+                               rf"torch 2\.5\.1 \(now {re.escape(here['torch'])}\); the "
                                "samples still to come may differ"),
                               (None, "library_versions not recorded"),
                               (here, None)):

@@ -22,7 +22,8 @@ Schema (version 1) of a file written by :mod:`galerkin_ext.data.generate`:
 * attributes: ``schema`` (``"galerkin_ext.data/1"``), ``generator`` (``"burgers"``,
   ``"darcy"``, ``"lorenz63"``, ``"cde"``), ``parameters`` (JSON object of the generator's
   parameters), ``seed``, ``n_samples``, ``chunk_size``, ``package_version``,
-  ``library_versions`` (JSON object: the numpy, scipy and torch that computed the samples) and
+  ``library_versions`` (JSON object: the numpy, scipy, torch, scikit-fem and Triangle that
+  computed the samples) and
   ``complete`` (true only after every chunk is done).
 
 A generation writes to ``FILE.partial`` and renames it to ``FILE`` only once it is complete, so
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.metadata
 import json
 import math
 import numbers
@@ -295,14 +297,20 @@ def _json_object(text: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def library_versions() -> str:
-    """The versions of the libraries that compute the samples, as the JSON text a file
-    records (``library_versions``)."""
-    import scipy
-    import torch
+# The libraries that compute the samples (scikit-fem and Triangle: the GNOT sets' meshes).
+_LIBRARIES = ("numpy", "scipy", "torch", "scikit-fem", "triangle")
 
-    return json.dumps({"numpy": np.__version__, "scipy": scipy.__version__,
-                       "torch": torch.__version__}, sort_keys=True)
+
+def library_versions() -> str:
+    """The installed versions of the libraries that compute the samples (``None`` for one
+    that is not), as the JSON text a file records (``library_versions``)."""
+    versions: dict[str, str | None] = {}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return json.dumps(versions, sort_keys=True)
 
 
 # What a resumption under other versions may change: the last bits of the samples still to come
