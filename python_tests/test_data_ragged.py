@@ -164,7 +164,7 @@ def test_resume_after_interruption_is_identical(tmp_path, monkeypatch):
     assert not out.exists() and part.exists()
     info = inspect_ragged(part)
     assert not info["complete"] and info["n_done"] == 8
-    assert info["library_versions"]["numpy"] == np.__version__  # (what computed the samples)
+    assert info["library_versions"] == {}  # (a writer given no libraries records none)
     with pytest.raises(DataFileError, match="incomplete"):
         read_ragged(part)
     with pytest.raises(FileExistsError, match="resume"):

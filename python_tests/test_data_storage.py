@@ -98,43 +98,66 @@ def test_resume_after_interruption_gives_the_same_file(tmp_path, monkeypatch):
     assert _attrs(reference) == _attrs(out)
 
 
-def test_a_resume_under_other_versions_warns(tmp_path, monkeypatch):
-    """A file records the libraries that computed it. A resumption under others
-    (a partial file begun under torch 2.5.1; one that records none, as files made before the
-    record) warns that the samples still to come may differ from an uninterrupted run's in
-    their last bits (Burgers' FFTs under torch 2.5.1 and 2.13 differ by up to 7e-18) and goes on;
-    under the same versions it says nothing."""
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_resume_under_other_versions_warns_and_records_both(tmp_path, monkeypatch, in_place):
+    """A file records the versions of the libraries that computed it (Burgers: numpy, torch)
+    and of the package. A resumption under others (a partial file begun under torch 2.5.1; a
+    record without torch; none, as files made before the record; another package version)
+    warns, at the caller, that the samples still to come may differ from an uninterrupted
+    run's in their last bits (Burgers' FFTs under torch 2.5.1 and 2.13 differ by up to 7e-18),
+    goes on, and records each changed version as "old then new", whether the resumption copies
+    the file or, without room for a copy, goes on in place; under the same versions it says
+    nothing and records them as they were."""
     import importlib.metadata
     import warnings
 
+    from galerkin_ext.data import storage
+
+    if in_place:
+        monkeypatch.setattr(storage, "_room_to_copy", lambda part: False)
     out = tmp_path / "x.h5"
     part = partial_path(out)
-    here = {name: importlib.metadata.version(name)
-            for name in ("numpy", "scipy", "torch", "scikit-fem", "triangle")}
-    for recorded, message in (({**here, "torch": "2.5.1"},
-                               rf"torch 2\.5\.1 \(now {re.escape(here['torch'])}\); the "
-                               "samples still to come may differ"),
-                              (None, "library_versions not recorded"),
-                              (here, None)):
+    here = {name: importlib.metadata.version(name) for name in ("numpy", "torch")}
+    torch_now = re.escape(here["torch"])
+    cases = [  # (the partial file's record: key -> value or None to delete; warned; recorded)
+        ({"library_versions": json.dumps({**here, "torch": "2.5.1"})},
+         rf"torch 2\.5\.1 \(now {torch_now}\)",
+         {**here, "torch": f"2.5.1 then {here['torch']}"}),
+        ({"library_versions": json.dumps({"numpy": here["numpy"]})},
+         rf"torch unrecorded \(now {torch_now}\)",
+         {**here, "torch": f"unrecorded then {here['torch']}"}),
+        ({"library_versions": None}, "numpy unrecorded",
+         {name: f"unrecorded then {v}" for name, v in here.items()}),
+        ({"package_version": "0.0.9"}, r"galerkin_ext 0\.0\.9 \(now 0\.1\.0\)", here),
+        ({}, None, here),
+    ]
+    for changes, warned, recorded in cases:
         monkeypatch.setattr(gen, "solve_burgers", InterruptAt(solve_burgers, 2))
         with pytest.raises(KeyboardInterrupt):
-            burgers(out, overwrite=True)
-        monkeypatch.undo()
+            burgers(out, n=4, chunk=2, overwrite=True)
+        monkeypatch.setattr(gen, "solve_burgers", solve_burgers)
         assert inspect_h5(part)["library_versions"] == here
         with h5py.File(part, "r+") as f:
-            if recorded is None:
-                del f.attrs["library_versions"]
-            else:
-                f.attrs["library_versions"] = json.dumps(recorded)
-        if message is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                burgers(out, resume=True)
+            for key, value in changes.items():
+                if value is None:
+                    del f.attrs[key]
+                else:
+                    f.attrs[key] = value
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            burgers(out, n=4, chunk=2, resume=True)
+        messages = [str(w.message) for w in caught]
+        if warned is None:
+            assert not messages
         else:
-            with pytest.warns(UserWarning, match=f"^resuming .* under other versions than it "
-                                                 f"was begun with: {message}"):
-                burgers(out, resume=True)
-        assert inspect_h5(out)["complete"]
+            assert len(messages) == 1 and re.match(
+                f"resuming .* under other versions than it was begun with: .*{warned}.*; the "
+                "samples still to come may differ", messages[0]), messages
+            assert caught[0].filename == __file__  # the caller's line, not the package's
+        info = inspect_h5(out)
+        assert info["complete"] and info["library_versions"] == recorded
+        package = "0.0.9 then 0.1.0" if "package_version" in changes else "0.1.0"
+        assert info["package_version"] == package
 
 
 class _Dying:

@@ -1912,6 +1912,19 @@ fit("removed", loss=RemovingLoss)
 fit("gone", gone=True)
 fit("unwritable")  # a file: rank 0 alone checks that it can write there
 
+import galerkin_ext.training.trainer as trainer_module
+
+def missing():  # tensorboard absent (checked by rank 0 alone, the others went on to wait)
+    raise ConfigError("tensorboard=True needs the tensorboard package (simulated)")
+
+trainer_module.tensorboard_writer_class = missing
+try:
+    Trainer(Pointwise(1, 1), RelativeLoss(), Samples(8), Samples(4),
+            TrainConfig(batch_size=2, tensorboard=True, progress=False), f"{sys.argv[1]}/tb",
+            ctx=ctx)
+except ConfigError as e:
+    say(f"tensorboard: {e}")
+
 class TwoArguments(Exception):  # (pickled, it cannot be rebuilt from its message alone)
     def __init__(self, a, b):
         super().__init__(f"{a} and {b}")
@@ -1951,7 +1964,8 @@ def test_torchrun_processes_refuse_together(tmp_path):
             ("removed", "CheckpointError: out_dir: the run's folder 'OUT/removed' was removed "
                         "during the run, with its checkpoints; start the run again"),
             ("gone", "FileNotFoundError: [Errno 2] No such file or directory: 'OUT/gone/.lock'"),
-            ("unwritable", "ConfigError: out_dir: cannot write to 'OUT/unwritable' (File exists)")]
+            ("unwritable", "ConfigError: out_dir: cannot write to 'OUT/unwritable' (File exists)"),
+            ("tensorboard", "tensorboard=True needs the tensorboard package (simulated)")]
     each += [(what, f"{'' if what == 'errors' else 'ConfigError: '}{name}: every process needs "
                     f"the same samples, got {count} on rank 0, {count + 1} on rank 1")
              for what, name, count in (("errors", "dataset", 4), ("eval", "eval_set", 4),

@@ -140,6 +140,7 @@ def generate_burgers(
         out, generator="burgers", parameters=params, seed=seed, n_samples=n_samples,
         chunk_size=chunk_size, resume=resume, overwrite=overwrite,
         arrays={"a": ArraySpec((resolution,), "f8"), "u": ArraySpec((resolution,), "f8")},
+        libraries=("numpy", "torch"),
     )
 
     def compute(start: int, stop: int) -> dict[str, np.ndarray]:
@@ -257,7 +258,7 @@ def generate_darcy(
         chunk_size=chunk_size, resume=resume, overwrite=overwrite,
         arrays={"a": ArraySpec((resolution,) * 2, a_dtype),
                 "u": ArraySpec((resolution,) * 2, "f8")},
-        statistics=names,
+        statistics=names, libraries=("numpy", "scipy"),
     )
     own_pool = None
 
@@ -347,7 +348,7 @@ def generate_lorenz63(
         out, generator="lorenz63", parameters=params, seed=seed, n_samples=n_samples,
         chunk_size=chunk_size, resume=resume, overwrite=overwrite,
         arrays=_ode_arrays(times, 2), static={"coords": times[:, None]},
-        statistics=("x", "y", "z"),
+        statistics=("x", "y", "z"), libraries=("numpy",),
     )
 
     def compute(start: int, stop: int) -> Arrays:
@@ -407,7 +408,7 @@ def generate_cde(
         out, generator="cde", parameters=params, seed=seed, n_samples=n_samples,
         chunk_size=chunk_size, resume=resume, overwrite=overwrite,
         arrays=_ode_arrays(times, 1), static={"coords": times[:, None]},
-        statistics=("u", "z"),
+        statistics=("u", "z"), libraries=("numpy",),
     )
 
     def compute(start: int, stop: int) -> Arrays:
@@ -497,7 +498,7 @@ def open_kolmogorov_file(out: str | os.PathLike[str], physics: dict[str, Any], *
         chunk_size=chunk_size, resume=resume, overwrite=overwrite,
         arrays={"input": ArraySpec((s, s), dtype), "output": ArraySpec((s, s), dtype)},
         static={"coords": np.stack(np.meshgrid(axis, axis, indexing="ij"), axis=-1)},
-        statistics=("omega_T", "persistence", "cfl"),
+        statistics=("omega_T", "persistence", "cfl"), libraries=("numpy", "scipy", "torch"),
     )
 
 
@@ -663,7 +664,8 @@ def _gnot_generate(
         return write_ragged(out, sample_fn, generator=problem, parameters=parameters,
                             seed=seed, n_samples=n_samples, chunk_size=chunk_size,
                             resume=resume, overwrite=overwrite, progress=progress,
-                            desc=problem, executor=pool)
+                            desc=problem, executor=pool,
+                            libraries=("numpy", "scipy", "scikit-fem", "triangle"))
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)

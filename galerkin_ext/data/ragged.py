@@ -62,6 +62,7 @@ import numpy as np
 from .._checks import check_bool, check_int, check_path, check_seed
 from .storage import (
     _OVERWRITE,
+    _SOFTWARE,
     RAGGED_SCHEMA,
     DataFileError,
     PartialFileWriter,
@@ -80,6 +81,7 @@ from .storage import (
     parameters_json,
     prepare_output,
     run_chunks,
+    warn_resumed,
 )
 
 __all__ = [
@@ -565,6 +567,7 @@ class RaggedWriter(PartialFileWriter):
         n_samples: int,
         chunk_size: int,
         layout: RaggedLayout | Callable[[], RaggedLayout],
+        libraries: Sequence[str] = (),
         resume: bool = False,
         overwrite: bool = False,
     ) -> RaggedWriter:
@@ -574,7 +577,8 @@ class RaggedWriter(PartialFileWriter):
         ``layout``: the samples' :class:`RaggedLayout`, or a function giving it, called only
         when a new file is created (e.g. from the first sample).  On resume the file's own
         layout holds (a given one must equal it) and the recorded ``generator``,
-        ``parameters``, ``seed`` and ``n_samples`` must equal this run's.
+        ``parameters``, ``seed`` and ``n_samples`` must equal this run's. ``libraries``: as
+        :meth:`~.storage.ChunkedWriter.open`'s.
 
         Raises ``FileExistsError`` (see :func:`~.storage.prepare_output`) and
         :class:`DataFileError` for a partial file that cannot be resumed.
@@ -596,19 +600,23 @@ class RaggedWriter(PartialFileWriter):
             "seed": seed,
             "n_samples": n_samples,
             "package_version": __version__,
-            "library_versions": library_versions(),
+            "library_versions": library_versions(libraries),
         }
         final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
         with lock:  # released if opening fails; else handed to the writer
             if resume and part.exists():
-                chunk_size, stored, copied = cls._rebuild(part, attrs, layout, n_samples)
+                chunk_size, stored, copied, changed = cls._rebuild(part, attrs, layout,
+                                                                   n_samples)
                 f = _open_to_resume(part)
                 try:
                     if not copied:  # (no room for a copy: resumed in place, as before)
                         cls._truncate(f, part, stored, chunk_size, n_samples)
+                    for key in _SOFTWARE:  # (also where the file is resumed in place)
+                        f.attrs[key] = attrs[key]
                 except BaseException:
                     f.close()
                     raise
+                warn_resumed(part, changed)
                 return cls(final, f, chunk_size, n_samples, lock.pop_all(), stored)
             if not isinstance(layout, RaggedLayout):
                 layout = layout()  # before the partial file exists: a failing sample leaves none
@@ -622,21 +630,22 @@ class RaggedWriter(PartialFileWriter):
     @classmethod
     def _rebuild(cls, part: Path, attrs: dict[str, Any],
                  layout: RaggedLayout | Callable[[], RaggedLayout],
-                 n_samples: int) -> tuple[int, RaggedLayout, bool]:
+                 n_samples: int) -> tuple[int, RaggedLayout, bool, list[str]]:
         """Copy the completed chunks of the interrupted partial file ``part``, in order up to
         the first that cannot be read whole, into a new file that replaces it (as
         :class:`~.storage.ChunkedWriter` does, and why: HDF5 is not crash-safe). Returns the
-        file's chunk size and layout, and whether it was copied: not where the disk has no
-        room for the copy."""
+        file's chunk size and layout, whether it was copied (not where the disk has no room
+        for the copy), and the versions that changed (see
+        :func:`~.storage.check_resumable_attributes`)."""
         with _open_to_resume(part, "r") as old:
-            check_resumable_attributes(old, part, attrs)
+            changed = check_resumable_attributes(old, part, attrs)
             stored = RaggedLayout.from_file(old, repr(str(part)))
             if isinstance(layout, RaggedLayout) and stored.differences(layout):
                 raise DataFileError(f"cannot resume {str(part)!r}: its layout differs from "
                                     f"this run's ({'; '.join(stored.differences(layout))})")
             chunk_size = int(_attr(old, "chunk_size"))  # the record is per stored chunk size
             if not _room_to_copy(part):
-                return chunk_size, stored, False
+                return chunk_size, stored, False, changed
             try:
                 done = _completed_prefix(old["completed"][...], repr(str(part)))
             except OSError:  # (its checksum fails: every chunk is generated again)
@@ -665,7 +674,7 @@ class RaggedWriter(PartialFileWriter):
             _rebuild_beside(part, lambda path: _new_partial_file(
                 path, attrs, chunk_size, n_samples,
                 partial(_create, layout=stored, n_samples=n_samples)), copy)
-        return chunk_size, stored, True
+        return chunk_size, stored, True, changed
 
     @staticmethod
     def _truncate(f: h5py.File, part: Path, layout: RaggedLayout, chunk_size: int,
@@ -757,6 +766,7 @@ def write_ragged(
     progress: bool = True,
     desc: str | None = None,
     executor: Executor | None = None,
+    libraries: Sequence[str] = (),
 ) -> Path:
     """Write ``sample_fn(0), ..., sample_fn(n_samples - 1)`` to the ragged file ``out``.
 
@@ -768,7 +778,8 @@ def write_ragged(
     ``resume``).  Shows a progress bar unless ``progress`` is false.  With ``executor`` (e.g. a
     process pool; ``sample_fn`` must then pickle, e.g. a ``functools.partial`` of a module-level
     function) the samples of each chunk are computed in parallel; the file is the same.
-    Returns the path of the finished file.
+    ``libraries``: as :meth:`~.storage.ChunkedWriter.open`'s. Returns the path of the finished
+    file.
     """
     check_output(out, resume=resume, overwrite=overwrite, progress=progress)
     if executor is not None and not isinstance(executor, Executor):
@@ -785,7 +796,7 @@ def write_ragged(
 
     writer = RaggedWriter.open(out, generator=generator, parameters=parameters, seed=seed,
                                n_samples=n_samples, chunk_size=chunk_size, layout=first_layout,
-                               resume=resume, overwrite=overwrite)
+                               libraries=libraries, resume=resume, overwrite=overwrite)
 
     def compute(start: int, stop: int) -> list[Mapping[str, Any]]:
         todo = [i for i in range(start, stop) if i not in cache]

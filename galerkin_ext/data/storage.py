@@ -22,9 +22,9 @@ Schema (version 1) of a file written by :mod:`galerkin_ext.data.generate`:
 * attributes: ``schema`` (``"galerkin_ext.data/1"``), ``generator`` (``"burgers"``,
   ``"darcy"``, ``"lorenz63"``, ``"cde"``), ``parameters`` (JSON object of the generator's
   parameters), ``seed``, ``n_samples``, ``chunk_size``, ``package_version``,
-  ``library_versions`` (JSON object: the numpy, scipy, torch, scikit-fem and Triangle that
-  computed the samples) and
-  ``complete`` (true only after every chunk is done).
+  ``library_versions`` (JSON object: the versions of the libraries that computed the samples,
+  each ``"old then new"`` where a resumption changed it; empty for a conversion, which copies)
+  and ``complete`` (true only after every chunk is done).
 
 A generation writes to ``FILE.partial`` and renames it to ``FILE`` only once it is complete, so
 ``FILE`` never exists half-written; an interrupted run leaves ``FILE.partial`` with its
@@ -46,6 +46,7 @@ import shutil
 import signal
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ __all__ = [
     "writer_lock_path",
     "check_resumable_attributes",
     "library_versions",
+    "warn_resumed",
     "pending_chunks",
     "publish",
     "run_chunks",
@@ -297,15 +299,11 @@ def _json_object(text: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-# The libraries that compute the samples (scikit-fem and Triangle: the GNOT sets' meshes).
-_LIBRARIES = ("numpy", "scipy", "torch", "scikit-fem", "triangle")
-
-
-def library_versions() -> str:
-    """The installed versions of the libraries that compute the samples (``None`` for one
-    that is not), as the JSON text a file records (``library_versions``)."""
+def library_versions(names: Sequence[str]) -> str:
+    """The installed versions of the libraries ``names`` (distribution names; ``None`` for one
+    that is not installed), as the JSON text a file records (``library_versions``)."""
     versions: dict[str, str | None] = {}
-    for name in _LIBRARIES:
+    for name in names:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -316,13 +314,17 @@ def library_versions() -> str:
 # What a resumption under other versions may change: the last bits of the samples still to come
 # (torch's FFTs and exponentials, LAPACK's solves), not what the file is.
 _SOFTWARE = ("package_version", "library_versions")
+_THEN = " then "  # a file resumed under other versions records each as "old then new"
 
 
-def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) -> None:
+def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) -> list[str]:
     """Refuse to resume ``part`` if a recorded attribute (schema, generator, parameters, seed,
-    sample count) differs from this run's ``attrs``, or if it has no completed-chunk record;
-    warn if the package or library versions differ (or are not recorded): the samples still
-    to come may then differ from an uninterrupted run's in their last bits."""
+    sample count) differs from this run's ``attrs``, or if it has no completed-chunk record.
+
+    Returns the package and library versions that differ from the ones the file's samples
+    were computed with (or that it does not record), in words, for :func:`warn_resumed`; and
+    sets those records in ``attrs`` to the file's history ("2.5.1 then 2.13.0"), for the
+    resumed file to keep."""
     changed = []
     for key, value in attrs.items():
         stored = f.attrs.get(key)
@@ -330,10 +332,11 @@ def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) 
             stored = stored.decode()
         if isinstance(stored, np.generic):
             stored = stored.item()
-        if stored == value:
-            continue
         if key in _SOFTWARE:
-            changed += _version_changes(key, stored, value)
+            attrs[key], changes = _version_history(key, stored, value)
+            changed += changes
+            continue
+        if stored == value:
             continue
         old, new = (_json_object(stored), _json_object(value)) if key == "parameters" else (
             None, None)
@@ -349,23 +352,42 @@ def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) 
         )
     if "completed" not in f or "chunk_size" not in f.attrs:
         raise DataFileError(f"cannot resume {str(part)!r}: it has no completed-chunk record")
-    if changed:
-        warnings.warn(f"resuming {str(part)!r} under other versions than it was begun with: "
-                      f"{', '.join(changed)}; the samples still to come may differ from an "
-                      f"uninterrupted run's in their last bits ({_OVERWRITE} starts again)",
-                      stacklevel=2)
+    return changed
 
 
-def _version_changes(key: str, stored: object, value: str) -> list[str]:
-    """What differs between the ``stored`` and this run's ``value`` of ``key`` (the package
-    version, or the JSON object of the library versions), in words."""
-    if stored is None:
-        return [f"{key} not recorded"]
-    old, new = _json_object(stored), _json_object(value)
-    if old is None or new is None:  # the package version, or an unreadable record
-        return [f"{key} {stored} (now {value})"]
-    return [f"{name} {old.get(name)} (now {new.get(name)})"
-            for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
+def _version_history(key: str, stored: object, value: str) -> tuple[str, list[str]]:
+    """The record of ``key`` (the package version, or the JSON object of the library
+    versions) for a file that recorded ``stored`` and is resumed under ``value``, and what
+    differs, in words."""
+    def then(old: object, new: object) -> tuple[object, bool]:
+        last = old.rsplit(_THEN, 1)[-1] if isinstance(old, str) else old
+        return (old, False) if last == new else (f"{old}{_THEN}{new}", True)
+
+    if key == "package_version":
+        record, differs = then("unrecorded" if stored is None else stored, value)
+        return str(record), [f"galerkin_ext {stored} (now {value})"] if differs else []
+    old, new = _json_object(stored) or {}, _json_object(value) or {}  # ({}: not recorded)
+    history, changed = {}, []
+    for name in sorted(old.keys() | new.keys()):
+        history[name], differs = then(old.get(name, "unrecorded"), new.get(name, "unrecorded"))
+        if differs:
+            changed.append(f"{name} {old.get(name, 'unrecorded')} (now {new.get(name)})")
+    return json.dumps(history, sort_keys=True), changed
+
+
+def warn_resumed(part: Path, changed: Sequence[str]) -> None:
+    """The warning of a resumption under other versions (``changed``, from
+    :func:`check_resumable_attributes`), pointed at the first caller outside the package."""
+    if not changed:
+        return
+    frame: types.FrameType | None = sys._getframe()
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("galerkin_ext"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"resuming {str(part)!r} under other versions than it was begun with: "
+                  f"{', '.join(changed)}; the samples still to come may differ from an "
+                  f"uninterrupted run's in their last bits ({_OVERWRITE} starts again)",
+                  stacklevel=level)
 
 
 def pending_chunks(completed: np.ndarray, chunk_size: int,
@@ -804,6 +826,7 @@ class ChunkedWriter(PartialFileWriter):
         arrays: dict[str, ArraySpec],
         static: dict[str, np.ndarray] | None = None,
         statistics: Sequence[str] = (),
+        libraries: Sequence[str] = (),
         resume: bool = False,
         overwrite: bool = False,
     ) -> ChunkedWriter:
@@ -811,7 +834,9 @@ class ChunkedWriter(PartialFileWriter):
 
         ``arrays``: the per-sample arrays; ``static``: arrays shared by every sample, shape
         ``(*grid, d)`` (e.g. coordinates), written now; ``statistics``: names of the summary
-        fields that every :meth:`write_chunk` gives.
+        fields that every :meth:`write_chunk` gives; ``libraries``: the distributions that
+        compute the samples (their versions are recorded, and a resumption under others
+        warns: the rest may differ in the last bits).
 
         Raises ``FileExistsError`` if ``out`` or its partial file exists and neither ``resume``
         nor ``overwrite`` is set, and :class:`DataFileError` if a partial file to resume is
@@ -840,13 +865,18 @@ class ChunkedWriter(PartialFileWriter):
             "seed": seed,
             "n_samples": n_samples,
             "package_version": __version__,
-            "library_versions": library_versions(),
+            "library_versions": library_versions(libraries),
         }
         final, part, lock = prepare_output(out, resume=resume, overwrite=overwrite)
         with lock:  # released if opening fails; else handed to the writer
             if resume and part.exists():
-                chunk_size = cls._rebuild(part, attrs, arrays, static, statistics, n_samples)
-                return cls(final, _open_to_resume(part), chunk_size, n_samples, lock.pop_all())
+                chunk_size, changed = cls._rebuild(part, attrs, arrays, static, statistics,
+                                                   n_samples)
+                f = _open_to_resume(part)
+                for key in _SOFTWARE:  # (also where the file is resumed in place)
+                    f.attrs[key] = attrs[key]
+                warn_resumed(part, changed)
+                return cls(final, f, chunk_size, n_samples, lock.pop_all())
             # a set larger than the disk fails up front, not as a MemoryError or a full disk
             # after its partial file exists
             needed = n_samples * sum(int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
@@ -858,9 +888,11 @@ class ChunkedWriter(PartialFileWriter):
 
     @classmethod
     def _rebuild(cls, part: Path, attrs: dict[str, Any], arrays: dict[str, ArraySpec],
-                 static: dict[str, np.ndarray], statistics: list[str], n_samples: int) -> int:
+                 static: dict[str, np.ndarray], statistics: list[str],
+                 n_samples: int) -> tuple[int, list[str]]:
         """Copy the completed chunks of the interrupted partial file ``part`` into a new file
-        that replaces it; returns its chunk size.
+        that replaces it; returns its chunk size and the versions that changed (see
+        :func:`check_resumable_attributes`).
 
         HDF5 is not crash-safe: a process killed while HDF5 wrote (SIGKILL, the OOM killer)
         can leave the file's last records half-written, and writing into it then failed
@@ -869,10 +901,10 @@ class ChunkedWriter(PartialFileWriter):
         samples depend on ``(seed, i)`` alone). Where the disk has no room for the copy, the
         file is resumed in place, as before."""
         with _open_to_resume(part, "r") as old:
-            cls._check_resumable(old, part, attrs, arrays, static, statistics)
+            changed = cls._check_resumable(old, part, attrs, arrays, static, statistics)
             chunk_size = int(old.attrs["chunk_size"])  # the record is per stored chunk size
             if not _room_to_copy(part):
-                return chunk_size
+                return chunk_size, changed
             try:
                 done = np.flatnonzero(old["completed"][...])
             except OSError:  # (its checksum fails: every chunk is generated again)
@@ -902,14 +934,14 @@ class ChunkedWriter(PartialFileWriter):
 
             _rebuild_beside(part, lambda path: _create_chunked(
                 path, attrs, chunk_size, n_samples, arrays, static, statistics), copy)
-        return chunk_size
+        return chunk_size, changed
 
     @staticmethod
     def _check_resumable(
         f: h5py.File, part: Path, attrs: dict[str, Any], arrays: dict[str, ArraySpec],
         static: dict[str, np.ndarray], statistics: list[str],
-    ) -> None:
-        check_resumable_attributes(f, part, attrs)
+    ) -> list[str]:
+        changed = check_resumable_attributes(f, part, attrs)
         for name, spec in arrays.items():
             if name not in f or f[name].shape[1:] != spec.shape:
                 raise DataFileError(f"cannot resume {str(part)!r}: array {name!r} is missing or "
@@ -924,6 +956,7 @@ class ChunkedWriter(PartialFileWriter):
         if stored != statistics:
             raise DataFileError(f"cannot resume {str(part)!r}: it records the statistics "
                                 f"{stored}, this run {statistics}")
+        return changed
 
     def write_chunk(
         self,

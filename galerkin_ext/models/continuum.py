@@ -50,16 +50,16 @@ __all__ = ["AFNO", "FANO", "TNO", "FNOChannelMLP", "GTEncoder", "ViTNO"]
 
 
 def _check_points(model: nn.Module, u: object, x: object, in_dim: int,
-                  domain_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+                  domain_dim: int, *, empty: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """``u (B, N, in_dim)``, ``x (N, d)`` / ``(B, N, d)`` on ``u``'s device, in any floating
     dtype (a float64 grid made with numpy, say; the transformer models take them so too);
-    returns ``u``, ``x`` in ``u``'s dtype as given and expanded to ``(B, N, d)``."""
+    returns ``u``, ``x`` in ``u``'s dtype as given and expanded to ``(B, N, d)``. ``empty``:
+    ``N = 0`` is taken (a domain-parallel shard without points)."""
     check_tensor(u, "u", 3, "(B, N, in_dim)")
     assert isinstance(u, Tensor)
     check_model_input(u, "u", model)
     batch, n, channels = u.shape
-    # (a domain-parallel GTEncoder's shard may hold no points: see galerkin_ext.domain)
-    if channels != in_dim or (n == 0 and not getattr(model, "domain_parallel", False)):
+    if channels != in_dim or (n == 0 and not empty):
         raise ValueError(f"u: expected shape (B, N, in_dim) with N >= 1 and in_dim = {in_dim} "
                          f"({type(model).__name__}), got {tuple(u.shape)}")
     expanded = expand_grid(x, "x", batch, (n,), domain_dim, u, "u")
@@ -468,7 +468,9 @@ class GTEncoder(nn.Module):
     def forward(self, u: Tensor, x: Tensor, weight: Tensor | None = None) -> Tensor:
         """``u (B, N, d_u)``, ``x (N, d)`` or ``(B, N, d)``, ``weight (N,)`` / ``(B, N)`` /
         ``None`` → ``(B, N, d_z)``."""
-        u, x, expanded = _check_points(self, u, x, self.in_dim, self.domain_dim)
+        # (a domain-parallel encoder's shard may hold no points: see galerkin_ext.domain)
+        sharded = any(getattr(m, "domain_parallel", False) for m in self.encoder.modules())
+        u, x, expanded = _check_points(self, u, x, self.in_dim, self.domain_dim, empty=sharded)
         weight = _weight_for(u, weight)
         h = self.lift(torch.cat([u, expanded], dim=-1))
         pos = x if x.dim() == 2 else expanded  # a shared grid is broadcast by the ops

@@ -761,6 +761,9 @@ class Trainer:
             another ran removes that run's ``metrics.json`` and ``prediction.png``.
         ctx: from :func:`~galerkin_ext.training.setup_distributed` (default: one CPU process;
             under ``torchrun``, where that would train each process alone, it is refused).
+            Under ``torchrun`` every process builds its Trainer, in the same order, as it
+            calls ``fit``: both are collectives (a ``ConfigError`` on every process where
+            ``train_set`` or ``eval_set`` holds another number of samples on one).
         forward: ``forward(model, batch) -> pred`` (default :func:`default_forward`).
         metric: ``metric(pred, batch) -> (B,)`` per-sample evaluation errors, whose mean picks
             the best epoch (and drives ``'plateau'``); default: relative L2 against
@@ -836,13 +839,20 @@ class Trainer:
                               f"divisible by the {sample_ranks} processes")
         self.train_set = _check_dataset(train_set, "train_set")
         self.eval_set = _check_dataset(eval_set, "eval_set")
+        if self.ctx.enabled and not dist.is_initialized():  # (else torch's error in the next line)
+            raise ConfigError(f"ctx: rank {self.ctx.rank} of world_size = {self.ctx.world_size}, "
+                              "but this process has joined no process group; build the context "
+                              "with setup_distributed() (or torch.distributed."
+                              "init_process_group first)")
+        # the constructor's first collective: what follows refuses on every process or none
+        _check_same_lengths(self.ctx, train_set=self.train_set, eval_set=self.eval_set)
         per_rank = config.batch_size // sample_ranks
         # (cast: torch's Dataset declares no __len__; _check_dataset took map-style ones only)
         if len(cast(Sized, train_set)) // sample_ranks < per_rank:
             raise ConfigError(f"train_set: {len(cast(Sized, train_set))} samples are fewer than "
                               f"one batch of {config.batch_size}")
         self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
-        if config.tensorboard and self.ctx.is_main:
+        if config.tensorboard:  # (every process: one refusing alone left the others waiting)
             tensorboard_writer_class()  # missing package: found before the folder is made
         self.run_config = dict(run_config or {})
         # checked now: a setting that cannot be stored and compared on resume is found before
@@ -884,11 +894,6 @@ class Trainer:
                 final_div_factor=config.final_div_factor, pct_start=pct_start,
             )
         _check_recorded(self.run_config, self._recorded())
-        if self.ctx.enabled and not dist.is_initialized():  # (else torch's error below)
-            raise ConfigError(f"ctx: rank {self.ctx.rank} of world_size = {self.ctx.world_size}, "
-                              "but this process has joined no process group; build the context "
-                              "with setup_distributed() (or torch.distributed."
-                              "init_process_group first)")
         # made last: a refusal above leaves no folder behind; inside main_only: a folder that
         # cannot be written is refused on every process (the others went on to wait in fit)
         self.out_dir = _check_out_dir(out_dir)
@@ -1108,8 +1113,6 @@ class Trainer:
             CheckpointError: ``last.pt`` is corrupt, or was written with settings that
                 change the model, the data or the schedule, or by another number of processes,
                 or for a model its weights do not fit; or its ``best.pt`` is missing or corrupt.
-            ConfigError: under ``torchrun``, ``train_set`` or ``eval_set`` holds another
-                number of samples on some process.
             RuntimeError: ``fit`` was called before on this Trainer.
         """
         check_bool(resume, "resume")
@@ -1117,7 +1120,6 @@ class Trainer:
             raise RuntimeError("fit: this Trainer has run fit() already, and its model, "
                                "optimiser and schedule hold that run's state; build a new "
                                "Trainer (with resume=True to continue from last.pt)")
-        _check_same_lengths(self.ctx, train_set=self.train_set, eval_set=self.eval_set)
         with ExitStack() as held:  # (the folder's lock, on the main process)
             self.ctx.main_only(partial(self._hold_folder, held))
             return self._fit(resume)
