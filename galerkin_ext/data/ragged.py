@@ -62,7 +62,6 @@ import numpy as np
 from .._checks import check_bool, check_int, check_path, check_seed
 from .storage import (
     _OVERWRITE,
-    _SOFTWARE,
     RAGGED_SCHEMA,
     DataFileError,
     PartialFileWriter,
@@ -80,8 +79,8 @@ from .storage import (
     library_versions,
     parameters_json,
     prepare_output,
+    record_resumption,
     run_chunks,
-    warn_resumed,
 )
 
 __all__ = [
@@ -611,12 +610,10 @@ class RaggedWriter(PartialFileWriter):
                 try:
                     if not copied:  # (no room for a copy: resumed in place, as before)
                         cls._truncate(f, part, stored, chunk_size, n_samples)
-                    for key in _SOFTWARE:  # (also where the file is resumed in place)
-                        f.attrs[key] = attrs[key]
+                    record_resumption(f, part, attrs, changed)
                 except BaseException:
                     f.close()
                     raise
-                warn_resumed(part, changed)
                 return cls(final, f, chunk_size, n_samples, lock.pop_all(), stored)
             if not isinstance(layout, RaggedLayout):
                 layout = layout()  # before the partial file exists: a failing sample leaves none

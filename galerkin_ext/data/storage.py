@@ -78,7 +78,7 @@ __all__ = [
     "writer_lock_path",
     "check_resumable_attributes",
     "library_versions",
-    "warn_resumed",
+    "record_resumption",
     "pending_chunks",
     "publish",
     "run_chunks",
@@ -322,7 +322,7 @@ def check_resumable_attributes(f: h5py.File, part: Path, attrs: dict[str, Any]) 
     sample count) differs from this run's ``attrs``, or if it has no completed-chunk record.
 
     Returns the package and library versions that differ from the ones the file's samples
-    were computed with (or that it does not record), in words, for :func:`warn_resumed`; and
+    were computed with (or that it does not record), in words, for :func:`record_resumption`; and
     sets those records in ``attrs`` to the file's history ("2.5.1 then 2.13.0"), for the
     resumed file to keep."""
     changed = []
@@ -375,9 +375,13 @@ def _version_history(key: str, stored: object, value: str) -> tuple[str, list[st
     return json.dumps(history, sort_keys=True), changed
 
 
-def warn_resumed(part: Path, changed: Sequence[str]) -> None:
-    """The warning of a resumption under other versions (``changed``, from
-    :func:`check_resumable_attributes`), pointed at the first caller outside the package."""
+def record_resumption(f: h5py.File, part: Path, attrs: dict[str, Any],
+                      changed: Sequence[str]) -> None:
+    """Write the version records of ``attrs`` (as :func:`check_resumable_attributes` left
+    them) into the resumed file ``f`` (also where it was resumed in place), and warn of the
+    versions that ``changed``, at the first caller outside the package."""
+    for key in _SOFTWARE:
+        f.attrs[key] = attrs[key]
     if not changed:
         return
     frame: types.FrameType | None = sys._getframe()
@@ -873,9 +877,7 @@ class ChunkedWriter(PartialFileWriter):
                 chunk_size, changed = cls._rebuild(part, attrs, arrays, static, statistics,
                                                    n_samples)
                 f = _open_to_resume(part)
-                for key in _SOFTWARE:  # (also where the file is resumed in place)
-                    f.attrs[key] = attrs[key]
-                warn_resumed(part, changed)
+                record_resumption(f, part, attrs, changed)
                 return cls(final, f, chunk_size, n_samples, lock.pop_all())
             # a set larger than the disk fails up front, not as a MemoryError or a full disk
             # after its partial file exists

@@ -852,8 +852,10 @@ class Trainer:
             raise ConfigError(f"train_set: {len(cast(Sized, train_set))} samples are fewer than "
                               f"one batch of {config.batch_size}")
         self.config, self.loss_fn, self.forward, self.metric = config, loss_fn, forward, metric
-        if config.tensorboard:  # (every process: one refusing alone left the others waiting)
-            tensorboard_writer_class()  # missing package: found before the folder is made
+        # the package's presence checked on every process (one refusing alone left the others
+        # waiting) before the folder is made; the writer made by fit(), on the main process,
+        # once an earlier run's event files are gone
+        writer_class = tensorboard_writer_class() if config.tensorboard else None
         self.run_config = dict(run_config or {})
         # checked now: a setting that cannot be stored and compared on resume is found before
         # training, not in a checkpoint that cannot be read back
@@ -898,10 +900,7 @@ class Trainer:
         # cannot be written is refused on every process (the others went on to wait in fit)
         self.out_dir = _check_out_dir(out_dir)
         self.ctx.main_only(partial(_writable_dir, self.out_dir))
-        # the package's presence checked now; the writer made by fit(), once an earlier run's
-        # event files are gone
-        self._writer_class = (tensorboard_writer_class() if config.tensorboard
-                              and self.ctx.is_main else None)
+        self._writer_class = writer_class if self.ctx.is_main else None
         self.tb_writer: Any = None
         self._owns_last = False  # whether last.pt is this run's (resumed or written by it)
         self._fitted = False  # fit() runs once: it spends the optimiser and the schedule
