@@ -203,6 +203,49 @@ def test_the_gate_is_a_distribution_over_experts_of_the_coordinates():
         torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
+class _Doubling(torch.nn.Module):
+    """Stands for a dropout whose mask keeps everything at scale 2: it shows where dropout acts."""
+
+    def forward(self, x):
+        return 2 * x
+
+
+@pytest.mark.parametrize("ffn_norm", ["post", "pre"])
+def test_gnot_block_against_its_written_out_form(ffn_norm):
+    """SPEC-gnot §2's block from its parts: dropout on the outputs of both attention branches
+    (and nowhere else), LN3/LN5 after the mixtures ("post") or in front of them, on the
+    branch only ("pre", x + Σ p_k E_k(LN x))."""
+    gen = torch.Generator().manual_seed(7)
+    block = GNOTBlock(8, 2, 2, 16, n_experts=2, dropout=0.5, ffn_norm=ffn_norm).double()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.3)
+    block.dropout = _Doubling()
+    x = torch.randn(2, 5, 8, generator=gen, dtype=torch.float64)
+    inputs = [torch.randn(2, 4, 8, generator=gen, dtype=torch.float64),
+              torch.randn(2, 3, 8, generator=gen, dtype=torch.float64)]
+    input_weights = [torch.rand(2, 4, generator=gen, dtype=torch.float64), None]
+    weight = torch.rand(2, 5, generator=gen, dtype=torch.float64)
+    probs = torch.softmax(torch.randn(2, 5, 2, generator=gen, dtype=torch.float64), dim=-1)
+
+    def ln(norm, t):
+        return torch.nn.functional.layer_norm(t, (8,), norm.weight, norm.bias, norm.eps)
+
+    def mixture(ffn, norm, t):
+        if ffn_norm == "post":
+            return t + ln(norm, ffn(t, probs))
+        return t + ffn(ln(norm, t), probs)
+
+    ys = [ln(norm, y) for norm, y in zip(block.norm_inputs, inputs, strict=True)]
+    h = x + 2 * block.cross(ln(block.norm_query, x), ys, input_weights)
+    h = mixture(block.ffn1, block.norm_ffn1, h)
+    q = ln(block.norm_self, h)
+    h = h + 2 * block.self_attn(q, [q], [weight])
+    expected = mixture(block.ffn2, block.norm_ffn2, h)
+    out = block(x, inputs, input_weights, weight, probs)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
 def test_identical_experts_equal_one_expert():
     torch.manual_seed(0)
     one = GNOT(2, 2, [3], 1, n_hidden=16, n_layers=2, n_experts=1).double()

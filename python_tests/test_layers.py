@@ -478,6 +478,33 @@ def test_spectral_conv2d_matches_explicit_dft(gen):
     torch.testing.assert_close(conv(x), y + conv.linear(x))
 
 
+def test_spectral_conv_dropout_acts_on_the_spectral_branch_input(gen):
+    """Dropout on the spectral branch's input (the reference's place): in training, the output
+    minus the residual Linear still holds only the kept modes. Dropout on the branch's output
+    would spread the masked product over every mode."""
+    m, n1, n2 = 3, 10, 11
+    for conv, x in ((SpectralConv1d(2, 3, modes=m, activation=None, dropout=0.5),
+                     torch.randn(2, n2, 2, generator=gen, dtype=torch.float64)),
+                    (SpectralConv2d(2, 3, modes=m, activation=None, dropout=0.5),
+                     torch.randn(2, n1, n2, 2, generator=gen, dtype=torch.float64))):
+        conv = conv.double().train()
+        _randomise(conv, gen)
+        torch.manual_seed(0)
+        branch = conv(x) - conv.linear(x)
+        assert branch.abs().max() > 1e-3
+        if x.dim() == 3:
+            spectrum = torch.fft.rfft(branch, dim=1)
+            outside = spectrum[:, m:]
+        else:
+            spectrum = torch.fft.rfft2(branch, dim=(1, 2))
+            # |k₁| <= m: the k₂ = 0 column holds the conjugates of k₁ = -m .. -1 too
+            outside = torch.cat([spectrum[:, m + 1:n1 - m].flatten(),
+                                 spectrum[:, :, m:].flatten()])
+        assert outside.abs().max() < 1e-12 * spectrum.abs().max()
+        # and the mask reaches it: training differs from evaluation
+        assert not torch.allclose(branch, conv.eval()(x) - conv.linear(x))
+
+
 def _explicit_spectral_product(x, weight, n_pos, norm):
     """spectral_product written out: the kept modes of the DFT as sums over the grid, each
     mixed by its matrix, then the real series Σ_k c_k Re(Y_k e^{ik·x}) (c = 2 for the modes

@@ -84,6 +84,8 @@ def test_build_model_configurations():
     softmax = build_model("darcy", attention_type="softmax")
     assert softmax.encoder[0].attn.attn_dropout == 0.1 and softmax.encoder[0].dropout1.p == 0.1
     assert softmax.encoder[0].ffn.dropout.p == 0.05
+    linear = build_model("burgers", attention_type="linear")
+    assert linear.encoder[0].attn.attn_dropout == 0.1 and linear.encoder[0].dropout1.p == 0.1
     assert build_model("burgers", attention_type="linear",
                        encoder_dropout=0.0).encoder[0].attn.attn_dropout == 0.0
     inverse = build_model("darcy_inverse")
