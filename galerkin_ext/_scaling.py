@@ -25,7 +25,7 @@ def largest_magnitude(x: Tensor, dims: int | tuple[int, ...]) -> Tensor:
 
 def fewest_steps(length: float, max_step: float) -> int:
     """Fewest whole steps of at most ``max_step`` covering ``length``, up to a relative 1e-9
-    (0.7 / 1e-3 is 700.0000000000001 and 11.1 / 2.5e-3 is 4440.000000000001 in floating point:
-    700 and 4440 steps, not one more)."""
+    (0.07 / 0.01 is 7.000000000000001 and 16.1 / 1e-3 is 16100.000000000002 in floating point:
+    7 and 16100 steps, not one more)."""
     ratio = length / max_step
     return max(1, math.ceil(ratio - 1e-9 * max(1.0, ratio)))

@@ -15,15 +15,28 @@ import scipy.io
 import torch
 
 from galerkin_ext import functional, ops
-from galerkin_ext._cli import positive_int, writable_file
+from galerkin_ext._cli import (
+    data_seed,
+    grid_nodes,
+    nonnegative_float,
+    nonnegative_int,
+    periodic_points,
+    positive_float,
+    positive_int,
+    writable_file,
+)
+from galerkin_ext._scaling import fewest_steps
 from galerkin_ext.data import ode
 from galerkin_ext.data.__main__ import main
-from galerkin_ext.data.burgers import solve_burgers
+from galerkin_ext.data.burgers import default_n_steps, solve_burgers
+from galerkin_ext.data.generate import kolmogorov_time_step
 from galerkin_ext.data.kolmogorov import resample_periodic, velocity_from_vorticity
 from galerkin_ext.data.mat import read_darcy_mat
 from galerkin_ext.layers import (
     AFNOFilter,
     CodomainAttention,
+    Denormalizer,
+    EncoderLayer,
     HeteroNormalizedAttention,
     MixtureFFN,
     PatchedAttention,
@@ -381,3 +394,77 @@ def test_generators_refuse_a_wrong_executor_and_a_str_of_targets(tmp_path):
     with pytest.raises(TypeError, match=r"targets: expected a sequence of names such as"):
         generate_elasticity(tmp_path / "e.h5", n_samples=2, targets="vm", progress=False)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("parse, valid, refused", [
+    (positive_int, {"1": 1}, ["0", "-1", "1.5", "inf", "abc"]),
+    (nonnegative_int, {"0": 0}, ["-1", "0.5", "nan", "abc"]),
+    (grid_nodes, {"3": 3}, ["2", "3.0", "inf", "abc"]),
+    (periodic_points, {"4": 4}, ["3", "4.0", "inf", "abc"]),
+    (data_seed, {"0": 0, str(2**64 - 1): 2**64 - 1}, ["-1", str(2**64), "1e3", "abc"]),
+    (nonnegative_float, {"0": 0.0, "1e-300": 1e-300},
+     ["-1e-300", "inf", "-inf", "nan", "abc"]),
+    (positive_float, {"5e-324": 5e-324}, ["0", "-0.0", "-1", "inf", "nan", "abc"]),
+])
+def test_cli_types_take_their_bound_and_refuse_past_it(parse, valid, refused):
+    """Each bounded argparse type takes its smallest valid value (data_seed also its largest,
+    2**64 - 1) and refuses the value just past the bound, non-finite values and other text."""
+    for text, value in valid.items():
+        assert parse(text) == value and type(parse(text)) is type(value)
+    for text in refused:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+def test_fewest_steps_counts_up_to_a_relative_rounding():
+    """Whole steps of at most max_step covering length, at least 1: a quotient's rounding
+    error (relative to the quotient, so larger than 1e-9 for a large one) adds no step, a
+    true remainder adds one."""
+    assert 10000.001100000001 / 1e-4 > 100000011  # rounding: 100000011.00000001
+    assert fewest_steps(10000.001100000001, 1e-4) == 100000011
+    assert 0.07 / 0.01 > 7 and 16.1 / 1e-3 > 16100  # the docstring's examples
+    assert fewest_steps(0.07, 0.01) == 7 and fewest_steps(16.1, 1e-3) == 16100
+    assert fewest_steps(1.0000001, 1e-3) == 1001 and fewest_steps(1.0, 1e-3) == 1000
+    # a length far below one step still takes one
+    assert fewest_steps(1e-13, 1.0) == 1 and fewest_steps(0.5, 1.0) == 1
+    assert default_n_steps(1e-13, 0.1) == 1
+    # dt_out below the bound 2.5e-3 * 416 / 32 = 0.0325 is one step of dt_out
+    assert kolmogorov_time_step(32, 1e-12) == 1e-12
+
+
+def test_denormalizer_loads_statistics_of_another_dtype_and_shape_in_its_own_dtype():
+    """A float32 Denormalizer loading float64 statistics of shape (3,) takes that shape, keeps
+    float32 buffers and gives float32 outputs x * scale + shift."""
+    shift = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    scale = torch.tensor([2.0, 0.25, 3.0], dtype=F64)
+    layer = Denormalizer()
+    layer.load_state_dict({"shift": shift, "scale": scale})
+    for name, stored in (("shift", shift), ("scale", scale)):
+        buffer = getattr(layer, name)
+        assert buffer.dtype == torch.float32 and buffer.shape == (3,)
+        torch.testing.assert_close(buffer, stored.float(), rtol=0, atol=0)
+    x = torch.tensor([[1.0, 4.0, -1.0], [0.0, 1.0, 2.0]])
+    out = layer(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, torch.tensor([[3.0, -1.0, -2.5], [1.0, -1.75, 6.5]]),
+                               rtol=0, atol=0)
+
+
+def test_encoder_layer_norms_use_its_eps():
+    """With norm='layer' both residual layer norms are (z - mean) / sqrt(var + eps) at the
+    layer's eps (0.5 here, which moves the result far past rounding)."""
+    torch.manual_seed(0)
+    eps = 0.5
+    layer = EncoderLayer(4, 2, norm="layer", eps=eps).double()
+    x = torch.randn(2, 5, 4, dtype=F64)
+
+    def written_out_layer_norm(z):
+        mean = z.sum(-1, keepdim=True) / z.shape[-1]
+        var = ((z - mean) ** 2).sum(-1, keepdim=True) / z.shape[-1]
+        return (z - mean) / torch.sqrt(var + eps)  # LayerNorm's initial weight 1, bias 0
+
+    with torch.no_grad():
+        h = written_out_layer_norm(x + layer.attn(x))
+        want = written_out_layer_norm(h + layer.ffn(h))
+        torch.testing.assert_close(layer(x), want, rtol=1e-12, atol=1e-12)
+    assert [m.eps for m in layer.modules() if isinstance(m, torch.nn.LayerNorm)] == [eps, eps]

@@ -302,3 +302,21 @@ def test_error_summary_reports_physical_and_normalised_errors():
                       ("rel_l2_normalized", normalised.mean())):
         assert summary[key] == pytest.approx(float(want), rel=1e-10), key
     assert abs(summary["rel_l2_median"] - summary["rel_l2_median_normalized"]) > 0.1
+
+
+def test_command_line_threads_beat_the_presets(tmp_path):
+    """--threads overrides a preset's 'threads' (1 against its 4); without it the preset's
+    value applies, and without either torch's default (None)."""
+    presets = {"p": PRESETS["p"] | {"threads": 4}}
+    parser = experiment_parser("doc", presets)
+
+    def threads(*flags):
+        args = parser.parse_args(["--out", str(tmp_path / "o"), *flags])
+        return resolve_config(presets, args, experiment="t")["threads"]
+
+    assert threads("--threads", "1") == 1
+    assert threads("--threads", "7") == 7
+    assert threads() == 4
+    assert resolve_config(PRESETS, _args(tmp_path, "--threads", "2"), experiment="t")[
+        "threads"] == 2
+    assert resolve_config(PRESETS, _args(tmp_path), experiment="t")["threads"] is None
