@@ -15,8 +15,10 @@ from galerkin_ext.data.fem import (
     marked_curve,
     p2_basis,
     refine_near,
+    refine_to_areas,
     skfem_mesh,
     solve_constrained,
+    triangle_areas,
     triangulate,
     vertex_average,
 )
@@ -101,6 +103,24 @@ def test_refine_near_checks(mesh):
         refine_near(mesh, [np.zeros((2, 2)), np.array([[0.0, 0.0], [np.inf, 1.0]])], 0.1)
     with pytest.raises(ValueError, match=r"^curves\[0\]: expected at least one point$"):
         refine_near(mesh, [np.zeros((0, 2))], 0.1)
+
+
+def test_refine_to_areas_checks_and_bounds(mesh):
+    n = len(mesh.triangles)
+    for bad in (np.ones(n - 1), np.ones((n, 1)), np.full(n, -1.0), np.full(n, np.nan),
+                np.ones(n, dtype=np.int64)):
+        with pytest.raises(ValueError, match=rf"^max_area: expected {n} finite floats >= 0"):
+            refine_to_areas(mesh, bad)
+    with pytest.raises(TypeError, match="mesh: expected a TriMesh"):
+        refine_to_areas({}, np.ones(n))
+    # a bound on one triangle alone splits it (0 bounds nothing), keeping the vertices first
+    areas = triangle_areas(mesh.points, mesh.triangles)
+    bound = np.zeros(n)
+    bound[0] = areas[0] / 4
+    fine = refine_to_areas(mesh, bound)
+    assert np.array_equal(fine.points[:len(mesh.points)], mesh.points)
+    assert len(fine.triangles) > n
+    assert refine_to_areas(mesh, np.zeros(n)).triangles.shape == mesh.triangles.shape
 
 
 def test_marked_curve_of_an_absent_marker(mesh):

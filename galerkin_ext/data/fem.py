@@ -5,8 +5,9 @@
   and internal segments with markers, holes, labelled regions -- with the switches
   ``pq30a{√3h²/4}`` (angles >= 30°, no triangle larger than the equilateral one of side ``h``),
   plus ``Y`` to keep the boundary points as given (periodic sides) and ``A`` for region labels;
-  :func:`refine_near` splits the triangles within a distance of some curves to a quarter of their
-  area (Triangle's ``r`` mode), for the refined evaluation sets.  :class:`TriMesh` holds the
+  :func:`refine_near` splits the triangles within a distance of some curves
+  (:func:`near_triangles`) to a quarter of their area (Triangle's ``r`` mode,
+  :func:`refine_to_areas`), for the refined evaluation sets.  :class:`TriMesh` holds the
   result.
 * Vertex quantities: :func:`lumped_weights` (``quadrature.mesh_weights``), :func:`marked_curve`
   (the vertices and segments of a marked curve, with ``quadrature.curve_weights``),
@@ -40,6 +41,8 @@ __all__ = [
     "equilateral_area",
     "triangulate",
     "refine_near",
+    "near_triangles",
+    "refine_to_areas",
     "distance_to_polyline",
     "triangle_areas",
     "lumped_weights",
@@ -270,20 +273,26 @@ def refine_near(
     boundary_steiner: bool = True,
     min_angle: float = 30.0,
 ) -> TriMesh:
-    """Split the triangles within ``distance`` of the curves to a quarter of their area.
-
-    A triangle is near when its centroid is within ``distance`` of a curve; Triangle's ``r``
-    mode refines the mesh with the bound ``area / 4`` on those (none on the rest), keeping the
-    segments, markers and labels and the quality bound ``min_angle``.
-    ``boundary_steiner=False`` (``Y``) keeps the boundary vertices, as in :func:`triangulate`.
-
-    Args:
-        mesh: the mesh to refine.
-        curves: polylines ``(K_c, 2)`` (close a loop by repeating its first point).
-        distance: the distance, ``> 0``.
+    """Split the triangles within ``distance`` of the curves (:func:`near_triangles`) to a
+    quarter of their area: :func:`refine_to_areas` with the bound ``area / 4`` on those and
+    none on the rest. ``boundary_steiner=False`` (``Y``) keeps the boundary vertices, as in
+    :func:`triangulate` (see :func:`refine_to_areas` for what it leaves whole).
 
     Returns:
         The refined :class:`TriMesh`.
+    """
+    near = near_triangles(mesh, curves, distance)
+    bound = np.where(near, triangle_areas(mesh.points, mesh.triangles) / 4.0, 0.0)
+    return refine_to_areas(mesh, bound, boundary_steiner=boundary_steiner, min_angle=min_angle)
+
+
+def near_triangles(mesh: TriMesh, curves: Sequence[np.ndarray], distance: float) -> np.ndarray:
+    """``(T,)`` bool: the triangles whose centroid is within ``distance`` of a curve.
+
+    Args:
+        mesh: the mesh.
+        curves: polylines ``(K_c, 2)`` (close a loop by repeating its first point).
+        distance: the distance, ``> 0``.
     """
     mesh = _check_mesh(mesh)
     distance = check_float(distance, "distance")
@@ -294,20 +303,46 @@ def refine_near(
         checked.append(_float_array(curve, f"curves[{i}]", "(K, 2)", 2))
         if not len(checked[-1]):
             raise ValueError(f"curves[{i}]: expected at least one point")
-    check_bool(boundary_steiner, "boundary_steiner")
-    min_angle = check_float(min_angle, "min_angle", high=34.0)
     centroids = mesh.points[mesh.triangles].mean(axis=1)
     near = np.zeros(len(mesh.triangles), dtype=bool)
     for curve in checked:
         near |= distance_to_polyline(centroids, curve) <= distance
-    # Triangle reads a bound <= 0 as "no bound".
-    bound = np.where(near, triangle_areas(mesh.points, mesh.triangles) / 4.0, -1.0)
+    return near
+
+
+def refine_to_areas(
+    mesh: TriMesh,
+    max_area: np.ndarray,
+    *,
+    boundary_steiner: bool = True,
+    min_angle: float = 30.0,
+) -> TriMesh:
+    """Refine ``mesh`` until each triangle's pieces have at most its ``max_area`` (Triangle's
+    ``r`` mode), keeping the segments, markers and labels and the quality bound ``min_angle``.
+
+    Args:
+        mesh: the mesh to refine.
+        max_area: ``(T,)``, one bound per triangle; ``0`` for none.
+        boundary_steiner: False adds ``Y``: no points on the boundary segments, so a triangle
+            with a boundary edge that only a point on that edge would split stays whole.
+
+    Returns:
+        The refined :class:`TriMesh`; the input vertices come first, in order.
+    """
+    mesh = _check_mesh(mesh)
+    bound = np.asarray(max_area)
+    if (bound.shape != (len(mesh.triangles),) or not np.issubdtype(bound.dtype, np.floating)
+            or not (np.isfinite(bound) & (bound >= 0)).all()):
+        raise ValueError(f"max_area: expected {len(mesh.triangles)} finite floats >= 0, one per "
+                         f"triangle, got {bound.dtype} {bound.shape}")
+    check_bool(boundary_steiner, "boundary_steiner")
+    min_angle = check_float(min_angle, "min_angle", high=34.0)
     data: dict[str, np.ndarray] = {
         "vertices": mesh.points,
         "triangles": mesh.triangles,
         "segments": mesh.segments,
         "segment_markers": mesh.segment_markers.reshape(-1, 1),
-        "triangle_max_area": bound,
+        "triangle_max_area": np.where(bound > 0, bound, -1.0),  # Triangle: <= 0 is no bound
     }
     switches = f"rpq{_switch_number(min_angle)}a"
     if not boundary_steiner:
