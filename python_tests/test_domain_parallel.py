@@ -466,6 +466,22 @@ def _contexts_follow_the_group(rank: int, world: int) -> bool:
     return _on_every_rank(ok)
 
 
+def _point_shards_hold_each_ranks_points(rank: int, world: int) -> bool:
+    """Each rank's PointShards holds its own points [start, stop) of the flattened grid, from
+    uneven counts (a single process starts at 0, where any offset would pass)."""
+    counts = [5, 7, 3][:world]
+    n = sum(counts)
+    grid = torch.arange(n * 2.0).view(1, n, 2).expand(2, n, 2).reshape(2, 3, n // 3, 2)
+    data = _Samples([{"x": grid[i], "target": torch.arange(n * 1.0).view(n, 1)}
+                     for i in range(2)])
+    shards = domain.PointShards(data, DomainSplit(counts), {"x": 2, "target": 1})
+    start = sum(counts[:rank])
+    mine = torch.arange(start, start + counts[rank], dtype=torch.float32)
+    item = shards[1]
+    return _on_every_rank([torch.equal(item["target"][:, 0], mine),
+                           torch.equal(item["x"], torch.stack([2 * mine, 2 * mine + 1], 1))])
+
+
 def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> None:
     torch.set_num_threads(1)  # the ranks share the CI machine's cores
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -491,6 +507,7 @@ def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> 
         results["refused_disagreeing_shards"] = _refuses_disagreeing_shards(rank, world)
         results["contexts_follow_the_group"] = _contexts_follow_the_group(rank, world)
         results["uniform_weights_sum_to_one"] = _uniform_weights_sum_to_one(world)
+        results["point_shards"] = _point_shards_hold_each_ranks_points(rank, world)
         if rank == 0:
             Path(out_file).write_text(json.dumps(results))
         # every rank done before the teardown, which torch 2.5's gloo could hang in otherwise
@@ -542,6 +559,10 @@ def test_contexts_follow_the_process_group(results: dict[str, dict]) -> None:
 
 def test_uniform_local_weights_sum_to_one_over_the_ranks(results: dict[str, dict]) -> None:
     assert results["uniform_weights_sum_to_one"]
+
+
+def test_point_shards_hold_each_ranks_points(results: dict[str, dict]) -> None:
+    assert results["point_shards"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

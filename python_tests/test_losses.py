@@ -181,10 +181,17 @@ def test_relative_loss(gen):
     loss, parts = RelativeLoss("h1", h=0.125)(pred, target, None, None)
     torch.testing.assert_close(loss, relative_h1(pred, target, 0.125))
     assert set(parts) == {"rel_l2", "rel_h1"} and not parts["rel_h1"].requires_grad
+    # the parts are the L2 error beside the loss, not the loss again
+    l2 = relative_l2(pred.detach(), target)
+    torch.testing.assert_close(parts["rel_l2"], l2)
+    torch.testing.assert_close(parts["rel_h1"], loss.detach())
+    assert abs(float(parts["rel_l2"] - parts["rel_h1"])) > 1e-3
     loss.backward()
     assert torch.isfinite(pred.grad).all()
-    code, _ = RelativeLoss("h1-code")(pred, target)
+    code, code_parts = RelativeLoss("h1-code")(pred, target)
     torch.testing.assert_close(code, relative_h1(pred, target, 1.0, form="sum"))
+    torch.testing.assert_close(code_parts["rel_l2"], l2)
+    torch.testing.assert_close(code_parts["rel_h1"], code.detach())
     assert_authors_h1_sum(relative_h1(pred.detach(), target, 1.0, "none", form="sum"),
                           pred.detach(), target, 1.0)
     # the authors' differences are never periodic: asked for, they are refused

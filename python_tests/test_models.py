@@ -197,6 +197,42 @@ def test_inverse_outputs_on_the_coarse_grid(fine, coarse, gen):
         torch.testing.assert_close(model(x, grid_2d(fine).expand(2, fine, fine, 2)), out)
 
 
+@pytest.mark.parametrize("dim", [1, 2])
+def test_fno_against_its_written_out_form(gen, dim):
+    """The FNO is its lift, Fourier layers act(K x + W x) with no activation after the last,
+    the MLP, then the de-normalisation; a Dirichlet FNO2d zeroes the boundary ring after it
+    (the mean of 3 would otherwise sit there)."""
+    import copy
+
+    n = 9
+    if dim == 1:
+        model = FNO1d(width=8, modes=3, dim_feedforward=16).double()
+        grid = torch.linspace(0, 1, n, dtype=torch.float64)[:, None]
+    else:
+        model = FNO2d(width=8, modes=3, dim_feedforward=16, boundary="dirichlet").double()
+        grid = grid_2d(n).double()
+    model.denormalizer.set_statistics(torch.full((1,), 3.0, dtype=torch.float64),
+                                      torch.full((1,), 2.0, dtype=torch.float64))
+    x = torch.randn(2, *(n,) * dim, 1, generator=gen, dtype=torch.float64)
+    net = model.net
+    with torch.no_grad():
+        h = net.input(x, grid, net)
+        for layer in net.spectral[:-1]:
+            h = layer(h)
+        last = copy.deepcopy(net.spectral[-1])
+        last.activation = torch.nn.Identity()
+        h = last(h)
+        assert (h < 0).any()  # an activation there would change it
+        expected = model.denormalizer(net.mlp(h))
+        out = model(x, grid)
+    if dim == 2:
+        ring = torch.ones(n, n, dtype=torch.bool)
+        ring[1:-1, 1:-1] = False
+        assert (out[:, ring] == 0).all()
+        expected = expected.masked_fill(ring[:, :, None], 0.0)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_fno_on_the_inverse_problem_averages_its_output_as_the_target(gen):
     """FNO2d(coarse=m): the plain FNO's output, block-averaged onto m nodes per axis exactly as
     the inverse problem's target is (the numpy average of the data, in float64), differentiable,

@@ -357,6 +357,15 @@ def test_even_extension_and_periodic_extension(gen):
     torch.testing.assert_close(ext[:, :, -1], ext[:, :, 0], rtol=0, atol=0)
     # pointwise operators are unchanged by the extension
     torch.testing.assert_close(periodic_extension(torch.tanh, x), torch.tanh(x), rtol=0, atol=0)
+    # an operator without the extension's mirror symmetry: its output on the extension written
+    # out ([[x, flip₂ x], [flip₁ x, flip₁₂ x]]), cropped to the patch's own corner
+    def shift(z):
+        return torch.roll(z, 1, dims=1) + 2 * torch.roll(z, -2, dims=2)
+
+    written = torch.cat([torch.cat([x, x.flip(2)], 2), torch.cat([x.flip(1), x.flip(1, 2)], 2)],
+                        1)
+    torch.testing.assert_close(periodic_extension(shift, x), shift(written)[:, :5, :4], rtol=0,
+                               atol=0)
     # a cosine mode of the patch (cell-centred, not periodic on the patch) becomes one Fourier
     # mode of the extension: a SpectralConv that passes its retained modes keeps it exactly,
     # while on the bare patch the jump at the edge feeds the discarded modes
