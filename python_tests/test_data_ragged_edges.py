@@ -498,3 +498,82 @@ def test_inspect_without_theta(tmp_path):
     assert info["theta_dim"] == 0 and "theta" not in info["statistics"]
     labels = np.concatenate([synthetic(i)["query"]["label"] for i in range(3)])
     assert info["statistics"]["query/label"]["count"] == labels.size
+
+
+def test_a_file_marked_complete_with_a_chunk_missing_is_incomplete(small, tmp_path):
+    """``complete`` needs the file's attribute and every chunk in its completed-chunk record:
+    a file whose record lacks its last chunk (sample 4) is incomplete, and read_ragged refuses
+    it, though the attribute says complete (trusting the attribute alone would read that
+    chunk's samples from rows that may never have been written)."""
+    path = _copy(small, tmp_path / "c.h5")
+    with h5py.File(path, "r+") as f:
+        assert f.attrs["complete"]
+        f["completed"][2] = 0
+    header = read_header(path)
+    assert not header["complete"] and header["n_done"] == 4
+    with pytest.raises(DataFileError, match=r"is incomplete \(4 of 5 samples written\)"):
+        read_ragged(path)
+
+
+def test_offsets_not_starting_at_row_0_are_refused(small, tmp_path):
+    """Sample 0's rows begin at row 0: offsets beginning at 1 (still increasing) are damage,
+    refused, not read as sample 0 without its first row."""
+    path = _copy(small, tmp_path / "o.h5")
+    with h5py.File(path, "r+") as f:
+        f["query/offsets"][0] = 1
+    with pytest.raises(DataFileError, match=r"o\.h5'?: query/offsets is not increasing from 0 "
+                                            r"\(an empty sample\?\); the file is damaged"):
+        read_ragged(path, fields=["query", "target"])
+
+
+def test_inspect_counts_only_the_rows_of_completed_chunks(tmp_path):
+    """A partial file killed after a chunk appended its rows, before its record: inspect's
+    statistics are those of the completed chunks' samples, not of every row stored."""
+    out, part = _interrupted(tmp_path, stop=4)  # chunks 0 and 1 stored
+    with h5py.File(part, "r+") as f:
+        f["completed"][1] = 0  # chunk 1's rows appended, its record not
+    info = inspect_ragged(part)
+    assert info["n_done"] == 2
+    target = np.concatenate([synthetic(i)["target"] for i in (0, 1)])
+    stats = info["statistics"]["target/values"]
+    assert stats["count"] == len(target)
+    np.testing.assert_allclose(stats["mean"], target.mean(axis=0), rtol=1e-12)
+    np.testing.assert_array_equal(stats["max"], target.max(axis=0))
+    weights = np.concatenate([synthetic(i)["query"]["weights"] for i in (0, 1)])
+    assert info["statistics"]["query/weights"]["count"] == len(weights)
+
+
+def test_a_resume_generates_again_a_chunk_whose_last_offset_was_lost(tmp_path):
+    """Chunk 0 of 8192 one-point samples ends at query/offsets[8192], the first entry of the
+    offsets' second HDF5 chunk (8192 entries): HDF5 lost that one, and the entry reads 0. The
+    resume checks every offset of the chunk, its end too, and generates it again (checking
+    offsets 0 to 8191 only kept it, with its end lost, and the resumed file was damaged)."""
+    layout = RaggedLayout(space_dim=1, target_names=("u",), inputs=(), theta_dim=0,
+                          query_weights=False, query_label=False, mesh=False)
+
+    def one_point(i):
+        return {"query": {"points": [[float(i)]]}, "target": [[i + 0.5]], "target_names": ["u"],
+                "inputs": {}}
+
+    out = tmp_path / "x.h5"
+    kw = dict(KW, n_samples=8200, chunk_size=8192, layout=layout)
+    w = RaggedWriter.open(out, **kw)
+    w.write_chunk(0, [one_point(i) for i in range(8192)])
+    w.close()
+    with h5py.File(partial_path(out), "r+") as f:  # keep only the offsets' HDF5 chunk 0
+        ds = f["query/offsets"]
+        mask, raw = ds.id.read_direct_chunk((0,))
+        shape, maxshape, chunks, dtype = ds.shape, ds.maxshape, ds.chunks, ds.dtype
+        assert chunks == (8192,) and shape[0] > 8192
+        del f["query/offsets"]
+        new = f.create_dataset("query/offsets", shape=shape, maxshape=maxshape, chunks=chunks,
+                               dtype=dtype, fletcher32=True)
+        new.id.write_direct_chunk((0,), raw, mask)
+        assert new[8192] == 0 and new[8191] == 8191
+    w = RaggedWriter.open(out, resume=True, **kw)
+    assert w.pending_chunks() == [(0, 0, 8192), (1, 8192, 8200)]
+    for chunk, start, stop in w.pending_chunks():
+        w.write_chunk(chunk, [one_point(i) for i in range(start, stop)])
+    data = read_ragged(w.finish())
+    np.testing.assert_array_equal(data.query_points[:, 0], np.arange(8200.0))
+    np.testing.assert_array_equal(data.target[:, 0], np.arange(8200.0) + 0.5)

@@ -6,12 +6,14 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
+from galerkin_ext import __version__
 from galerkin_ext.data import storage as S
 from galerkin_ext.data.storage import (
     ArraySpec,
@@ -411,3 +413,107 @@ def test_other_unraisable_exceptions_reach_the_previous_hook(tmp_path, monkeypat
     w.finish = lambda: w.path
     assert run_chunks(w, compute, progress=False, desc="t") == w.path
     assert seen == [ValueError]
+
+
+def test_publishing_fsyncs_the_partial_file_before_the_rename(tmp_path, monkeypatch):
+    """finish() renames the partial file under the data file's name once its content is on
+    disk: the partial file, whole, is fsync-ed before os.replace (else a crash soon after the
+    rename can leave the name on an empty or partial file; only a spy on the calls sees a
+    missing fsync)."""
+    events, fsync, replace = [], os.fsync, os.replace
+
+    def spy_fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino, os.fstat(fd).st_size))
+        return fsync(fd)
+
+    def spy_replace(src, dst, *args, **kwargs):
+        events.append(("replace", os.stat(src).st_ino, os.fspath(dst)))
+        return replace(src, dst, *args, **kwargs)
+
+    out = tmp_path / "f.h5"
+    w = _writer(out)
+    _chunk(w, 0)
+    _chunk(w, 1)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "replace", spy_replace)
+    assert w.finish() == out
+    renames = [i for i, event in enumerate(events) if event[:1] == ("replace",)
+               and event[2] == str(out)]
+    assert len(renames) == 1
+    inode = events[renames[0]][1]
+    assert inode == out.stat().st_ino
+    assert ("fsync", inode, out.stat().st_size) in events[:renames[0]]
+    np.testing.assert_array_equal(read_h5(out)["b"], [1.0, 1.0, 2.0, 2.0])
+
+
+def test_a_chunks_data_are_flushed_before_it_is_marked_completed(tmp_path, monkeypatch):
+    """write_chunk stores the chunk's arrays and flushes them before its completed-chunk
+    record says so (a crash between the two then leaves a chunk generated again, never one
+    marked completed whose data are not on disk: read back as zeros)."""
+    w = _writer(tmp_path / "o.h5")
+    seen, flush = [], h5py.File.flush
+
+    def spy_flush(self):
+        seen.append((int(self["completed"][0]), self["a"][0].tolist(), float(self["b"][1])))
+        return flush(self)
+
+    monkeypatch.setattr(h5py.File, "flush", spy_flush)
+    _chunk(w, 0)
+    monkeypatch.undo()
+    assert (0, [1.0, 1.0, 1.0], 1.0) in seen  # flushed: the data stored, not yet marked
+    assert seen[-1] == (1, [1.0, 1.0, 1.0], 1.0)  # and the record flushed too
+    w.close()
+
+
+def test_a_second_resume_under_the_same_new_version_records_and_warns_nothing_more(tmp_path):
+    """A file begun under 0.0.9 and resumed under this version records "0.0.9 then <this>"
+    and warns; resumed again under this version, its last entry is this version: the record
+    stays as it is ("... then <this>" once) and nothing is warned."""
+    out, part = _partial(tmp_path)
+    with h5py.File(part, "r+") as f:
+        f.attrs["package_version"] = "0.0.9"
+    with pytest.warns(UserWarning, match=r"under other versions than it was begun with: "
+                                         r"galerkin_ext 0\.0\.9 \(now "):
+        _writer(out, resume=True).close()
+    assert inspect_h5(part)["package_version"] == f"0.0.9 then {__version__}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _writer(out, resume=True).close()
+    assert [str(w.message) for w in caught] == []
+    assert inspect_h5(part)["package_version"] == f"0.0.9 then {__version__}"
+
+
+def test_a_resume_whose_copy_fails_leaves_no_rebuilding_file(tmp_path, monkeypatch):
+    """A resume copies the completed chunks into '.NAME.partial.rebuilding' beside the partial
+    file: interrupted while copying (Ctrl-C), it removes that copy (it would stay on disk, as
+    large as the data) and leaves the partial file as it was, to be resumed again."""
+    out, part = _partial(tmp_path)
+
+    def interrupted(ds, row):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(S, "_allocated", interrupted)  # (called while copying each chunk)
+    with pytest.raises(KeyboardInterrupt):
+        _writer(out, resume=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [
+        part.name]
+    w = _writer(out, resume=True)
+    assert w.pending_chunks() == [(1, 2, 4)]
+    _chunk(w, 1)
+    np.testing.assert_array_equal(read_h5(w.finish())["b"], [1.0, 1.0, 2.0, 2.0])
+
+
+def test_converted_files_with_one_seed_do_not_hold_the_same_draws(tmp_path):
+    """Converted files record seed 0 and parameters naming their source: two of them (a
+    training and a test set converted from two files) hold different samples, though their
+    generator and seed agree; two files of one generator and seed hold the same draws whatever
+    their other parameters."""
+    sources = [{"source": "continuum-attention Darcy .mat", "sha256": c * 64} for c in "ab"]
+    a, b = (S.data_identity(_full(tmp_path, f"{c}.h5", parameters=p))
+            for c, p in zip("ab", sources, strict=True))
+    assert a["seed"] == b["seed"] == 0 and a["generator"] == b["generator"]
+    assert S.same_draws(a, b) is False
+    c, d = (S.data_identity(_full(tmp_path, f"{c}.h5", parameters={"k": k}))
+            for c, k in (("c", 1), ("d", 2)))
+    assert S.same_draws(c, d) is True
