@@ -215,3 +215,20 @@ def test_non_finite_samples_are_named_before_any_training(tmp_path, darcy_arrays
     scipy.io.savemat(tmp_path / "x.mat", {"a": np.zeros((2, 4))})
     with pytest.raises(DataFileError, match=r"lacks \['u'\]"):
         BurgersDataset(tmp_path / "x.mat", "train", 4, n_train=1, n_test=1)
+
+
+def test_a_bool_array_in_an_hdf5_mat_file_is_refused(tmp_path):
+    """An HDF5 .mat file written by h5py, not MATLAB (no MATLAB_class to say "logical"), holds
+    its mask as a bool array: a mask, not a field, refused naming the file and the variable
+    (as float64 it passed for a field of 0s and 1s), in the stored type too."""
+    rng = np.random.default_rng(0)
+    write_v73(tmp_path / "b.mat", a=rng.random((4, 8)) > 0.5, u=np.zeros((4, 8)))
+    with h5py.File(tmp_path / "b.mat", "r") as f:
+        assert f["a"].dtype == np.bool_ and "MATLAB_class" not in f["a"].attrs
+    for stored_type in (False, True):
+        with pytest.raises(ValueError, match=r"b\.mat': variable 'a' holds bool data \('b' "
+                                             r"kind\), expected a numeric array"):
+            load_mat(tmp_path / "b.mat", ["a", "u"], stored_type=stored_type)
+    with pytest.raises(ValueError, match=r"b\.mat': variable 'a' holds bool data"):
+        read_burgers_mat(tmp_path / "b.mat")
+    assert load_mat(tmp_path / "b.mat", ["u"])["u"].shape == (4, 8)

@@ -1752,8 +1752,8 @@ def test_an_evaluation_file_of_the_training_draws_is_refused(tmp_path):
     record_data_files(dict(config), train, again)  # its last 4 samples were never trained on
     record_data_files(dict(config), train, other, evaluated=12)  # other draws
     with pytest.raises(DataMismatchError, match=r"--eval-data: its samples 0 to 7 are training "
-                                                 r"samples of --data: both come from the cde "
-                                                 r"generator with seed 0"):
+                                                 r"and validation samples of --data: both come "
+                                                 r"from the cde generator with seed 0"):
         record_data_files(dict(config), train, again, evaluated=12)  # (kolmogorov's zero-shot)
     with pytest.raises(DataMismatchError, match="its samples 0 to 2 are training samples"):
         record_data_files(dict(config), train, small)  # (it named samples -1 to 2)

@@ -1,6 +1,7 @@
 """training/checkpoint.py's argument checks and rarely taken branches: each check reached
 through the public API, each branch with its result checked."""
 
+import errno
 import json
 import os
 
@@ -129,3 +130,55 @@ def test_a_checkpoint_lacking_fields_of_its_kind_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"x\.pt' lacks the fields \[.*'optimizer'.*'rng'"
                                               r".*\] of a 'last' checkpoint"):
         load_checkpoint(path, "last")
+
+
+def test_a_full_disk_while_writing_names_the_target_and_leaves_it_as_it_was(tmp_path):
+    """An ENOSPC (or EFBIG: a file-size limit) raised by ``write`` keeps its errno and names
+    the file being written, not the temporary one, whose removal leaves the old content; the
+    bare "No space left on device" of the write named neither."""
+    path = tmp_path / "m.json"
+    path.write_bytes(b"old")
+    for number in (errno.ENOSPC, errno.EFBIG):
+        def full(f, number=number):
+            f.write(b"new, partly")
+            raise OSError(number, os.strerror(number))
+
+        with pytest.raises(OSError) as info:
+            atomic_write(path, full)
+        assert info.value.errno == number
+        assert f"while writing {str(path)!r}, which is left as it was" in str(info.value)
+        assert path.read_bytes() == b"old"
+        assert list(tmp_path.iterdir()) == [path]
+
+
+def test_the_digest_covers_each_tensors_dtype(tmp_path):
+    """A float32 tensor and its int32 view hold the same bytes in the same shape: only the
+    dtype tells them apart, and a checkpoint whose tensor was so reinterpreted is refused."""
+    weight = torch.tensor([1.0, -2.5, 3.0])
+    same_bytes = weight.view(torch.int32)
+    assert same_bytes.numpy().tobytes() == weight.numpy().tobytes()
+    assert content_digest({"w": weight}) != content_digest({"w": same_bytes})
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, "best", epoch=1, model={"w": weight}, config={}, metric=0.5)
+    state = torch.load(path, weights_only=True)
+    state["model"]["w"] = state["model"]["w"].view(torch.int32)
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        load_checkpoint(path, "best")
+
+
+def test_the_digest_covers_the_key_names(tmp_path):
+    """The same values under other names differ (a layer's weights under another layer's
+    name, a renamed setting): a checkpoint whose key was renamed is refused."""
+    assert content_digest({"a": 1}) != content_digest({"b": 1})
+    weight = torch.ones(2)
+    assert content_digest({"m": {"encoder.w": weight}}) != \
+        content_digest({"m": {"decoder.w": weight}})
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, "best", epoch=1, model={"w": torch.ones(3)},
+                    config={"lr": 0.1}, metric=0.5)
+    state = torch.load(path, weights_only=True)
+    state["config"] = {"weight_decay": state["config"]["lr"]}
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        load_checkpoint(path, "best")

@@ -9,7 +9,11 @@ import sys
 import pytest
 import torch
 
+from galerkin_ext._cli import usable_device, writable_file
+from galerkin_ext.data.generate import generate_cde
+from galerkin_ext.data.storage import DataMismatchError, data_identity
 from galerkin_ext.training import (
+    CheckpointError,
     ThresholdError,
     cached_data,
     check_resume,
@@ -23,6 +27,7 @@ from galerkin_ext.training import (
     plot_2d,
     plot_mesh,
     preset_unchanged,
+    record_data_files,
     resolve_config,
     run_main,
     save_checkpoint,
@@ -320,3 +325,107 @@ def test_command_line_threads_beat_the_presets(tmp_path):
     assert resolve_config(PRESETS, _args(tmp_path, "--threads", "2"), experiment="t")[
         "threads"] == 2
     assert resolve_config(PRESETS, _args(tmp_path), experiment="t")["threads"] is None
+
+
+def _cde_files(tmp_path):
+    """A 12-sample training file, and a 4-sample file of the same law drawn with another seed."""
+    train = generate_cde(tmp_path / "train.h5", 12, dt=0.5, progress=False)
+    other = generate_cde(tmp_path / "other.h5", 4, seed=1, dt=0.5, progress=False)
+    return train, other
+
+
+def _save_last(out, config):
+    out.mkdir(exist_ok=True)
+    save_checkpoint(out / "last.pt", "last", epoch=1, model={}, config=config, optimizer={},
+                    scheduler={}, rng=[], best_metric=1.0, best_epoch=1, history=[],
+                    train_seconds=0.0, world_size=1)
+
+
+def _resume(out, data, eval_data, **kwargs):
+    args = argparse.Namespace(out=str(out), resume=True, data=str(data),
+                              eval_data=None if eval_data is None else str(eval_data))
+    return check_resume({"experiment": "t", "train": {}}, args, **kwargs)
+
+
+def test_a_run_with_an_eval_file_resumed_without_it_is_refused(tmp_path):
+    """Without --eval-data the evaluation split is --data's: a run that evaluated on a separate
+    file, resumed without it, would evaluate (and pick its best.pt) on other data."""
+    train, other = _cde_files(tmp_path)
+    config = {"experiment": "t", "n_train": 6, "n_valid": 2, "n_eval": 4}
+    record_data_files(config, train, other)
+    _save_last(tmp_path / "o", config)
+    assert _resume(tmp_path / "o", train, other) is None
+    with pytest.raises(CheckpointError, match=r"--data '.*train\.h5' holds other data than the "
+                                              r"run's evaluation file"):
+        _resume(tmp_path / "o", train, None)
+
+
+def test_a_zero_shot_run_resumes_with_its_zero_shot_file(tmp_path):
+    """A zero-shot --eval-data is no evaluation split (that is --data's): resumed with the same
+    file, or another zero-shot set, the run goes on; another --data is still refused."""
+    train, other = _cde_files(tmp_path)
+    config = {"experiment": "t", "n_train": 6, "n_valid": 2, "n_eval": 4, "zero_shot": {}}
+    record_data_files(config, train, other, zero_shot=True)
+    _save_last(tmp_path / "o", config)
+    assert _resume(tmp_path / "o", train, other, zero_shot=True) is None
+    assert _resume(tmp_path / "o", train, None, zero_shot=True) is None
+    with pytest.raises(CheckpointError, match=r"--data '.*other\.h5' holds other data than the "
+                                              r"run's training file"):
+        _resume(tmp_path / "o", other, other, zero_shot=True)
+
+
+def test_an_eval_file_reaching_into_the_validation_draws_is_refused(tmp_path):
+    """Samples 0-5 train and 6-7 validate (n_train 6, n_valid 2): of a 12-sample file of the
+    same generator and seed, the last 5 start at sample 7, a validation draw; the last 4 do
+    not."""
+    train = generate_cde(tmp_path / "train.h5", 12, dt=0.5, progress=False)
+    again = generate_cde(tmp_path / "again.h5", 12, dt=0.25, progress=False)
+    with pytest.raises(DataMismatchError, match=r"^--eval-data: its samples 7 to 7 are "
+                                                r"validation samples of --data"):
+        record_data_files({"n_train": 6, "n_valid": 2, "n_eval": 5}, train, again)
+    record_data_files({"n_train": 6, "n_valid": 2, "n_eval": 4}, train, again)
+
+
+def test_a_zero_shot_file_is_recorded_apart_from_the_evaluation_split(tmp_path):
+    """With zero_shot the evaluation split is --data's: data_files and data_identity are those
+    of a run without --eval-data, and the zero-shot file's path and identity go into
+    config['zero_shot'], the settings a resumption may change."""
+    train, other = _cde_files(tmp_path)
+    plain = {"n_train": 6, "n_valid": 2, "n_eval": 4}
+    record_data_files(plain, train, None)
+    config = {"n_train": 6, "n_valid": 2, "n_eval": 4, "zero_shot": {"n": 4}}
+    record_data_files(config, train, other, zero_shot=True)
+    assert config["data_files"] == plain["data_files"] == {
+        "train": str(train.resolve()), "eval": str(train.resolve())}
+    assert config["data_identity"] == plain["data_identity"]
+    assert config["zero_shot"] == {"n": 4, "data_file": str(other.resolve()),
+                                   "data_identity": data_identity(other)}
+    assert data_identity(other)["seed"] == 1
+
+
+def test_cli_usable_device_refuses_a_device_the_run_cannot_use():
+    """--device is checked as it is parsed: a device torch does not know, one of a kind the
+    package does not run on (Apple's mps), or CUDA on a torch or machine without it."""
+    assert usable_device("cpu") == "cpu" and usable_device("auto") == "auto"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"expected e\.g\. 'cpu', 'cuda', "
+                                                         r"'cuda:1' or 'auto', got 'tpu'"):
+        usable_device("tpu")
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a CPU or CUDA device, got "
+                                                         "'mps'"):
+        usable_device("mps")
+    if torch.cuda.is_available():
+        assert usable_device("cuda:0") == "cuda:0"
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="'cuda:0' requested but CUDA is "
+                                                             "not available"):
+            usable_device("cuda:0")
+
+
+def test_cli_writable_file_refuses_a_folder(tmp_path):
+    """A results file named by a folder: refused as the command line is parsed, not when the
+    run ends and its write fails."""
+    with pytest.raises(argparse.ArgumentTypeError, match=r"is a folder; expected a file to "
+                                                         r"write$") as info:
+        writable_file(str(tmp_path))
+    assert repr(str(tmp_path)) in str(info.value)
+    assert writable_file(str(tmp_path / "new" / "r.json")) == tmp_path / "new" / "r.json"

@@ -600,10 +600,13 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
         count = config["n_eval"] if evaluated is None else evaluated
         first = max(0, evaluation["n_samples"] - count)  # the evaluated samples are the last
         if first < used:
+            last, n_train = min(used, evaluation["n_samples"]) - 1, config["n_train"]
+            kind = ("training" if last < n_train else "validation" if first >= n_train
+                    else "training and validation")
             raise DataMismatchError(
-                f"--eval-data: its samples {first} to {min(used, evaluation['n_samples']) - 1} "
-                f"are training samples of --data: both come from the {train['generator']} "
-                f"generator with seed {train['seed']}, whose sample i depends on (seed, i) "
+                f"--eval-data: its samples {first} to {last} are {kind} samples of --data: both "
+                f"come from the {train['generator']} generator with seed {train['seed']}, "
+                "whose sample i depends on (seed, i) "
                 "alone (on another grid the same draws, or, for a Darcy field, whose K x K "
                 "normals are drawn in row order, correlated ones); generate it with another "
                 "--seed")
