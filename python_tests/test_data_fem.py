@@ -387,13 +387,15 @@ def test_heat_refined_sample():
 def test_heat_refinement_leaves_no_near_triangle_whole():
     """Every base triangle whose centroid lies within 0.5 of an interface is split, those with
     an edge on a side too: Triangle under Y (no points on the sides, so that each x = 9 vertex
-    keeps its twin) left flat ones there whole, 7 of 1433 in these five meshes. The sides
-    still hold the same heights, and some meshes show the cut."""
+    keeps its twin) left flat ones there whole, 7 of 1433 in these five meshes; and Triangle's
+    edge flips left an inner one whole in the sixth (h = 1, its sample 41 of seed 1), now
+    refined again. The sides still hold the same heights, and some meshes show the cut."""
     rng = np.random.default_rng(0)
+    cases = [(sample_heat_parameters(rng)[0], 0.5) for _ in range(5)]
+    cases.append((sample_heat_parameters(np.random.default_rng([1, 41, STREAM_HEAT]))[0], 1.0))
     cut = 0
-    for _ in range(5):
-        theta, _ = sample_heat_parameters(rng)
-        base, fine = heat_mesh(theta, 0.5), heat_mesh(theta, 0.5, refine=True)
+    for theta, h in cases:
+        base, fine = heat_mesh(theta, h), heat_mesh(theta, h, refine=True)
         centroids = base.points[base.triangles].mean(axis=1)
         # the interfaces as the mesh holds them: its segments marked 6 and 7
         pieces = base.points[base.segments[base.segment_markers >= 6]]  # (S, 2, 2)
@@ -402,7 +404,7 @@ def test_heat_refinement_leaves_no_near_triangle_whole():
         def corners(mesh, triangles):
             return {frozenset(map(tuple, mesh.points[t])) for t in triangles}
 
-        assert near.sum() > 100
+        assert near.sum() > 50
         whole = corners(base, base.triangles[near]) & corners(fine, fine.triangles)
         assert not whole, f"{len(whole)} near triangles left whole"
         heights = [np.sort(mesh.points[mesh.points[:, 0] == x, 1])

@@ -119,8 +119,13 @@ def test_refine_to_areas_checks_and_bounds(mesh):
     bound[0] = areas[0] / 4
     fine = refine_to_areas(mesh, bound)
     assert np.array_equal(fine.points[:len(mesh.points)], mesh.points)
-    assert len(fine.triangles) > n
-    assert refine_to_areas(mesh, np.zeros(n)).triangles.shape == mesh.triangles.shape
+
+    def corner_sets(m):
+        return {frozenset(t) for t in m.triangles.tolist()}
+
+    assert frozenset(mesh.triangles[0].tolist()) not in corner_sets(fine)
+    assert abs(triangle_areas(fine.points, fine.triangles).sum() - areas.sum()) < 1e-12
+    assert corner_sets(refine_to_areas(mesh, np.zeros(n))) == corner_sets(mesh)
 
 
 def test_marked_curve_of_an_absent_marker(mesh):

@@ -384,6 +384,12 @@ def test_an_eval_file_reaching_into_the_validation_draws_is_refused(tmp_path):
                                                 r"validation samples of --data"):
         record_data_files({"n_train": 6, "n_valid": 2, "n_eval": 5}, train, again)
     record_data_files({"n_train": 6, "n_valid": 2, "n_eval": 4}, train, again)
+    # a count of evaluated samples below 1 is refused, not read as an empty range
+    for evaluated in (0, -3):
+        with pytest.raises(ValueError, match=rf"^evaluated: expected an int >= 1, got "
+                                             rf"{evaluated}"):
+            record_data_files({"n_train": 6, "n_valid": 2, "n_eval": 4}, train, again,
+                              evaluated=evaluated)
 
 
 def test_a_zero_shot_file_is_recorded_apart_from_the_evaluation_split(tmp_path):

@@ -155,7 +155,8 @@ def elasticity_mesh(coefficients: np.ndarray | None, h: float, *, refine: bool =
 
     Triangle ``pq30a{√3h²/4}``; outer points every ``≈ h``, cavity points every ``≈ h/2``,
     hole point ``(½, ½)``.  ``refine``: then the triangles within
-    :data:`ELASTICITY_REFINE_DISTANCE` of the cavity are split to a quarter of their area.
+    :data:`ELASTICITY_REFINE_DISTANCE` of the cavity are split to about a quarter of their
+    area (:func:`.fem.refine_near`).
 
     Returns:
         The :class:`.fem.TriMesh`; segment markers 2 bottom, 3 right, 4 top, 5 left, 6 cavity.

@@ -207,9 +207,9 @@ def heat_mesh(theta: np.ndarray, h: float, *, refine: bool = False) -> TriMesh:
     internal segments through spline points every ``≈ h`` of arc length.  ``Y`` keeps the
     boundary as given, so each ``x = 9`` vertex has a twin at ``x = 0``.  Labels: 0 bottom,
     1 middle, 2 top.  ``refine``: then the triangles within :data:`HEAT_REFINE_DISTANCE` of an
-    interface are split to a quarter of their area (Triangle's ``r`` mode, again ``Y``; a near
-    triangle with an edge on a side is first cut at that edge's midpoint, on both sides, see
-    :func:`_cut_side_edges`).
+    interface are split to about a quarter of their area (:func:`.fem.refine_to_areas`, again
+    ``Y``; a near triangle with an edge on a side is first cut at that edge's midpoint, on both
+    sides, see :func:`_cut_side_edges`).
 
     Returns:
         The :class:`.fem.TriMesh`; segment markers 2 bottom, 3 right, 4 top, 5 left, 6 and 7
@@ -275,9 +275,11 @@ def _cut_side_edges(mesh: TriMesh, max_area: np.ndarray) -> tuple[TriMesh, np.nd
     points, triangles = mesh.points, mesh.triangles
     on_side = np.isin(mesh.segment_markers, (_LEFT, _RIGHT))
     side_segment = {frozenset(map(int, mesh.segments[i])): i for i in np.flatnonzero(on_side)}
+    side_vertex = np.isin(points[:, 0], (0.0, HEAT_SIZE))
     heights = set()  # (lower, upper) y of the side edges to cut, on both sides
     owner: dict[frozenset[int], int] = {}  # side edge -> its (only) triangle
-    for t, tri in enumerate(triangles):
+    for t in np.flatnonzero(side_vertex[triangles].sum(axis=1) >= 2).tolist():  # a side edge?
+        tri = triangles[t]
         for k in range(3):
             edge = frozenset((int(tri[k]), int(tri[k - 1])))
             if edge in side_segment:
@@ -286,7 +288,8 @@ def _cut_side_edges(mesh: TriMesh, max_area: np.ndarray) -> tuple[TriMesh, np.nd
                     heights.add(tuple(sorted(float(points[v, 1]) for v in edge)))
     if not heights:
         return mesh, max_area
-    vertex = {(float(x), float(y)): v for v, (x, y) in enumerate(points)}
+    vertex = {(float(points[v, 0]), float(points[v, 1])): int(v)
+              for v in np.flatnonzero(side_vertex)}
     triangles, segments = triangles.tolist(), mesh.segments.tolist()
     markers, bounds = mesh.segment_markers.tolist(), max_area.tolist()
     labels = None if mesh.labels is None else mesh.labels.tolist()

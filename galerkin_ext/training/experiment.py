@@ -576,6 +576,8 @@ def record_data_files(config: dict[str, Any], data: str | os.PathLike[str],
     :data:`DISCRETISATION_KEYS`).
     """
     check_bool(zero_shot, "zero_shot")
+    if evaluated is not None:
+        check_int(evaluated, "evaluated", 1)
     other = None if eval_data is None else Path(eval_data)
     for flag, path in (("--data", Path(data)), ("--eval-data", other)):
         if path is not None and not path.is_file():
