@@ -54,6 +54,26 @@ def gen(request) -> torch.Generator:
     return g
 
 
+def record_fsyncs_and_renames(monkeypatch) -> list[tuple]:
+    """From now on, os.fsync and os.replace recorded in order, as ``("fsync", inode, size)`` and
+    ``("replace", source inode, destination)``: a file put under its name by a rename must be
+    fsync-ed whole before it (no test crashes the machine, so only the calls show it)."""
+    events: list[tuple] = []
+    fsync, replace = os.fsync, os.replace
+
+    def spy_fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino, os.fstat(fd).st_size))
+        return fsync(fd)
+
+    def spy_replace(src, dst, *args, **kwargs):
+        events.append(("replace", os.stat(src).st_ino, os.fspath(dst)))
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "replace", spy_replace)
+    return events
+
+
 class InterruptAt:
     """``real`` wrapped to raise KeyboardInterrupt, as Ctrl-C would, at its ``at``-th call (the
     generators' tests patch a solver with it to stop a run mid-way); ``calls`` counts them."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import record_fsyncs_and_renames
 
 from galerkin_ext import __version__
 from galerkin_ext.data import storage as S
@@ -420,22 +421,11 @@ def test_publishing_fsyncs_the_partial_file_before_the_rename(tmp_path, monkeypa
     disk: the partial file, whole, is fsync-ed before os.replace (else a crash soon after the
     rename can leave the name on an empty or partial file; only a spy on the calls sees a
     missing fsync)."""
-    events, fsync, replace = [], os.fsync, os.replace
-
-    def spy_fsync(fd):
-        events.append(("fsync", os.fstat(fd).st_ino, os.fstat(fd).st_size))
-        return fsync(fd)
-
-    def spy_replace(src, dst, *args, **kwargs):
-        events.append(("replace", os.stat(src).st_ino, os.fspath(dst)))
-        return replace(src, dst, *args, **kwargs)
-
     out = tmp_path / "f.h5"
     w = _writer(out)
     _chunk(w, 0)
     _chunk(w, 1)
-    monkeypatch.setattr(os, "fsync", spy_fsync)
-    monkeypatch.setattr(os, "replace", spy_replace)
+    events = record_fsyncs_and_renames(monkeypatch)
     assert w.finish() == out
     renames = [i for i, event in enumerate(events) if event[:1] == ("replace",)
                and event[2] == str(out)]

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from conftest import record_fsyncs_and_renames
 
 from galerkin_ext.training import atomic_write, write_csv, write_json
 from galerkin_ext.training.checkpoint import (
@@ -30,18 +31,7 @@ def test_atomic_write_fsyncs_the_temporary_file_before_the_rename(tmp_path, monk
     its bytes, is fsync-ed before os.replace puts it under the name (else a crash soon after
     the rename can leave the name on an empty or partial file; no test crashes the machine,
     so only a spy on the calls sees a missing fsync)."""
-    events, fsync, replace = [], os.fsync, os.replace
-
-    def spy_fsync(fd):
-        events.append(("fsync", os.fstat(fd).st_ino, os.fstat(fd).st_size))
-        return fsync(fd)
-
-    def spy_replace(src, dst, *args, **kwargs):
-        events.append(("replace", os.stat(src).st_ino, os.fspath(dst)))
-        return replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", spy_fsync)
-    monkeypatch.setattr(os, "replace", spy_replace)
+    events = record_fsyncs_and_renames(monkeypatch)
     path = atomic_write(tmp_path / "f.bin", lambda f: f.write(b"x" * 1000))
     renames = [i for i, event in enumerate(events) if event[0] == "replace"]
     assert len(renames) == 1 and events[renames[0]][2] == str(path)
