@@ -14,8 +14,12 @@ from threefry_reference import reference_keep
 # (64 rows a block at M = 200, 8 at M = 3000 in float64) with a short last one; N = 1; the
 # backward's chunks of query blocks: one block each (B·H = 3 at M = 200), and at B·H = 1,
 # M = 3000 two blocks each with one left for the last (float64: 19 blocks in 10 chunks).
+# (4, 4, 200, 20, ...): a backward chunk of the key-side sums holding four query blocks of 64
+# rows (B·H = 16, one chunk a head), where a block buffer not reset between blocks adds the
+# earlier blocks again (the larger sizes make chunks of at most two)
 SIZES = [(1, 1, 1, 1, 1, 1), (2, 3, 13, 29, 5, 4), (1, 2, 65, 64, 10, 10),
-         (3, 1, 130, 200, 3, 17), (2, 2, 1, 70, 4, 2), (1, 1, 150, 3000, 3, 2)]
+         (3, 1, 130, 200, 3, 17), (2, 2, 1, 70, 4, 2), (1, 1, 150, 3000, 3, 2),
+         (4, 4, 200, 20, 3, 2)]
 # Relative to the largest |element|: sums of M products round by about their magnitude's eps.
 # (At M = 3000 in float32 torch's own (Q Kᵀ) V was 5.0e-6 of it off the float64 product, and
 # the op 4.8e-6, for GALERKIN_TEST_SEED=1969146463: 4e-6 had failed there.)
