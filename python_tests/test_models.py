@@ -257,6 +257,9 @@ def test_fno_on_the_inverse_problem_averages_its_output_as_the_target(gen):
     for n in (24, 1):
         with pytest.raises(ValueError, match=f"coarse - 1 dividing n - 1, got {n}×{n}"):
             model(torch.randn(1, n, n, 1, dtype=torch.float64), None)
+    # and a grid that is not square, though coarse - 1 divides each side's n - 1
+    with pytest.raises(ValueError, match=r"needs a square grid of n nodes .* got 13×25"):
+        model(torch.randn(1, 13, 25, 1, dtype=torch.float64), grid_2d(25).double()[:13])
     with pytest.raises(ValueError, match="coarse: expected an int >= 2, got 1"):
         build_model("fno2d", coarse=1)
 

@@ -231,6 +231,8 @@ def test_mesh_weights_by_hand_and_surface():
     w = mesh_weights(tilt, cells)
     torch.testing.assert_close(w, torch.tensor([1 / 3, 1 / 6, 1 / 3, 1 / 6, 0.0],
                                                dtype=torch.float64))
+    # twice as large, four times the area (an area, not a volume, in 3-D)
+    torch.testing.assert_close(mesh_weights(2 * tilt, cells), 4 * w)
 
 
 def test_mesh_weights_of_the_delaunay_triangulation():
@@ -338,6 +340,11 @@ def test_mesh_weights_call_flat_a_triangle_up_to_sixteen_epsilon():
     weights = mesh_weights(triangle(34 * eps), cells)
     torch.testing.assert_close(weights, torch.full((3,), 34 * eps / 6, dtype=torch.float64),
                                rtol=1e-12, atol=0)
+    # the bound grows with the square of the longest scaled edge: edges (1, 1) and
+    # (1, 1 + 54 eps), the longest √2 long, span 27 eps, under 16 eps · 2
+    sliver = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0 + 54 * eps]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"cell 0 = \[0, 1, 2\] has zero area"):
+        mesh_weights(sliver, cells)
 
 
 @pytest.mark.parametrize(("points", "cells", "error", "match"), [

@@ -1849,6 +1849,37 @@ def test_cleanup_distributed_stops_the_group_threads(tmp_path):
     _run_on_two_processes(_LEAVE_GROUP, tmp_path)
 
 
+_ERRORS_OVER_RANKS = """
+import torch
+from galerkin_ext.training import cleanup_distributed, per_sample_errors, setup_distributed
+
+class Samples(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randn(5, 6, 1, generator=torch.Generator().manual_seed(1))
+    def __len__(self):
+        return len(self.x)
+    def __getitem__(self, i):
+        return {"x": self.x[i], "target": self.x[i] ** 2 + 1}
+
+ctx = setup_distributed("cpu")
+torch.manual_seed(0)
+model = torch.nn.Linear(1, 1)
+data = Samples()
+errors = per_sample_errors(model, data, forward=lambda m, b: m(b["x"]), ctx=ctx)
+with torch.no_grad():
+    truth = torch.stack([(model(d["x"]) - d["target"]).norm() / d["target"].norm()
+                         for d in (data[i] for i in range(5))])
+cleanup_distributed(ctx)
+torch.testing.assert_close(errors.float(), truth, rtol=1e-6, atol=0)
+"""
+
+
+def test_per_sample_errors_over_two_processes_are_each_samples_once(tmp_path):
+    """Under torchrun each process evaluates every other sample and all get the whole vector,
+    in the samples' order: equal to the errors written out, each sample counted once."""
+    _run_on_two_processes(_ERRORS_OVER_RANKS, tmp_path)
+
+
 _REFUSED_TOGETHER = """
 import shutil, sys, torch
 from pathlib import Path
