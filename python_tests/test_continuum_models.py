@@ -966,3 +966,37 @@ def test_quadrature_weights_of_another_float_dtype_are_cast_as_the_coordinates_a
         model.eval()
         torch.testing.assert_close(model(u, x, weight), model(u, x.float(), weight.float()),
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("name", "extra"), [("vitno", {"lift_modes": 3}),
+                                             ("fano", {"qkv_modes": 3})])
+def test_patched_models_give_every_layer_the_given_heads(name, extra, gen):
+    """n_head reaches every encoder layer: the same parameters with one head give another
+    output (the heads split the softmax over the patches)."""
+    config = {"d_model": 8, "num_layers": 2, "patches": 2, "final_modes": None,
+              "dim_feedforward": 16, **extra}
+    model = build_model(name, n_head=4, **config).double().eval()
+    one_head = build_model(name, n_head=1, **config).double().eval()
+    one_head.load_state_dict(model.state_dict())
+    assert [layer.attn.n_head for layer in model.encoder] == [4, 4]
+    u = torch.randn(2, 8, 8, 1, generator=gen, dtype=F64)
+    x = square_grid(8, F64)
+    with torch.no_grad():
+        assert (model(u, x) - one_head(u, x)).abs().max() > 1e-6
+
+
+def test_tno_passes_its_scale_to_every_attention(gen):
+    """TNO(scale=s) scales the logits of every encoder layer and of the query head by s: the
+    same parameters with the default 1/sqrt(d_model / n_head) give the same output at
+    s = 1/sqrt(8) and another one at s = 0.7."""
+    model = small_tno(gen, scale=0.7, query_head=True)
+    default = small_tno(gen, query_head=True)
+    same = small_tno(gen, scale=1 / math.sqrt(8), query_head=True)
+    default.load_state_dict(model.state_dict())
+    same.load_state_dict(model.state_dict())
+    assert [layer.attn.scale for layer in [*model.encoder, model.query_layer]] == [0.7] * 3
+    x = torch.rand(9, 1, generator=gen, dtype=F64)
+    u = torch.randn(2, 9, 1, generator=gen, dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(same(u, x), default(u, x), rtol=1e-12, atol=1e-12)
+        assert (model(u, x) - default(u, x)).abs().max() > 1e-6

@@ -60,3 +60,31 @@ def test_mionet_without_theta_or_input_weights_matches_its_formula():
     t = F.gelu(_gelu_mlp(model.trunk, x)).view(2, 6, 3, 2)  # the trunk's output activated
     ref = (t * b.view(2, 1, 3, 2)).sum(2) + model.bias
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_a_theta_branch_is_the_last_input_of_every_block():
+    """theta_mode="branch": θ is the input after the input functions, so with the last value
+    projection of every block's cross-attention zeroed the output no longer depends on θ
+    (and it does before)."""
+    torch.manual_seed(0)
+    model = GNOT(2, 2, (3,), 1, theta_dim=2, n_hidden=16, n_layers=2, theta_mode="branch").eval()
+    x, f = torch.rand(1, 5, 2), torch.rand(1, 4, 3)
+    zero, one = torch.zeros(1, 2), torch.ones(1, 2)
+    with torch.no_grad():
+        assert (model(x, [f], zero) - model(x, [f], one)).abs().max() > 1e-4
+        for block in model.blocks:
+            block.cross.values[-1].weight.zero_()
+            block.cross.values[-1].bias.zero_()
+        torch.testing.assert_close(model(x, [f], zero), model(x, [f], one), rtol=0, atol=1e-6)
+
+
+def test_the_activation_reaches_every_part_of_gnot():
+    """act="relu": ReLU and no GELU in the trunk, the branches (θ's too), the blocks, the gates
+    and the decoder."""
+    model = GNOT(2, 2, (3,), 1, theta_dim=2, n_hidden=8, n_layers=2, n_experts=2, act="relu",
+                 theta_mode="branch")
+    for part in (model.trunk, model.branches, model.theta_branch, model.blocks, model.gates,
+                 model.decoder):
+        kinds = {type(m) for m in part.modules()}
+        assert torch.nn.ReLU in kinds
+        assert torch.nn.GELU not in kinds
