@@ -1970,9 +1970,10 @@ except Exception as e:
 ctx.main_only(lambda: say("main only: ran"))
 cleanup_distributed(ctx)
 say("left the group")
-# (past the checks: a group that saw refused collectives aborted at interpreter exit, after
-# leaving, in about 1 run in 10 on busy cores, "terminate called without an active exception";
-# teardown is test_cleanup_distributed_stops_the_group_threads' concern, not this test's)
+# (past the checks: a group that saw refused collectives aborted rank 0 once every check had
+# passed, in cleanup_distributed or at interpreter exit, "terminate called without an active
+# exception", about 1 run in 10 on busy cores; "left the group" tells which, and teardown is
+# test_cleanup_distributed_stops_the_group_threads' concern)
 os._exit(0)
 """
 
