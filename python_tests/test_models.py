@@ -3,6 +3,7 @@ state_dict round trips and torch.compile."""
 
 from __future__ import annotations
 
+import copy
 import io
 import re
 
@@ -202,8 +203,6 @@ def test_fno_against_its_written_out_form(gen, dim):
     """The FNO is its lift, Fourier layers act(K x + W x) with no activation after the last,
     the MLP, then the de-normalisation; a Dirichlet FNO2d zeroes the boundary ring after it
     (the mean of 3 would otherwise sit there)."""
-    import copy
-
     n = 9
     if dim == 1:
         model = FNO1d(width=8, modes=3, dim_feedforward=16).double()
