@@ -123,6 +123,11 @@ def test_build_model_errors():
         ("darcy_inverse", {"freq_dim": "wide"}, "freq_dim: expected an int >= 1, got 'wide'"),
         ("darcy_inverse", {"decoder_dim_feedforward": 0.5}, "decoder_dim_feedforward: "),
         ("darcy", {"decoder_hidden": -3}, "decoder_hidden: expected an int >= 1, got -3"),
+        # a valid width for the decoder not built was dropped silently
+        ("darcy_inverse", {"decoder_dim_feedforward": 32}, "decoder_dim_feedforward: only the "
+         "spectral decoder has it, got 32 with decoder='pointwise'"),
+        ("darcy", {"decoder_hidden": 16}, "decoder_hidden: only the pointwise decoder has it, "
+         "got 16 with decoder='spectral'"),
     ]:
         with pytest.raises((TypeError, ValueError), match=f"^{re.escape(message)}"):
             build_model(name, **overrides)

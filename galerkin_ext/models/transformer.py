@@ -173,9 +173,10 @@ class SimpleTransformer2d(nn.Module):
         output_grid: ``'fine'`` (up-sample to ``n``) or ``'coarse'`` (stay on ``m``).
         boundary: ``'dirichlet'`` (zero ring) or ``'free'``.
         freq_dim, modes, decoder_dim_feedforward: the spectral decoder (the MLP width defaults
-            to ``4 * freq_dim``).
+            to ``4 * freq_dim``; refused with the pointwise decoder).
         num_decoder_layers: spectral layers, or hidden layers of the pointwise decoder.
-        decoder_hidden: width of the pointwise decoder (default ``d_model``).
+        decoder_hidden: width of the pointwise decoder (default ``d_model``; refused with the
+            spectral decoder).
         downsampler_activation, upsampler_activation, decoder_activation: activations.
         downsampler_dropout, upsampler_dropout, decoder_dropout: dropouts.
 
@@ -246,12 +247,17 @@ class SimpleTransformer2d(nn.Module):
                                            activation=upsampler_activation,
                                            dropout=upsampler_dropout)
         # Both decoders' arguments, the unused one's too: a wrong value is a mistake either way.
+        # A width given to the decoder not built would be dropped silently: refused.
         check_int(freq_dim, "freq_dim")
         check_int(modes, "modes")
-        for name, value in (("decoder_dim_feedforward", decoder_dim_feedforward),
-                            ("decoder_hidden", decoder_hidden)):
+        for name, value, owner in (("decoder_dim_feedforward", decoder_dim_feedforward,
+                                    "spectral"),
+                                   ("decoder_hidden", decoder_hidden, "pointwise")):
             if value is not None:
                 check_int(value, name)
+                if decoder != owner:
+                    raise ValueError(f"{name}: only the {owner} decoder has it, got {value} "
+                                     f"with decoder={decoder!r}")
         out_size = fine if output_grid == "fine" else coarse
         if decoder == "spectral" and out_size < 2 * modes:
             raise ValueError(f"modes: expected at most {out_size // 2} for the {out_size}×"
