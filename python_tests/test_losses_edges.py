@@ -33,6 +33,23 @@ def test_masked_relative_l2_checks_pred_and_weight():
             masked_relative_l2(*args, weight=weight)
 
 
+def test_masked_relative_loss_takes_a_weight_only_when_weighted():
+    """An unweighted loss dropped a given weight without a word; a weighted one needs it."""
+    gen = torch.Generator().manual_seed(3)
+    pred, target = torch.randn(2, 5, 2, generator=gen), torch.randn(2, 5, 2, generator=gen)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    weight = torch.rand(2, 5, generator=gen) + 0.1
+    with pytest.raises(ValueError, match=r"^weight: a MaskedRelativeLoss\(weighted=False\) "
+                                         r"takes no weight"):
+        MaskedRelativeLoss()(pred, target, mask, weight=weight)
+    with pytest.raises(ValueError, match=r"^weight: required by a MaskedRelativeLoss\(weighted="
+                                         r"True\)"):
+        MaskedRelativeLoss(weighted=True)(pred, target, mask)
+    loss, _ = MaskedRelativeLoss(weighted=True)(pred, target, mask, weight=weight)
+    assert loss == masked_relative_l2(pred, target, mask, weight=weight)
+    assert MaskedRelativeLoss()(pred, target, mask)[0] == masked_relative_l2(pred, target, mask)
+
+
 def test_relative_h1_error_checks_coeff_shape_and_pred_rank():
     pred = torch.rand(2, 5, 5, 1)
     grad = torch.rand(2, 5, 5, 2)

@@ -253,10 +253,13 @@ class MaskedRelativeLoss(nn.Module):
     def forward(self, pred: Tensor, target: Tensor, mask: Tensor,
                 weight: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """``(loss, parts)``; ``pred``, ``target`` ``(B, N, C)``, ``mask``/``weight``
-        ``(B, N)`` (``weight`` required when ``weighted``)."""
+        ``(B, N)`` (``weight`` required when ``weighted``, refused otherwise)."""
         if self.weighted and weight is None:
             raise ValueError("weight: required by a MaskedRelativeLoss(weighted=True)")
-        loss = masked_relative_l2(pred, target, mask, weight=weight if self.weighted else None)
+        if not self.weighted and weight is not None:  # it would be dropped without a word
+            raise ValueError("weight: a MaskedRelativeLoss(weighted=False) takes no weight "
+                             "(weighted=True uses it)")
+        loss = masked_relative_l2(pred, target, mask, weight=weight)
         return loss, {"rel_l2": loss.detach()}
 
 
