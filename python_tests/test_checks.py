@@ -115,7 +115,7 @@ def test_errors_name_the_argument_the_user_gave():
     import torch
 
     from galerkin_ext.layers import EncoderLayer
-    from galerkin_ext.losses import relative_h1_error
+    from galerkin_ext.losses import relative_h1_seminorm
     from galerkin_ext.models import build_model
     from galerkin_ext.models.gnot import GNOT
 
@@ -134,7 +134,7 @@ def test_errors_name_the_argument_the_user_gave():
         (lambda: GNOT(2, 2, [3], 1, act="x"), "act: expected one of"),
         (lambda: GNOT(2, 2, [3], 1, n_hidden=8, n_head=3),
          "n_head: expected a divisor of n_hidden = 8, got 3"),
-        (lambda: relative_h1_error(torch.rand(2, 2, 2, 1), torch.rand(2, 2, 2, 2), 0.1),
+        (lambda: relative_h1_seminorm(torch.rand(2, 2, 2, 1), torch.rand(2, 2, 2, 2), 0.1),
          r"pred: expected shape \(B, n, n, 1\) with n >= 3"),
     ]
     for make, message in cases:

@@ -12,7 +12,7 @@ from galerkin_ext.losses import (
     RelativeLoss,
     masked_relative_l2,
     relative_h1,
-    relative_h1_error,
+    relative_h1_seminorm,
     relative_l2,
 )
 from galerkin_ext.quadrature import trapezoid_weights
@@ -45,14 +45,14 @@ def test_relative_h1_1d_matches_definition(gen):
     h = 1 / 128
     du = central_gradient_1d(u[..., 0], h)[..., None]
     # pred = 1.5 u: the gradient error is exactly half the gradient -> relative error 0.5
-    torch.testing.assert_close(relative_h1_error(1.5 * u, du, h, reduction="none"),
+    torch.testing.assert_close(relative_h1_seminorm(1.5 * u, du, h, reduction="none"),
                                torch.full((4,), 0.5, dtype=torch.float64))
     # adding a constant does not change the H^1 seminorm
-    assert relative_h1_error(u + 3.0, du, h).item() < 1e-12
+    assert relative_h1_seminorm(u + 3.0, du, h).item() < 1e-12
     e = torch.randn(4, 128, 1, generator=gen, dtype=torch.float64)
     de = central_gradient_1d(e[..., 0], h)[..., None]
     expected = de.flatten(1).norm(dim=1) / du.flatten(1).norm(dim=1)
-    torch.testing.assert_close(relative_h1_error(u + e, du, h, reduction="none"), expected)
+    torch.testing.assert_close(relative_h1_seminorm(u + e, du, h, reduction="none"), expected)
 
 
 def test_relative_h1_2d_coefficient_weighted(gen):
@@ -63,15 +63,15 @@ def test_relative_h1_2d_coefficient_weighted(gen):
     de = central_gradient_2d(e, h)
     a = torch.where(torch.rand(3, n, n, generator=gen) > 0.5, 12.0, 3.0).double()
     pred = (u + e)[..., None]
-    plain = relative_h1_error(pred, du, h, reduction="none")
+    plain = relative_h1_seminorm(pred, du, h, reduction="none")
     torch.testing.assert_close(plain, de.flatten(1).norm(dim=1) / du.flatten(1).norm(dim=1))
-    weighted = relative_h1_error(pred, du, h, coeff=a[..., None], reduction="none")
+    weighted = relative_h1_seminorm(pred, du, h, coeff=a[..., None], reduction="none")
     num = (a[..., None] * de.square()).flatten(1).sum(1)
     den = (a[..., None] * du.square()).flatten(1).sum(1)
     torch.testing.assert_close(weighted, (num / den).sqrt())
     # a constant coefficient cancels; a varying one changes the value
-    torch.testing.assert_close(relative_h1_error(pred, du, h, coeff=torch.full_like(pred, 7.0),
-                                                 reduction="none"), plain)
+    torch.testing.assert_close(relative_h1_seminorm(pred, du, h, coeff=torch.full_like(pred, 7.0),
+                                                    reduction="none"), plain)
     assert not torch.allclose(weighted, plain)
 
 
@@ -81,7 +81,7 @@ def test_operator_loss_combines_terms(gen):
     du = central_gradient_1d(u[..., 0], h)[..., None]
     pred = (u + 0.1 * torch.randn(u.shape, generator=gen, dtype=torch.float64)).requires_grad_()
     loss, parts = OperatorLoss(gamma=0.1, h=h)(pred, u, du)
-    expected = relative_l2(pred, u) + math.sqrt(0.1 * h) * relative_h1_error(pred, du, h)
+    expected = relative_l2(pred, u) + math.sqrt(0.1 * h) * relative_h1_seminorm(pred, du, h)
     torch.testing.assert_close(loss, expected)
     assert set(parts) == {"rel_l2", "rel_h1"} and not parts["rel_l2"].requires_grad
     loss.backward()
@@ -231,7 +231,7 @@ def test_relative_errors_at_extreme_scales(dtype, scale, gen):
         lambda p, t, g: relative_l2(p, t, "none", weight=weight.to(p.dtype)),
         lambda p, t, g: masked_relative_l2(p.flatten(1, 2), t.flatten(1, 2), mask,
                                            reduction="none"),
-        lambda p, t, g: relative_h1_error(p, g, h, reduction="none"),
+        lambda p, t, g: relative_h1_seminorm(p, g, h, reduction="none"),
         lambda p, t, g: relative_h1(p, t, h, reduction="none"),
         lambda p, t, g: relative_h1(p, t, h, reduction="none", form="sum"),
     ]
@@ -259,7 +259,7 @@ def test_relative_errors_beyond_the_squares_of_float32(pred_scale, target_scale,
         lambda p, t, g: relative_l2(p, t, "none", weight=weight.to(p.dtype)),
         lambda p, t, g: masked_relative_l2(p.flatten(1, 2), t.flatten(1, 2), mask,
                                            reduction="none"),
-        lambda p, t, g: relative_h1_error(p, g, h, coeff.to(p.dtype), reduction="none"),
+        lambda p, t, g: relative_h1_seminorm(p, g, h, coeff.to(p.dtype), reduction="none"),
         lambda p, t, g: relative_h1(p, t, h, reduction="none"),
         lambda p, t, g: relative_h1(p, t, h, reduction="none", form="sum"),
     ]
@@ -323,30 +323,30 @@ def test_half_precision_prediction_is_promoted(gen):
         (lambda: RelativeLoss("h2"), "norm: expected one of"),
         (lambda: RelativeLoss("h1"), "h: expected a finite float"),
         (lambda: RelativeLoss("h1", h=0.1, weight=torch.ones(3)), "weight: quadrature weights"),
-        (lambda: relative_h1_error(torch.zeros(2, 8, 1), torch.zeros(2, 8, 1), 0.0), "h:"),
-        (lambda: relative_h1_error(torch.zeros(2, 8, 1), torch.zeros(2, 8, 2), 0.1),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 1), torch.zeros(2, 8, 1), 0.0), "h:"),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 1), torch.zeros(2, 8, 2), 0.1),
          "target_grad"),
-        (lambda: relative_h1_error(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 1), 0.1),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 1), 0.1),
          "target_grad: expected shape"),
-        (lambda: relative_h1_error(torch.zeros(2, 8, 1), torch.zeros(2, 8, 1), 0.1,
-                                   coeff=torch.ones(2, 8, 1)), "coeff"),
-        (lambda: relative_h1_error(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
-                                   coeff=torch.linspace(-1, 1, 128).reshape(2, 8, 8, 1)),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 1), torch.zeros(2, 8, 1), 0.1,
+                                      coeff=torch.ones(2, 8, 1)), "coeff"),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
+                                      coeff=torch.linspace(-1, 1, 128).reshape(2, 8, 8, 1)),
          "coeff: expected finite, non-negative coefficient values"),
         # NaN, inf or a zero coefficient made the ratio NaN, without a word
-        (lambda: relative_h1_error(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
-                                   coeff=torch.full((2, 8, 8, 1), torch.nan)),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
+                                      coeff=torch.full((2, 8, 8, 1), torch.nan)),
          "coeff: expected finite, non-negative"),
-        (lambda: relative_h1_error(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
-                                   coeff=torch.full((2, 8, 8, 1), torch.inf)),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
+                                      coeff=torch.full((2, 8, 8, 1), torch.inf)),
          "coeff: expected finite, non-negative"),
-        (lambda: relative_h1_error(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
-                                   coeff=torch.cat([torch.ones(1, 8, 8, 1),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
+                                      coeff=torch.cat([torch.ones(1, 8, 8, 1),
                                                     torch.zeros(1, 8, 8, 1)])),
          "coeff: sample 1 has no positive value"),
         # positive on the boundary ring only, where the differences are 0: NaN for every sample
-        (lambda: relative_h1_error(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
-                                   coeff=torch.nn.functional.pad(torch.zeros(2, 6, 6, 1),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 8, 1), torch.zeros(2, 8, 8, 2), 0.1,
+                                      coeff=torch.nn.functional.pad(torch.zeros(2, 6, 6, 1),
                                                                  (0, 0, 1, 1, 1, 1), value=1.0)),
          "coeff: sample 0 has no positive value at an interior node"),
         # an empty grid gave NaN; the operands on two devices, torch's own message
@@ -354,15 +354,15 @@ def test_half_precision_prediction_is_promoted(gen):
          r"pred: expected shape \(B, ...\) .* none empty"),
         (lambda: relative_l2(torch.ones(2, 5, 1), torch.ones(2, 5, 1, device="meta")),
          "target: expected a tensor on cpu like pred, got one on meta"),
-        (lambda: relative_h1_error(torch.zeros(2, 8, 1), torch.zeros(2, 8, 1, device="meta"),
-                                   0.1), "target_grad: expected a tensor on cpu like pred"),
+        (lambda: relative_h1_seminorm(torch.zeros(2, 8, 1), torch.zeros(2, 8, 1, device="meta"),
+                                      0.1), "target_grad: expected a tensor on cpu like pred"),
         (lambda: masked_relative_l2(torch.ones(2, 3, 1), torch.ones(2, 3, 1, device="meta"),
                                     torch.ones(2, 3, dtype=torch.bool)),
          "target: expected a tensor on cpu like pred"),
         (lambda: RelativeLoss("l2", weight=torch.ones(5, dtype=torch.int64)),
          "weight: expected a floating-point tensor or None, got torch.int64"),
         # n = 1 or 2: the periodic difference is 0, so the error was 1 whatever pred was
-        (lambda: relative_h1_error(torch.randn(3, 2, 1), torch.randn(3, 2, 1), 0.5),
+        (lambda: relative_h1_seminorm(torch.randn(3, 2, 1), torch.randn(3, 2, 1), 0.5),
          r"pred: expected shape \(B, n, C\) with n >= 3 in 1-D"),
         # a sample without weight had NaN errors, named nowhere
         (lambda: relative_l2(torch.ones(2, 5, 1), torch.ones(2, 5, 1), weight=torch.zeros(5)),
@@ -412,7 +412,7 @@ def test_an_exact_prediction_has_a_zero_gradient_not_nan():
         "relative_l2": lambda p: relative_l2(p, target),
         "masked_relative_l2": lambda p: masked_relative_l2(
             p.flatten(1, 2), target.flatten(1, 2), torch.ones(2, 64, dtype=torch.bool)),
-        "relative_h1_error": lambda p: relative_h1_error(p, grad, 1 / 7),
+        "relative_h1_seminorm": lambda p: relative_h1_seminorm(p, grad, 1 / 7),
         "relative_h1": lambda p: relative_h1(p, target, 1 / 7),
         "relative_h1 sum": lambda p: relative_h1(p, target, 1.0, form="sum"),
         "OperatorLoss": lambda p: OperatorLoss(0.5, 1 / 7)(p, target, grad)[0],

@@ -10,7 +10,7 @@ from galerkin_ext.losses import (
     RelativeLoss,
     masked_relative_l2,
     relative_h1,
-    relative_h1_error,
+    relative_h1_seminorm,
     relative_l2,
 )
 
@@ -50,15 +50,15 @@ def test_masked_relative_loss_takes_a_weight_only_when_weighted():
     assert MaskedRelativeLoss()(pred, target, mask)[0] == masked_relative_l2(pred, target, mask)
 
 
-def test_relative_h1_error_checks_coeff_shape_and_pred_rank():
+def test_relative_h1_seminorm_checks_coeff_shape_and_pred_rank():
     pred = torch.rand(2, 5, 5, 1)
     grad = torch.rand(2, 5, 5, 2)
     with pytest.raises(ValueError, match=r"^coeff: expected the shape of pred \(2, 5, 5, 1\), "
                                          r"got \(2, 5, 5\)"):
-        relative_h1_error(pred, grad, 0.25, coeff=torch.ones(2, 5, 5))
+        relative_h1_seminorm(pred, grad, 0.25, coeff=torch.ones(2, 5, 5))
     with pytest.raises(ValueError, match=r"^pred: expected \(B, n, C\) in 1-D or \(B, n, n, 1\) "
                                          r"in 2-D, got \(2, 5\)"):
-        relative_h1_error(torch.rand(2, 5), torch.rand(2, 5), 0.25)
+        relative_h1_seminorm(torch.rand(2, 5), torch.rand(2, 5), 0.25)
 
 
 def test_relative_h1_needs_2d_fields():

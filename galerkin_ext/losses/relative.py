@@ -30,7 +30,7 @@ from .._scaling import largest_magnitude
 from ..data.datasets import central_gradient_1d, central_gradient_2d
 
 __all__ = ["MaskedRelativeLoss", "OperatorLoss", "RelativeLoss", "masked_relative_l2",
-           "relative_h1", "relative_h1_error", "relative_l2"]
+           "relative_h1", "relative_h1_seminorm", "relative_l2"]
 
 # "median": the continuum-attention paper's statistic (numpy's median: the mean of the two
 # middle values for an even count).
@@ -263,7 +263,7 @@ class MaskedRelativeLoss(nn.Module):
         return loss, {"rel_l2": loss.detach()}
 
 
-def relative_h1_error(
+def relative_h1_seminorm(
     pred: Tensor,
     target_grad: Tensor,
     h: float,
@@ -519,7 +519,7 @@ class OperatorLoss(nn.Module):
         if self.coefficient_weighted and coeff is None:
             raise ValueError("coeff: required when coefficient_weighted=True")
         assert self.h is not None  # checked in __init__ for gamma > 0
-        rel_h1 = relative_h1_error(pred, target_grad, self.h,
-                                   coeff if self.coefficient_weighted else None)
+        rel_h1 = relative_h1_seminorm(pred, target_grad, self.h,
+                                      coeff if self.coefficient_weighted else None)
         parts["rel_h1"] = rel_h1.detach()
         return rel_l2 + math.sqrt(self.gamma * self.h) * rel_h1, parts
