@@ -32,7 +32,8 @@ _MODELS: dict[str, tuple[Callable[..., nn.Module], dict[str, Any], str]] = {
         "(2,383,873 params)",
     ),
     "fno1d": (FNO1d, {}, "FNO baseline, 1-D: width 64, 16 modes, 4 layers (549,569 params)"),
-    "fno2d": (FNO2d, {}, "FNO baseline, 2-D: width 32, 12 modes, 4 layers (2,368,001 params)"),
+    "fno2d": (FNO2d, {}, "FNO baseline, 2-D: width 32, modes k₁ ∈ [-12, 12), k₂ ∈ [0, 12), "
+              "4 layers (2,368,001 params)"),
     # Continuum attention (SPEC-continuum §2): TNO forward(u (B, N, d_u), x (N, d), weight).
     "tno_l63": (TNO, {"in_dim": 1, "out_dim": 2, "domain_dim": 1, "token0_dim": 4},
                 "TNO, Lorenz-63 (a): x and the token [x0, y0, z0, t0] -> (y, z); 128 wide, "
@@ -45,7 +46,8 @@ _MODELS: dict[str, tuple[Callable[..., nn.Module], dict[str, Any], str]] = {
                   "TNO, Darcy 64^2: a -> u on the flattened grid (598,145 params)"),
     "fno_ca": (FNOChannelMLP, {},
                "FNO baseline of the continuum-attention paper (NeuralOperator layout): width "
-               "128, 12 modes, 4 layers, channel MLPs (5,671,553 params)"),
+               "128, n_modes 12 (k₁ ∈ [-6, 6), k₂ ∈ [0, 6]), 4 layers, channel MLPs "
+               "(5,671,553 params)"),
     "afno": (AFNO, {}, "AFNO baseline (PhysicsNeMo layout) on a 64^2 grid only: 128 wide, "
              "4 blocks, 8 diagonal blocks (1,088,641 params)"),
     "vitno": (ViTNO, {},
