@@ -6,8 +6,8 @@
     python examples/burgers.py --model fno --out runs/burgers_fno   # the FNO1d comparison row
 
 Data: generated once (SPEC §4) and cached, or ``--data burgers_data_R10.mat``.  The model is
-trained at ``--resolution`` points and, with ``--eval-n``, evaluated zero-shot at other resolutions
-(the same weights: attention and spectral layers do not depend on the grid size, except
+trained at ``--resolution`` points and, with ``--eval-resolution``, evaluated zero-shot at other
+resolutions (the same weights: attention and spectral layers do not depend on the grid size, except
 ``--attention linear``, whose attention term shrinks as 1/n: see galerkin_ext.layers.attention).
 ``--model fno`` trains the paper's FNO1d baseline (published size, output scaled the same way)
 with the same data, loss and trainer: its comparison rows.
@@ -87,7 +87,7 @@ def main(argv=None):
                         help="training resolution, dividing the stored one (paper: 512, 2048, "
                              "8192); --n is short for it, but not under torchrun, whose own "
                              "parser takes --n for one of its options")
-    parser.add_argument("--eval-n", type=positive_int, nargs="*", default=[],
+    parser.add_argument("--eval-resolution", type=positive_int, nargs="*", default=[],
                         help="also evaluate the trained model zero-shot at these resolutions")
     parser.add_argument("--model", choices=("transformer", "fno"), default="transformer",
                         help="the paper's transformer (default) or its FNO1d baseline (the "
@@ -100,8 +100,8 @@ def main(argv=None):
     if args.data is None:  # found now, not after the data are generated
         stored = cfg["data"]["resolution"]
         # (the zero-shot sets come from --eval-data where it is given: checked when read)
-        zero_shot = [] if args.eval_data else args.eval_n
-        for flag, n in (("--resolution", cfg["n"]), *(("--eval-n", n) for n in zero_shot)):
+        zero_shot = [] if args.eval_data else args.eval_resolution
+        for flag, n in (("--resolution", cfg["n"]), *(("--eval-resolution", n) for n in zero_shot)):
             if stored % n:
                 parser.error(f"{flag}: expected a divisor of the generated data's {stored} "
                              f"points, got {n}")
@@ -124,20 +124,21 @@ def main(argv=None):
                               target_normalizer=norm)
     # before training: a resolution the data cannot give fails now, not after hours
     zero_shot_sets = {}
-    for n in args.eval_n:
+    for n in args.eval_resolution:
         try:
             zero_shot_sets[n] = BurgersDataset(args.eval_data or data, "test", n, **eval_split,
                                                target_normalizer=norm)
         except DataMismatchError as err:  # the evaluation split itself was read: the grid
-            raise DataMismatchError(f"--eval-n {n}: {err}") from None
+            raise DataMismatchError(f"--eval-resolution {n}: {err}") from None
 
     # -- model, loss, training -----------------------------------------------------------------
     torch.manual_seed(cfg["train"]["seed"])  # the same initial weights in every process
     model = build_run_model(cfg, name)
     model.denormalizer.set_statistics(norm.mean, norm.std, eps=norm.eps)  # u = out * std + mean
     # every grid through the model's own checks before training: the spectral layers need
-    # n >= 2 modes - 2 points (--eval-n 16 failed after all of training)
-    for flag, n in (("--resolution", cfg["n"]), *((f"--eval-n {n}", n) for n in args.eval_n)):
+    # n >= 2 modes - 2 points (--eval-resolution 16 failed after all of training)
+    for flag, n in (("--resolution", cfg["n"]),
+                    *((f"--eval-resolution {n}", n) for n in args.eval_resolution)):
         try:
             check_model_grid(model, (n,), in_channels=1)
         except ValueError as err:

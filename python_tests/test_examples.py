@@ -130,7 +130,7 @@ def test_burgers_example(tmp_path):
     reproduces the reported metric when loaded into a fresh model."""
     out = tmp_path / "run"
     args = ("--data-dir", str(tmp_path / "cache"), "--n-train", "16", "--n-eval", "8",
-            "--n", "128", "--epochs", "2", "--eval-n", "256")
+            "--n", "128", "--epochs", "2", "--eval-resolution", "256")
     _run(_cmd("burgers.py", out, *args))
     m = _check_outputs(out, 2)
     assert len(list((tmp_path / "cache").glob("burgers_n24_r2048_*.h5"))) == 1
@@ -304,8 +304,8 @@ def test_bad_data_file_is_one_line_before_training(tmp_path):
     ("kolmogorov.py", ("--model", "fno", "--eval-resolution", "2"), 2,
      "argument --eval-resolution: expected at least 4 points per axis, got 2"),
     ("darcy_inverse.py", ("--noise", "-0.1"), 2, "argument --noise: expected a finite number >= 0"),
-    ("burgers.py", ("--eval-n", "1024", "1000"), 2,
-     "--eval-n: expected a divisor of the generated data's 2048 points, got 1000"),
+    ("burgers.py", ("--eval-resolution", "1024", "1000"), 2,
+     "--eval-resolution: expected a divisor of the generated data's 2048 points, got 1000"),
     ("darcy.py", ("--fine", "64", "--coarse", "70"), 2,
      "--fine/--coarse: coarse_resolution: expected at most resolution = 64"),
     ("darcy_inverse.py", ("--model", "fno", "--fine", "43", "--coarse", "13"), 2,
@@ -380,13 +380,14 @@ def test_inverse_targets_come_from_the_fine_grid_paired_with_the_coarse_one():
 
 
 def test_a_grid_too_coarse_for_the_model_is_refused_before_training(tmp_path, burgers_file):
-    """--eval-n 16 divides the data's points, but the spectral layers need n >= 2 modes - 2:
-    the run failed with a traceback after all of its training, writing no metrics."""
+    """--eval-resolution 16 divides the data's points, but the spectral layers need
+    n >= 2 modes - 2: the run failed with a traceback after all of its training, writing no
+    metrics."""
     stderr = _refused("burgers.py", tmp_path / "run", "--data", str(burgers_file), "--n-train",
-                      "8", "--n-eval", "4", "--n", "128", "--epochs", "1", "--eval-n", "16",
-                      status=2)
-    assert ("--eval-n 16: x: 16 points give 9 Fourier modes, fewer than modes = 16; expected "
-            "n >= 30") in stderr
+                      "8", "--n-eval", "4", "--n", "128", "--epochs", "1", "--eval-resolution",
+                      "16", status=2)
+    assert ("--eval-resolution 16: x: 16 points give 9 Fourier modes, fewer than modes = 16; "
+            "expected n >= 30") in stderr
 
 
 def test_resume_refuses_changed_settings(tmp_path, burgers_file):
@@ -575,7 +576,7 @@ def test_bad_command_lines_fail_clearly(tmp_path, burgers_file):
         # found before any training: a zero-shot resolution the data cannot give, an --out
         # that cannot be a folder
         (("--data", str(burgers_file), "--n", "128", "--n-train", "8", "--n-eval", "8",
-          "--eval-n", "100"), "--eval-n 100: resolution must divide"),
+          "--eval-resolution", "100"), "--eval-resolution 100: resolution must divide"),
         (("--data", str(burgers_file), "--n", "128", "--n-train", "8", "--n-eval", "8",
           "--out", str(burgers_file)), "out_dir: cannot write to"),
         # one-line argparse errors, not tracebacks
@@ -948,7 +949,7 @@ def test_galerkin_examples_enforce_the_thresholds_of_an_unchanged_preset(tmp_pat
 
 
 def test_burgers_eval_n_is_checked_against_the_eval_data(tmp_path):
-    """With --eval-data the zero-shot sets come from that file, but --eval-n was checked
+    """With --eval-data the zero-shot sets come from that file, but --eval-resolution was checked
     against the generated training data's resolution: a valid run was refused."""
     from galerkin_ext.data.storage import DataMismatchError
 
@@ -964,10 +965,10 @@ def test_burgers_eval_n_is_checked_against_the_eval_data(tmp_path):
                                  solve_resolution=64, seed=7, progress=False)
     common = ["--device", "cpu", "--no-progress", "--data-dir", str(tmp_path / "cache"),
               "--threads", str(torch.get_num_threads()), "--eval-data", str(eval_file)]
-    burgers.main([*common, "--out", str(tmp_path / "run"), "--eval-n", "512"])
+    burgers.main([*common, "--out", str(tmp_path / "run"), "--eval-resolution", "512"])
     assert set(_metrics(tmp_path / "run")["zero_shot_rel_l2"]) == {"512"}
-    with pytest.raises(DataMismatchError, match="^--eval-n 384: "):  # checked on the file
-        burgers.main([*common, "--out", str(tmp_path / "bad"), "--eval-n", "384"])
+    with pytest.raises(DataMismatchError, match="^--eval-resolution 384: "):  # checked on the file
+        burgers.main([*common, "--out", str(tmp_path / "bad"), "--eval-resolution", "384"])
     assert not (tmp_path / "bad" / "last.pt").exists()
 
 
