@@ -3,6 +3,7 @@ through the public API, each branch with its result checked."""
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 
@@ -20,6 +21,7 @@ from galerkin_ext.training import (
     default_cache_dir,
     describe_device,
     describe_grid,
+    enforce_thresholds,
     evaluation_only,
     experiment_parser,
     normalizer_config,
@@ -63,6 +65,14 @@ def test_resolve_config_checks_and_raises_a_small_sample_count(tmp_path):
         resolve_config(PRESETS, args, experiment="")
     with pytest.raises(ValueError, match=r"presets\['p'\]: missing keys \['model', 'train'\]"):
         resolve_config({"p": {"data": {}, "n_train": 1, "n_eval": 1}}, args, experiment="t")
+
+
+def test_n_eval_overrides_the_presets_evaluation_count(tmp_path):
+    """--n-eval replaces the preset's n_eval, and the generated data grow to hold it (4 + 5
+    samples); without it the preset's 2 stay."""
+    cfg = resolve_config(PRESETS, _args(tmp_path, "--n-eval", "5"), experiment="t")
+    assert (cfg["n_eval"], cfg["data"]["n_samples"]) == (5, 9)
+    assert resolve_config(PRESETS, _args(tmp_path), experiment="t")["n_eval"] == 2
 
 
 def test_resolve_config_refuses_in_one_line_what_failed_later_with_a_traceback(tmp_path):
@@ -144,6 +154,46 @@ def test_small_argument_checks(tmp_path):
         normalizer_config(x=torch.nn.Linear(1, 1))
     with pytest.raises(ValueError, match="problem: expected one of .*got 'foo'"):
         cached_data("foo", tmp_path)
+
+
+def test_metrics_json_records_the_best_epoch_not_the_last(tmp_path, capsys):
+    """metrics.json's best_epoch is the epoch whose model was kept (Trainer.fit's best_epoch,
+    here 2 of 5 epochs), not the number of epochs run."""
+    from galerkin_ext.training import DistributedContext
+
+    result = {"best_epoch": 2, "best_metric": 0.1, "epochs": 5, "train_seconds": 3.0,
+              "history": [{"epoch": e} for e in range(1, 6)]}
+    write_metrics(tmp_path, result, torch.nn.Linear(2, 1), DistributedContext(), {}, 0.2)
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert (written["best_epoch"], written["epochs"]) == (2, 5)
+    assert "best epoch 2: 1.0000e-01" in capsys.readouterr().out
+
+
+def test_reference_dropout_is_never_the_presets_run(tmp_path):
+    """--reference-dropout (the original code's always-on attention dropout) makes a run other
+    than the preset's, whose thresholds then do not apply: even where the preset names no
+    reference_dropout, so that the setting is not compared, and where it names it True."""
+    preset = {"data": {}, "n_train": 4, "n_eval": 2, "model": {}, "train": {"epochs": 1}}
+    parser = experiment_parser("doc", {"p": preset})
+
+    def run(*flags):
+        args = parser.parse_args(["--out", str(tmp_path / "o"), *flags])
+        return resolve_config({"p": preset}, args, experiment="t"), args
+
+    cfg, args = run()
+    assert preset_unchanged(cfg, preset, args)  # without the flag: the preset's run
+    cfg, args = run("--reference-dropout")
+    assert cfg["model"]["reference_dropout"] is True
+    assert not preset_unchanged(cfg, preset, args)
+    assert not preset_unchanged(cfg, {**preset, "model": {"reference_dropout": True}}, args)
+
+
+def test_a_value_equal_to_its_threshold_meets_it(capsys):
+    """Met means value <= threshold: a run that reaches its target exactly passes."""
+    report = threshold_report({"a": 0.25}, {"a": 0.25}, enforced=True)
+    assert report["checks"]["a"]["met"] is True
+    enforce_thresholds(report)  # no ThresholdError
+    assert "threshold a: 2.5000e-01 <= 2.5000e-01? ok" in capsys.readouterr().out
 
 
 def test_describe_device_without_proc_cpuinfo(monkeypatch):
@@ -307,6 +357,43 @@ def test_error_summary_reports_physical_and_normalised_errors():
                       ("rel_l2_normalized", normalised.mean())):
         assert summary[key] == pytest.approx(float(want), rel=1e-10), key
     assert abs(summary["rel_l2_median"] - summary["rel_l2_median_normalized"]) > 0.1
+
+
+def test_error_summarys_median_of_an_even_count_is_the_mean_of_the_middle_two():
+    """Over 4 samples the medians are the means of the 2nd and 3rd smallest errors (torch's
+    median() gives the lower of the two), in physical and in normalised units."""
+    from galerkin_ext.data import UnitGaussianNormalizer
+    from galerkin_ext.training import error_summary
+
+    gen = torch.Generator().manual_seed(1)
+    n, count = 8, 4
+    grid = torch.linspace(0, 1, n, dtype=torch.float64)[:, None]
+    xs, targets = (torch.randn(count, n, 1, generator=gen, dtype=torch.float64) for _ in "ab")
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self):
+            return count
+
+        def __getitem__(self, i):
+            return {"x": xs[i], "grid": grid, "target": targets[i]}
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x, grid):
+            return 0.3 * x
+
+    norm = UnitGaussianNormalizer(5 + 2 * torch.randn(20, n, 1, generator=gen,
+                                                      dtype=torch.float64))
+    summary = error_summary(Scaled(), Pairs(), normalizer=norm, weighted=False)
+
+    def middle_two(p, t):  # per-sample relative L2 over the points, sorted
+        errors = sorted(((p - t).square().sum((1, 2)) / t.square().sum((1, 2))).sqrt().tolist())
+        assert errors[2] - errors[1] > 1e-3  # (two different middle values)
+        return (errors[1] + errors[2]) / 2
+
+    assert summary["rel_l2_median"] == pytest.approx(
+        middle_two(norm.decode(0.3 * xs), norm.decode(targets)), rel=1e-10)
+    assert summary["rel_l2_median_normalized"] == pytest.approx(
+        middle_two(0.3 * xs, targets), rel=1e-10)
 
 
 def test_command_line_threads_beat_the_presets(tmp_path):

@@ -181,6 +181,51 @@ def test_a_checkpoint_of_the_added_seeds_resumes_with_its_shuffles(tmp_path):
     assert load_checkpoint(last, "last")["seeding"] == 1
 
 
+class _Recording(_Linear1d):
+    """Records the index of every sample read, in order."""
+
+    def __init__(self, count):
+        super().__init__(count)
+        self.reads = []
+
+    def __getitem__(self, i):
+        self.reads.append(int(i))
+        return super().__getitem__(i)
+
+
+def test_each_epoch_shuffles_the_training_set_anew(tmp_path):
+    """The sampler is told each epoch's number: epoch e reads the samples in seed 0's order of
+    epoch e, torch's randperm seeded with e (not epoch 0's order again every epoch)."""
+    train = _Recording(8)
+    Trainer(_PointMLP(), OperatorLoss(), train, _Linear1d(4),
+            _config(epochs=2, batch_size=4, seed=0), tmp_path).fit()
+    assert train.reads == [i for e in range(2) for i in torch.randperm(
+        8, generator=torch.Generator().manual_seed(e)).tolist()]
+
+
+def test_a_seed_beyond_32_bits_seeds_numpy_with_both_of_its_words():
+    """NumPy's legacy generator takes 32-bit words: a seed of 2**40 + 5 (any int below 2**63
+    is a valid seed) seeds it with its low and high word, [5, 2**8]; the int itself is refused
+    by np.random.seed, and the low word alone gave seed 5's dataset draws."""
+    import random
+
+    from galerkin_ext.training.trainer import _seed_rngs
+
+    saved = torch.get_rng_state(), np.random.get_state(), random.getstate()  # noqa: NPY002
+    try:
+        draws = {}
+        for seed in (5, 2**40 + 5, 2**41 + 5):
+            _seed_rngs(seed)
+            draws[seed] = np.random.random_sample(4).tolist()  # noqa: NPY002
+    finally:
+        torch.set_rng_state(saved[0])
+        np.random.set_state(saved[1])  # noqa: NPY002
+        random.setstate(saved[2])
+    assert len({tuple(d) for d in draws.values()}) == 3
+    words = np.random.RandomState([5, 2**8])  # noqa: NPY002 (the legacy generator, as seeded)
+    assert draws[2**40 + 5] == words.random_sample(4).tolist()
+
+
 def test_the_weighted_metric_names_a_missing_grid_key():
     metric = relative_l2_metric(grid_key="coords")
     with pytest.raises(KeyError, match=r"grid_key: the batch has no 'coords' \(keys \['grid', "
@@ -197,6 +242,39 @@ def test_resume_refuses_a_checkpoint_of_another_number_of_processes(tmp_path):
                                                      "rng": state["rng"] * 2})
     with pytest.raises(CheckpointError, match="it was written by 2 processes, this run has 1"):
         _trainer(tmp_path, epochs=1).fit(resume=True)
+
+
+def _small(out):  # (the same settings each time: a resumption compares them)
+    torch.manual_seed(0)
+    return Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4), _config(), out)
+
+
+def test_a_staged_best_of_the_recorded_epoch_with_another_error_is_not_taken(tmp_path):
+    """best.next.pt is settled into best.pt only if it is the (epoch, error) last.pt records:
+    one of the same epoch with another error (another run's) is dropped, and the resumption
+    keeps the recorded best.pt (taken, it made the run refuse to resume)."""
+    _small(tmp_path).fit()
+    best = load_checkpoint(tmp_path / "best.pt", "best")
+    kept = (tmp_path / "best.pt").read_bytes()
+    save_checkpoint(tmp_path / "best.next.pt", "best", epoch=best["epoch"],
+                    model=best["model"], metric=best["metric"] + 0.5, config=best["config"])
+    result = _small(tmp_path).fit(resume=True)
+    assert (tmp_path / "best.pt").read_bytes() == kept
+    assert result["best_metric"] == best["metric"]
+    assert not (tmp_path / "best.next.pt").exists()
+
+
+def test_a_resumption_removes_a_staged_best_that_last_pt_does_not_record(tmp_path):
+    """A kill after best.next.pt, before last.pt, leaves a staged model of an epoch last.pt
+    does not record: the resumption deletes it (that epoch runs again) and keeps best.pt."""
+    _small(tmp_path).fit()
+    best = load_checkpoint(tmp_path / "best.pt", "best")
+    kept = (tmp_path / "best.pt").read_bytes()
+    save_checkpoint(tmp_path / "best.next.pt", "best", epoch=best["epoch"] + 1,
+                    model=best["model"], metric=best["metric"] / 2, config=best["config"])
+    _small(tmp_path).fit(resume=True)  # (nothing left to train)
+    assert not (tmp_path / "best.next.pt").exists()
+    assert (tmp_path / "best.pt").read_bytes() == kept
 
 
 def test_a_resumption_under_another_torch_says_so(tmp_path, capsys):
@@ -307,6 +385,60 @@ def test_the_metric_decodes_with_a_plain_normalizer_and_unweighted_norms():
     assert torch.allclose(got.double(), ref, rtol=1e-5)
     plain = relative_l2_metric(None, weighted=False)(pred, {"target": target})
     assert not torch.allclose(plain, got)  # the decoding mattered
+
+
+def test_the_default_metric_of_a_padded_ragged_batch_averages_its_channels():
+    """With a 'mask' the default metric is, per sample, the mean over the target's channels of
+    each channel's relative L2 over the valid points (a sum, or channel 0 alone, picked the
+    best epoch on another number); written out here with norms over the valid points."""
+    g = torch.Generator().manual_seed(0)
+    count, n = 3, 10
+    target = torch.randn(count, n, 2, generator=g, dtype=torch.float64)
+    noise = torch.randn(count, n, 2, generator=g, dtype=torch.float64)
+    pred = target + noise * torch.tensor([0.1, 0.7], dtype=torch.float64)  # unlike channels
+    valid = torch.arange(n) < torch.tensor([10, 7, 4])[:, None]
+    pred[~valid] = 1e3  # padding: not counted
+
+    class Padded(torch.utils.data.Dataset):
+        def __len__(self):
+            return count
+
+        def __getitem__(self, i):
+            return {"pred": pred[i], "target": target[i], "mask": valid[i]}
+
+    errors = per_sample_errors(torch.nn.Identity(), Padded(), forward=lambda m, b: b["pred"])
+    want = torch.stack([((pred[i, valid[i]] - target[i, valid[i]]).norm(dim=0)
+                         / target[i, valid[i]].norm(dim=0)).mean() for i in range(count)])
+    torch.testing.assert_close(errors, want, rtol=1e-12, atol=0)
+
+
+def test_an_epoch_trains_on_full_batches_only(tmp_path):
+    """The training loader drops the last, partial batch (the original code's drop_last): 10
+    samples in batches of 4 are 2 steps of 4 per epoch, never a third step of 2."""
+    sizes = []
+
+    def loss(pred, *rest):
+        sizes.append(pred.shape[0])
+        return OperatorLoss()(pred, *rest)
+
+    trainer = Trainer(_PointMLP(), loss, _Linear1d(10), _Linear1d(4),
+                      _config(epochs=2, batch_size=4), tmp_path)
+    assert trainer.steps_per_epoch == 2
+    trainer.fit()
+    assert sizes == [4] * 4
+
+
+def test_weight_decay_reaches_adamw(tmp_path):
+    """weight_decay > 0 trains with AdamW at that decay (not AdamW's default 0.01); 0 with
+    plain Adam."""
+    def optimizer(decay):
+        return Trainer(_PointMLP(), OperatorLoss(), _Linear1d(8), _Linear1d(4),
+                       _config(weight_decay=decay), tmp_path / str(decay)).optimizer
+
+    decayed = optimizer(0.05)
+    assert type(decayed) is torch.optim.AdamW
+    assert [group["weight_decay"] for group in decayed.param_groups] == [0.05]
+    assert type(optimizer(0.0)) is torch.optim.Adam
 
 
 class _FakeWriter:
