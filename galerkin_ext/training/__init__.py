@@ -22,8 +22,7 @@ and what the example scripts in ``examples/`` share.
   :class:`ThresholdError`, :func:`preset_unchanged`, :func:`add_patched_model_flags`,
   :func:`patched_model_options`, :func:`add_gnot_flags`, :func:`gnot_model_options`,
   :func:`baseline_model`, :func:`error_summary`,
-  :func:`describe_grid`, :func:`normalizer_config`, :func:`normalizers_from_config`,
-  :data:`ATTENTION_TYPES`
+  :func:`describe_grid`, :func:`normalizer_config`, :func:`normalizers_from_config`
   (:mod:`.experiment`).
 """
 
@@ -43,7 +42,6 @@ from .distributed import (
     setup_distributed,
 )
 from .experiment import (
-    ATTENTION_TYPES,
     DISCRETISATION_KEYS,
     VALIDATION_NORMALISED,
     ThresholdError,
@@ -100,7 +98,6 @@ from .trainer import (
 )
 
 __all__ = [
-    "ATTENTION_TYPES",
     "CHECKPOINT_FORMAT",
     "CheckpointError",
     "ConfigError",
