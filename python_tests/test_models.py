@@ -117,13 +117,16 @@ def test_build_model_errors():
         build_model("darcy", decoder="conv")
     with pytest.raises(ValueError, match="modes: expected at most 10"):
         build_model("darcy", fine=21, coarse=9)
-    # the decoder not built checks its arguments too (they were taken, whatever they were)
+    # the decoder not built checks its arguments too, then refuses them (they were dropped)
     for name, overrides, message in [
         ("darcy_inverse", {"modes": -1}, "modes: expected an int >= 1, got -1"),
         ("darcy_inverse", {"freq_dim": "wide"}, "freq_dim: expected an int >= 1, got 'wide'"),
         ("darcy_inverse", {"decoder_dim_feedforward": 0.5}, "decoder_dim_feedforward: "),
         ("darcy", {"decoder_hidden": -3}, "decoder_hidden: expected an int >= 1, got -3"),
-        # a valid width for the decoder not built was dropped silently
+        ("darcy_inverse", {"modes": 4}, "modes: only the spectral decoder has it, got 4 with "
+         "decoder='pointwise'"),
+        ("darcy_inverse", {"freq_dim": 8}, "freq_dim: only the spectral decoder has it, got 8 "
+         "with decoder='pointwise'"),
         ("darcy_inverse", {"decoder_dim_feedforward": 32}, "decoder_dim_feedforward: only the "
          "spectral decoder has it, got 32 with decoder='pointwise'"),
         ("darcy", {"decoder_hidden": 16}, "decoder_hidden: only the pointwise decoder has it, "

@@ -172,8 +172,8 @@ class SimpleTransformer2d(nn.Module):
         decoder: ``'spectral'`` (Darcy) or ``'pointwise'`` (inverse problem).
         output_grid: ``'fine'`` (up-sample to ``n``) or ``'coarse'`` (stay on ``m``).
         boundary: ``'dirichlet'`` (zero ring) or ``'free'``.
-        freq_dim, modes, decoder_dim_feedforward: the spectral decoder (the MLP width defaults
-            to ``4 * freq_dim``; refused with the pointwise decoder).
+        freq_dim, modes, decoder_dim_feedforward: the spectral decoder (default 32, 12 and
+            ``4 * freq_dim``; refused with the pointwise decoder).
         num_decoder_layers: spectral layers, or hidden layers of the pointwise decoder.
         decoder_hidden: width of the pointwise decoder (default ``d_model``; refused with the
             spectral decoder).
@@ -208,8 +208,8 @@ class SimpleTransformer2d(nn.Module):
         decoder: str = "spectral",
         output_grid: str = "fine",
         boundary: str = "dirichlet",
-        freq_dim: int = 32,
-        modes: int = 12,
+        freq_dim: int | None = None,
+        modes: int | None = None,
         num_decoder_layers: int = 2,
         decoder_dim_feedforward: int | None = None,
         decoder_hidden: int | None = None,
@@ -246,11 +246,10 @@ class SimpleTransformer2d(nn.Module):
             self.upsampler = CiNNUpsampler(d_model, d_model, up_sizes,
                                            activation=upsampler_activation,
                                            dropout=upsampler_dropout)
-        # Both decoders' arguments, the unused one's too: a wrong value is a mistake either way.
-        # A width given to the decoder not built would be dropped silently: refused.
-        check_int(freq_dim, "freq_dim")
-        check_int(modes, "modes")
-        for name, value, owner in (("decoder_dim_feedforward", decoder_dim_feedforward,
+        # A setting of the decoder not built would be dropped silently: refused.
+        for name, value, owner in (("freq_dim", freq_dim, "spectral"),
+                                   ("modes", modes, "spectral"),
+                                   ("decoder_dim_feedforward", decoder_dim_feedforward,
                                     "spectral"),
                                    ("decoder_hidden", decoder_hidden, "pointwise")):
             if value is not None:
@@ -258,6 +257,8 @@ class SimpleTransformer2d(nn.Module):
                 if decoder != owner:
                     raise ValueError(f"{name}: only the {owner} decoder has it, got {value} "
                                      f"with decoder={decoder!r}")
+        freq_dim = 32 if freq_dim is None else freq_dim
+        modes = 12 if modes is None else modes
         out_size = fine if output_grid == "fine" else coarse
         if decoder == "spectral" and out_size < 2 * modes:
             raise ValueError(f"modes: expected at most {out_size // 2} for the {out_size}×"
