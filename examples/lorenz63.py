@@ -139,9 +139,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cfg = resolve_config(PRESETS, args, experiment="lorenz63")
     cfg["task"] = args.task
-    dt = recorded_setting(parser, args.data, "dt", args.dt, "--dt")  # (the file's grid)
-    if dt is not None:
-        cfg["data"]["dt"] = dt
+    # the file's grid (dt None: a non-uniform one)
+    cfg["data"]["dt"] = recorded_setting(parser, args.data, "dt", args.dt, "--dt",
+                                         cfg["data"]["dt"])
     if args.eval_dt is not None:
         cfg["zero_shot"]["dt"] = args.eval_dt
     if args.eval_grid is not None:
@@ -233,9 +233,11 @@ def main(argv=None):
         pred, batch = predict(model, test_set, list(range(min(N_PLOT, len(test_set)))),
                               device=ctx.device, forward=point_set_forward(weight))
         decode = norms["target_normalizer"].decode
+        dt = cfg["data"]["dt"]
+        time_grid = "non-uniform grid" if dt is None else f"dt = {dt:g}"
         plot_1d(f"{args.out}/prediction.png", test_set.grid, decode(pred),
                 decode(batch["target"]), components=COMPONENTS[args.task], xlabel="t",
-                title=f"Lorenz-63 ({args.task}), TNO, dt = {cfg['data']['dt']:g}: test median "
+                title=f"Lorenz-63 ({args.task}), TNO, {time_grid}: test median "
                       f"rel. L2 {test['rel_l2_median']:.3e}")
         write_metrics(args.out, result, model, ctx, cfg, test["rel_l2"],
                       selection=VALIDATION_NORMALISED,

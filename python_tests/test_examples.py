@@ -704,6 +704,24 @@ def test_lorenz63_task_a_and_controlled_ode_examples(tmp_path):
     assert not fresh.exists()
 
 
+def test_an_ode_file_on_a_non_uniform_grid_fixes_the_time_grid(tmp_path):
+    """A --data file on grid (41) records no dt: a --dt was accepted and dropped, and without
+    one the preset's dt = 0.02 was recorded (and titled the picture) for a run on 301 uneven
+    times. --dt is refused; the run records dt None."""
+    from galerkin_ext.data import generate_cde
+
+    data = generate_cde(tmp_path / "c41.h5", n_samples=12, grid="nonuniform", progress=False)
+    tiny = ("--data", str(data), "--n-train", "6", "--n-valid", "3", "--n-eval", "3",
+            "--epochs", "1", "--batch-size", "6", "--eval-dt", "--eval-grid")
+    assert ("--dt: --data holds samples of dt = None, got 0.02 (leave --dt out)"
+            in _refused("controlled_ode.py", tmp_path / "x", *tiny, "--dt", "0.02", status=2))
+    out = tmp_path / "run"
+    _run(_cmd("controlled_ode.py", out, *tiny))
+    m = _metrics(out)
+    assert m["config"]["data"]["dt"] is None
+    assert m["train_grid"]["n_points"] == 301 and not m["train_grid"]["uniform"]
+
+
 @pytest.fixture(scope="module")
 def darcy_cache(tmp_path_factory) -> Path:
     """One data cache for the Darcy example runs: the sets are generated once."""

@@ -484,15 +484,19 @@ def recorded_parameter(data: str | os.PathLike[str], key: str) -> Any:
 
 
 def recorded_setting(parser: argparse.ArgumentParser, data: str | os.PathLike[str] | None,
-                     key: str, given: Any, flag: str) -> Any:
+                     key: str, given: Any, flag: str, default: Any) -> Any:
     """The generator parameter ``key`` that the ``--data`` file ``data`` records, which the
     command line cannot change: ``flag``'s ``given`` value must equal it (else the parser's
-    one-line error). ``given`` where there is no such file or record."""
-    stored = None if data is None else recorded_parameter(data, key)
-    if stored is None:
-        return given
+    one-line error). A recorded ``None`` counts (an ODE file on a non-uniform grid has no
+    ``dt``: a ``--dt`` was dropped, and the preset's recorded). Where there is no such file or
+    record: ``given``, or ``default`` where that is ``None``."""
+    recorded = None if data is None else _recorded_parameters(data)
+    if recorded is None or key not in recorded:
+        return default if given is None else given
+    stored = recorded[key]
     if given is not None and given != stored:
-        parser.error(f"{flag}: --data holds samples of {key} = {stored:g}, got {given:g} "
+        shown = "None" if stored is None else f"{stored:g}"
+        parser.error(f"{flag}: --data holds samples of {key} = {shown}, got {given:g} "
                      f"(leave {flag} out)")
     return stored
 
