@@ -37,6 +37,18 @@ def test_normalizer_constructor_checks():
     with pytest.raises(ValueError, match=r"theta: expected per-channel statistics of shape "
                                          r"\(c,\), got \(\)"):
         RaggedNormalizers(z, z, {}, scalar)
+    # one eps for all, as the state dict records it: z's own 1e-5 encoded otherwise than the
+    # 1e-8 it was saved with
+    with pytest.raises(ValueError, match=r"^query: its eps 1e-05 is not eps = 1e-08, which these "
+                                         r"normalisers share"):
+        RaggedNormalizers(z, z, {}, None, eps=1e-8)
+    fine = UnitGaussianNormalizer(torch.randn(5, 2, dtype=torch.float64), eps=1e-8)
+    with pytest.raises(ValueError, match=r"^inputs\['a'\]: its eps 1e-05 is not eps = 1e-08"):
+        RaggedNormalizers(fine, fine, {"a": z}, None, eps=1e-8)
+    norms = RaggedNormalizers(z, z, {"a": z}, None, eps=1e-5)
+    again = RaggedNormalizers.from_state_dict(norms.state_dict())
+    x = torch.randn(3, 2, dtype=torch.float64)
+    assert torch.equal(again.input_a.encode(x), z.encode(x))
 
 
 def test_fit_checks(rfile):

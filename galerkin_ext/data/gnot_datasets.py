@@ -93,13 +93,21 @@ class RaggedNormalizers(nn.Module):
             if norm is not None and norm.mean.ndim != 1:
                 raise ValueError(f"{name}: expected per-channel statistics of shape (c,), got "
                                  f"{tuple(norm.mean.shape)}")
+        eps = check_float(eps, "eps")
+        # The state dict records one eps for all (from_state_dict gives it to each): another
+        # one here would encode otherwise once saved and loaded.
+        for name, norm in (("query", query), ("target", target), ("theta", theta),
+                           *((f"inputs[{k!r}]", v) for k, v in inputs.items())):
+            if norm is not None and norm.eps != eps:
+                raise ValueError(f"{name}: its eps {norm.eps:g} is not eps = {eps:g}, which "
+                                 "these normalisers share")
         self.query = query
         self.target = target
         self._input_names = list(inputs)
         for name, norm in inputs.items():
             self.add_module(f"input_{name}", norm)
         self.theta = theta
-        self.register_buffer("eps", torch.tensor(check_float(eps, "eps"), dtype=torch.float64))
+        self.register_buffer("eps", torch.tensor(eps, dtype=torch.float64))
 
     @classmethod
     def fit(cls, data: RaggedArrays, eps: float = NORMALIZER_EPS) -> RaggedNormalizers:
