@@ -212,6 +212,10 @@ def test_cli(tmp_path, capsys):
         # the threshold at g = 0 does not move with the amplitude
         ({"coef": "piecewise", "sigma": 5.0}, ValueError, "sigma: only used with "
                                                            "coef='lognormal'"),
+        # a = exp(g) has no levels: they were dropped without a word
+        ({"coef": "lognormal", "high": 20.0}, ValueError, "high: only the piecewise "
+                                                          "coefficients have it"),
+        ({"coef": "lognormal", "low": 1.0}, ValueError, "low: only the piecewise"),
         ({"coef": "lognormal", "resolution": 2}, ValueError, "resolution"),
         ({"coef": "lognormal", "n_samples": 0}, ValueError, "n_samples"),
         # exp(g) overflows: found by the first sample, whose failure the same settings repeat
@@ -232,6 +236,9 @@ def test_bad_generator_arguments_leave_no_file(tmp_path, kwargs, err, match):
     [
         (rf.sample_darcy_coefficient, {"kind": "gaussian"}, "kind"),
         (rf.sample_darcy_coefficient, {"kind": "lognormal", "sigma": -1.0}, "sigma"),
+        (rf.sample_darcy_coefficient, {"kind": "lognormal", "low": 0.5},
+         r"^low: only the piecewise coefficient has it \(the lognormal one is exp\(g\)\), "
+         "got 0.5"),
         (rf.sample_neumann_grf_2d, {"sigma": float("nan")}, "sigma"),
         (rf.sample_neumann_grf_2d, {"sigma": "12"}, "sigma"),
     ],

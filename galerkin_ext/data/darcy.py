@@ -121,15 +121,17 @@ def sample_and_solve(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Worker task of the generator: coefficient sample ``index`` and its solution.
 
-    ``args = (seed, index, resolution, params)`` with ``params`` holding ``alpha``, ``tau``,
-    ``high``, ``low`` and ``f``, and for the continuum sets ``coef`` (``"piecewise"`` or
-    ``"lognormal"``) and ``sigma``; returns ``(a, u)``, each ``(K, K)``.  Sampling here, in the
-    worker, spreads it over the cores too.
+    ``args = (seed, index, resolution, params)`` with ``params`` holding ``alpha``, ``tau``
+    and ``f``, ``high`` and ``low`` (not for lognormal coefficients), and for the continuum
+    sets ``coef`` (``"piecewise"`` or ``"lognormal"``) and ``sigma``; returns ``(a, u)``, each
+    ``(K, K)``.  Sampling here, in the worker, spreads it over the cores too.
     """
     seed, index, resolution, p = args
+    kind = p.get("coef", SPEC_COEF)
+    levels = {} if kind == "lognormal" else {"high": p["high"], "low": p["low"]}
     a = sample_darcy_coefficient(
-        1, resolution, seed=seed, start=index, alpha=p["alpha"], tau=p["tau"],
-        high=p["high"], low=p["low"], kind=p.get("coef", SPEC_COEF), sigma=p.get("sigma", 1.0),
+        1, resolution, seed=seed, start=index, alpha=p["alpha"], tau=p["tau"], kind=kind,
+        sigma=p.get("sigma", 1.0), **levels,
     )[0]
     return a, _solve_one(a, np.full(a.shape, p["f"]))
 

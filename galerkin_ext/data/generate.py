@@ -65,7 +65,12 @@ from .ode import (
     solve_lorenz63,
     time_grid,
 )
-from .random_fields import DARCY_COEFFICIENTS, sample_periodic_grf_1d
+from .random_fields import (
+    DARCY_COEFFICIENTS,
+    PIECEWISE_HIGH,
+    PIECEWISE_LOW,
+    sample_periodic_grf_1d,
+)
 from .storage import ArraySpec, ChunkedWriter, check_output, run_chunks
 
 __all__ = ["generate_burgers", "generate_darcy", "generate_lorenz63", "generate_cde",
@@ -154,7 +159,7 @@ def generate_burgers(
 
 
 def _darcy_statistics(
-    coef: str, high: float
+    coef: str, high: float | None
 ) -> tuple[tuple[str, ...], Callable[[Arrays], Arrays]]:
     """Names and function of the summary fields of a continuum Darcy chunk."""
     if coef == "lognormal":
@@ -175,8 +180,8 @@ def generate_darcy(
     sigma: float | None = None,
     alpha: float = 2.0,
     tau: float | None = None,
-    high: float = 12.0,
-    low: float = 3.0,
+    high: float | None = None,
+    low: float | None = None,
     f: float = 1.0,
     chunk_size: int = 32,
     workers: int | None = None,
@@ -201,7 +206,8 @@ def generate_darcy(
     s = 64, alpha = 1.5 / 2 / 2.5 give a pooled std(log a) of 2.15 / 0.641 / 0.215, of which
     only alpha = 2 matches the 0.63 SPEC-continuum quotes.  Not checked against the arXiv PDF:
     no network here.)  The threshold does not depend on ``sigma``, so only ``"lognormal"``
-    takes one (``"piecewise"`` draws ``g`` with the default 12).  ``alpha`` must exceed 1.  The
+    takes one (``"piecewise"`` draws ``g`` with the default 12), and only the piecewise kinds
+    take ``high`` and ``low`` (default 12 and 3).  ``alpha`` must exceed 1.  The
     files record ``coef`` and ``sigma`` in ``parameters``, and the statistics ``log_a`` and
     ``u`` (lognormal) or ``a_at_high`` (its mean: the fraction of nodes at ``high``) and ``u``.
 
@@ -219,6 +225,11 @@ def generate_darcy(
         raise ValueError(f"sigma: only used with coef='lognormal' (SPEC.md's set has no "
                          f"amplitude, and 'piecewise' thresholds g at 0, which no amplitude "
                          f"moves), got {sigma!r}")
+    if coef == "lognormal":
+        for name, value in (("high", high), ("low", low)):
+            if value is not None:
+                raise ValueError(f"{name}: only the piecewise coefficients have it (the "
+                                 f"lognormal one is exp(g)), got {value!r}")
     legacy = coef is None
     n_samples = check_int((2048 if legacy else 4000) if n_samples is None else n_samples,
                           "n_samples")
@@ -230,10 +241,11 @@ def generate_darcy(
         "alpha": check_float(alpha, "alpha", low=1.0),
         "tau": check_float((3.0 if legacy else 6.0) if tau is None else tau, "tau",
                            low_inclusive=True),
-        "high": check_float(high, "high"),
-        "low": check_float(low, "low"),
-        "f": check_float(f, "f", low=-math.inf),
     }
+    if coef != "lognormal":  # (the records' key order as before: alpha, tau, high, low, f)
+        params["high"] = check_float(PIECEWISE_HIGH if high is None else high, "high")
+        params["low"] = check_float(PIECEWISE_LOW if low is None else low, "low")
+    params["f"] = check_float(f, "f", low=-math.inf)
     if params["f"] == 0:  # every solution would be 0, with no relative error to learn
         raise ValueError("f: expected a non-zero forcing, got 0")
     if not legacy:
@@ -246,13 +258,11 @@ def generate_darcy(
         raise TypeError(f"executor must be a concurrent.futures.Executor, got {executor!r}")
     stored = dict(params, resolution=resolution,
                   method="5-point FD, arithmetic-mean faces, SuperLU (MMD, symmetric mode)")
-    if coef == "lognormal":  # unused by this kind: kept out of the record
-        del stored["high"], stored["low"]
     a_dtype = "f8" if coef == "lognormal" else "f4"
     # SPEC.md's files stay as they were: no statistics record
     # (cast: coef is None only for the legacy files)
     names, statistics = ((), None) if legacy else _darcy_statistics(cast(str, coef),
-                                                                      params["high"])
+                                                                      params.get("high"))
     writer = ChunkedWriter.open(
         out, generator="darcy", parameters=stored, seed=seed, n_samples=n_samples,
         chunk_size=chunk_size, resume=resume, overwrite=overwrite,

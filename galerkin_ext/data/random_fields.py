@@ -152,7 +152,12 @@ def sample_neumann_grf_2d(
     return _cosine_series_on_nodes(coef)
 
 
-def threshold_coefficient(field: np.ndarray, high: float = 12.0, low: float = 3.0) -> np.ndarray:
+#: SPEC.md's coefficient values: ``high`` where the field is >= 0, else ``low``.
+PIECEWISE_HIGH, PIECEWISE_LOW = 12.0, 3.0
+
+
+def threshold_coefficient(field: np.ndarray, high: float = PIECEWISE_HIGH,
+                          low: float = PIECEWISE_LOW) -> np.ndarray:
     """Piecewise-constant coefficient: ``high`` where ``field >= 0``, else ``low``; same shape."""
     field = np.asarray(field)
     if not np.issubdtype(field.dtype, np.floating):
@@ -172,15 +177,16 @@ def sample_darcy_coefficient(
     start: int = 0,
     alpha: float = 2.0,
     tau: float = 3.0,
-    high: float = 12.0,
-    low: float = 3.0,
+    high: float | None = None,
+    low: float | None = None,
     kind: str = "piecewise",
     sigma: float = 1.0,
 ) -> np.ndarray:
     """The Darcy coefficient of the field ``g`` of :func:`sample_neumann_grf_2d`.
 
-    ``kind="piecewise"``: ``high`` where ``g >= 0``, else ``low`` (the default arguments give
-    SPEC.md's coefficient); ``kind="lognormal"``: ``exp(g)`` (``high``/``low`` unused).
+    ``kind="piecewise"``: ``high`` where ``g >= 0``, else ``low`` (default 12 and 3: the
+    default arguments give SPEC.md's coefficient); ``kind="lognormal"``: ``exp(g)``, which
+    refuses ``high`` and ``low``.
     Returns shape ``(n_samples, K, K)``, float64.
 
     Raises:
@@ -188,11 +194,17 @@ def sample_darcy_coefficient(
             first such sample.
     """
     check_choice(kind, "kind", DARCY_COEFFICIENTS)
+    if kind == "lognormal":  # they would be dropped without a word
+        for name, value in (("high", high), ("low", low)):
+            if value is not None:
+                raise ValueError(f"{name}: only the piecewise coefficient has it (the lognormal "
+                                 f"one is exp(g)), got {value!r}")
     field = sample_neumann_grf_2d(
         n_samples, resolution, seed=seed, start=start, alpha=alpha, tau=tau, sigma=sigma
     )
     if kind == "piecewise":
-        return threshold_coefficient(field, high, low)
+        return threshold_coefficient(field, PIECEWISE_HIGH if high is None else high,
+                                     PIECEWISE_LOW if low is None else low)
     with np.errstate(over="ignore", under="ignore"):
         a = np.exp(field)
     bad = ~(np.isfinite(a) & (a > 0)).reshape(len(a), -1).all(axis=1)
