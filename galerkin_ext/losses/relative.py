@@ -405,7 +405,8 @@ class RelativeLoss(nn.Module):
     mean of per-sample relative errors.
 
     * ``norm='l2'``: :func:`relative_l2`, with the points' quadrature ``weight`` if given
-      (shape ``grid`` of the training data; ``None``: plain sums);
+      (shape ``grid`` of the training data; ``None``: plain sums); ``h`` is unused (checked,
+      so that a script may pass its grid's spacing whatever the norm);
     * ``norm='h1'``: :func:`relative_h1` at the physical spacing ``h`` (2-D);
     * ``norm='h1-code'``: the authors' ``(||e|| + ||grad e||) / (||y|| + ||grad y||)`` at index
       spacing (``h`` is ignored), with their differences (:func:`relative_h1`'s ``'sum'``).
