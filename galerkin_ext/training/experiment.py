@@ -76,7 +76,6 @@ from .trainer import (
 )
 
 __all__ = [
-    "ATTENTION_TYPES",
     "DISCRETISATION_KEYS",
     "ThresholdError",
     "VALIDATION_NORMALISED",
