@@ -169,6 +169,26 @@ def test_metrics_json_records_the_best_epoch_not_the_last(tmp_path, capsys):
     assert "best epoch 2: 1.0000e-01" in capsys.readouterr().out
 
 
+def test_write_metrics_refuses_an_extra_result_under_a_name_it_writes(tmp_path):
+    """An extra key such as 'epochs' overwrote the recorded value (or was overwritten, for
+    'history'); the script's own results come before the long config and history."""
+    from galerkin_ext.training import DistributedContext
+
+    result = {"best_epoch": 1, "best_metric": 0.1, "epochs": 2, "train_seconds": 3.0,
+              "history": [{"epoch": 1}, {"epoch": 2}]}
+    for taken in ("epochs", "command", "history"):
+        with pytest.raises(ValueError, match=f"^extra: {taken} is written by write_metrics "
+                                             "itself"):
+            write_metrics(tmp_path, result, torch.nn.Linear(2, 1), DistributedContext(),
+                          {"n": 4}, 0.2, **{taken: 7})
+        assert not (tmp_path / "metrics.json").exists()
+    write_metrics(tmp_path, result, torch.nn.Linear(2, 1), DistributedContext(), {"n": 4}, 0.2,
+                  zero_shot={"64": 0.3})
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert list(written)[-3:] == ["zero_shot", "config", "history"]
+    assert written["config"] == {"n": 4} and written["epochs"] == 2
+
+
 def test_reference_dropout_is_never_the_presets_run(tmp_path):
     """--reference-dropout (the original code's always-on attention dropout) makes a run other
     than the preset's, whose thresholds then do not apply: even where the preset names no

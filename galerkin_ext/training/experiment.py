@@ -728,8 +728,9 @@ def write_metrics(
 
     Keys: ``test_rel_l2``, ``best_epoch``, ``epochs``, ``train_seconds`` (summed over resumed
     sessions), ``n_params``, ``device``, ``device_name`` (:func:`describe_device`),
-    ``world_size``, ``command`` (this process's command line), ``config``, ``history``, then
-    ``extra``.  ``result`` is what :meth:`~galerkin_ext.training.Trainer.fit` returned.
+    ``world_size``, ``command`` (this process's command line), then ``extra`` (the script's own
+    results, ahead of the long entries), ``config`` and ``history``.  ``result`` is what
+    :meth:`~galerkin_ext.training.Trainer.fit` returned.
     """
     if not isinstance(result, Mapping) or "history" not in result:
         raise TypeError("result: expected the dict returned by Trainer.fit")
@@ -738,9 +739,12 @@ def write_metrics(
         "epochs": result["epochs"], "train_seconds": result["train_seconds"],
         "n_params": parameter_count(model), "device": str(ctx.device),
         "device_name": describe_device(ctx.device), "world_size": ctx.world_size,
-        "command": command_line(), **extra, "config": dict(config),
-        "history": result["history"],
+        "command": command_line(),
     }
+    taken = sorted(set(extra) & {*metrics, "history"})
+    if taken:  # one of the two values would be lost without a word
+        raise ValueError(f"extra: {', '.join(taken)} is written by write_metrics itself")
+    metrics.update(extra, config=dict(config), history=result["history"])
     write_json(Path(out_dir) / "metrics.json", metrics)
     # the best epoch's figure is on the set that picked it (a validation split where the
     # script has one), which need not be the set, nor the units, of test_rel_l2
