@@ -3,6 +3,7 @@ through the public API, each branch with its result checked."""
 
 import errno
 import json
+import math
 import os
 
 import pytest
@@ -54,6 +55,20 @@ def test_write_json_indents_a_list_of_objects(tmp_path):
     text = path.read_text()
     assert json.loads(text) == data
     assert '"rows": [\n' in text and '"flat": [1, 2]' in text
+
+
+def test_write_json_writes_nan_and_reads_it_back(tmp_path):
+    """A NaN metric (a diverged run's error, a missed threshold's value) is written as
+    Python's json writes it, the token NaN, and read back as NaN: write_json does not fail,
+    nor turn it into null, inside objects or in one-line arrays of numbers."""
+    nan = float("nan")
+    path = write_json(tmp_path / "m.json", {"test_rel_l2": nan, "history": [1.5, nan],
+                                           "checks": {"a": {"value": nan, "met": False}}})
+    text = path.read_text()
+    assert '"test_rel_l2": NaN' in text and '"history": [1.5, NaN]' in text
+    back = json.loads(text)
+    assert math.isnan(back["test_rel_l2"]) and math.isnan(back["checks"]["a"]["value"])
+    assert back["history"][0] == 1.5 and math.isnan(back["history"][1])
 
 
 def test_the_digest_covers_each_tensors_shape(tmp_path):

@@ -264,6 +264,20 @@ def test_a_staged_best_of_the_recorded_epoch_with_another_error_is_not_taken(tmp
     assert not (tmp_path / "best.next.pt").exists()
 
 
+def test_a_resumption_refuses_a_best_pt_of_the_recorded_epoch_with_another_error(tmp_path):
+    """best.pt must be the (epoch, error) last.pt records: a fresh run in the folder, killed
+    after its first best.pt, leaves one of the same epoch 1 with its own error, which the
+    resumption would have returned as this run's best model (the epoch alone matches)."""
+    _small(tmp_path).fit()
+    best = load_checkpoint(tmp_path / "best.pt", "best")
+    save_checkpoint(tmp_path / "best.pt", "best", epoch=1, model=best["model"],
+                    metric=best["metric"] + 0.5, config=best["config"])
+    with pytest.raises(CheckpointError, match=r"records epoch 1 \(error .*\) as the best, "
+                                              r"but .*best\.pt' holds epoch 1 \(error .*, of "
+                                              r"another run"):
+        _small(tmp_path).fit(resume=True)
+
+
 def test_a_resumption_removes_a_staged_best_that_last_pt_does_not_record(tmp_path):
     """A kill after best.next.pt, before last.pt, leaves a staged model of an epoch last.pt
     does not record: the resumption deletes it (that epoch runs again) and keeps best.pt."""
@@ -275,6 +289,28 @@ def test_a_resumption_removes_a_staged_best_that_last_pt_does_not_record(tmp_pat
     _small(tmp_path).fit(resume=True)  # (nothing left to train)
     assert not (tmp_path / "best.next.pt").exists()
     assert (tmp_path / "best.pt").read_bytes() == kept
+
+
+def test_a_fresh_run_removes_a_staged_best_before_its_first_epoch(tmp_path):
+    """A run stopped before its first last.pt leaves its staged best.next.pt: the next run
+    started afresh deletes it at once, before any epoch (not left beside the new run's files
+    until an improving epoch overwrites it)."""
+    _small(tmp_path).fit()
+    best = load_checkpoint(tmp_path / "best.pt", "best")
+    save_checkpoint(tmp_path / "best.next.pt", "best", epoch=3, model=best["model"],
+                    metric=best["metric"] / 2, config=best["config"])
+    fresh, calls = _small(tmp_path), []
+
+    def stopping(pred, batch):  # the first epoch's evaluation (1: the check before training)
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return torch.ones(pred.shape[0])
+
+    fresh.metric = stopping
+    with pytest.raises(KeyboardInterrupt):
+        fresh.fit()
+    assert not (tmp_path / "best.next.pt").exists()
 
 
 def test_a_resumption_under_another_torch_says_so(tmp_path, capsys):
