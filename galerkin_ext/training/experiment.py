@@ -486,9 +486,9 @@ def recorded_setting(parser: argparse.ArgumentParser, data: str | os.PathLike[st
                      key: str, given: Any, flag: str, default: Any) -> Any:
     """The generator parameter ``key`` that the ``--data`` file ``data`` records, which the
     command line cannot change: ``flag``'s ``given`` value must equal it (else the parser's
-    one-line error). A recorded ``None`` counts (an ODE file on a non-uniform grid has no
-    ``dt``: a ``--dt`` was dropped, and the preset's recorded). Where there is no such file or
-    record: ``given``, or ``default`` where that is ``None``."""
+    one-line error). A recorded ``None`` counts: an ODE file on a non-uniform grid records
+    ``dt`` None, and a ``--dt`` must then be left out. Where there is no such file or record:
+    ``given``, or ``default`` where that is ``None``."""
     recorded = None if data is None else _recorded_parameters(data)
     if recorded is None or key not in recorded:
         return default if given is None else given
