@@ -305,10 +305,11 @@ def test_normalizer_validation():
         UnitGaussianNormalizer(data)
 
 
-@pytest.mark.parametrize("scale", [1e-160, 1e160])
+@pytest.mark.parametrize("scale", [1e-160, 1e160, 3e307])
 def test_normalizer_statistics_at_extreme_scales(scale, gen):
-    """The std is taken on the data over its largest magnitude: squares of 1e160 overflowed
-    float64 (std inf, every encoded value 0)."""
+    """The sums are taken on the data over its largest magnitude: squares of 1e160 overflowed
+    float64 (std inf, every encoded value 0), and so did sums and differences of values near
+    1e308 (mean inf, every encoded value NaN)."""
     data = torch.randn(50, 3, generator=gen, dtype=torch.float64)
     data[:, 2] = 1.0  # a constant channel keeps std 0
     norm, scaled = UnitGaussianNormalizer(data), UnitGaussianNormalizer(data * scale)

@@ -67,8 +67,8 @@ def test_normalizer_statistics_are_taken_a_block_of_samples_at_a_time(block, mon
         torch.testing.assert_close(norm.mean, ref.mean(0), rtol=1e-15, atol=0)
         torch.testing.assert_close(norm.std, ref.std(0, correction=correction), rtol=1e-12,
                                    atol=0)
-    norm = UnitGaussianNormalizer(data)
-    assert norm.mean[1, 2] == -2.5 and norm.std[1, 2] == 0
+    norm = UnitGaussianNormalizer(data.clone().requires_grad_())  # fitted on the values only
+    assert norm.mean[1, 2] == -2.5 and norm.std[1, 2] == 0 and not norm.mean.requires_grad
     one = UnitGaussianNormalizer(data[:1])
     assert torch.equal(one.mean, data[0]) and not one.std.any()
     data[11, 2, 4] = float("-inf")
