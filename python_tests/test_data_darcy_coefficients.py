@@ -237,7 +237,7 @@ def test_bad_generator_arguments_leave_no_file(tmp_path, kwargs, err, match):
         (rf.sample_darcy_coefficient, {"kind": "gaussian"}, "kind"),
         (rf.sample_darcy_coefficient, {"kind": "lognormal", "sigma": -1.0}, "sigma"),
         (rf.sample_darcy_coefficient, {"kind": "lognormal", "low": 0.5},
-         r"^low: only the piecewise coefficient has it \(the lognormal one is exp\(g\)\), "
+         r"^low: only the piecewise coefficients have it \(the lognormal one is exp\(g\)\), "
          "got 0.5"),
         (rf.sample_neumann_grf_2d, {"sigma": float("nan")}, "sigma"),
         (rf.sample_neumann_grf_2d, {"sigma": "12"}, "sigma"),

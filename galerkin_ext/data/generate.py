@@ -65,12 +65,7 @@ from .ode import (
     solve_lorenz63,
     time_grid,
 )
-from .random_fields import (
-    DARCY_COEFFICIENTS,
-    PIECEWISE_HIGH,
-    PIECEWISE_LOW,
-    sample_periodic_grf_1d,
-)
+from .random_fields import DARCY_COEFFICIENTS, piecewise_levels, sample_periodic_grf_1d
 from .storage import ArraySpec, ChunkedWriter, check_output, run_chunks
 
 __all__ = ["generate_burgers", "generate_darcy", "generate_lorenz63", "generate_cde",
@@ -225,11 +220,7 @@ def generate_darcy(
         raise ValueError(f"sigma: only used with coef='lognormal' (SPEC.md's set has no "
                          f"amplitude, and 'piecewise' thresholds g at 0, which no amplitude "
                          f"moves), got {sigma!r}")
-    if coef == "lognormal":
-        for name, value in (("high", high), ("low", low)):
-            if value is not None:
-                raise ValueError(f"{name}: only the piecewise coefficients have it (the "
-                                 f"lognormal one is exp(g)), got {value!r}")
+    levels = piecewise_levels(coef, high, low)
     legacy = coef is None
     n_samples = check_int((2048 if legacy else 4000) if n_samples is None else n_samples,
                           "n_samples")
@@ -242,9 +233,8 @@ def generate_darcy(
         "tau": check_float((3.0 if legacy else 6.0) if tau is None else tau, "tau",
                            low_inclusive=True),
     }
-    if coef != "lognormal":  # (the records' key order as before: alpha, tau, high, low, f)
-        params["high"] = check_float(PIECEWISE_HIGH if high is None else high, "high")
-        params["low"] = check_float(PIECEWISE_LOW if low is None else low, "low")
+    if levels is not None:  # (the records' key order as before: alpha, tau, high, low, f)
+        params["high"], params["low"] = levels
     params["f"] = check_float(f, "f", low=-math.inf)
     if params["f"] == 0:  # every solution would be 0, with no relative error to learn
         raise ValueError("f: expected a non-zero forcing, got 0")

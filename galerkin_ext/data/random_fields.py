@@ -156,6 +156,21 @@ def sample_neumann_grf_2d(
 PIECEWISE_HIGH, PIECEWISE_LOW = 12.0, 3.0
 
 
+def piecewise_levels(kind: str | None, high: float | None,
+                     low: float | None) -> tuple[float, float] | None:
+    """``(high, low)`` of a piecewise coefficient (``kind`` ``'piecewise'``, or ``None`` for
+    SPEC.md's), default 12 and 3; ``None`` for the lognormal one, which refuses them (they
+    would be dropped without a word)."""
+    if kind == "lognormal":
+        for name, value in (("high", high), ("low", low)):
+            if value is not None:
+                raise ValueError(f"{name}: only the piecewise coefficients have it (the "
+                                 f"lognormal one is exp(g)), got {value!r}")
+        return None
+    return (check_float(PIECEWISE_HIGH if high is None else high, "high"),
+            check_float(PIECEWISE_LOW if low is None else low, "low"))
+
+
 def threshold_coefficient(field: np.ndarray, high: float = PIECEWISE_HIGH,
                           low: float = PIECEWISE_LOW) -> np.ndarray:
     """Piecewise-constant coefficient: ``high`` where ``field >= 0``, else ``low``; same shape."""
@@ -194,17 +209,12 @@ def sample_darcy_coefficient(
             first such sample.
     """
     check_choice(kind, "kind", DARCY_COEFFICIENTS)
-    if kind == "lognormal":  # they would be dropped without a word
-        for name, value in (("high", high), ("low", low)):
-            if value is not None:
-                raise ValueError(f"{name}: only the piecewise coefficient has it (the lognormal "
-                                 f"one is exp(g)), got {value!r}")
+    levels = piecewise_levels(kind, high, low)
     field = sample_neumann_grf_2d(
         n_samples, resolution, seed=seed, start=start, alpha=alpha, tau=tau, sigma=sigma
     )
-    if kind == "piecewise":
-        return threshold_coefficient(field, PIECEWISE_HIGH if high is None else high,
-                                     PIECEWISE_LOW if low is None else low)
+    if levels is not None:
+        return threshold_coefficient(field, *levels)
     with np.errstate(over="ignore", under="ignore"):
         a = np.exp(field)
     bad = ~(np.isfinite(a) & (a > 0)).reshape(len(a), -1).all(axis=1)
