@@ -109,7 +109,6 @@ __all__ = [
     "patched_model_options",
     "preset_unchanged",
     "record_data_files",
-    "recorded_parameter",
     "recorded_setting",
     "resolve_config",
     "run_main",
@@ -474,12 +473,6 @@ def _recorded_parameters(data: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     identity = data_identity(data)
     return json.loads(identity["parameters"]) if "parameters" in identity else None
-
-
-def recorded_parameter(data: str | os.PathLike[str], key: str) -> Any:
-    """The generator parameter ``key`` the data file ``data`` records (e.g. the ODE sets'
-    ``dt``), or ``None``: not recorded, or not a file of the package's generators."""
-    return (_recorded_parameters(data) or {}).get(key)
 
 
 def recorded_setting(parser: argparse.ArgumentParser, data: str | os.PathLike[str] | None,
