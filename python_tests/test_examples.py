@@ -966,7 +966,7 @@ def test_galerkin_examples_enforce_the_thresholds_of_an_unchanged_preset(tmp_pat
             assert not _metrics(tmp_path / f"{name}{i}")["thresholds"]["enforced"], flags
 
 
-def test_burgers_eval_n_is_checked_against_the_eval_data(tmp_path):
+def test_burgers_eval_resolution_is_checked_against_the_eval_data(tmp_path):
     """With --eval-data the zero-shot sets come from that file, but --eval-resolution was checked
     against the generated training data's resolution: a valid run was refused."""
     from galerkin_ext.data.storage import DataMismatchError
