@@ -93,6 +93,9 @@ def test_state_dict_round_trip_and_checks(train):
         RaggedNormalizers.from_state_dict({k: v for k, v in state.items() if k != "theta.std"})
     with pytest.raises(TypeError, match="config: expected a dict of statistics, got list"):
         RaggedNormalizers.from_config([])
+    # eps 0 passed this check and failed in the constructor under the name 'eps'
+    with pytest.raises(ValueError, match=r"^state\['eps'\]: expected a finite float > 0, got 0"):
+        RaggedNormalizers.from_state_dict({**state, "eps": 0.0})
 
 
 def test_normalizers_of_other_data_are_refused(rfile, train, tmp_path):

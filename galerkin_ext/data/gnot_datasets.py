@@ -168,7 +168,7 @@ class RaggedNormalizers(nn.Module):
                 raise ValueError(f"state['eps']: expected one number, got shape "
                                  f"{tuple(eps.shape)}")
             eps = eps.item()
-        eps = check_float(eps, "state['eps']", low_inclusive=True)
+        eps = check_float(eps, "state['eps']")  # > 0, as the constructor's
 
         def norm(prefix: str) -> UnitGaussianNormalizer:
             if f"{prefix}.std" not in state:
