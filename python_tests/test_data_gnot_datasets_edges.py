@@ -194,3 +194,52 @@ def test_sampler_checks_and_set_epoch_during_a_pass():
     assert sorted(sum([first, *rest], [])) == [0, 1, 2, 3, 4]
     assert [first, *rest] == s.batches(0) and s.epoch == 5
     assert list(s) == s.batches(5) and s.epoch == 6
+
+
+def test_items_hold_theta_normalised_by_the_training_statistics(rfile, train):
+    """θ is z-scored per component with the training split's unbiased statistics, in the items
+    of both splits and in a collated batch (the round trips elsewhere compare two datasets that
+    would both hold it raw)."""
+    raw = np.stack([synthetic(i)["theta"] for i in range(6)])
+    mean, std = raw[:4].mean(0), raw[:4].std(0, ddof=1)
+    expected = (raw - mean) / (std + 1e-8)
+    np.testing.assert_allclose(train[3]["theta"].numpy(), expected[3], rtol=1e-12)
+    test = RaggedDataset(rfile, "test", n_test=2, normalizers=train.normalizers,
+                         dtype=torch.float64)
+    np.testing.assert_allclose(test[1]["theta"].numpy(), expected[5], rtol=1e-12)
+    batch = collate_ragged([train[0], train[2]])
+    np.testing.assert_allclose(batch["theta"].numpy(), expected[[0, 2]], rtol=1e-12)
+
+
+def test_a_nan_at_a_samples_first_point_names_that_sample(rfile, tmp_path):
+    """The fit maps the first non-finite row to its sample: a NaN in the first target row of
+    sample 2 is sample 2's (the row at an offset belongs to the sample it starts)."""
+    bad = tmp_path / "nan.h5"
+    bad.write_bytes(rfile.read_bytes())
+    with h5py.File(bad, "r+") as f:
+        first = f["query/offsets"][2]
+        f["target/values"][first, 1] = np.nan
+    with pytest.raises(ValueError, match="data: target/values of sample 2 has NaN or infinity"):
+        RaggedNormalizers.fit(read_ragged(bad))
+
+
+def test_sampler_drop_last_keeps_a_complete_last_batch():
+    """With drop_last and N divisible by the batch size no batch is incomplete, so none is
+    dropped: 12 samples in batches of 4 are 3 batches holding every index."""
+    s = SizeBucketSampler(list(range(1, 13)), 4, bucket=8, seed=3, drop_last=True)
+    batches = list(s)
+    assert len(s) == len(batches) == 3
+    assert sorted(sum(batches, [])) == list(range(12))
+
+
+def test_sampler_shuffles_the_batches_across_and_within_buckets():
+    """The batches of one sorted bucket come out in a random order, which changes with the
+    epoch: not by increasing N (a sampler that left them in bucket order fed a model its
+    smallest sets first, every epoch alike)."""
+    lengths = list(range(1, 41))
+    s = SizeBucketSampler(lengths, 2, bucket=40, seed=0)
+    e0, e1 = s.batches(0), s.batches(1)
+    assert sorted(map(sorted, e0)) == sorted(map(sorted, e1)) == [[2 * i, 2 * i + 1]
+                                                                   for i in range(20)]
+    largest = [max(lengths[j] for j in b) for b in e0]
+    assert largest != sorted(largest) and e0 != e1
