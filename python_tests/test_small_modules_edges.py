@@ -469,3 +469,69 @@ def test_encoder_layer_norms_use_its_eps():
         want = written_out_layer_norm(h + layer.ffn(h))
         torch.testing.assert_close(layer(x), want, rtol=1e-12, atol=1e-12)
     assert [m.eps for m in layer.modules() if isinstance(m, torch.nn.LayerNorm)] == [eps, eps]
+
+
+def test_log_weight_bias_is_the_log_of_the_ratio_to_the_largest_weight():
+    """continuum_attention's key bias is log(w_j / max_j w), not log(w_j): constant weights give
+    an exact 0 (plain softmax attention, bit for bit), a zero weight -inf, and a sample without
+    keys 0 with has_keys false."""
+    weight = torch.tensor([[0.3] * 4, [0.5, 0.0, 2.0, 1e-3], [0.0] * 4], dtype=F64)
+    bias, has_keys = functional.log_weight_bias(weight, 3, 4)
+    expected = torch.tensor([[0.0] * 4,
+                             [math.log(0.25), -math.inf, 0.0, math.log(5e-4)],
+                             [0.0] * 4], dtype=F64)
+    torch.testing.assert_close(bias, expected, rtol=1e-15, atol=0)
+    assert torch.equal(bias[0], torch.zeros(4, dtype=F64))
+    assert has_keys.flatten().tolist() == [True, True, False]
+
+
+def test_fourier_attention_with_torch_masks_drops_the_n_by_n_matrix():
+    """With torch's masks (draw_torch_masks) the Fourier type still drops entries of its N × N
+    matrix in training, as the original code's F.dropout(attn), not of the factored d × d
+    product: the output against ((Q Kᵀ / sqrt(D) / N) ∘ mask) V with torch's mask from the same
+    seed."""
+    from galerkin_ext.layers import draw_torch_masks
+
+    layer = SimpleAttention(8, 2, "fourier", norm=None, attn_dropout=0.5).double().train()
+    draw_torch_masks(layer)
+    x = torch.randn(2, 7, 8, dtype=F64)
+    torch.manual_seed(5)
+    got = layer(x)
+    q, k, v = (lin(x).view(2, 7, 2, 4).transpose(1, 2).detach()
+               for lin in (layer.query, layer.key, layer.value))
+    torch.manual_seed(5)
+    mask = torch.nn.functional.dropout(torch.ones(2, 2, 7, 7, dtype=F64), 0.5)
+    heads = (q @ k.transpose(-2, -1) / 2.0 / 7 * mask) @ v  # 1 / sqrt(D), D = 4; W = 1/N
+    torch.testing.assert_close(got.detach(), heads.transpose(1, 2).reshape(2, 7, 8), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_encoder_layer_drops_both_residual_branches_in_training():
+    """EncoderLayer's ``dropout`` acts on the attention branch and on the feed-forward branch
+    (dropout1, dropout2), with ops.dropout's masks in that order; the sublayers themselves
+    drop nothing here (attn_dropout = ffn_dropout = 0)."""
+    layer = EncoderLayer(8, 2, norm=None, dropout=0.5, attn_dropout=0.0,
+                         ffn_dropout=0.0).double().train()
+    x = torch.randn(2, 6, 8, dtype=F64)
+    torch.manual_seed(9)
+    got = layer(x)
+    torch.manual_seed(9)
+    first, second = (ops.dropout(torch.ones(2, 6, 8, dtype=F64), 0.5) for _ in range(2))
+    with torch.no_grad():
+        mid = x + first * layer.attn(x)
+        expected = mid + second * layer.ffn(mid)
+    torch.testing.assert_close(got.detach(), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", [functional, ops])
+def test_normalized_attention_weights_near_float32_max_are_equal_weights(impl):
+    """Only the weights' ratios matter: float32 weights of 3e38 on 16 keys (each product
+    w_j k̃_j v_j summed over the keys overflows unless the weights are scaled first) give the
+    uniform result, checked against the float64 formula."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 5, 4, generator=gen)
+    k, v = torch.randn(1, 2, 16, 4, generator=gen), 4 + torch.rand(1, 2, 16, 4, generator=gen)
+    got = impl.normalized_attention(q, k, v, weight=torch.full((16,), 3e38))
+    products = q.double().softmax(-1) @ k.double().softmax(-1).transpose(-2, -1)
+    expected = (products @ v.double()) / products.sum(-1, keepdim=True)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
