@@ -74,6 +74,24 @@ def record_fsyncs_and_renames(monkeypatch) -> list[tuple]:
     return events
 
 
+def run_processes(worker, args: tuple, nprocs: int, timeout_s: float) -> None:
+    """``worker(rank, *args)`` in ``nprocs`` spawned processes, joined; a test failure naming
+    the timeout where they are not done in ``timeout_s`` (a stuck collective would otherwise
+    hang the suite), their exceptions re-raised by torch."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(worker, args=args, nprocs=nprocs, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{nprocs} processes did not finish in {timeout_s} s")
+
+
 class InterruptAt:
     """``real`` wrapped to raise KeyboardInterrupt, as Ctrl-C would, at its ``at``-th call (the
     generators' tests patch a solver with it to stop a run mid-way); ``calls`` counts them."""

@@ -15,7 +15,6 @@ import copy
 import json
 import os
 import pickle
-import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from galerkin_ext import domain, ops
@@ -524,20 +522,13 @@ def _worker(rank: int, world: int, init_file: str, seed: int, out_file: str) -> 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"world{w}")
 def results(request, tmp_path_factory) -> dict[str, dict]:
     """Every case's differences, on ``world`` gloo processes spawned once."""
-    from conftest import SEED
+    from conftest import SEED, run_processes
 
     world = request.param
     folder = tmp_path_factory.mktemp(f"domain_world{world}")
     out_file = folder / "results.json"
-    context = mp.start_processes(_worker, args=(world, str(folder / "init"), SEED,
-                                                str(out_file)),
-                                 nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{world} gloo processes did not finish in {SPAWN_TIMEOUT_S} s")
+    run_processes(_worker, (world, str(folder / "init"), SEED, str(out_file)), world,
+                  SPAWN_TIMEOUT_S)
     return json.loads(out_file.read_text())
 
 

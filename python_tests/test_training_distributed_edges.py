@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import run_processes
 
 from galerkin_ext.training import DistributedContext, cleanup_distributed, setup_distributed
 
@@ -52,14 +52,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 def ranks(tmp_path_factory) -> list[dict]:
     """Each rank's results, from 2 gloo processes spawned once."""
     folder = tmp_path_factory.mktemp("distributed")
-    context = mp.start_processes(_worker, args=(str(folder / "init"), str(folder)),
-                                 nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{WORLD} gloo processes did not finish in {SPAWN_TIMEOUT_S} s")
+    run_processes(_worker, (str(folder / "init"), str(folder)), WORLD, SPAWN_TIMEOUT_S)
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
