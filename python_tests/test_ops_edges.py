@@ -152,3 +152,19 @@ def test_even_split_gives_the_extra_points_to_the_first_ranks(monkeypatch):
     monkeypatch.setattr(domain.dist, "all_gather_object", gather)
     split = domain.DomainSplit.even(8)
     assert (split.counts, split.start, split.stop, split.local_n) == ((3, 3, 2), 6, 8, 2)
+
+
+def test_a_sample_without_keys_on_any_rank_gets_zero(gen, monkeypatch):
+    """Shards may be empty, and a sample may have no key on any rank: its partial sums are 0,
+    and so is its output, as for a sample whose weights are all 0 (dividing by the key count 0
+    gave NaN). The group is faked: two ranks whose shards are both empty."""
+    from galerkin_ext import domain
+
+    monkeypatch.setattr(domain, "_split_group", lambda group: "group")
+    monkeypatch.setattr(domain, "_group_sum", lambda s, extra, group: (s, extra))
+    monkeypatch.setattr(domain.dist, "get_world_size", lambda group=None: 2)
+    q = torch.randn(2, 2, 5, 3, generator=gen, dtype=F64)
+    none = torch.zeros(2, 2, 0, 3, dtype=F64)
+    for attention in (domain.galerkin_attention, domain.fourier_attention):
+        out = attention(q, none, none)
+        assert out.shape == (2, 2, 5, 3) and not out.any(), attention.__name__
