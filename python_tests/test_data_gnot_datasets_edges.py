@@ -96,6 +96,11 @@ def test_state_dict_round_trip_and_checks(train):
     # eps 0 passed this check and failed in the constructor under the name 'eps'
     with pytest.raises(ValueError, match=r"^state\['eps'\]: expected a finite float > 0, got 0"):
         RaggedNormalizers.from_state_dict({**state, "eps": 0.0})
+    config = {name: {"mean": z.mean.tolist(), "std": z.std.tolist(), "eps": 0.0}
+              for name, z in norm.named().items()}
+    with pytest.raises(ValueError, match=r"^config\['query'\]\['eps'\]: expected a finite "
+                                         r"float > 0, got 0"):
+        RaggedNormalizers.from_config(config)
 
 
 def test_normalizers_of_other_data_are_refused(rfile, train, tmp_path):

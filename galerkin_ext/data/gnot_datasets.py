@@ -197,7 +197,9 @@ class RaggedNormalizers(nn.Module):
         for name, stats in config.items():
             state[f"{name}.mean"], state[f"{name}.std"] = recorded_statistics(
                 stats, f"config[{name!r}]")
-            recorded.add(recorded_eps(stats, f"config[{name!r}]", eps))
+            # (> 0, as the constructor takes it: 0 failed there under another name)
+            recorded.add(check_float(recorded_eps(stats, f"config[{name!r}]", eps),
+                                     f"config[{name!r}]['eps']"))
         if len(recorded) > 1:
             raise ValueError(f"config: its normalisers record different eps {sorted(recorded)}; "
                              "these normalisers share one")
