@@ -309,6 +309,10 @@ def test_the_ode_scripts_take_the_time_step_of_their_data_file(tmp_path, capsys)
             script.main(["--out", str(tmp_path / "o"), "--data", str(data), "--dt", "0.02"])
         assert "--dt: --data holds samples of dt = 0.1, got 0.02 (leave --dt out)" in \
             capsys.readouterr().err
+        # a missing file has no record: the scripts' own check names it (not open's Errno 2)
+        with pytest.raises(FileNotFoundError, match=r"^--data: no such file"):
+            script.main(["--out", str(tmp_path / "o"), "--data", str(tmp_path / "missing.h5"),
+                         "--dt", "0.02"])
 
 
 def test_eval_data_of_another_layout_is_refused_in_one_line(tmp_path):
