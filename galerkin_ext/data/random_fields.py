@@ -33,6 +33,7 @@ __all__ = [
     "sample_neumann_grf_2d",
     "neumann_grf_2d_amplitudes",
     "threshold_coefficient",
+    "piecewise_levels",
     "sample_darcy_coefficient",
     "sample_rng",
 ]
