@@ -51,8 +51,8 @@ def test_normalizer_called_encodes():
 
 @pytest.mark.parametrize("block", [1, 7, 40, 1 << 21])
 def test_normalizer_statistics_are_taken_a_block_of_samples_at_a_time(block, monkeypatch):
-    """The statistics are summed over blocks of samples (a float64 copy of the whole set took
-    5 times its size): any block size gives the float64 mean and std of the whole set, a
+    """The statistics are summed over blocks of samples (float64 copies of the whole set took
+    4.8 times its size): any block size gives the float64 mean and std of the whole set, a
     constant entry exactly its value and std 0, and a non-finite value names its sample."""
     import galerkin_ext.data.datasets as datasets
 
