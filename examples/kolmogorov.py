@@ -280,6 +280,14 @@ def main(argv=None):
     # -- data: train/validation/test from one file, one scalar normaliser from the training split
     data = args.data or cached_data("kolmogorov", args.data_dir, ctx, **cfg["data"],
                                     progress=not args.no_progress)
+    # (read before the zero-shot set is generated: a --data file of too few samples was found
+    # after it, hours at the paper's size)
+    split = {"n_train": cfg["n_train"], "n_valid": cfg["n_valid"], "n_test": cfg["n_eval"]}
+    train_set = KolmogorovDataset(data, "train", **split)
+    norms = {"input_normalizer": train_set.input_normalizer,
+             "target_normalizer": train_set.target_normalizer}
+    valid_set = KolmogorovDataset(data, "valid", **split, **norms)
+    test_set = KolmogorovDataset(data, "test", **split, **norms)
     zero_shot_data = args.eval_data
     if zero_shot_data is None and zero_shot_res:  # the preset's set, drawn by --data's law
         zs_data = cfg["zero_shot"]["data"]
@@ -290,12 +298,6 @@ def main(argv=None):
     # (a resumed run must read the same --data, and may take another zero-shot set or none;
     # every zero-shot sample is evaluated)
     record_data_files(cfg, data, zero_shot_data, evaluated=n_zero_shot, zero_shot=True)
-    split = {"n_train": cfg["n_train"], "n_valid": cfg["n_valid"], "n_test": cfg["n_eval"]}
-    train_set = KolmogorovDataset(data, "train", **split)
-    norms = {"input_normalizer": train_set.input_normalizer,
-             "target_normalizer": train_set.target_normalizer}
-    valid_set = KolmogorovDataset(data, "valid", **split, **norms)
-    test_set = KolmogorovDataset(data, "test", **split, **norms)
     zero_shot_sets, skipped = {}, {}
     for res in zero_shot_res:
         if spec.get("grid_bound") and res != s:

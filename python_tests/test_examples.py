@@ -1309,6 +1309,11 @@ def test_kolmogorov_zero_shot_set_follows_the_data(tmp_path, monkeypatch):
               "--batch-size", "2", "--data-dir", str(cache), "--rollout", "0"]
     make = {"solve_resolution": 16, "progress": False}
     early = generate_kolmogorov(tmp_path / "t05.h5", 8, 8, time=0.5, **make)
+    # a file of too few samples is refused before the zero-shot set is generated, not after
+    with pytest.raises(ValueError, match=r"^n_test: the source has 8 samples, fewer than "):
+        kolmogorov.main([*common, "--n-train", "5", "--data", str(early), "--eval-resolution",
+                         "8", "--out", str(tmp_path / "few")])
+    assert not cache.exists()
     with pytest.raises(ConfigError, match=r"^--data: its samples follow another law than the "
                                           r"zero-shot sets, .*time 0\.5 vs 11\.0\); give "
                                           r"--eval-resolution alone to leave them out$"):
