@@ -4,25 +4,23 @@ did not pin, each found by a mutation round: the Fourier type's dropout under fo
 half inputs, continuum attention's zero for a sample without keys while tracing, the fused
 softmax backward's weight gradient with a scale, kv_reduce's fake dtype, the compiled core on
 float64, and two checks of domain.py (reference dropout refused, DomainSplit.even's counts).
-Values are checked against float64 formulas written out here."""
+Values are checked in float64 against galerkin_ext.reference or formulas written out here."""
 
-import math
 
 import pytest
 import torch
 from torch.autograd import forward_ad
 
-from galerkin_ext import ops
+from galerkin_ext import ops, reference
 
 F64 = torch.float64
 
 
 def _fourier_reference(q, k, v, mask):
-    """``((Q Kᵀ / sqrt(D) / M) ∘ mask) V`` in float64: Fourier attention without norms or
-    coordinates, uniform weights, with a mask on the N × M matrix."""
+    """reference.fourier_attention in float64 (uniform weights, no norms or coordinates),
+    with ``mask`` on its N × M matrix."""
     q, k, v, mask = (t.to(F64) for t in (q, k, v, mask))
-    attn = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) / k.shape[2]
-    return (attn * mask) @ v
+    return reference.fourier_attention(q, k, v, dropout_mask=mask)
 
 
 def test_fourier_dropout_under_forward_mode_ad_drops_the_n_by_m_matrix(gen):
@@ -107,7 +105,7 @@ def test_kv_reduce_fake_accumulates_half_inputs_in_float32():
 def test_float64_runs_the_compiled_core_on_the_cpu(gen):
     """CPU float64 tensors take the compiled kv_reduce and q_apply (not the plain formulas,
     which give the same values at several times the cost): the ops a dispatch mode sees, and
-    the value against the float64 formula ``Q (Kᵀ V) / M``."""
+    the value against reference.galerkin_attention ``Q (Kᵀ V) / M``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Seen(TorchDispatchMode):
@@ -123,7 +121,8 @@ def test_float64_runs_the_compiled_core_on_the_cpu(gen):
     with Seen() as seen:
         got = ops.galerkin_attention(q, k, v)
     assert {"galerkin_ext.kv_reduce", "galerkin_ext.q_apply"} <= seen.ops
-    torch.testing.assert_close(got, q @ (k.transpose(-2, -1) @ v) / 5, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, reference.galerkin_attention(q, k, v), rtol=1e-12,
+                               atol=1e-12)
 
 
 def test_make_domain_parallel_refuses_fourier_attention_with_reference_dropout():

@@ -14,7 +14,7 @@ import pytest
 import scipy.io
 import torch
 
-from galerkin_ext import functional, ops
+from galerkin_ext import functional, ops, reference
 from galerkin_ext._cli import (
     data_seed,
     grid_nodes,
@@ -488,8 +488,8 @@ def test_log_weight_bias_is_the_log_of_the_ratio_to_the_largest_weight():
 def test_fourier_attention_with_torch_masks_drops_the_n_by_n_matrix():
     """With torch's masks (draw_torch_masks) the Fourier type still drops entries of its N × N
     matrix in training, as the original code's F.dropout(attn), not of the factored d × d
-    product: the output against ((Q Kᵀ / sqrt(D) / N) ∘ mask) V with torch's mask from the same
-    seed."""
+    product: the output against reference.fourier_attention, ((Q Kᵀ / sqrt(D) / N) ∘ mask) V,
+    with torch's mask from the same seed."""
     from galerkin_ext.layers import draw_torch_masks
 
     layer = SimpleAttention(8, 2, "fourier", norm=None, attn_dropout=0.5).double().train()
@@ -501,7 +501,7 @@ def test_fourier_attention_with_torch_masks_drops_the_n_by_n_matrix():
                for lin in (layer.query, layer.key, layer.value))
     torch.manual_seed(5)
     mask = torch.nn.functional.dropout(torch.ones(2, 2, 7, 7, dtype=F64), 0.5)
-    heads = (q @ k.transpose(-2, -1) / 2.0 / 7 * mask) @ v  # 1 / sqrt(D), D = 4; W = 1/N
+    heads = reference.fourier_attention(q, k, v, dropout_mask=mask)
     torch.testing.assert_close(got.detach(), heads.transpose(1, 2).reshape(2, 7, 8), rtol=1e-12,
                                atol=1e-12)
 
@@ -527,11 +527,10 @@ def test_encoder_layer_drops_both_residual_branches_in_training():
 def test_normalized_attention_weights_near_float32_max_are_equal_weights(impl):
     """Only the weights' ratios matter: float32 weights of 3e38 on 16 keys (each product
     w_j k̃_j v_j summed over the keys overflows unless the weights are scaled first) give the
-    uniform result, checked against the float64 formula."""
+    uniform result, reference.normalized_attention's in float64."""
     gen = torch.Generator().manual_seed(4)
     q = torch.randn(1, 2, 5, 4, generator=gen)
     k, v = torch.randn(1, 2, 16, 4, generator=gen), 4 + torch.rand(1, 2, 16, 4, generator=gen)
     got = impl.normalized_attention(q, k, v, weight=torch.full((16,), 3e38))
-    products = q.double().softmax(-1) @ k.double().softmax(-1).transpose(-2, -1)
-    expected = (products @ v.double()) / products.sum(-1, keepdim=True)
+    expected = reference.normalized_attention(q.double(), k.double(), v.double())
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
