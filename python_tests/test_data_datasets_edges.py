@@ -52,7 +52,7 @@ def test_normalizer_called_encodes():
 @pytest.mark.parametrize("block", [1, 7, 40, 1 << 21])
 def test_normalizer_statistics_are_taken_a_block_of_samples_at_a_time(block, monkeypatch):
     """The statistics are summed over blocks of samples (float64 copies of the whole set took
-    4.8 times its size): any block size gives the float64 mean and std of the whole set, a
+    4.7 times its size): any block size gives the float64 mean and std of the whole set, a
     constant entry exactly its value and std 0, and a non-finite value names its sample."""
     import galerkin_ext.data.datasets as datasets
 
@@ -91,8 +91,9 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / dat
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="ru_maxrss in KiB (Linux)")
 def test_fitting_a_normalizer_takes_a_bounded_memory():
-    """A fit took float64 copies of the whole set: 4.8 times the size of float32 data on top of
-    it (200 samples at 421², 135 MiB, took 646 MiB more); the blocks take 0.6 times here."""
+    """A fit took float64 copies of the whole set: 4.7 times the size of float32 data on top of
+    it (200 samples at 421², 135 MiB, took 641 MiB more; the blocks take 32 MiB there, and about
+    0.8 times the 36 MB here)."""
     out = subprocess.run([sys.executable, "-c", _FIT_MEMORY], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
