@@ -127,11 +127,10 @@ def sample_and_solve(
     ``(K, K)``.  Sampling here, in the worker, spreads it over the cores too.
     """
     seed, index, resolution, p = args
-    kind = p.get("coef", SPEC_COEF)
-    levels = {} if kind == "lognormal" else {"high": p["high"], "low": p["low"]}
+    levels = {key: p[key] for key in ("high", "low") if key in p}  # (none: lognormal)
     a = sample_darcy_coefficient(
-        1, resolution, seed=seed, start=index, alpha=p["alpha"], tau=p["tau"], kind=kind,
-        sigma=p.get("sigma", 1.0), **levels,
+        1, resolution, seed=seed, start=index, alpha=p["alpha"], tau=p["tau"],
+        kind=p.get("coef", SPEC_COEF), sigma=p.get("sigma", 1.0), **levels,
     )[0]
     return a, _solve_one(a, np.full(a.shape, p["f"]))
 
