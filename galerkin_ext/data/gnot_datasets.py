@@ -85,8 +85,9 @@ class RaggedNormalizers(nn.Module):
                  inputs: Mapping[str, UnitGaussianNormalizer],
                  theta: UnitGaussianNormalizer | None, eps: float = NORMALIZER_EPS) -> None:
         super().__init__()
-        for name, norm in (("query", query), ("target", target), ("theta", theta),
-                           *((f"inputs[{k!r}]", v) for k, v in inputs.items())):
+        components = (("query", query), ("target", target), ("theta", theta),
+                      *((f"inputs[{k!r}]", v) for k, v in inputs.items()))
+        for name, norm in components:
             if norm is not None and not isinstance(norm, UnitGaussianNormalizer):
                 raise TypeError(f"{name}: expected a UnitGaussianNormalizer, got "
                                 f"{type(norm).__name__}")
@@ -96,8 +97,7 @@ class RaggedNormalizers(nn.Module):
         eps = check_float(eps, "eps")
         # The state dict records one eps for all (from_state_dict gives it to each): another
         # one here would encode otherwise once saved and loaded.
-        for name, norm in (("query", query), ("target", target), ("theta", theta),
-                           *((f"inputs[{k!r}]", v) for k, v in inputs.items())):
+        for name, norm in components:
             if norm is not None and norm.eps != eps:
                 raise ValueError(f"{name}: its eps {norm.eps:g} is not eps = {eps:g}, which "
                                  "these normalisers share")
