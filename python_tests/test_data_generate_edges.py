@@ -2,18 +2,17 @@
 checks made before any file exists, the settings the GNOT generators pass on and record, and the
 worker pool a Darcy generation starts and must stop."""
 
-import importlib.util
 import multiprocessing
 
 import numpy as np
 import pytest
+from test_data_ragged import HAS_TRIANGLE
 
 from galerkin_ext.data import generate as gen
 from galerkin_ext.data import inspect_h5, read_h5
 from galerkin_ext.data.ragged import read_header, read_ragged
 from galerkin_ext.data.storage import partial_path
 
-HAS_TRIANGLE = importlib.util.find_spec("triangle") is not None
 needs_triangle = pytest.mark.skipif(not HAS_TRIANGLE, reason="needs the optional package triangle")
 
 
